@@ -1,0 +1,85 @@
+"""llmgw-engine-sim: the simulated inference engine and its llmgw plugin.
+
+The engine itself is the ``llmgw-sim`` program (see :mod:`llmgw_engine_sim.cli`):
+a real OpenAI-compatible HTTP server with real multi-node rendezvous, that
+needs no GPU. This module is the plugin: it registers :class:`SimEngine`,
+which builds ``llmgw-sim`` command lines from launch specs.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import llmgw
+from llmgw.engine import Engine
+from llmgw.models import Command, LaunchSpec
+
+__all__ = ["SimEngine", "__version__"]
+
+try:
+    __version__ = metadata.version("llmgw-engine-sim")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+
+class SimEngine(Engine):
+    """Builds ``llmgw-sim`` commands: single-node, rank 0, and workers."""
+
+    name = "sim"
+    #: the sim engine ships with its plugin: it is checked against itself
+    checked_versions = (__version__,)
+    multi_node = True
+    health_path = "/health"
+    programs = ("llmgw-sim",)
+
+    def build_command(self, spec: LaunchSpec) -> Command:
+        """Build the ``llmgw-sim`` command of one shard.
+
+        Rank 0 gets ``--host``/``--port`` and binds ``--dist-init-addr``;
+        workers get no HTTP address (they serve nothing) and join it.
+        """
+        argv = [
+            self.program_path(spec, "llmgw-sim"),
+            "--model",
+            spec.model_source,
+            "--served-model-name",
+            spec.served_name,
+        ]
+        if spec.rank == 0:
+            argv += ["--host", spec.host, "--port", str(spec.port)]
+        if spec.nnodes > 1:
+            argv += [
+                "--nnodes",
+                str(spec.nnodes),
+                "--node-rank",
+                str(spec.rank),
+                "--dist-init-addr",
+                str(spec.dist_init_addr),
+            ]
+        argv += list(spec.extra_args)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)}
+        if spec.adapters:
+            # "=" asks NCCL for exact names: mlx5_1 must not also select mlx5_10.
+            env["NCCL_IB_HCA"] = "=" + ",".join(spec.adapters)
+        return Command(argv=argv, env=env)
+
+    def widest_spec(self) -> LaunchSpec:
+        """A two-node spec on a fabric with profile args: every flag llmgw emits."""
+        return LaunchSpec(
+            model_source="/models/example",
+            served_name="example",
+            host="127.0.0.1",
+            port=8000,
+            gpus=(0, 1),
+            rank=0,
+            nnodes=2,
+            dist_init_addr="127.0.0.1:29500",
+            adapters=("mlx5_0", "mlx5_1"),
+            extra_args=("--time-to-first-token", "0.01"),
+        )
+
+
+@llmgw.hookimpl
+def llmgw_register_engines() -> list[Engine]:
+    """Register the simulated engine, ``engine: sim`` in a catalog."""
+    return [SimEngine()]

@@ -1,0 +1,346 @@
+"""Reading the catalog: YAML to frozen records, every mistake named by its path.
+
+One private cattrs converter, strict about types (``"2"``, ``2.5`` and
+``true`` are not integers) and about unknown keys. :func:`load_catalog` turns
+its exception groups into one line per problem
+(``models.llama-70b.replicas: expected an integer``), then checks what types
+cannot: cross-references between models, profiles and engines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import yaml
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+from llmgw.engine import Engine
+from llmgw.errors import CatalogError
+from llmgw.models import Catalog, Model, Profile, Sidecar
+
+__all__ = ["load_catalog", "parse_catalog", "catalog_summary"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_EXPECTED = {
+    int: "expected an integer",
+    str: "expected a string",
+    bool: "expected true or false",
+    float: "expected a number",
+}
+
+
+def _strict(kind: type) -> Callable[[Any, type], Any]:
+    def structure(value: Any, _: type) -> Any:
+        # bool is an int in Python; YAML's `true` must not pass for a count.
+        if type(value) is not kind and not (kind is float and type(value) is int):
+            raise TypeError(_EXPECTED[kind])
+        return value
+
+    return structure
+
+
+def _tuple_of(item: type, converter: cattrs.Converter) -> Callable[[Any, type], tuple]:
+    def structure(value: Any, _: type) -> tuple:
+        if not isinstance(value, list):
+            raise TypeError("expected a list")
+        return tuple(converter.structure(v, item) for v in value)
+
+    return structure
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    for kind in (int, str, bool, float):
+        converter.register_structure_hook(kind, _strict(kind))
+    hooks = {
+        tuple[str, ...]: _tuple_of(str, converter),
+        tuple[Sidecar, ...]: _tuple_of(Sidecar, converter),
+    }
+    for generic, hook in hooks.items():
+        converter.register_structure_hook_func(lambda t, g=generic: t == g, hook)
+    return converter
+
+
+_converter = _make_converter()
+
+
+# ---------------------------------------------------------------------------
+# error paths
+# ---------------------------------------------------------------------------
+
+
+def _flatten(exc: BaseException, path: tuple[str, ...]) -> list[str]:
+    """One ``path: message`` line per leaf error of a cattrs exception tree."""
+    if isinstance(exc, ForbiddenExtraKeysError):
+        allowed = ", ".join(a.name for a in attrs.fields(exc.cl))
+        return [
+            f"{_dotted(path + (key,))}: unknown key (expected one of: {allowed})"
+            for key in sorted(exc.extra_fields)
+        ]
+    if isinstance(exc, BaseExceptionGroup):
+        lines: list[str] = []
+        for sub in exc.exceptions:
+            lines.extend(_flatten(sub, path + _step(sub)))
+        return lines
+    if isinstance(exc, KeyError):
+        return [f"{_dotted(path)}: required, missing"]
+    if isinstance(exc, ValueError | TypeError):
+        return [f"{_dotted(path)}: {_plain(exc)}"]
+    return [f"{_dotted(path)}: {exc}"]
+
+
+def _step(exc: BaseException) -> tuple[str, ...]:
+    for note in getattr(exc, "__notes__", []):
+        name = getattr(note, "name", None)
+        if name is not None:  # cattrs AttributeValidationNote
+            return (str(name),)
+        index = getattr(note, "index", None)
+        if index is not None:  # cattrs IterableValidationNote
+            return (f"[{index}]",)
+    return ()
+
+
+def _plain(exc: BaseException) -> str:
+    text = str(exc)
+    if text in _EXPECTED.values() or text.startswith("expected"):
+        return text
+    match = re.match(r"(\w+) must be (>= \d+), got (.*)", text)
+    if match:
+        return f"expected an integer {match.group(2)}, got {match.group(3)}"
+    return text
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    out = ""
+    for part in path:
+        out += part if part.startswith("[") or not out else f".{part}"
+    return out or "(top level)"
+
+
+# ---------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice instead of keeping the last."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key {key!r} appears twice (first at line {seen[key].line + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def load_catalog(path: str | Path, engines: Mapping[str, Engine]) -> Catalog:
+    """Read and validate a catalog file.
+
+    Called by ``llmgw ctl validate`` and ``llmgw ctl apply`` before anything is
+    sent or stored, so a bad catalog changes nothing.
+
+    :param path: the YAML file.
+    :param engines: the engines installed plugins provide, by name.
+    :returns: the validated :class:`~llmgw.models.Catalog`.
+    :raises CatalogError: with every problem found, each naming its path.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(str(path), [f"cannot read the file: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise CatalogError(str(path), [f"not UTF-8 text: {exc.reason} at byte {exc.start}"]) from None
+    return parse_catalog(text, engines, source=str(path))
+
+
+def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<catalog>") -> Catalog:
+    """Validate catalog YAML given as text; see :func:`load_catalog`."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise CatalogError(source, [f"{where}invalid YAML: {problem}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise CatalogError(
+            source, ["(top level): expected a mapping with the keys profiles and models"]
+        )
+    problems: list[str] = []
+    for key in sorted(set(data) - {"profiles", "models"}, key=str):
+        problems.append(f"{key}: unknown key (expected one of: profiles, models)")
+    sections: dict[str, dict[str, Any]] = {}
+    for section, kind in (("profiles", Profile), ("models", Model)):
+        sections[section], section_problems = _structure_section(data, section, kind)
+        problems.extend(section_problems)
+    profile_names = set(data.get("profiles") or {}) if isinstance(data.get("profiles"), dict) else set()
+    problems.extend(
+        _check_references(sections["profiles"], sections["models"], profile_names, engines)
+    )
+    problems.extend(_check_unstructured_models(data, sections["models"], profile_names))
+    if problems:
+        raise CatalogError(source, problems)
+    return Catalog(profiles=sections["profiles"], models=sections["models"])
+
+
+def _structure_section(data: dict, section: str, kind: type) -> tuple[dict[str, Any], list[str]]:
+    """Structure every entry of one section on its own, so one bad entry hides no other."""
+    raw = data.get(section)
+    if raw is None:
+        return {}, []
+    if not isinstance(raw, dict):
+        return {}, [f"{section}: expected a mapping of names to {section}"]
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, entry in raw.items():
+        path = (section, str(key))
+        if not isinstance(key, str):
+            problems.append(f"{_dotted(path)}: expected a string name")
+            continue
+        if not isinstance(entry, dict):
+            problems.append(f"{_dotted(path)}: expected a mapping")
+            continue
+        try:
+            out[key] = _converter.structure(entry, kind)
+        except (ClassValidationError, IterableValidationError) as exc:
+            problems.extend(_flatten(exc, path))
+        except (ValueError, TypeError) as exc:  # an attrs validator: the invariant's field
+            problems.append(f"{_dotted(path + (_field_of(exc),))}: {_plain(exc)}")
+    return out, problems
+
+
+def _field_of(exc: BaseException) -> str:
+    match = re.match(r"(\w+) must be", str(exc))
+    return match.group(1) if match else ""
+
+
+def _check_unstructured_models(
+    data: dict, structured: Mapping[str, Model], profile_names: set[str]
+) -> list[str]:
+    """Profile references of models that failed to structure still get checked."""
+    raw = data.get("models")
+    if not isinstance(raw, dict):
+        return []
+    problems = []
+    for name, entry in raw.items():
+        if name in structured or not isinstance(entry, dict):
+            continue
+        profile = entry.get("profile")
+        if isinstance(profile, str) and profile not in profile_names:
+            defined = ", ".join(sorted(profile_names)) or "none defined"
+            problems.append(f"models.{name}.profile: no profile named {profile!r} (profiles: {defined})")
+    return problems
+
+
+def _check_references(
+    profiles: Mapping[str, Profile],
+    models: Mapping[str, Model],
+    profile_names: set[str],
+    engines: Mapping[str, Engine],
+) -> list[str]:
+    problems: list[str] = []
+    known = ", ".join(sorted(engines)) or "none installed"
+    for name, profile in profiles.items():
+        where = f"profiles.{name}"
+        if not _NAME.match(name):
+            problems.append(f"{where}: invalid name; use letters, digits, '.', '_' and '-'")
+        engine = engines.get(profile.engine)
+        if engine is None:
+            problems.append(
+                f"{where}.engine: no plugin provides engine {profile.engine!r} "
+                f"(engines there are: {known})"
+            )
+        elif profile.nodes > 1 and not engine.multi_node:
+            problems.append(
+                f"{where}.nodes: engine {profile.engine!r} cannot run one replica on "
+                f"{profile.nodes} nodes; use nodes: 1 or a multi-node engine"
+            )
+        if engine is not None:
+            problems.extend(_check_args(where, profile, engine))
+        sidecar_names = [s.name for s in profile.sidecars]
+        for index, sidecar in enumerate(profile.sidecars):
+            if sidecar_names.count(sidecar.name) > 1:
+                problems.append(f"{where}.sidecars[{index}].name: {sidecar.name!r} is used twice")
+            if not sidecar.argv:
+                problems.append(f"{where}.sidecars[{index}].argv: expected a non-empty list")
+            if sidecar.ready is not None and not re.match(r"^(tcp:\d+|http:\d+/.*)$", sidecar.ready):
+                problems.append(
+                    f"{where}.sidecars[{index}].ready: expected 'tcp:PORT' or 'http:PORT/PATH', "
+                    f"got {sidecar.ready!r}"
+                )
+    served: dict[str, str] = {}
+    for name, model in models.items():
+        where = f"models.{name}"
+        if not _NAME.match(name):
+            problems.append(f"{where}: invalid name; use letters, digits, '.', '_' and '-'")
+        if model.profile not in profile_names:
+            defined = ", ".join(sorted(profile_names)) or "none defined"
+            problems.append(
+                f"{where}.profile: no profile named {model.profile!r} (profiles: {defined})"
+            )
+        if not model.source.strip():
+            problems.append(f"{where}.source: expected a non-empty path or name")
+        served_name = model.served_name or name
+        if served_name in served:
+            problems.append(
+                f"{where}.served_name: {served_name!r} is already served by models.{served[served_name]}"
+            )
+        served[served_name] = name
+    return problems
+
+
+def _check_args(where: str, profile: Profile, engine: Engine) -> list[str]:
+    """Refuse extra args that set a flag llmgw itself sets for this engine."""
+    try:
+        managed = _managed_flags(engine)
+    except Exception:  # noqa: BLE001 - a broken engine is reported by engine-check
+        return []
+    problems = []
+    for index, arg in enumerate(profile.args):
+        flag = arg.split("=", 1)[0]
+        if flag in managed:
+            problems.append(
+                f"{where}.args[{index}]: {flag} is set by llmgw for engine {engine.name!r}; "
+                "remove it from args"
+            )
+    return problems
+
+
+def _managed_flags(engine: Engine) -> frozenset[str]:
+    widest = attrs.evolve(engine.widest_spec(), extra_args=())
+    flags: set[str] = set()
+    for rank in range(widest.nnodes):
+        command = engine.build_command(attrs.evolve(widest, rank=rank))
+        flags.update(a.split("=", 1)[0] for a in command.argv[1:] if a.startswith("-"))
+    return frozenset(flags)
+
+
+def catalog_summary(catalog: Catalog) -> str:
+    """One line saying what a valid catalog holds."""
+    replicas = sum(m.replicas for m in catalog.models.values())
+    engines = sorted({p.engine for p in catalog.profiles.values()})
+    return (
+        f"{len(catalog.models)} models, {replicas} replicas, {len(catalog.profiles)} profiles "
+        f"(engines: {', '.join(engines) or 'none'})"
+    )

@@ -1,0 +1,101 @@
+"""The Engine base class: what an engine plugin registers.
+
+An engine turns a :class:`~llmgw.models.LaunchSpec` into a
+:class:`~llmgw.models.Command`, names its health path, and reads its own
+``--help`` into the set of flags it documents. It does no I/O: the agent runs
+the command, probes the health path and captures the help text.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from typing import ClassVar
+
+from llmgw.models import Command, LaunchSpec
+
+__all__ = ["Engine", "parse_argparse_flags"]
+
+
+class Engine(abc.ABC):
+    """One inference engine llmgw can launch.
+
+    Subclasses set the class attributes and implement :meth:`build_command`
+    and :meth:`widest_spec`; :meth:`parse_help` has an argparse-style default.
+    """
+
+    #: the name profiles use in ``engine:``; unique across all plugins
+    name: ClassVar[str]
+    #: engine versions this plugin's commands were checked against
+    checked_versions: ClassVar[tuple[str, ...]]
+    #: whether one replica can span several nodes
+    multi_node: ClassVar[bool] = False
+    #: HTTP path on rank 0 that answers 200 once the replica serves
+    health_path: ClassVar[str] = "/health"
+    #: the programs this engine runs, by the name the agent's configuration
+    #: uses for their paths; the first runs rank 0
+    programs: ClassVar[tuple[str, ...]]
+
+    @abc.abstractmethod
+    def build_command(self, spec: LaunchSpec) -> Command:
+        """Build the command that starts the shard ``spec`` describes.
+
+        Called by the agent for every shard it starts, and by engine-check for
+        the widest spec.
+
+        :param spec: the shard to start; ``spec.rank`` 0 serves HTTP.
+        :returns: the argv, environment and working directory of the shard.
+        """
+
+    @abc.abstractmethod
+    def widest_spec(self) -> LaunchSpec:
+        """A launch spec that makes :meth:`build_command` use every flag it ever emits.
+
+        engine-check builds it (every rank) and checks each flag against the
+        engine's real ``--help``.
+        """
+
+    def parse_help(self, text: str) -> frozenset[str]:
+        """Read the flags an engine's ``--help`` output documents.
+
+        The default reads argparse-style option definitions. Override for
+        engines whose help is shaped otherwise.
+
+        :param text: what the engine printed for ``--help``.
+        :returns: every documented spelling, long and short (``--port``, ``-p``).
+        """
+        return parse_argparse_flags(text)
+
+    def program_path(self, spec: LaunchSpec, program: str) -> str:
+        """The path of ``program`` on the node: configured, or its bare name."""
+        return spec.executables.get(program, program)
+
+    def __repr__(self) -> str:
+        return f"<Engine {self.name}>"
+
+
+# An option's own definition line: indented, then one or more comma-separated
+# spellings (each optionally followed by a metavar) before the description.
+_DEFINITION = re.compile(r"^\s{1,8}(-[^\s].*?)(?:\s{2,}|$)")
+_SPELLING = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.\-]*)")
+
+
+def parse_argparse_flags(text: str) -> frozenset[str]:
+    """Flags documented by argparse-style help text.
+
+    Only an option's own definition line counts: a flag mentioned inside
+    another flag's description is not documented by it. ``--x/--no-x`` and
+    ``-a, --alpha`` give every spelling.
+
+    :returns: the set of spellings, e.g. ``{"--port", "-p", "--no-x"}``.
+    """
+    flags: set[str] = set()
+    for line in text.splitlines():
+        match = _DEFINITION.match(line)
+        if not match:
+            continue
+        for part in re.split(r",\s*|/(?=-)", match.group(1)):
+            spelling = _SPELLING.match(part.strip())
+            if spelling:
+                flags.add(spelling.group(1).rstrip(".,"))
+    return frozenset(flags)

@@ -1,0 +1,247 @@
+"""The domain records llmgw passes between its parts.
+
+Every record is frozen; change one with :func:`attrs.evolve`. Validators guard
+invariants only; parsing from YAML, JSON or the wire lives in
+:mod:`llmgw.config`, never here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+__all__ = [
+    "GPU",
+    "AdapterPort",
+    "Adapter",
+    "Fabric",
+    "DiscoverySettings",
+    "GpuReport",
+    "AdapterReport",
+    "NodeFacts",
+    "Sidecar",
+    "Profile",
+    "Model",
+    "Catalog",
+    "LaunchSpec",
+    "Command",
+]
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, got {value}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    return dict(value or {})
+
+
+@attrs.frozen
+class GPU:
+    """One GPU as ``nvidia-smi`` reports it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: int
+    memory_free_mib: int
+    pci_bus_id: str
+    driver_version: str
+
+
+@attrs.frozen
+class AdapterPort:
+    """One port of a fabric adapter, as sysfs describes it."""
+
+    number: int
+    #: The state word of ``ports/N/state``: ``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``...
+    state: str
+    #: The text of ``ports/N/rate``, e.g. ``400 Gb/sec (4X NDR)``.
+    rate: str
+    #: ``InfiniBand`` or ``Ethernet`` (RoCE).
+    link_layer: str
+
+    @property
+    def active(self) -> bool:
+        """True when the port can carry traffic."""
+        return self.state == "ACTIVE"
+
+
+@attrs.frozen
+class Adapter:
+    """One RDMA adapter (``mlx5_0``...) under the sysfs InfiniBand root."""
+
+    name: str
+    node_guid: str
+    ports: tuple[AdapterPort, ...] = attrs.field(converter=tuple, default=())
+
+    @property
+    def active(self) -> bool:
+        """True when at least one port is ``ACTIVE``."""
+        return any(port.active for port in self.ports)
+
+
+@attrs.frozen
+class Fabric:
+    """A fabric this node declared it is on, and the adapters it uses there."""
+
+    name: str
+    adapters: tuple[str, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class DiscoverySettings:
+    """Where discovery looks: set by the agent's ``--nvidia-smi`` and ``--ib-root``."""
+
+    nvidia_smi: str = "nvidia-smi"
+    ib_root: str = "/sys/class/infiniband"
+    #: seconds a discovery tool may run before it counts as failed
+    timeout: float = 30.0
+
+
+@attrs.frozen
+class GpuReport:
+    """What one GPU discovery plugin found.
+
+    ``status`` tells the three outcomes apart: ``ok`` (``gpus`` may be empty:
+    the tool ran and listed none), ``not-found`` (the tool is not there) and
+    ``failed`` (it ran and failed; ``problem`` holds its message).
+    """
+
+    source: str
+    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
+    gpus: tuple[GPU, ...] = attrs.field(converter=tuple, default=())
+    problem: str | None = None
+
+    def describe(self) -> str:
+        """One line for an operator: what was found, or what went wrong."""
+        if self.status == "ok":
+            return f"{self.source}: {len(self.gpus)} GPUs"
+        return f"{self.source}: {self.problem}"
+
+
+@attrs.frozen
+class AdapterReport:
+    """What one fabric discovery plugin found under its root."""
+
+    source: str
+    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
+    adapters: tuple[Adapter, ...] = attrs.field(converter=tuple, default=())
+    problem: str | None = None
+
+    def describe(self) -> str:
+        """One line for an operator: what was found, or what went wrong."""
+        if self.status == "ok":
+            return f"{self.source}: {len(self.adapters)} adapters"
+        return f"{self.source}: {self.problem}"
+
+
+@attrs.frozen
+class NodeFacts:
+    """Everything an agent reports about its node."""
+
+    node_id: str
+    agent_version: str
+    gpus: tuple[GPU, ...] = attrs.field(converter=tuple, default=())
+    fabrics: tuple[Fabric, ...] = attrs.field(converter=tuple, default=())
+    #: engine name -> version string the installed engine reported
+    engines: Mapping[str, str] = attrs.field(converter=_frozen_mapping, factory=dict)
+    #: model sources that exist on this node's disk
+    model_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: discovery problems, one line each (``nvidia-smi failed: ...``)
+    problems: tuple[str, ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
+class Sidecar:
+    """A helper process started before a shard's engine, ready before it starts."""
+
+    name: str
+    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    #: ``tcp:PORT`` (a port accepts connections) or ``http:PORT/PATH`` (answers 200)
+    ready: str | None = None
+
+
+@attrs.frozen
+class Profile:
+    """How to run one replica: which engine, on how many nodes and GPUs."""
+
+    engine: str
+    nodes: int = attrs.field(default=1, validator=_positive)
+    gpus_per_node: int = attrs.field(default=1, validator=_non_negative)
+    args: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    min_gpu_memory_mib: int | None = None
+    sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
+class Model:
+    """A model the operator wants served, and how many replicas of it."""
+
+    source: str
+    profile: str
+    replicas: int = attrs.field(default=1, validator=_non_negative)
+    #: name clients send as ``model``; the catalog key when not given
+    served_name: str | None = None
+
+
+@attrs.frozen
+class Catalog:
+    """The operator's desired state: profiles and the models that use them."""
+
+    profiles: Mapping[str, Profile] = attrs.field(factory=dict)
+    models: Mapping[str, Model] = attrs.field(factory=dict)
+
+    def served_name(self, key: str) -> str:
+        """The name clients use for the model stored under ``key``."""
+        return self.models[key].served_name or key
+
+
+@attrs.frozen
+class LaunchSpec:
+    """Everything an engine needs to build the command of one shard.
+
+    A shard is the part of a replica on one node; ``rank`` 0 serves HTTP, the
+    others join it at ``dist_init_addr``.
+    """
+
+    model_source: str
+    served_name: str
+    host: str
+    port: int
+    gpus: tuple[int, ...] = attrs.field(converter=tuple, default=())
+    rank: int = attrs.field(default=0, validator=_non_negative)
+    nnodes: int = attrs.field(default=1, validator=_positive)
+    #: ``HOST:PORT``: rank 0 binds it, workers join it; None for one node
+    dist_init_addr: str | None = None
+    #: addresses of the other ranks' shards, in rank order (engines like
+    #: llama.cpp where rank 0 dials its workers need them)
+    peer_addrs: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: adapter names of the fabric the replica runs on (``NCCL_IB_HCA``)
+    adapters: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    extra_args: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: program name -> path on this node, from the agent's configuration;
+    #: a program missing here is looked up on PATH by its own name
+    executables: Mapping[str, str] = attrs.field(converter=_frozen_mapping, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.rank >= self.nnodes:
+            raise ValueError(f"rank {self.rank} is not below nnodes {self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("a multi-node launch spec needs dist_init_addr")
+
+
+@attrs.frozen
+class Command:
+    """A process to start: what an engine returns for one shard."""
+
+    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    env: Mapping[str, str] = attrs.field(converter=_frozen_mapping, factory=dict)
+    cwd: str | None = None

@@ -48,7 +48,16 @@ def _tuple_of(item: type, converter: cattrs.Converter) -> Callable[[Any, type], 
     def structure(value: Any, _: type) -> tuple:
         if not isinstance(value, list):
             raise TypeError("expected a list")
-        return tuple(converter.structure(v, item) for v in value)
+        out, errors = [], []
+        for index, entry in enumerate(value):
+            try:
+                out.append(converter.structure(entry, item))
+            except Exception as exc:  # noqa: BLE001 - collected with its index as path
+                exc.add_note(f"@index {index}")
+                errors.append(exc)
+        if errors:
+            raise ExceptionGroup("invalid list items", errors)
+        return tuple(out)
 
     return structure
 
@@ -90,12 +99,15 @@ def _flatten(exc: BaseException, path: tuple[str, ...]) -> list[str]:
     if isinstance(exc, KeyError):
         return [f"{_dotted(path)}: required, missing"]
     if isinstance(exc, ValueError | TypeError):
-        return [f"{_dotted(path)}: {_plain(exc)}"]
+        field = _field_of(exc)
+        return [f"{_dotted(path + ((field,) if field else ()))}: {_plain(exc)}"]
     return [f"{_dotted(path)}: {exc}"]
 
 
 def _step(exc: BaseException) -> tuple[str, ...]:
     for note in getattr(exc, "__notes__", []):
+        if isinstance(note, str) and note.startswith("@index "):
+            return (f"[{note[7:]}]",)
         name = getattr(note, "name", None)
         if name is not None:  # cattrs AttributeValidationNote
             return (str(name),)
@@ -198,7 +210,7 @@ def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<c
     problems.extend(
         _check_references(sections["profiles"], sections["models"], profile_names, engines)
     )
-    problems.extend(_check_unstructured_models(data, sections["models"], profile_names))
+    problems.extend(_check_unstructured(data, sections, profile_names, engines))
     if problems:
         raise CatalogError(source, problems)
     return Catalog(profiles=sections["profiles"], models=sections["models"])
@@ -235,21 +247,27 @@ def _field_of(exc: BaseException) -> str:
     return match.group(1) if match else ""
 
 
-def _check_unstructured_models(
-    data: dict, structured: Mapping[str, Model], profile_names: set[str]
+def _check_unstructured(
+    data: dict, structured: Mapping[str, Mapping[str, Any]], profile_names: set[str],
+    engines: Mapping[str, Engine],
 ) -> list[str]:
-    """Profile references of models that failed to structure still get checked."""
-    raw = data.get("models")
-    if not isinstance(raw, dict):
-        return []
+    """Entries that failed to structure still get their references checked."""
     problems = []
-    for name, entry in raw.items():
-        if name in structured or not isinstance(entry, dict):
+    known = ", ".join(sorted(engines)) or "none installed"
+    defined = ", ".join(sorted(profile_names)) or "none defined"
+    for section, field, valid, message in (
+        ("profiles", "engine", engines, f"no plugin provides engine {{!r}} (engines there are: {known})"),
+        ("models", "profile", profile_names, f"no profile named {{!r}} (profiles: {defined})"),
+    ):
+        raw = data.get(section)
+        if not isinstance(raw, dict):
             continue
-        profile = entry.get("profile")
-        if isinstance(profile, str) and profile not in profile_names:
-            defined = ", ".join(sorted(profile_names)) or "none defined"
-            problems.append(f"models.{name}.profile: no profile named {profile!r} (profiles: {defined})")
+        for name, entry in raw.items():
+            if name in structured[section] or not isinstance(entry, dict):
+                continue
+            value = entry.get(field)
+            if isinstance(value, str) and value not in valid:
+                problems.append(f"{section}.{name}.{field}: " + message.format(value))
     return problems
 
 

@@ -1,0 +1,255 @@
+"""Catalog validation: ``llmgw ctl validate`` and ``load_catalog``."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmgw.cli import cli
+from llmgw.config import load_catalog, parse_catalog
+from llmgw.engine import Engine
+from llmgw.errors import CatalogError
+from llmgw.models import Command, LaunchSpec
+
+GOOD = """
+profiles:
+  tp2x2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 2
+    args: ["--time-to-first-token", "0.05"]
+  single:
+    engine: sim
+models:
+  llama-70b:
+    source: /models/llama-70b
+    profile: tp2x2
+    replicas: 2
+  small:
+    source: /models/small
+    profile: single
+"""
+
+
+def validate(tmp_path: Path, text: str) -> tuple[int, str]:
+    """Run ``llmgw ctl validate`` on ``text``; return its exit code and output."""
+    path = tmp_path / "catalog.yaml"
+    path.write_text(textwrap.dedent(text))
+    result = CliRunner().invoke(cli, ["ctl", "validate", str(path)])
+    return result.exit_code, result.output
+
+
+def edit(**replacements: str) -> str:
+    """The good catalog with some lines replaced (keys are the original lines, stripped)."""
+    lines = []
+    for line in GOOD.splitlines():
+        key = line.strip()
+        if key in replacements:
+            indent = line[: len(line) - len(line.lstrip())]
+            new = replacements[key]
+            lines.extend(indent + part for part in new.splitlines() if new)
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+class TestValidateCommand:
+    """Each kind of mistake is named by its path, and exits 1."""
+
+    def test_valid_catalog_prints_a_summary(self, tmp_path):
+        """A good catalog exits 0 with one line saying what it holds."""
+        code, output = validate(tmp_path, GOOD)
+        assert code == 0, output
+        assert output.strip().endswith("valid: 2 models, 3 replicas, 2 profiles (engines: sim)")
+
+    @pytest.mark.parametrize("value", ['"2"', "2.5", "true", "[2]"])
+    def test_replicas_not_an_integer(self, tmp_path, value):
+        """`replicas` given as a string, a float, a bool or a list is not an integer."""
+        code, output = validate(tmp_path, edit(**{"replicas: 2": f"replicas: {value}"}))
+        assert code == 1
+        assert "models.llama-70b.replicas: expected an integer" in output
+
+    def test_negative_replicas(self, tmp_path):
+        """A negative replica count names the field and the bound."""
+        code, output = validate(tmp_path, edit(**{"replicas: 2": "replicas: -1"}))
+        assert code == 1
+        assert "models.llama-70b.replicas: expected an integer >= 0, got -1" in output
+
+    def test_zero_nodes(self, tmp_path):
+        """A profile on zero nodes is refused."""
+        code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 0"}))
+        assert code == 1
+        assert "profiles.tp2x2.nodes: expected an integer >= 1, got 0" in output
+
+    def test_unknown_key_in_a_model(self, tmp_path):
+        """A misspelt key is an error naming it and the keys there are."""
+        code, output = validate(tmp_path, edit(**{"replicas: 2": "replicas: 2\nreplica: 3"}))
+        assert code == 1
+        assert "models.llama-70b.replica: unknown key (expected one of: source, profile, replicas" in output
+
+    def test_unknown_key_in_a_profile(self, tmp_path):
+        """Unknown keys in profiles are refused too."""
+        code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 2\ntensor_parallel: 8"}))
+        assert code == 1
+        assert "profiles.tp2x2.tensor_parallel: unknown key" in output
+
+    def test_unknown_top_level_key(self, tmp_path):
+        """A top-level key other than profiles and models is refused."""
+        code, output = validate(tmp_path, GOOD + "defaults:\n  replicas: 1\n")
+        assert code == 1
+        assert "defaults: unknown key (expected one of: profiles, models)" in output
+
+    def test_missing_source(self, tmp_path):
+        """A model without a source names the missing field."""
+        code, output = validate(tmp_path, edit(**{"source: /models/small": ""}))
+        assert code == 1
+        assert "models.small.source: required, missing" in output
+
+    def test_profile_that_does_not_exist(self, tmp_path):
+        """A model naming a missing profile lists the profiles there are."""
+        code, output = validate(tmp_path, edit(**{"profile: tp2x2": "profile: tp8x2"}))
+        assert code == 1
+        assert "models.llama-70b.profile: no profile named 'tp8x2' (profiles: single, tp2x2)" in output
+
+    def test_engine_no_plugin_provides(self, tmp_path):
+        """An engine no plugin provides lists the engines there are."""
+        code, output = validate(tmp_path, edit(**{"engine: sim": "engine: vllm"}))
+        assert code == 1
+        assert "profiles.tp2x2.engine: no plugin provides engine 'vllm' (engines there are: sim)" in output
+
+    def test_args_item_not_a_string(self, tmp_path):
+        """A non-string in args names its index."""
+        code, output = validate(
+            tmp_path,
+            edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--time-to-first-token", 0.05]'}),
+        )
+        assert code == 1
+        assert "profiles.tp2x2.args[1]: expected a string" in output
+
+    def test_args_setting_a_flag_llmgw_sets(self, tmp_path):
+        """Extra args may not set a flag llmgw sets itself, such as --port."""
+        code, output = validate(
+            tmp_path, edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--port=9000"]'})
+        )
+        assert code == 1
+        assert "profiles.tp2x2.args[0]: --port is set by llmgw for engine 'sim'; remove it from args" in output
+
+    def test_duplicate_key(self, tmp_path):
+        """A key given twice is an error with its line, not a silent last-one-wins."""
+        code, output = validate(tmp_path, edit(**{"replicas: 2": "replicas: 2\nreplicas: 3"}))
+        assert code == 1
+        assert "key 'replicas' appears twice (first at line 14)" in output
+        assert "line 15" in output
+
+    def test_invalid_yaml(self, tmp_path):
+        """Broken YAML is reported with its line and column."""
+        code, output = validate(tmp_path, "models:\n  a: [unclosed\n")
+        assert code == 1
+        assert "invalid YAML" in output and "line 3" in output
+
+    def test_top_level_not_a_mapping(self, tmp_path):
+        """A list at the top is not a catalog."""
+        code, output = validate(tmp_path, "- a\n- b\n")
+        assert code == 1
+        assert "(top level): expected a mapping with the keys profiles and models" in output
+
+    def test_model_not_a_mapping(self, tmp_path):
+        """A model given as a plain value is named."""
+        code, output = validate(tmp_path, GOOD + "  broken: 3\n")
+        assert code == 1
+        assert "models.broken: expected a mapping" in output
+
+    def test_missing_file(self, tmp_path):
+        """A catalog path that does not exist is named with the reason."""
+        result = CliRunner().invoke(cli, ["ctl", "validate", str(tmp_path / "nope.yaml")])
+        assert result.exit_code == 1
+        assert "nope.yaml: 1 error" in result.output and "No such file or directory" in result.output
+
+    def test_served_name_used_twice(self, tmp_path):
+        """Two models served under one name are refused."""
+        code, output = validate(tmp_path, edit(**{"source: /models/small": "source: /models/small\nserved_name: llama-70b"}))
+        assert code == 1
+        assert "models.small.served_name: 'llama-70b' is already served by models.llama-70b" in output
+
+    def test_invalid_sidecar_readiness(self, tmp_path):
+        """A sidecar readiness check that is neither tcp: nor http: is named."""
+        sidecar = 'sidecars:\n  - name: proxy\n    argv: ["envoy"]\n    ready: "port 9000"'
+        code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 2\n" + sidecar}))
+        assert code == 1
+        assert "profiles.tp2x2.sidecars[0].ready: expected 'tcp:PORT' or 'http:PORT/PATH'" in output
+
+    def test_every_error_is_reported_at_once(self, tmp_path):
+        """Several mistakes in one file are all listed, not only the first."""
+        text = edit(
+            **{
+                "replicas: 2": 'replicas: "two"',
+                "engine: sim": "engine: nope",
+                "profile: single": "profile: missing",
+                "nodes: 2": "nodes: 2\nbogus: 1",
+            }
+        )
+        code, output = validate(tmp_path, text)
+        assert code == 1
+        assert "5 errors" in output
+        for path in ("models.llama-70b.replicas", "profiles.tp2x2.engine", "profiles.single.engine",
+                     "models.small.profile", "profiles.tp2x2.bogus"):
+            assert path in output
+
+    def test_console_script_exit_code(self, tmp_path, llmgw_exe, clean_env):
+        """The installed `llmgw ctl validate` exits 1 and prints the path on stderr."""
+        path = tmp_path / "catalog.yaml"
+        path.write_text(edit(**{"replicas: 2": "replicas: many"}))
+        result = subprocess.run([llmgw_exe, "ctl", "validate", str(path)], capture_output=True,
+                                text=True, env=clean_env, timeout=60)
+        assert result.returncode == 1
+        assert "models.llama-70b.replicas: expected an integer" in result.stderr
+
+
+class _SingleNode(Engine):
+    name = "solo"
+    checked_versions = ("1",)
+    multi_node = False
+    programs = ("solo",)
+
+    def build_command(self, spec: LaunchSpec) -> Command:
+        return Command(argv=["solo", "--port", str(spec.port)])
+
+    def widest_spec(self) -> LaunchSpec:
+        return LaunchSpec(model_source="/m", served_name="m", host="h", port=1)
+
+
+class TestLoadCatalog:
+    """``load_catalog`` as ``ctl apply`` will call it."""
+
+    def test_multi_node_on_a_single_node_engine(self):
+        """nodes > 1 with an engine that cannot span nodes names the profile's nodes field."""
+        text = "profiles:\n  p:\n    engine: solo\n    nodes: 2\nmodels: {}\n"
+        with pytest.raises(CatalogError) as info:
+            parse_catalog(text, {"solo": _SingleNode()})
+        assert info.value.problems == [
+            "profiles.p.nodes: engine 'solo' cannot run one replica on 2 nodes; "
+            "use nodes: 1 or a multi-node engine"
+        ]
+
+    def test_returns_frozen_records(self, tmp_path):
+        """A valid catalog gives frozen records with defaults filled in."""
+        path = tmp_path / "c.yaml"
+        path.write_text(GOOD)
+        from llmgw_engine_sim import SimEngine
+
+        catalog = load_catalog(path, {"sim": SimEngine()})
+        assert catalog.models["small"].replicas == 1
+        assert catalog.profiles["single"].gpus_per_node == 1
+        assert catalog.profiles["tp2x2"].args == ("--time-to-first-token", "0.05")
+        assert catalog.served_name("small") == "small"
+        with pytest.raises(AttributeError):
+            catalog.models["small"].replicas = 3  # type: ignore[misc]
+
+    def test_empty_file_is_an_empty_catalog(self):
+        """An empty catalog is valid and holds nothing."""
+        catalog = parse_catalog("", {})
+        assert catalog.models == {} and catalog.profiles == {}

@@ -128,6 +128,9 @@ def validate(catalog: str) -> None:
 
 
 def _register_optional_commands() -> None:
+    from llmgw.dev import dev
+
+    cli.add_command(dev)
     try:  # TEMP-GUARD until cli_discover lands
         from llmgw.cli_discover import discover
     except ModuleNotFoundError:

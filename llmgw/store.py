@@ -1,0 +1,200 @@
+"""The server's state in sqlite: one WAL connection, reached from trio.
+
+Every call goes through one worker thread at a time
+(``trio.CapacityLimiter(1)``), cancellable (``conn.interrupt()``); writes
+begin with ``BEGIN IMMEDIATE`` so a read-then-write never fails half-way with
+"database is locked". The schema is versioned: :data:`MIGRATIONS` runs in
+order, each once, and a database newer than this code is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from llmgw.errors import LlmgwError
+
+__all__ = ["Store", "StoreError", "MIGRATIONS", "open_store"]
+
+T = TypeVar("T")
+
+#: Schema migrations, in order; entry N brings the schema to version N + 1.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE catalog (
+        revision INTEGER PRIMARY KEY,
+        text TEXT NOT NULL,
+        data TEXT NOT NULL,
+        applied_at REAL NOT NULL
+    );
+    CREATE TABLE nodes (
+        node_id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        facts TEXT NOT NULL,
+        cordoned INTEGER NOT NULL DEFAULT 0,
+        lost INTEGER NOT NULL DEFAULT 0,
+        first_seen REAL NOT NULL,
+        last_seen REAL NOT NULL
+    );
+    CREATE TABLE replicas (
+        replica_id TEXT PRIMARY KEY,
+        model TEXT NOT NULL,
+        placement TEXT NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        reason TEXT,
+        changed_at REAL NOT NULL
+    );
+    CREATE TABLE observed (
+        node_id TEXT NOT NULL,
+        shard_key TEXT NOT NULL,
+        data TEXT NOT NULL,
+        seen_at REAL NOT NULL,
+        PRIMARY KEY (node_id, shard_key)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
+)
+
+
+class StoreError(LlmgwError):
+    """The state database cannot be used as it is."""
+
+
+class Store:
+    """The server's sqlite database. Build it with :func:`open_store`."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._conn = conn
+        self._limiter = trio.CapacityLimiter(1)
+
+    # -- running queries ---------------------------------------------------
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` in the store's worker thread and return its result.
+
+        ``fn`` must not begin transactions itself; use :meth:`write` for writes.
+        Cancelling the caller interrupts the query.
+        """
+        return await self._in_thread(lambda: fn(self._conn))
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` inside one ``BEGIN IMMEDIATE`` transaction.
+
+        Committed when ``fn`` returns, rolled back when it raises: a write is
+        all or nothing. Returns what ``fn`` returned.
+        """
+
+        def transaction() -> T:
+            with _immediate(self._conn):
+                return fn(self._conn)
+
+        return await self._in_thread(transaction)
+
+    async def _in_thread(self, work: Callable[[], T]) -> T:
+        async with self._limiter:
+            try:
+                return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+            except trio.Cancelled:
+                self._conn.interrupt()
+                raise
+
+    def close(self) -> None:
+        """Close the connection; called once when the server stops."""
+        self._conn.close()
+
+    # -- events ------------------------------------------------------------
+
+    @staticmethod
+    def add_event(conn: sqlite3.Connection, kind: str, subject: str, message: str) -> None:
+        """Record what the server decided and why (inside a :meth:`write`)."""
+        conn.execute(
+            "INSERT INTO events (at, kind, subject, message) VALUES (?, ?, ?, ?)",
+            (time.time(), kind, subject, message),
+        )
+
+    @staticmethod
+    def get_setting(conn: sqlite3.Connection, key: str, default: Any = None) -> Any:
+        """A JSON value from the settings table, or ``default``."""
+        row = conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    @staticmethod
+    def set_setting(conn: sqlite3.Connection, key: str, value: Any) -> None:
+        """Store a JSON value in the settings table (inside a :meth:`write`)."""
+        conn.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, json.dumps(value)),
+        )
+
+
+@contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The database's schema version (``PRAGMA user_version``)."""
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def open_store(state_dir: str | Path) -> Store:
+    """Open (creating if needed) ``state.db`` under ``state_dir`` and migrate it.
+
+    Called once by ``llmgw server`` at start, before it listens.
+
+    :raises StoreError: the database is newer than this llmgw, or unreadable.
+    """
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = state_dir / "state.db"
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        version = schema_version(conn)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path}: cannot open the state database: {exc}") from None
+    if version > len(MIGRATIONS):
+        conn.close()
+        raise StoreError(
+            f"{path}: schema version {version} is newer than this llmgw knows "
+            f"({len(MIGRATIONS)}); upgrade llmgw or point --state-dir elsewhere"
+        )
+    for target in range(version + 1, len(MIGRATIONS) + 1):
+        with _immediate(conn):
+            for statement in _statements(MIGRATIONS[target - 1]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")
+    return Store(path, conn)
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]

@@ -1,0 +1,156 @@
+"""The engine conformance suite every engine distribution runs.
+
+Subclass :class:`EngineContract` in your distribution's ``tests/`` and supply
+two fixtures: ``engine`` (your Engine instance) and ``help_texts`` (program
+name -> that program's real ``--help`` output). The inherited tests check
+what llmgw relies on; each failure message says how to fix it::
+
+    from llmgw.testing.contract import EngineContract
+
+    class TestMyEngine(EngineContract):
+        @pytest.fixture
+        def engine(self):
+            return MyEngine()
+
+        @pytest.fixture
+        def help_texts(self):
+            return {"my-server": Path("my-server-help.txt").read_text()}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import attrs
+import pytest
+
+from llmgw.engine import Engine
+from llmgw.models import Command, LaunchSpec
+
+__all__ = ["EngineContract", "flags_of", "command_program"]
+
+_NUMBER = re.compile(r"^-\d+(\.\d+)?$")
+
+
+def flags_of(command: Command) -> list[str]:
+    """The flags (``--x`` or ``-x``, without ``=value``) in a command's argv, in order."""
+    return [
+        arg.split("=", 1)[0] for arg in command.argv[1:] if arg.startswith("-") and not _NUMBER.match(arg)
+    ]
+
+
+def command_program(engine: Engine, spec: LaunchSpec, command: Command) -> str:
+    """Which of the engine's programs ``command`` runs, found from its argv[0]."""
+    for program in engine.programs:
+        if command.argv[0] in (engine.program_path(spec, program), program):
+            return program
+    raise AssertionError(
+        f"{engine.name}: argv[0] {command.argv[0]!r} is none of the engine's programs "
+        f"{engine.programs}; build argv[0] with engine.program_path(spec, PROGRAM)"
+    )
+
+
+class EngineContract:
+    """Tests every engine distribution inherits; supply ``engine`` and ``help_texts``."""
+
+    @pytest.fixture
+    def engine(self) -> Engine:
+        """Your engine instance. Override this fixture."""
+        raise NotImplementedError("override the `engine` fixture with your Engine instance")
+
+    @pytest.fixture
+    def help_texts(self) -> dict[str, str]:
+        """Program name -> its real ``--help`` output. Override this fixture."""
+        raise NotImplementedError("override the `help_texts` fixture: {program: help text}")
+
+    @pytest.fixture
+    def widest(self, engine: Engine) -> LaunchSpec:
+        """The engine's widest spec, with a configured path for every program."""
+        executables = {p: f"/opt/engines/{p}/bin/{p}" for p in engine.programs}
+        return attrs.evolve(engine.widest_spec(), executables=executables)
+
+    def ranks(self, spec: LaunchSpec) -> list[LaunchSpec]:
+        """The spec of every rank of ``spec``'s replica."""
+        return [attrs.evolve(spec, rank=rank) for rank in range(spec.nnodes)]
+
+    def test_declares_identity(self, engine: Engine) -> None:
+        """The engine has a name, the versions it was checked against, and its programs."""
+        assert re.match(r"^[a-z0-9][a-z0-9_-]*$", engine.name), (
+            f"Engine.name {engine.name!r}: use lowercase letters, digits, '-' and '_'"
+        )
+        assert engine.checked_versions, (
+            "set Engine.checked_versions to the engine versions your commands were checked against"
+        )
+        assert engine.programs, "set Engine.programs to the program names your commands run"
+
+    def test_health_path(self, engine: Engine) -> None:
+        """The health path is an absolute HTTP path."""
+        assert engine.health_path.startswith("/"), (
+            f"Engine.health_path {engine.health_path!r} must start with '/'"
+        )
+
+    def test_help_documents_help(self, engine: Engine, help_texts: dict[str, str]) -> None:
+        """Each program's help parses and documents --help itself (so it is not cut short)."""
+        assert set(help_texts) == set(engine.programs), (
+            f"help_texts must give one help per program: {engine.programs}, got {sorted(help_texts)}"
+        )
+        for program, text in help_texts.items():
+            flags = engine.parse_help(text)
+            assert "--help" in flags, (
+                f"{program}: parse_help found no --help in the help text; either the text is "
+                "truncated or parse_help misses option definition lines"
+            )
+
+    def test_single_node_command(self, engine: Engine, widest: LaunchSpec) -> None:
+        """A one-node spec builds a command that binds the spec's port and joins nobody."""
+        spec = attrs.evolve(widest, nnodes=1, rank=0, dist_init_addr=None, peer_addrs=())
+        command = engine.build_command(spec)
+        assert str(spec.port) in command.argv, "rank 0 must be told the port it serves on"
+        assert not any(widest.dist_init_addr in arg for arg in command.argv if widest.dist_init_addr), (
+            "a single-node command must not carry a dist-init address"
+        )
+        command_program(engine, spec, command)
+
+    def test_every_rank_builds(self, engine: Engine, widest: LaunchSpec) -> None:
+        """Every rank of the widest spec builds, deterministically, with string env values."""
+        for spec in self.ranks(widest):
+            command = engine.build_command(spec)
+            assert command == engine.build_command(spec), "build_command must be deterministic"
+            assert all(isinstance(v, str) for v in command.env.values()), "env values must be strings"
+            command_program(engine, spec, command)
+
+    def test_rank_zero_differs_from_workers(self, engine: Engine, widest: LaunchSpec) -> None:
+        """In a multi-node spec, rank 0 and the workers get different commands."""
+        if not engine.multi_node:
+            pytest.skip("single-node engine")
+        assert widest.nnodes > 1, "a multi-node engine's widest_spec() must span several nodes"
+        commands = [engine.build_command(spec) for spec in self.ranks(widest)]
+        assert commands[0] != commands[1], "rank 0 and rank 1 got the same command"
+
+    def test_widest_flags_are_documented(
+        self, engine: Engine, widest: LaunchSpec, help_texts: dict[str, str]
+    ) -> None:
+        """Every flag of the widest command, on every rank, is in that program's real help."""
+        documented = {p: engine.parse_help(t) for p, t in help_texts.items()}
+        missing = []
+        for spec in self.ranks(widest):
+            command = engine.build_command(spec)
+            program = command_program(engine, spec, command)
+            for flag in flags_of(command):
+                if flag not in documented.get(program, frozenset()):
+                    missing.append(f"rank {spec.rank} ({program}): {flag}")
+        assert not missing, (
+            "flags llmgw would pass that the engine's help does not document: "
+            + ", ".join(missing)
+            + "; use a spelling the help documents, or fix parse_help"
+        )
+
+    def test_program_paths_are_honoured(self, engine: Engine, widest: LaunchSpec) -> None:
+        """Configured program paths from the agent reach argv[0]."""
+        for spec in self.ranks(widest):
+            argv0 = engine.build_command(spec).argv[0]
+            assert os.path.isabs(argv0) and argv0.startswith("/opt/engines/"), (
+                f"rank {spec.rank}: argv[0] {argv0!r} ignores spec.executables; "
+                "use engine.program_path(spec, PROGRAM)"
+            )

@@ -131,10 +131,8 @@ def _register_optional_commands() -> None:
     from llmgw.dev import dev
 
     cli.add_command(dev)
-    try:  # TEMP-GUARD until cli_discover lands
-        from llmgw.cli_discover import discover
-    except ModuleNotFoundError:
-        return
+    from llmgw.cli_discover import discover
+
     cli.add_command(discover)
 
 

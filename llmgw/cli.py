@@ -8,45 +8,20 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 from tabulate import tabulate
 
 import llmgw
+from llmgw.cli_base import Group
 from llmgw.config import catalog_summary, load_catalog
-from llmgw.errors import CatalogError, LlmgwError
+from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
 
 __all__ = ["main", "cli"]
 
 
-class _Group(click.Group):
-    """A click group that shows llmgw errors as messages, never tracebacks."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except LlmgwError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-        except BaseExceptionGroup as group:
-            user_errors = [e for e in _leaves(group) if isinstance(e, LlmgwError)]
-            if not user_errors:
-                raise
-            for exc in user_errors:
-                click.echo(f"error: {exc}", err=True)
-            ctx.exit(user_errors[0].exit_code)
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(llmgw.__version__, prog_name="llmgw")
 def cli() -> None:
     """llmgw: run large language models on a fleet of GPU machines."""
@@ -84,7 +59,7 @@ def plugins(as_json: bool) -> None:
         sys.exit(1)
 
 
-@cli.group(cls=_Group)
+@cli.group(cls=Group)
 def ctl() -> None:
     """Operate a cluster: catalogs, engines, nodes, replicas."""
 
@@ -131,7 +106,10 @@ def _register_optional_commands() -> None:
     from llmgw.dev import dev
 
     cli.add_command(dev)
+    from llmgw.cli_ca import ca
     from llmgw.cli_discover import discover
+
+    cli.add_command(ca)
 
     cli.add_command(discover)
 

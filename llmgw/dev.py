@@ -135,9 +135,10 @@ def dev(host: str, port: int, served_name: str, state_dir: Path, once: bool) -> 
         answer = _chat(host, port, served_name)
         text = answer["choices"][0]["message"]["content"]
         click.echo(f"ready: http://{host}:{port}/v1 serves {served_name!r}; it answered: {text!r}")
+        body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "hi"}]})
         click.echo(
-            f"try: curl -s http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
-            f"-d '{{\"model\": \"{served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}'"
+            f"try: curl -s http://{host}:{port}/v1/chat/completions "
+            f"-H 'Content-Type: application/json' -d '{body}'"
         )
         click.echo(f"engine log: {log}; the control plane and gateway are not part of llmgw dev yet")
         if once:
@@ -161,7 +162,9 @@ def _serve_until_interrupted(process: subprocess.Popen, log: Path) -> None:
                 code = process.wait(0.5)
             except subprocess.TimeoutExpired:
                 continue
-            raise LlmgwError(f"the sim engine exited with code {code}; its log ({log}) ends with:\n{_tail(log)}")
+            raise LlmgwError(
+                f"the sim engine exited with code {code}; its log ({log}) ends with:\n{_tail(log)}"
+            )
     except KeyboardInterrupt:
         pass
     finally:

@@ -38,7 +38,9 @@ MIGRATIONS: tuple[str, ...] = (
         node_id TEXT PRIMARY KEY,
         address TEXT NOT NULL,
         facts TEXT NOT NULL,
+        port_range TEXT NOT NULL,
         cordoned INTEGER NOT NULL DEFAULT 0,
+        draining INTEGER NOT NULL DEFAULT 0,
         lost INTEGER NOT NULL DEFAULT 0,
         first_seen REAL NOT NULL,
         last_seen REAL NOT NULL
@@ -49,6 +51,8 @@ MIGRATIONS: tuple[str, ...] = (
         placement TEXT NOT NULL,
         attempt INTEGER NOT NULL DEFAULT 0,
         failures INTEGER NOT NULL DEFAULT 0,
+        consecutive_failures INTEGER NOT NULL DEFAULT 0,
+        sent_revision INTEGER NOT NULL DEFAULT 0,
         state TEXT NOT NULL,
         reason TEXT,
         changed_at REAL NOT NULL
@@ -125,11 +129,13 @@ class Store:
     # -- events ------------------------------------------------------------
 
     @staticmethod
-    def add_event(conn: sqlite3.Connection, kind: str, subject: str, message: str) -> None:
+    def add_event(
+        conn: sqlite3.Connection, kind: str, subject: str, message: str, *, at: float | None = None
+    ) -> None:
         """Record what the server decided and why (inside a :meth:`write`)."""
         conn.execute(
             "INSERT INTO events (at, kind, subject, message) VALUES (?, ?, ?, ?)",
-            (time.time(), kind, subject, message),
+            (time.time() if at is None else at, kind, subject, message),
         )
 
     @staticmethod

@@ -1,0 +1,55 @@
+"""The scheduler: a pure, deterministic function from (nodes, catalog, placements) to placements.
+
+The server's reconciler calls :func:`schedule` with every node it knows (as
+:class:`NodeView`), the stored catalog and the replicas placed so far, stores
+the :class:`ScheduleResult`, and sends each agent the shards on its node. The
+scheduler does no I/O and keeps no state between calls: what it needs to know
+about earlier decisions is in the placements it is given.
+
+How it decides:
+
+- A replica already placed stays, unchanged, unless its model left the catalog
+  or was scaled down (highest index first), its profile's shape changed, or a
+  node it runs on is lost, unknown, or lacks the engine or the model source.
+  Each dropped replica is in :attr:`ScheduleResult.removed` with the reason.
+- A cordoned node keeps its replicas and gets no new ones; drain moves them
+  with ``schedule(..., replace=[replica_id])``.
+- A new replica goes to ready nodes with the engine, the model source, enough
+  free GPUs (each with the profile's minimum memory) and free ports in their
+  range. It prefers nodes with the fewest replicas of its model, then the
+  fewest used GPUs, then the lowest node id. A multi-node replica takes nodes
+  of one fabric; an island node (no fabric) only takes single-node replicas.
+- A replica with no place is in :attr:`ScheduleResult.unplaced` with a reason
+  that names the closest miss.
+"""
+
+from __future__ import annotations
+
+from llmgw.scheduler._explain import explain_unplaced, node_warnings
+from llmgw.scheduler._place import schedule
+from llmgw.scheduler._records import (
+    DEFAULT_PORT_RANGE,
+    NODE_STATES,
+    NodeView,
+    Removal,
+    Replica,
+    ScheduleResult,
+    Shard,
+    Unplaced,
+    replica_id,
+)
+
+__all__ = [
+    "DEFAULT_PORT_RANGE",
+    "NODE_STATES",
+    "NodeView",
+    "Removal",
+    "Replica",
+    "ScheduleResult",
+    "Shard",
+    "Unplaced",
+    "explain_unplaced",
+    "node_warnings",
+    "replica_id",
+    "schedule",
+]

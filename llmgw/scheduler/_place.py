@@ -1,0 +1,371 @@
+"""The scheduler: which nodes, GPUs and ports each replica of the catalog gets."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from llmgw.models import Catalog, Model, Profile
+from llmgw.scheduler._explain import explain_unplaced
+from llmgw.scheduler._records import NodeView, Removal, Replica, ScheduleResult, Shard, Unplaced, replica_id
+from llmgw.scheduler._state import NodeState
+
+__all__ = ["schedule"]
+
+_Entry = tuple[tuple[int, int, int, str], str]
+
+
+@attrs.frozen
+class _Request:
+    """One replica to place: its slot, and what it moves when it is a replacement."""
+
+    index: int
+    generation: int = 0
+    replaces: str | None = None
+    avoid: frozenset[str] = frozenset()
+
+
+def schedule(
+    nodes: Iterable[NodeView],
+    catalog: Catalog,
+    placements: Iterable[Replica],
+    *,
+    replace: Iterable[str] = (),
+) -> ScheduleResult:
+    """Decide where every replica of ``catalog`` runs, starting from ``placements``.
+
+    Called by the server's reconciler whenever the catalog, a node or a
+    placement changes. Pure and deterministic: the same inputs, in any order,
+    give the same result, and feeding a result's placements back in changes
+    nothing. Existing replicas stay where they are unless their model left the
+    catalog or was scaled down (highest index first), their profile's shape
+    changed, or a node they run on is lost, unknown, or lacks the engine or the
+    model source; new ones go to ready nodes with the engine, the source and
+    enough free GPUs, spread over nodes (fewest replicas of the model first,
+    then fewest used GPUs, then node id), multi-node ones on one fabric.
+
+    :param nodes: every node the server knows, with its state and port range.
+    :param catalog: the desired state.
+    :param placements: the replicas placed so far (the previous result's).
+    :param replace: ids of replicas to move (drain): each gets a replacement
+        away from its nodes, marked ``replaces=<id>``, that does not count
+        toward the model's replicas until the caller removes the original.
+        Ids not placed, or already being replaced, are ignored.
+    :returns: the placements to run, the replicas that found no place with
+        the reason, and the input replicas dropped with the reason.
+    :raises ValueError: when two nodes have the same id.
+    """
+    state: dict[str, NodeState] = {}
+    for view in sorted(nodes, key=lambda view: view.node_id):
+        if view.node_id in state:
+            raise ValueError(f"node {view.node_id} appears twice")
+        state[view.node_id] = NodeState(view)
+    ordered = list(state.values())
+
+    kept, removed, generations = _keep(state, catalog, placements)
+    removed += _scale_down(state, catalog, kept)
+    requests = _requests(catalog, kept, generations, sorted(set(replace)))
+
+    new: list[Replica] = []
+    unplaced: list[Unplaced] = []
+    failed: list[tuple[str, Model, Profile, list[_Request]]] = []
+    for model_name, profile, group in _ordered(catalog, requests):
+        model = catalog.models[model_name]
+        if profile is None:
+            reason = f"profile {model.profile} is not in the catalog"
+            unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in group]
+            continue
+        for run in _by_avoid(group):
+            placed, left = _place(ordered, state, model_name, model, profile, run)
+            new += placed
+            if left:
+                failed.append((model_name, model, profile, left))
+    # Explained once everything is placed, so the reason describes the nodes as the result leaves them.
+    for model_name, model, profile, left in failed:
+        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid)
+        unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in left]
+
+    return ScheduleResult(
+        placements=sorted([*kept.values(), *new], key=lambda replica: replica.id),
+        unplaced=sorted(unplaced, key=lambda item: (item.model, item.index)),
+        removed=sorted(removed, key=lambda removal: removal.replica.id),
+    )
+
+
+def _keep(
+    state: dict[str, NodeState], catalog: Catalog, placements: Iterable[Replica]
+) -> tuple[dict[str, Replica], list[Removal], dict[str, int]]:
+    """Check every placed replica, in id order, and claim the resources of those that stay."""
+    kept: dict[str, Replica] = {}
+    removed: list[Removal] = []
+    generations: dict[str, int] = {}
+    for replica in sorted(placements, key=lambda replica: (replica.id, replica.generation)):
+        reason = _problem(replica, state, catalog)
+        if reason is None and replica.id in kept:
+            reason = f"another replica has the id {replica.id}"
+        if reason is None:
+            reason = next(
+                filter(None, (state[shard.node_id].conflict(shard) for shard in replica.shards)), None
+            )
+        if reason is not None:
+            removed.append(Removal(replica, reason))
+            generations[replica.id] = max(generations.get(replica.id, 0), replica.generation + 1)
+            continue
+        kept[replica.id] = replica
+        for shard in replica.shards:
+            state[shard.node_id].claim(shard, replica.id, replica.model)
+    for replica in list(kept.values()):
+        original = kept.get(replica.replaces) if replica.replaces else None
+        if replica.replaces and (original is None or original.model != replica.model):
+            kept[replica.id] = attrs.evolve(replica, replaces=None)
+    return kept, removed, generations
+
+
+def _problem(replica: Replica, state: dict[str, NodeState], catalog: Catalog) -> str | None:
+    """Why ``replica`` cannot stay where it is, or None when it can."""
+    model = catalog.models.get(replica.model)
+    if model is None:
+        return f"model {replica.model} is no longer in the catalog"
+    profile = catalog.profiles.get(model.profile)
+    if profile is None:
+        return f"profile {model.profile} is not in the catalog"
+    if replica.id != replica_id(replica.model, replica.index):
+        return f"its id should be {replica_id(replica.model, replica.index)}"
+    shape = (len(replica.shards), {len(shard.gpus) for shard in replica.shards})
+    if shape != (profile.nodes, {profile.gpus_per_node}) or len(set(replica.node_ids)) != profile.nodes:
+        return (
+            f"profile {model.profile} now needs {profile.nodes} node(s) "
+            f"with {profile.gpus_per_node} GPU(s) each"
+        )
+    if [shard.rank for shard in replica.shards] != list(range(profile.nodes)):
+        return "its shards are not ranked 0.." + str(profile.nodes - 1)
+    if profile.nodes > 1 and replica.fabric is None:
+        return "a multi-node replica needs a fabric"
+    for shard in replica.shards:
+        node = state.get(shard.node_id)
+        if node is None:
+            return f"node {shard.node_id} is not known"
+        if node.state == "lost":
+            return f"node {node.id} is lost"
+        if profile.engine not in node.engines:
+            return f"node {node.id} lacks engine {profile.engine}"
+        if model.source not in node.sources:
+            return f"node {node.id} lacks model source {model.source}"
+        if profile.nodes > 1 and replica.fabric not in node.fabrics:
+            return f"node {node.id} is not on fabric {replica.fabric}"
+        if shard.port == shard.dist_init_port:
+            return f"its port {shard.port} on {node.id} is also its dist-init port"
+        for gpu in shard.gpus:
+            memory = node.gpu_memory.get(gpu)
+            if profile.min_gpu_memory_mib and memory is not None and memory < profile.min_gpu_memory_mib:
+                return (
+                    f"GPU {gpu} on {node.id} has {memory} MiB, "
+                    f"profile {model.profile} needs {profile.min_gpu_memory_mib}"
+                )
+    return None
+
+
+def _scale_down(state: dict[str, NodeState], catalog: Catalog, kept: dict[str, Replica]) -> list[Removal]:
+    """Drop the highest-index replicas of models that have more than the catalog asks for."""
+    by_model: dict[str, list[Replica]] = {}
+    for replica in kept.values():
+        if replica.replaces is None:
+            by_model.setdefault(replica.model, []).append(replica)
+    removed: list[Removal] = []
+    for name, replicas in by_model.items():
+        desired = catalog.models[name].replicas
+        for replica in sorted(replicas, key=lambda replica: replica.index)[desired:]:
+            removed.append(Removal(replica, f"model {name} is scaled down to {desired} replica(s)"))
+    gone = {removal.replica.id for removal in removed}
+    pending = sorted((r for r in kept.values() if r.replaces is not None), key=lambda r: r.id)
+    while moved := [r for r in pending if r.replaces in gone and r.id not in gone]:
+        for replica in moved:
+            removed.append(Removal(replica, f"the replica it replaces, {replica.replaces}, is scaled down"))
+            gone.add(replica.id)
+    for removal in removed:
+        replica = kept.pop(removal.replica.id)
+        for shard in replica.shards:
+            state[shard.node_id].release(shard, replica.model)
+    return removed
+
+
+def _requests(
+    catalog: Catalog, kept: dict[str, Replica], generations: dict[str, int], replace: list[str]
+) -> dict[str, list[_Request]]:
+    """The replicas to place, per model: missing slots first (lowest index first), then replacements."""
+    used: dict[str, set[int]] = {}
+    counted: dict[str, int] = {}
+    for replica in kept.values():
+        used.setdefault(replica.model, set()).add(replica.index)
+        if replica.replaces is None:
+            counted[replica.model] = counted.get(replica.model, 0) + 1
+
+    def free_indices(model: str):
+        index = 0
+        while True:
+            if index not in used.setdefault(model, set()):
+                used[model].add(index)
+                yield index
+            index += 1
+
+    requests: dict[str, list[_Request]] = {}
+    for name in sorted(catalog.models):
+        missing = catalog.models[name].replicas - counted.get(name, 0)
+        slots = free_indices(name)
+        for _ in range(missing):
+            index = next(slots)
+            generation = generations.get(replica_id(name, index), 0)
+            requests.setdefault(name, []).append(_Request(index, generation))
+    moving = {replica.replaces for replica in kept.values()}
+    for original_id in replace:
+        original = kept.get(original_id)
+        if original is None or original_id in moving:
+            continue
+        index = next(free_indices(original.model))
+        generation = generations.get(replica_id(original.model, index), 0)
+        requests.setdefault(original.model, []).append(
+            _Request(index, generation, replaces=original_id, avoid=frozenset(original.node_ids))
+        )
+    return requests
+
+
+def _ordered(
+    catalog: Catalog, requests: dict[str, list[_Request]]
+) -> list[tuple[str, Profile | None, list[_Request]]]:
+    """Models with replicas to place, largest first (multi-node, then more GPUs), then by name."""
+
+    def size(item: tuple[str, Profile | None, list[_Request]]) -> tuple[int, int, str]:
+        name, profile, _ = item
+        if profile is None:
+            return (0, 0, name)
+        return (-profile.nodes * max(profile.gpus_per_node, 1), -profile.nodes, name)
+
+    items = [
+        (name, catalog.profiles.get(catalog.models[name].profile), group) for name, group in requests.items()
+    ]
+    return sorted(items, key=size)
+
+
+def _by_avoid(group: list[_Request]) -> list[list[_Request]]:
+    """Split a model's requests into runs that avoid the same nodes, in order."""
+    runs: list[list[_Request]] = []
+    for request in group:
+        if runs and runs[-1][0].avoid == request.avoid:
+            runs[-1].append(request)
+        else:
+            runs.append([request])
+    return runs
+
+
+def _place(
+    ordered: list[NodeState],
+    state: dict[str, NodeState],
+    name: str,
+    model: Model,
+    profile: Profile,
+    requests: list[_Request],
+) -> tuple[list[Replica], list[_Request]]:
+    """Place ``requests`` (replicas of one model avoiding the same nodes) one by one.
+
+    :returns: the replicas placed, and the requests left when no nodes were left for them.
+    """
+    wanted, gpus, memory = profile.nodes, profile.gpus_per_node, profile.min_gpu_memory_mib
+    ports = 1 if wanted == 1 else 2
+    avoid = requests[0].avoid
+
+    def fits(node: NodeState) -> bool:
+        return node.fits(gpus, memory, ports)
+
+    pools: dict[str | None, list[_Entry]] = {}
+    for node in ordered:
+        if (
+            not node.ready
+            or node.id in avoid
+            or profile.engine not in node.engines
+            or model.source not in node.sources
+            or not fits(node)
+        ):
+            continue
+        for pool in _pools_of(node, wanted):
+            pools.setdefault(pool, []).append((node.key(name), node.id))
+    for heap in pools.values():
+        heapq.heapify(heap)
+
+    placed: list[Replica] = []
+    for position, request in enumerate(requests):
+        chosen = _choose(pools, state, name, wanted, fits)
+        if chosen is None:
+            return placed, requests[position:]
+        fabric, members = chosen
+        shards = []
+        for rank, node in enumerate(members):
+            node_ports = node.next_ports(2 if wanted > 1 and rank == 0 else 1)
+            shards.append(
+                Shard(
+                    rank=rank,
+                    node_id=node.id,
+                    gpus=node.free_gpus(memory)[:gpus],
+                    port=node_ports[0],
+                    dist_init_port=node_ports[1] if len(node_ports) > 1 else None,
+                )
+            )
+        replica = Replica(
+            id=replica_id(name, request.index),
+            model=name,
+            index=request.index,
+            shards=shards,
+            fabric=fabric,
+            generation=request.generation,
+            replaces=request.replaces,
+        )
+        for shard, node in zip(shards, members, strict=True):
+            node.claim(shard, replica.id, name)
+            if fits(node):
+                for pool in _pools_of(node, wanted):
+                    if pool in pools:
+                        heapq.heappush(pools[pool], (node.key(name), node.id))
+        placed.append(replica)
+    return placed, []
+
+
+def _pools_of(node: NodeState, wanted: int) -> tuple[str | None, ...]:
+    """The pools a node is in: one for single-node replicas, one per fabric for multi-node ones."""
+    return (None,) if wanted == 1 else node.fabrics
+
+
+def _choose(
+    pools: dict[str | None, list[_Entry]],
+    state: dict[str, NodeState],
+    name: str,
+    wanted: int,
+    fits: Callable[[NodeState], bool],
+) -> tuple[str | None, list[NodeState]] | None:
+    """The pool and its ``wanted`` best nodes for the next replica, or None when no pool has enough.
+
+    Pools are compared by the sum of their best nodes' keys, then by name.
+    Entries whose key is stale, or whose node no longer fits, are dropped.
+    """
+    best: tuple[tuple, str | None, list[_Entry]] | None = None
+    taken: dict[str | None, list[_Entry]] = {}
+    for pool in sorted(pools, key=lambda pool: pool or ""):
+        heap = pools[pool]
+        entries: list[_Entry] = []
+        while heap and len(entries) < wanted:
+            entry = heapq.heappop(heap)
+            node = state[entry[1]]
+            if entry[0] == node.key(name) and fits(node):
+                entries.append(entry)
+        taken[pool] = entries
+        if len(entries) == wanted:
+            score = tuple(sum(entry[0][part] for entry in entries) for part in range(3))
+            if best is None or (score, pool or "") < (best[0], best[1] or ""):
+                best = (score, pool, entries)
+    for pool, entries in taken.items():
+        if best is None or pool != best[1]:
+            for entry in entries:
+                heapq.heappush(pools[pool], entry)
+    if best is None:
+        return None
+    return best[1], [state[entry[1]] for entry in best[2]]

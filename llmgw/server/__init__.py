@@ -1,0 +1,1 @@
+"""The control plane: ``llmgw server``."""

@@ -1,0 +1,361 @@
+"""The server's HTTP API: the agent sync call, the admin API, the routes feed.
+
+Every request arrives over mutual TLS; who is calling is read from the
+client certificate's role (:mod:`llmgw.pki`), never from the request. A node
+may only sync as itself; admin endpoints take admin certificates only; the
+routes feed takes admin or gateway certificates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from llmgw.config import catalog_summary, parse_catalog
+from llmgw.engine import Engine
+from llmgw.errors import CatalogError
+from llmgw.http import InvalidJSON, Request, Response
+from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
+from llmgw.scheduler import node_warnings
+from llmgw.server.cluster import Cluster
+from llmgw.server.persist import flush
+from llmgw.store import Store
+from llmgw.wire import SyncReply, SyncRequest, WireError, from_json, shard_key, to_json
+
+__all__ = ["ServerApp"]
+
+log = logging.getLogger("llmgw.server")
+
+Handler = Callable[[Request, Identity, dict[str, str]], Awaitable[Response]]
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error(status: int, message: str) -> Response:
+    kind = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found"}
+    return Response.json(status, {"error": {"message": message, "type": kind.get(status, "error")}})
+
+
+class ServerApp:
+    """The request handler of ``llmgw server``, and the reconciler's loop."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        store: Store,
+        engines: Mapping[str, Engine],
+        *,
+        revocations: RevocationList | None = None,
+        poll_timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.engines = engines
+        self.revocations = revocations
+        self.poll_timeout = poll_timeout
+        self.clock = clock
+        self._lock = trio.Lock()
+        self._changed = trio.Event()
+        self._routes: list[tuple[str, re.Pattern[str], frozenset[Role], Handler]] = []
+        self._route("POST", r"/v1/agent/sync", {Role.NODE}, self._sync)
+        self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
+        admin = {Role.ADMIN}
+        self._route("GET", r"/v1/admin/nodes", admin, self._get_nodes)
+        self._route(
+            "POST",
+            r"/v1/admin/nodes/(?P<node>[^/]+)/(?P<action>cordon|uncordon|drain)",
+            admin,
+            self._node_action,
+        )
+        self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
+        self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
+        self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
+        self._route("GET", r"/v1/admin/events", admin, self._get_events)
+        self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
+
+    def _route(self, method: str, pattern: str, roles: set[Role], handler: Handler) -> None:
+        self._routes.append((method, re.compile(f"^{pattern}$"), frozenset(roles), handler))
+
+    # -- the reconciler loop -----------------------------------------------
+
+    async def commit(self) -> None:
+        """Reconcile, persist what changed, and wake waiters. Call with the lock held."""
+        now = self.clock()
+        revision, routes = self.cluster.revision, self.cluster.routes_revision
+        self.cluster.reconcile(now)
+        await self.store.write(lambda conn: flush(conn, self.cluster, now))
+        if (revision, routes) != (self.cluster.revision, self.cluster.routes_revision):
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def run_reconciler(self, interval: float = 1.0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Reconcile every ``interval`` seconds (lost nodes, backoff); runs until cancelled."""
+        async with self._lock:
+            await self.commit()
+        task_status.started()
+        while True:
+            await trio.sleep(interval)
+            async with self._lock:
+                await self.commit()
+            if self.revocations is not None and self.revocations.refresh():
+                log.info("revocation list reloaded: %d revoked", len(self.revocations.serials))
+
+    async def _wait_change(self, still_same: Callable[[], bool], timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            while still_same():
+                await self._changed.wait()
+
+    # -- dispatch ------------------------------------------------------------
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one request: authenticate, route, and turn refusals into JSON errors."""
+        try:
+            identity = peer_identity(request.peer_cert_der)
+        except IdentityError as exc:
+            return _error(401, f"client certificate refused: {exc}")
+        if self.revocations is not None and self.revocations.is_revoked(identity.serial):
+            log.warning("refused %s: certificate serial %s is revoked", identity, identity.serial_hex)
+            return _error(403, f"certificate {identity.serial_hex} of {identity.name} is revoked")
+        path_matched = False
+        for method, pattern, roles, handler in self._routes:
+            match = pattern.match(request.path)
+            if not match:
+                continue
+            path_matched = True
+            if method != request.method:
+                continue
+            if identity.role not in roles:
+                allowed = " or ".join(sorted(r.value for r in roles))
+                log.warning(
+                    "refused %s on %s %s: needs a %s certificate", identity, method, request.path, allowed
+                )
+                return _error(
+                    403,
+                    f"{request.path} needs a {allowed} certificate; "
+                    f"yours is a {identity.role.value} certificate ({identity.name})",
+                )
+            try:
+                return await handler(request, identity, match.groupdict())
+            except _Refused as refused:
+                return _error(refused.status, refused.message)
+            except (InvalidJSON, WireError) as exc:
+                return _error(400, str(exc))
+        if path_matched:
+            return _error(405, f"{request.method} is not allowed on {request.path}")
+        return _error(404, f"no such endpoint: {request.path}")
+
+    # -- agents --------------------------------------------------------------
+
+    async def _sync(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        sync = from_json(request.json(), SyncRequest)
+        if sync.node_id != identity.name:
+            message = (
+                f"node certificate for {identity.name!r} cannot sync as node {sync.node_id!r}; "
+                "a node syncs under the id its certificate was issued for"
+            )
+            log.warning("refused sync: certificate CN %r claims node id %r", identity.name, sync.node_id)
+            async with self._lock:
+                self.cluster._event(
+                    self.clock(),
+                    "refusal",
+                    sync.node_id,
+                    f"sync refused: certificate is for {identity.name!r}",
+                )
+                await self.commit()
+            raise _Refused(403, message)
+        async with self._lock:
+            self.cluster.sync(sync, self.clock())
+            await self.commit()
+        if sync.wait:
+            await self._wait_change(lambda: self.cluster.revision == sync.revision, self.poll_timeout)
+        reply = SyncReply(
+            revision=self.cluster.revision,
+            shards=self.cluster.desired_for(sync.node_id),
+            check_sources=self.cluster.sources_to_check(),
+            lost_after=self.cluster.settings.lost_after,
+        )
+        return Response.json(200, to_json(reply))
+
+    async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        known = _int(request.query.get("revision", "0"), "revision")
+        if request.query.get("wait") == "1":
+            await self._wait_change(lambda: self.cluster.routes_revision == known, self.poll_timeout)
+        routes = self.cluster.ready_routes()
+        models = sorted({self.cluster.catalog.served_name(m) for m in self.cluster.catalog.models})
+        return Response.json(
+            200,
+            {
+                "revision": self.cluster.routes_revision,
+                "models": models,
+                "routes": {
+                    name: [{"replica": r, "url": u} for r, u in entries] for name, entries in routes.items()
+                },
+            },
+        )
+
+    # -- admin ---------------------------------------------------------------
+
+    async def _get_nodes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        now = self.clock()
+        nodes = []
+        for node in sorted(self.cluster.nodes.values(), key=lambda n: n.node_id):
+            replicas = sorted(
+                r.id for r in self.cluster.replicas.values() if node.node_id in r.placement.node_ids
+            )
+            used = sum(
+                len(s.gpus)
+                for r in self.cluster.replicas.values()
+                for s in r.placement.shards
+                if s.node_id == node.node_id
+            )
+            warnings = list(node.facts.problems) + list(node_warnings(node.view(), self.cluster.catalog))
+            nodes.append(
+                {
+                    "node_id": node.node_id,
+                    "address": node.address,
+                    "state": "draining" if node.draining else node.state,
+                    "gpus_total": len(node.facts.gpus),
+                    "gpus_free": max(0, len(node.facts.gpus) - used),
+                    "fabrics": [f.name for f in node.facts.fabrics],
+                    "engines": dict(node.facts.engines),
+                    "agent_version": node.facts.agent_version,
+                    "replicas": replicas,
+                    "warnings": warnings,
+                    "last_sync_ago": round(now - node.last_seen, 1),
+                }
+            )
+        return Response.json(200, {"nodes": nodes})
+
+    async def _node_action(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        node_id, action = params["node"], params["action"]
+        async with self._lock:
+            if node_id not in self.cluster.nodes:
+                known = ", ".join(sorted(self.cluster.nodes)) or "none"
+                raise _Refused(404, f"no node {node_id!r} (nodes: {known})")
+            self.cluster.set_cordon(node_id, action != "uncordon", self.clock(), drain=action == "drain")
+            await self.commit()
+        return Response.json(200, self._drain_status(node_id))
+
+    def _drain_status(self, node_id: str) -> dict[str, Any]:
+        node = self.cluster.nodes[node_id]
+        remaining = sorted(
+            r.id
+            for r in self.cluster.replicas.values()
+            if node_id in r.placement.node_ids and not r.placement.replaces
+        )
+        moving = sorted(
+            r.placement.replaces for r in self.cluster.replicas.values() if r.placement.replaces in remaining
+        )
+        stuck = [f"{u.id}: {u.reason}" for u in self.cluster.unplaced if u.replaces in remaining]
+        return {
+            "node_id": node_id,
+            "state": "draining" if node.draining else node.state,
+            "remaining": remaining,
+            "moving": moving,
+            "stuck": stuck,
+        }
+
+    async def _get_replicas(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        replicas = []
+        for record in sorted(self.cluster.replicas.values(), key=lambda r: r.id):
+            shards = []
+            for shard in record.placement.shards:
+                node = self.cluster.nodes.get(shard.node_id)
+                observed = None
+                if node is not None:
+                    observed = node.observed.get(shard_key(record.id, record.attempt, shard.rank))
+                shards.append(
+                    {
+                        "rank": shard.rank,
+                        "node": shard.node_id,
+                        "gpus": list(shard.gpus),
+                        "port": shard.port,
+                        "state": observed.state if observed else "pending",
+                        "pid": observed.pid if observed else None,
+                        "detail": observed.detail if observed else None,
+                    }
+                )
+            replicas.append(
+                {
+                    "id": record.id,
+                    "model": record.placement.model,
+                    "state": record.state,
+                    "attempt": record.attempt,
+                    "failures": record.failures,
+                    "reason": record.reason,
+                    "fabric": record.placement.fabric,
+                    "replaces": record.placement.replaces,
+                    "shards": shards,
+                }
+            )
+        unplaced = [
+            {"id": u.id, "model": u.model, "reason": u.reason, "replaces": u.replaces}
+            for u in self.cluster.unplaced
+        ]
+        return Response.json(200, {"replicas": replicas, "unplaced": unplaced})
+
+    async def _get_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        return Response.json(
+            200, {"revision": self.cluster.catalog_revision, "text": self.cluster.catalog_text}
+        )
+
+    async def _apply_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        body = request.json()
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise _Refused(400, "expected a JSON object with the catalog's YAML as 'text'")
+        source = str(body.get("name") or "catalog")
+        try:
+            catalog = parse_catalog(text, self.engines, source=source)
+        except CatalogError as exc:
+            return Response.json(
+                400, {"error": {"message": str(exc), "type": "invalid_catalog", "problems": exc.problems}}
+            )
+        async with self._lock:
+            self.cluster.apply_catalog(catalog, text, self.clock())
+            await self.commit()
+            revision = self.cluster.catalog_revision
+        return Response.json(200, {"revision": revision, "summary": catalog_summary(catalog)})
+
+    async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        since = _int(request.query.get("since", "0"), "since")
+        limit = min(_int(request.query.get("limit", "200"), "limit"), 10_000)
+        rows = await self.store.run(
+            lambda conn: conn.execute(
+                "SELECT id, at, kind, subject, message FROM events WHERE id > ? ORDER BY id DESC LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        )
+        events = [
+            dict(zip(("id", "at", "kind", "subject", "message"), row, strict=True)) for row in reversed(rows)
+        ]
+        return Response.json(200, {"events": events})
+
+    async def _get_engines(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        engines = [
+            {"name": name, "checked_versions": list(e.checked_versions), "multi_node": e.multi_node}
+            for name, e in sorted(self.engines.items())
+        ]
+        return Response.json(200, {"engines": engines})
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise _Refused(400, f"query parameter {name}: expected an integer, got {text!r}") from None
+    if value < 0 or not math.isfinite(value):
+        raise _Refused(400, f"query parameter {name}: expected an integer >= 0")
+    return value

@@ -1,0 +1,476 @@
+"""The control plane's view of the cluster, and the reconciler that moves it.
+
+:class:`Cluster` holds what the server knows (the catalog, every node and
+what its agent last observed, every replica) and decides, in
+:meth:`Cluster.reconcile`, what each node should run. It does no I/O and
+reads no clock: callers pass ``now``, so tests drive it step by step. The
+server persists what changed (:attr:`Cluster.dirty`) and wakes long-polls
+when :attr:`Cluster.revision` moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from llmgw.models import Catalog, LaunchSpec, NodeFacts
+from llmgw.scheduler import NodeView, Replica, Unplaced, schedule
+from llmgw.wire import DesiredShard, ObservedShard, SyncRequest, shard_key
+
+__all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event"]
+
+
+@attrs.frozen
+class Settings:
+    """The reconciler's timings, in seconds."""
+
+    #: a node that has not synced for this long is lost
+    lost_after: float = 30.0
+    #: first wait before rebuilding a failed replica; doubles per consecutive failure
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    #: a replica ready this long has its consecutive-failure count reset
+    stable_after: float = 60.0
+    #: how long rank 0 may take to pass its health check
+    ready_timeout: float = 600.0
+
+
+@attrs.frozen
+class Event:
+    """Something the server decided, and why: ``ctl events`` shows these."""
+
+    at: float
+    kind: str
+    subject: str
+    message: str
+
+
+@attrs.define
+class NodeRecord:
+    """One node as the server knows it."""
+
+    node_id: str
+    address: str
+    facts: NodeFacts
+    port_range: tuple[int, int]
+    first_seen: float
+    last_seen: float
+    cordoned: bool = False
+    lost: bool = False
+    draining: bool = False
+    #: the revision of the last reply the agent applied
+    agent_revision: int = 0
+    observed: dict[str, ObservedShard] = attrs.field(factory=dict)
+
+    @property
+    def state(self) -> str:
+        """``lost``, ``cordoned`` (draining included) or ``ready``."""
+        if self.lost:
+            return "lost"
+        return "cordoned" if self.cordoned else "ready"
+
+    def view(self) -> NodeView:
+        """This node as the scheduler sees it."""
+        return NodeView(facts=self.facts, address=self.address, state=self.state, port_range=self.port_range)
+
+
+@attrs.define
+class ReplicaRecord:
+    """One replica: where it is placed and how its current attempt is doing."""
+
+    placement: Replica
+    #: a number never used before by any replica, new at every (re)build:
+    #: shards of older attempts are stopped, and a key is never reused
+    attempt: int = 0
+    #: failures in a row, for the backoff; reset once stable
+    consecutive_failures: int = 0
+    #: every failure of this replica, for the operator
+    failures: int = 0
+    #: ``starting``, ``ready`` or ``backoff``
+    state: str = "starting"
+    reason: str | None = None
+    #: when the current attempt's shards were first handed out (revision)
+    sent_revision: int = 0
+    started_at: float = 0.0
+    ready_since: float | None = None
+    #: in backoff, when the rebuild may start
+    not_before: float = 0.0
+
+    @property
+    def id(self) -> str:
+        """The replica's id."""
+        return self.placement.id
+
+    def shard_keys(self) -> list[tuple[str, str]]:
+        """(node id, shard key) of every shard of the current attempt."""
+        return [
+            (shard.node_id, shard_key(self.id, self.attempt, shard.rank)) for shard in self.placement.shards
+        ]
+
+
+class Cluster:
+    """What the server knows and decides; see the module docstring."""
+
+    def __init__(self, settings: Settings = Settings(), *, revision: int = 1) -> None:
+        self.settings = settings
+        self.catalog = Catalog()
+        self.catalog_text = ""
+        self.catalog_revision = 0
+        self.nodes: dict[str, NodeRecord] = {}
+        self.replicas: dict[str, ReplicaRecord] = {}
+        self.unplaced: tuple[Unplaced, ...] = ()
+        #: moves with every change of what some node should run
+        self.revision = revision
+        #: moves with every change of which replicas are ready (the gateway's routes)
+        self.routes_revision = 1
+        self.events: list[Event] = []
+        self.dirty_nodes: set[str] = set()
+        self.dirty_replicas: set[str] = set()
+        self.dirty_catalog = False
+        self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
+        #: the next attempt number; persisted so a restart never reuses one
+        self.next_attempt = 1
+
+    def new_attempt(self) -> int:
+        """A fresh attempt number."""
+        attempt, self.next_attempt = self.next_attempt, self.next_attempt + 1
+        return attempt
+
+    # -- inputs --------------------------------------------------------------
+
+    def apply_catalog(self, catalog: Catalog, text: str, now: float) -> None:
+        """Make ``catalog`` the desired state (already validated)."""
+        self.catalog = catalog
+        self.catalog_text = text
+        self.catalog_revision += 1
+        self.dirty_catalog = True
+        self._event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
+
+    def sync(self, request: SyncRequest, now: float) -> None:
+        """Record what a node's agent reported: facts, observed shards, revision."""
+        node = self.nodes.get(request.node_id)
+        if node is None:
+            node = NodeRecord(
+                node_id=request.node_id,
+                address=request.address,
+                facts=request.facts,
+                port_range=request.port_range,
+                first_seen=now,
+                last_seen=now,
+            )
+            self.nodes[node.node_id] = node
+            self._event(now, "node", node.node_id, f"registered from {request.address}")
+        elif node.lost:
+            self._event(now, "node", node.node_id, "is back after being lost")
+        if (node.address, node.facts, node.port_range) != (
+            request.address,
+            request.facts,
+            request.port_range,
+        ):
+            self.dirty_nodes.add(node.node_id)
+        node.address = request.address
+        node.facts = request.facts
+        node.port_range = request.port_range
+        node.last_seen = now
+        if node.lost:
+            node.lost = False
+            self.dirty_nodes.add(node.node_id)
+        node.agent_revision = request.revision
+        node.observed = {shard.key: shard for shard in request.observed}
+
+    def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
+        """Cordon (no new replicas), uncordon, or start draining a node."""
+        node = self.nodes[node_id]
+        node.cordoned = cordoned or drain
+        node.draining = drain or (node.draining and cordoned)
+        self.dirty_nodes.add(node_id)
+        action = "drain started" if drain else ("cordoned" if cordoned else "uncordoned")
+        self._event(now, "node", node_id, action)
+
+    # -- the reconciler ------------------------------------------------------
+
+    def reconcile(self, now: float) -> bool:
+        """Move the cluster one step toward the catalog.
+
+        Called after every sync, catalog change and admin action, and on a
+        timer (lost nodes, backoff). Declares lost nodes, judges each
+        replica's current attempt from what agents observed, tears down and
+        schedules rebuilds, advances drains, and places what the catalog
+        asks for.
+
+        :returns: whether what some node should run changed (the revision moved).
+        """
+        before = self.desired()
+        ready_before = self._ready_ids()
+        self._detect_lost(now)
+        for record in list(self.replicas.values()):
+            self._judge(record, now)
+        self._schedule(now, self._drain_moves(now))
+        self._desired_cache = None
+        changed = self.desired() != before
+        if changed:
+            self.revision += 1
+            for record in self.replicas.values():
+                if record.sent_revision == 0:
+                    record.sent_revision = self.revision
+                    self.dirty_replicas.add(record.id)
+        if self._ready_ids() != ready_before:
+            self.routes_revision += 1
+        return changed
+
+    def _detect_lost(self, now: float) -> None:
+        for node in self.nodes.values():
+            if not node.lost and now - node.last_seen > self.settings.lost_after:
+                node.lost = True
+                self.dirty_nodes.add(node.node_id)
+                self._event(
+                    now,
+                    "node",
+                    node.node_id,
+                    f"lost: no sync for {now - node.last_seen:.0f} s "
+                    f"(limit {self.settings.lost_after:.0f} s)",
+                )
+
+    def _judge(self, record: ReplicaRecord, now: float) -> None:
+        if record.state == "backoff":
+            if now >= record.not_before:
+                record.state = "starting"
+                record.started_at = now
+                record.sent_revision = 0
+                record.reason = None
+                self.dirty_replicas.add(record.id)
+                self._event(now, "replica", record.id, f"rebuilding after {record.failures} failures")
+            return
+        observed: list[ObservedShard | None] = []
+        for node_id, key in record.shard_keys():
+            node = self.nodes.get(node_id)
+            if node is None or node.lost:
+                return  # the scheduler moves replicas off lost nodes
+            shard = node.observed.get(key)
+            if shard is None and record.sent_revision and node.agent_revision >= record.sent_revision:
+                self._fail(record, now, f"shard {key} is gone from {node_id} (its agent restarted?)")
+                return
+            if shard is not None and shard.state in ("exited", "unhealthy"):
+                detail = f": {shard.detail}" if shard.detail else ""
+                code = f" with code {shard.exit_code}" if shard.exit_code is not None else ""
+                self._fail(record, now, f"shard r{shard.rank} on {node_id} {shard.state}{code}{detail}")
+                return
+            observed.append(shard)
+        if record.state == "ready":
+            if any(s is None or s.state not in ("running", "ready") for s in observed):
+                self._fail(record, now, "a shard stopped running")
+            elif record.ready_since is not None and now - record.ready_since >= self.settings.stable_after:
+                if record.consecutive_failures:
+                    record.consecutive_failures = 0
+                    self.dirty_replicas.add(record.id)
+            return
+        all_up = all(s is not None and s.state in ("running", "ready") for s in observed)
+        if all_up and observed[0] is not None and observed[0].state == "ready":
+            record.state = "ready"
+            record.ready_since = now
+            record.reason = None
+            self.dirty_replicas.add(record.id)
+            self._event(now, "replica", record.id, f"ready on {', '.join(record.placement.node_ids)}")
+        elif now - record.started_at > self.settings.ready_timeout:
+            self._fail(record, now, f"not ready within {self.settings.ready_timeout:.0f} s")
+
+    def _fail(self, record: ReplicaRecord, now: float, reason: str) -> None:
+        record.failures += 1
+        record.consecutive_failures += 1
+        record.attempt = self.new_attempt()
+        delay = min(
+            self.settings.backoff_max, self.settings.backoff_base * 2 ** (record.consecutive_failures - 1)
+        )
+        record.state = "backoff"
+        record.not_before = now + delay
+        record.ready_since = None
+        record.reason = reason
+        self.dirty_replicas.add(record.id)
+        self._event(
+            now,
+            "replica",
+            record.id,
+            f"failed: {reason}; tearing down every shard, rebuild in {delay:.1f} s "
+            f"(failure {record.failures})",
+        )
+
+    def _drain_moves(self, now: float) -> list[str]:
+        """Replica ids to move off draining nodes now: one at a time per node."""
+        moves = []
+        replacing = {r.placement.replaces for r in self.replicas.values() if r.placement.replaces}
+        for node in sorted(self.nodes.values(), key=lambda n: n.node_id):
+            if not node.draining:
+                continue
+            on_node = sorted(
+                r.id
+                for r in self.replicas.values()
+                if node.node_id in r.placement.node_ids and not r.placement.replaces
+            )
+            for replica_id in on_node:
+                replacement = self._replacement_of(replica_id)
+                if replacement is not None and replacement.state == "ready":
+                    self._retire(replica_id, replacement, now)
+            on_node = [i for i in on_node if i in self.replicas]
+            if not on_node:
+                if not any(node.node_id in r.placement.node_ids for r in self.replicas.values()):
+                    node.draining = False
+                    self.dirty_nodes.add(node.node_id)
+                    self._event(now, "node", node.node_id, "drained: no replica left; still cordoned")
+                continue
+            if not any(i in replacing for i in on_node):
+                moves.append(on_node[0])
+        return moves
+
+    def _replacement_of(self, replica_id: str) -> ReplicaRecord | None:
+        return next((r for r in self.replicas.values() if r.placement.replaces == replica_id), None)
+
+    def _retire(self, replica_id: str, replacement: ReplicaRecord, now: float) -> None:
+        del self.replicas[replica_id]
+        self.dirty_replicas.add(replica_id)
+        replacement.placement = attrs.evolve(replacement.placement, replaces=None)
+        self.dirty_replicas.add(replacement.id)
+        self._event(now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original")
+
+    def _schedule(self, now: float, moves: list[str]) -> None:
+        result = schedule(
+            [node.view() for node in self.nodes.values()],
+            self.catalog,
+            [record.placement for record in self.replicas.values()],
+            replace=moves,
+        )
+        for removal in result.removed:
+            if removal.replica.id in self.replicas:
+                del self.replicas[removal.replica.id]
+                self.dirty_replicas.add(removal.replica.id)
+                self._event(now, "replica", removal.replica.id, f"removed: {removal.reason}")
+        for placement in result.placements:
+            record = self.replicas.get(placement.id)
+            if record is not None and record.placement == placement:
+                continue
+            if record is None:
+                record = ReplicaRecord(placement=placement, attempt=self.new_attempt(), started_at=now)
+                self.replicas[placement.id] = record
+                what = f"replacement for {placement.replaces}" if placement.replaces else "placed"
+            else:
+                record.placement = placement
+                record.attempt = self.new_attempt()
+                record.state = "starting"
+                record.started_at = now
+                record.sent_revision = 0
+                record.ready_since = None
+                what = "placed again"
+            self.dirty_replicas.add(placement.id)
+            where = ", ".join(
+                f"{s.node_id} (r{s.rank}, GPUs {','.join(map(str, s.gpus)) or '-'}, port {s.port})"
+                for s in placement.shards
+            )
+            self._event(now, "replica", placement.id, f"{what} on {where}")
+        if result.unplaced != self.unplaced:
+            for item in result.unplaced:
+                if item not in self.unplaced:
+                    self._event(now, "replica", item.id, f"cannot be placed: {item.reason}")
+            self.unplaced = result.unplaced
+
+    # -- outputs -------------------------------------------------------------
+
+    def desired(self) -> dict[str, tuple[DesiredShard, ...]]:
+        """Node id -> the shards it should run now."""
+        if self._desired_cache is None:
+            out: dict[str, list[DesiredShard]] = {node_id: [] for node_id in self.nodes}
+            for record in sorted(self.replicas.values(), key=lambda r: r.id):
+                if record.state == "backoff":
+                    continue
+                for shard in self._desired_shards(record):
+                    out.setdefault(shard.node_id, []).append(shard.desired)
+            self._desired_cache = {k: tuple(v) for k, v in out.items()}
+        return self._desired_cache
+
+    def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
+        """The shards ``node_id`` should run now."""
+        return self.desired().get(node_id, ())
+
+    def _desired_shards(self, record: ReplicaRecord) -> Iterable[_NodeShard]:
+        placement = record.placement
+        model = self.catalog.models.get(placement.model)
+        if model is None:
+            return []
+        profile = self.catalog.profiles[model.profile]
+        rank0 = placement.rank0
+        rank0_node = self.nodes.get(rank0.node_id)
+        if rank0_node is None:
+            return []
+        dist_init = f"{rank0_node.address}:{rank0.dist_init_port}" if len(placement.shards) > 1 else None
+        addresses = [
+            self.nodes[s.node_id].address if s.node_id in self.nodes else "" for s in placement.shards
+        ]
+        shards = []
+        for shard in placement.shards:
+            node = self.nodes.get(shard.node_id)
+            if node is None:
+                continue
+            adapters: tuple[str, ...] = ()
+            if placement.fabric is not None:
+                fabric = next((f for f in node.facts.fabrics if f.name == placement.fabric), None)
+                adapters = fabric.adapters if fabric else ()
+            spec = LaunchSpec(
+                model_source=model.source,
+                served_name=model.served_name or placement.model,
+                host=node.address,
+                port=shard.port,
+                gpus=shard.gpus,
+                rank=shard.rank,
+                nnodes=len(placement.shards),
+                dist_init_addr=dist_init,
+                peer_addrs=[f"{a}:{s.port}" for a, s in zip(addresses, placement.shards, strict=True)],
+                adapters=adapters,
+                extra_args=profile.args,
+            )
+            desired = DesiredShard(
+                replica_id=placement.id,
+                attempt=record.attempt,
+                rank=shard.rank,
+                model=placement.model,
+                engine=profile.engine,
+                spec=spec,
+                sidecars=profile.sidecars,
+                ready_timeout=self.settings.ready_timeout,
+            )
+            shards.append(_NodeShard(shard.node_id, desired))
+        return shards
+
+    def sources_to_check(self) -> tuple[str, ...]:
+        """Every model source in the catalog, for agents to report on."""
+        return tuple(sorted({m.source for m in self.catalog.models.values()}))
+
+    def ready_routes(self) -> Mapping[str, list[tuple[str, str]]]:
+        """Served model name -> [(replica id, base URL)] of its ready replicas."""
+        routes: dict[str, list[tuple[str, str]]] = {}
+        for record in sorted(self.replicas.values(), key=lambda r: r.id):
+            if record.state != "ready":
+                continue
+            model = self.catalog.models.get(record.placement.model)
+            node = self.nodes.get(record.placement.rank0.node_id)
+            if model is None or node is None:
+                continue
+            name = model.served_name or record.placement.model
+            url = f"http://{node.address}:{record.placement.rank0.port}"
+            routes.setdefault(name, []).append((record.id, url))
+        return routes
+
+    def _ready_ids(self) -> frozenset[str]:
+        return frozenset(r.id for r in self.replicas.values() if r.state == "ready")
+
+    def take_events(self) -> list[Event]:
+        """The events recorded since the last call (for the server to persist)."""
+        events, self.events = self.events, []
+        return events
+
+    def _event(self, now: float, kind: str, subject: str, message: str) -> None:
+        self.events.append(Event(now, kind, subject, message))
+
+
+@attrs.frozen
+class _NodeShard:
+    node_id: str
+    desired: DesiredShard

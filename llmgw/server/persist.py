@@ -1,0 +1,134 @@
+"""Saving the cluster to the store, and loading it back at start."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+
+from llmgw.config import parse_catalog
+from llmgw.engine import Engine
+from llmgw.errors import CatalogError
+from llmgw.models import NodeFacts
+from llmgw.scheduler import Replica
+from llmgw.server.cluster import Cluster, NodeRecord, ReplicaRecord, Settings
+from llmgw.store import Store
+from llmgw.wire import from_json, to_json
+
+__all__ = ["load_cluster", "flush"]
+
+
+def load_cluster(
+    conn: sqlite3.Connection, settings: Settings, engines: Mapping[str, Engine], now: float
+) -> Cluster:
+    """Build the cluster from the store, as the server starts.
+
+    Nodes get ``now`` as their last sync, so a server that was down does not
+    declare every node lost at once: they have ``lost_after`` to come back.
+    Observed shards are not stored: agents report them again, and replicas
+    that still run are adopted as they are.
+
+    :raises CatalogError: the stored catalog no longer validates (an engine
+        plugin was uninstalled); the message says what to do.
+    """
+    cluster = Cluster(settings, revision=Store.get_setting(conn, "revision", 0) + 1)
+    cluster.next_attempt = Store.get_setting(conn, "next_attempt", 1)
+    row = conn.execute("SELECT revision, text FROM catalog ORDER BY revision DESC LIMIT 1").fetchone()
+    if row is not None:
+        source = f"stored catalog revision {row[0]}"
+        try:
+            cluster.catalog = parse_catalog(row[1], engines, source=source)
+        except CatalogError as exc:
+            hint = " (install the engine plugins it uses, or apply a new catalog)"
+            raise CatalogError(exc.source + hint, exc.problems) from None
+        cluster.catalog_text, cluster.catalog_revision = row[1], row[0]
+    for node_id, address, facts, port_range, cordoned, draining, lost, first_seen in conn.execute(
+        "SELECT node_id, address, facts, port_range, cordoned, draining, lost, first_seen FROM nodes"
+    ):
+        cluster.nodes[node_id] = NodeRecord(
+            node_id=node_id,
+            address=address,
+            facts=from_json(json.loads(facts), NodeFacts),
+            port_range=tuple(json.loads(port_range)),
+            first_seen=first_seen,
+            last_seen=now,
+            cordoned=bool(cordoned),
+            draining=bool(draining),
+            lost=bool(lost),
+        )
+    for placement, attempt, failures, consecutive, sent, state, reason in conn.execute(
+        "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason "
+        "FROM replicas"
+    ):
+        replica = from_json(json.loads(placement), Replica)
+        cluster.replicas[replica.id] = ReplicaRecord(
+            placement=replica,
+            attempt=attempt,
+            failures=failures,
+            consecutive_failures=consecutive,
+            sent_revision=sent,
+            state=state,
+            reason=reason,
+            started_at=now,
+            ready_since=now if state == "ready" else None,
+            not_before=now,
+        )
+    return cluster
+
+
+def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
+    """Write what changed since the last flush, in the caller's transaction (``Store.write``)."""
+    if cluster.dirty_catalog:
+        conn.execute(
+            "INSERT OR REPLACE INTO catalog (revision, text, data, applied_at) VALUES (?, ?, ?, ?)",
+            (cluster.catalog_revision, cluster.catalog_text, json.dumps(to_json(cluster.catalog)), now),
+        )
+    for node_id in sorted(cluster.dirty_nodes):
+        node = cluster.nodes.get(node_id)
+        if node is None:
+            conn.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+            continue
+        conn.execute(
+            "INSERT OR REPLACE INTO nodes (node_id, address, facts, port_range, cordoned, draining, lost,"
+            " first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                node.node_id,
+                node.address,
+                json.dumps(to_json(node.facts)),
+                json.dumps(list(node.port_range)),
+                int(node.cordoned),
+                int(node.draining),
+                int(node.lost),
+                node.first_seen,
+                node.last_seen,
+            ),
+        )
+    for replica_id in sorted(cluster.dirty_replicas):
+        record = cluster.replicas.get(replica_id)
+        if record is None:
+            conn.execute("DELETE FROM replicas WHERE replica_id = ?", (replica_id,))
+            continue
+        conn.execute(
+            "INSERT OR REPLACE INTO replicas (replica_id, model, placement, attempt, failures,"
+            " consecutive_failures, sent_revision, state, reason, changed_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.id,
+                record.placement.model,
+                json.dumps(to_json(record.placement)),
+                record.attempt,
+                record.failures,
+                record.consecutive_failures,
+                record.sent_revision,
+                record.state,
+                record.reason,
+                now,
+            ),
+        )
+    for event in cluster.take_events():
+        Store.add_event(conn, event.kind, event.subject, event.message, at=event.at)
+    Store.set_setting(conn, "revision", cluster.revision)
+    Store.set_setting(conn, "next_attempt", cluster.next_attempt)
+    cluster.dirty_catalog = False
+    cluster.dirty_nodes.clear()
+    cluster.dirty_replicas.clear()

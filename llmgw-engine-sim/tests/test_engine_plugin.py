@@ -8,13 +8,13 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import pytest
-
 import llmgw_engine_sim
+import pytest
+from llmgw_engine_sim import SimEngine
+
 from llmgw.models import LaunchSpec
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing.contract import EngineContract
-from llmgw_engine_sim import SimEngine
 
 
 def sim_exe() -> str:
@@ -67,10 +67,23 @@ class TestSimCommands:
         """Rank 0 gets the HTTP address and the dist-init address it binds."""
         command = SimEngine().build_command(SPEC)
         assert command.argv == (
-            "/opt/sim/bin/llmgw-sim", "--model", "/models/tiny", "--served-model-name", "tiny",
-            "--host", "127.0.0.2", "--port", "8100",
-            "--nnodes", "3", "--node-rank", "0", "--dist-init-addr", "127.0.0.2:29500",
-            "--tokens-per-second", "50",
+            "/opt/sim/bin/llmgw-sim",
+            "--model",
+            "/models/tiny",
+            "--served-model-name",
+            "tiny",
+            "--host",
+            "127.0.0.2",
+            "--port",
+            "8100",
+            "--nnodes",
+            "3",
+            "--node-rank",
+            "0",
+            "--dist-init-addr",
+            "127.0.0.2:29500",
+            "--tokens-per-second",
+            "50",
         )
 
     def test_worker_serves_nothing(self):
@@ -99,8 +112,16 @@ class TestSimCommands:
     def test_help_documents_every_flag_it_takes(self, sim_help):
         """--help documents the real-engine-style flags the issue asks for."""
         flags = SimEngine().parse_help(sim_help)
-        assert {"--model", "--served-model-name", "--host", "--port", "--nnodes", "--node-rank",
-                "--dist-init-addr", "--help"} <= flags
+        assert {
+            "--model",
+            "--served-model-name",
+            "--host",
+            "--port",
+            "--nnodes",
+            "--node-rank",
+            "--dist-init-addr",
+            "--help",
+        } <= flags
 
 
 def test_registered_through_the_entry_point():

@@ -112,8 +112,8 @@ class ServerApp:
             if self.revocations is not None and self.revocations.refresh():
                 log.info("revocation list reloaded: %d revoked", len(self.revocations.serials))
 
-    async def _wait_change(self, still_same: Callable[[], bool], timeout: float) -> None:
-        with trio.move_on_after(timeout):
+    async def _wait_change(self, still_same: Callable[[], bool], seconds: float) -> None:
+        with trio.move_on_after(seconds):
             while still_same():
                 await self._changed.wait()
 

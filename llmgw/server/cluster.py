@@ -62,6 +62,8 @@ class NodeRecord:
     #: the revision of the last reply the agent applied
     agent_revision: int = 0
     observed: dict[str, ObservedShard] = attrs.field(factory=dict)
+    #: whether the agent synced since this server started (``observed`` is known)
+    reported: bool = False
 
     @property
     def state(self) -> str:
@@ -160,6 +162,7 @@ class Cluster:
                 last_seen=now,
             )
             self.nodes[node.node_id] = node
+            self.dirty_nodes.add(node.node_id)
             self._event(now, "node", node.node_id, f"registered from {request.address}")
         elif node.lost:
             self._event(now, "node", node.node_id, "is back after being lost")
@@ -178,6 +181,7 @@ class Cluster:
             self.dirty_nodes.add(node.node_id)
         node.agent_revision = request.revision
         node.observed = {shard.key: shard for shard in request.observed}
+        node.reported = True
 
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
         """Cordon (no new replicas), uncordon, or start draining a node."""
@@ -247,6 +251,8 @@ class Cluster:
             node = self.nodes.get(node_id)
             if node is None or node.lost:
                 return  # the scheduler moves replicas off lost nodes
+            if not node.reported:
+                return  # after a server restart: wait for the agent to say what runs
             shard = node.observed.get(key)
             if shard is None and record.sent_revision and node.agent_revision >= record.sent_revision:
                 self._fail(record, now, f"shard {key} is gone from {node_id} (its agent restarted?)")

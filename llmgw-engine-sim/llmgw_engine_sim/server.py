@@ -1,0 +1,415 @@
+"""The simulated engine's OpenAI-compatible HTTP API, served by rank 0.
+
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/completions``, ``POST /v1/embeddings`` and the debug
+``GET /sim/info``. Errors have OpenAI's shape:
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from llmgw.http import InvalidJSON, Request, Response
+from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
+
+__all__ = ["ApiError", "ServeOptions", "SimApp"]
+
+log = logging.getLogger("llmgw_engine_sim")
+
+DEFAULT_MAX_TOKENS = 16
+MAX_CHOICES = 16
+EMBEDDING_DIMENSIONS = 64
+#: environment variables /sim/info reports, for every rank
+REPORTED_ENV = ("CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA")
+
+
+def reported_env() -> dict[str, str | None]:
+    """The values of :data:`REPORTED_ENV` in this process."""
+    return {name: os.environ.get(name) for name in REPORTED_ENV}
+
+
+@attrs.frozen
+class ServeOptions:
+    """What the HTTP API needs from the command line."""
+
+    model: str
+    served_model_names: tuple[str, ...] = attrs.field(converter=tuple)
+    max_model_len: int | None = None
+    time_to_first_token: float = 0.0
+    tokens_per_second: float = 0.0
+    hang_after_requests: int | None = None
+    exit_after_requests: int | None = None
+    log_requests: bool = True
+
+
+class ApiError(Exception):
+    """An error answered to the client in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def response(self) -> Response:
+        """The JSON error response for this error."""
+        kind = "server_error" if self.status >= 500 else "invalid_request_error"
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return Response.json(self.status, {"error": error})
+
+
+class SimApp:
+    """The request handler of rank 0.
+
+    :param exit: called as ``exit(code, reason)`` to end the process (used by
+        ``--exit-after-requests``).
+    :param info: returns the rank/replica part of ``/sim/info``.
+    """
+
+    def __init__(
+        self,
+        options: ServeOptions,
+        *,
+        exit: Callable[[int, str], None],
+        info: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.options = options
+        self.ready = False
+        self.shutting_down = False
+        self.inference_requests = 0
+        self.created = int(time.time())
+        self._exit = exit
+        self._info = info
+        self._routes = {
+            "/health": {"GET": self._health},
+            "/v1/models": {"GET": self._models},
+            "/v1/chat/completions": {"POST": self._chat},
+            "/v1/completions": {"POST": self._completions},
+            "/v1/embeddings": {"POST": self._embeddings},
+            "/sim/info": {"GET": self._sim_info},
+        }
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one HTTP request (the :class:`llmgw.http.HttpServer` handler)."""
+        try:
+            response = await self._route(request)
+        except ApiError as error:
+            response = error.response()
+        if self.options.log_requests and request.path != "/health":
+            host, port = request.client or ("-", 0)
+            log.info('%s:%s "%s %s" %d', host, port, request.method, request.path, response.status)
+        return response
+
+    async def _route(self, request: Request) -> Response:
+        methods = self._routes.get(request.path)
+        if methods is None:
+            raise ApiError(404, f"Invalid URL ({request.method} {request.path})")
+        endpoint = methods.get(request.method)
+        if endpoint is None:
+            allowed = ", ".join(methods)
+            message = f"Method {request.method} not allowed for {request.path}; use {allowed}"
+            error = ApiError(405, message).response()
+            return attrs.evolve(error, headers=(*error.headers, ("allow", allowed)))
+        return await endpoint(request)
+
+    # --- plain endpoints --------------------------------------------------------------------
+
+    async def _health(self, request: Request) -> Response:
+        if self.ready and not self.shutting_down:
+            return Response(200)
+        return Response.json(503, {"status": "shutting down" if self.shutting_down else "loading"})
+
+    async def _models(self, request: Request) -> Response:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "llmgw-sim",
+                "root": self.options.model,
+                "parent": None,
+                "max_model_len": self.options.max_model_len,
+            }
+            for name in self.options.served_model_names
+        ]
+        return Response.json(200, {"object": "list", "data": data})
+
+    async def _sim_info(self, request: Request) -> Response:
+        return Response.json(200, {**self._info(), "ready": self.ready, "requests": self.inference_requests})
+
+    # --- inference --------------------------------------------------------------------------
+
+    async def _admit(self, request: Request) -> tuple[dict[str, Any], Callable[[], object] | None]:
+        """Count an inference request, apply fault injection, and parse its body."""
+        if not self.ready:
+            raise ApiError(503, "The model is still loading; retry when /health answers 200")
+        self.inference_requests += 1
+        number = self.inference_requests
+        hang_after = self.options.hang_after_requests
+        if hang_after is not None and number > hang_after:
+            log.info("request %d hangs (--hang-after-requests %d)", number, hang_after)
+            await trio.sleep_forever()
+        after = None
+        exit_after = self.options.exit_after_requests
+        if exit_after is not None and number >= exit_after:
+            reason = f"exiting after {number} requests (--exit-after-requests {exit_after})"
+            after = lambda: self._exit(1, reason)  # noqa: E731
+        try:
+            body = request.json()
+        except InvalidJSON as exc:
+            raise ApiError(400, str(exc), code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        model = body.get("model")
+        if model is None:
+            raise ApiError(400, "you must provide a model parameter", param="model")
+        if model not in self.options.served_model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return body, after
+
+    async def _chat(self, request: Request) -> Response:
+        body, after = await self._admit(request)
+        messages = body.get("messages")
+        if messages is None:
+            raise ApiError(400, "Missing required parameter: 'messages'.", param="messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty array", param="messages")
+        prompt_parts, prompt_tokens = [], 0
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
+            content = _content_text(message.get("content"), f"messages[{i}].content")
+            prompt_parts.append(f"{message['role']}: {content}")
+            prompt_tokens += count_tokens(content)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        job = _Job.build(self, body, "\n".join(prompt_parts), prompt_tokens, max_tokens, "messages")
+        if job.stream:
+            return Response.stream(200, self._chat_chunks(job), after=after)
+        await job.wait_until_done()
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": gen.text, "refusal": None, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": gen.finish_reason,
+            }
+            for i, gen in enumerate(job.generations)
+        ]
+        return Response.json(200, job.envelope("chat.completion", choices, usage=True), after=after)
+
+    async def _chat_chunks(self, job: _Job) -> AsyncIterator[bytes]:
+        def chunk(index: int, delta: dict, finish_reason: str | None = None) -> bytes:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return job.sse(job.envelope("chat.completion.chunk", [choice]))
+
+        announced = False
+        async for i, token, finish_reason in job.tokens():
+            if not announced:  # like vLLM, the role comes with the first token, after prefill
+                announced = True
+                for choice in range(len(job.generations)):
+                    yield chunk(choice, {"role": "assistant", "content": ""})
+            yield chunk(i, {"content": token})
+            if finish_reason:
+                yield chunk(i, {}, finish_reason)
+        for tail in job.stream_tail():
+            yield tail
+
+    async def _completions(self, request: Request) -> Response:
+        body, after = await self._admit(request)
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise ApiError(400, "Missing required parameter: 'prompt'.", param="prompt")
+        prompts = _prompts(prompt)
+        if len(prompts) != 1:
+            raise ApiError(400, "this engine takes one prompt per request", param="prompt")
+        job = _Job.build(self, body, prompts[0], count_tokens(prompts[0]), body.get("max_tokens"), "prompt")
+        if job.stream:
+            return Response.stream(200, self._completion_chunks(job), after=after)
+        await job.wait_until_done()
+        choices = [
+            {"index": i, "text": gen.text, "logprobs": None, "finish_reason": gen.finish_reason}
+            for i, gen in enumerate(job.generations)
+        ]
+        return Response.json(200, job.envelope("text_completion", choices, usage=True), after=after)
+
+    async def _completion_chunks(self, job: _Job) -> AsyncIterator[bytes]:
+        async for i, token, finish_reason in job.tokens():
+            choice = {"index": i, "text": token, "logprobs": None, "finish_reason": finish_reason}
+            yield job.sse(job.envelope("text_completion", [choice]))
+        for tail in job.stream_tail():
+            yield tail
+
+    async def _embeddings(self, request: Request) -> Response:
+        body, after = await self._admit(request)
+        if "input" not in body:
+            raise ApiError(400, "Missing required parameter: 'input'.", param="input")
+        texts = _prompts(body["input"], param="input")
+        dimensions = body.get("dimensions") or EMBEDDING_DIMENSIONS
+        if not _is_int(dimensions) or dimensions < 1:
+            raise ApiError(400, "'dimensions' must be a positive integer", param="dimensions")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
+        data = []
+        for i, text in enumerate(texts):
+            vector: Any = embed(text, dimensions)
+            if encoding == "base64":
+                vector = base64.b64encode(struct.pack(f"<{dimensions}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        tokens = sum(count_tokens(text) for text in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        payload = {"object": "list", "data": data, "model": body["model"], "usage": usage}
+        return Response.json(200, payload, after=after)
+
+
+@attrs.define
+class _Job:
+    """One generation request: its parameters, results and token schedule."""
+
+    app: SimApp
+    id: str
+    model: str
+    created: int
+    generations: list[Generation]
+    prompt_tokens: int
+    stream: bool
+    include_usage: bool
+    start: float
+
+    @classmethod
+    def build(
+        cls, app: SimApp, body: dict, prompt: str, prompt_tokens: int, max_tokens: Any, prompt_name: str
+    ) -> _Job:
+        """Validate the sampling parameters of ``body`` and generate the text."""
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
+        if not _is_int(max_tokens) or max_tokens < 1:
+            raise ApiError(400, "'max_tokens' must be a positive integer", param="max_tokens")
+        limit = app.options.max_model_len
+        if limit is not None and prompt_tokens + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_name}, "
+                f"{max_tokens} in the completion). Please reduce the length of the {prompt_name} "
+                "or completion.",
+                param=prompt_name,
+                code="context_length_exceeded",
+            )
+        n = body.get("n") or 1
+        if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+            raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
+        seed = body.get("seed")
+        if seed is not None and not _is_int(seed):
+            raise ApiError(400, "'seed' must be an integer", param="seed")
+        stream = body.get("stream") or False
+        if not isinstance(stream, bool):
+            raise ApiError(400, "'stream' must be a boolean", param="stream")
+        stream_options = body.get("stream_options") or {}
+        if not isinstance(stream_options, dict):
+            raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+        kind = "chatcmpl" if prompt_name == "messages" else "cmpl"
+        return cls(
+            app=app,
+            id=f"{kind}-{uuid.uuid4().hex}",
+            model=body["model"],
+            created=int(time.time()),
+            generations=[generate(prompt, max_tokens, index=i, seed=seed) for i in range(n)],
+            prompt_tokens=prompt_tokens,
+            stream=stream,
+            include_usage=bool(stream_options.get("include_usage")),
+            start=trio.current_time(),
+        )
+
+    def due(self, position: int) -> float:
+        """When token ``position`` (0-based) is produced, on trio's clock."""
+        tps = self.app.options.tokens_per_second
+        return self.start + self.app.options.time_to_first_token + (position / tps if tps > 0 else 0.0)
+
+    async def wait_until_done(self) -> None:
+        """Sleep until the last token of the longest choice would have been produced."""
+        longest = max(len(gen.tokens) for gen in self.generations)
+        await trio.sleep_until(self.due(max(longest - 1, 0)))
+
+    async def tokens(self) -> AsyncIterator[tuple[int, str, str | None]]:
+        """Yield (choice, token, finish_reason or None) on schedule, position by position."""
+        longest = max(len(gen.tokens) for gen in self.generations)
+        for position in range(longest):
+            await trio.sleep_until(self.due(position))
+            for i, gen in enumerate(self.generations):
+                if position < len(gen.tokens):
+                    last = position == len(gen.tokens) - 1
+                    yield i, gen.tokens[position], gen.finish_reason if last else None
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI's usage counts for this job."""
+        completion = sum(len(gen.tokens) for gen in self.generations)
+        total = self.prompt_tokens + completion
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion, "total_tokens": total}
+
+    def envelope(self, kind: str, choices: list[dict], *, usage: bool = False) -> dict[str, Any]:
+        """A response or chunk object of ``kind`` around ``choices``."""
+        payload = {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+        payload["choices"] = choices
+        if usage:
+            payload["usage"] = self.usage()
+        elif self.include_usage:
+            payload["usage"] = None
+        return payload
+
+    def sse(self, payload: dict[str, Any]) -> bytes:
+        """``payload`` as one server-sent event."""
+        return b"data: " + Response.json(200, payload).body + b"\n\n"
+
+    def stream_tail(self) -> list[bytes]:
+        """The events after the last token: usage if asked for, then ``[DONE]``."""
+        tail = []
+        if self.include_usage:
+            kind = "chat.completion.chunk" if self.id.startswith("chatcmpl") else "text_completion"
+            tail.append(self.sse({**self.envelope(kind, []), "usage": self.usage()}))
+        tail.append(b"data: [DONE]\n\n")
+        return tail
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _content_text(content: Any, param: str) -> str:
+    """The text of a chat message's content: a string, a list of parts, or null."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
+        ]
+        return " ".join(texts)
+    raise ApiError(400, f"'{param}' must be a string or an array of content parts", param=param)
+
+
+def _prompts(value: Any, param: str = "prompt") -> list[str]:
+    """A prompt or embedding input as a list of texts; token-id lists become their ids as words."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(_is_int(item) for item in value):
+            return [" ".join(map(str, value))]
+        if all(isinstance(item, str) for item in value):
+            return list(value)
+        if all(isinstance(item, list) and all(_is_int(t) for t in item) for item in value):
+            return [" ".join(map(str, item)) for item in value]
+    raise ApiError(400, f"'{param}' must be a string, an array of strings or of token ids", param=param)

@@ -1,0 +1,308 @@
+"""Real processes in tests, cleaned up even when the test fails.
+
+:func:`start` runs a command in its own session (so its whole process group
+can be signalled), with stdout and stderr captured to files; the
+:func:`running` context manager and the :func:`processes` fixture end every
+group they started. :func:`wait_until` and :func:`wait_until_trio` poll a
+condition against a deadline and fail loudly, with the captured stderr of
+the processes involved, when it does not come true.
+
+The waits take their own ``timeout`` (rather than the caller's
+``trio.fail_after``) because the deadline is part of what they report.
+
+Use the fixture from a ``conftest.py``::
+
+    from llmgw.testing.processes import processes  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import trio
+
+__all__ = [
+    "ManagedProcess",
+    "ProcessSet",
+    "WaitTimeout",
+    "free_port",
+    "processes",
+    "running",
+    "start",
+    "wait_until",
+    "wait_until_trio",
+]
+
+T = TypeVar("T")
+
+#: how often the wait helpers re-check their condition
+POLL_INTERVAL = 0.02
+
+
+class WaitTimeout(AssertionError):
+    """A condition a test waited for did not come true in time."""
+
+
+class ManagedProcess:
+    """A process started by :func:`start`, leader of its own process group."""
+
+    def __init__(self, argv: Sequence[str], popen: subprocess.Popen, name: str, log_dir: Path) -> None:
+        self.argv = list(argv)
+        self.popen = popen
+        self.name = name
+        self.stdout_path = log_dir / f"{name}.stdout"
+        self.stderr_path = log_dir / f"{name}.stderr"
+
+    @property
+    def pid(self) -> int:
+        """The process id, which is also its process group id."""
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code (negative: killed by that signal), or None while it runs."""
+        return self.popen.poll()
+
+    def stderr(self) -> str:
+        """Everything the process wrote to stderr so far."""
+        return self.stderr_path.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        """Everything the process wrote to stdout so far."""
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of stderr, headed by the process's name and state."""
+        tail = self.stderr().splitlines()[-lines:]
+        state = "running" if self.returncode is None else f"exited {self.returncode}"
+        header = f"--- {self.name} (pid {self.pid}, {state}) stderr, last {len(tail)} lines ---"
+        return "\n".join([header, *tail])
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the process itself (not its group); no-op once it exited."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL the whole process group, reap the leader, and wait (up to 5 s) for the rest to die."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.popen.wait()
+        deadline = time.monotonic() + 5
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL)
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to exit and return its code; fail loudly after ``timeout`` seconds."""
+        wait_until(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
+        return self.popen.returncode
+
+    async def wait_exit_trio(self, timeout: float) -> int:  # noqa: ASYNC109
+        """:meth:`wait_exit` for trio tests: other tasks run while it waits."""
+        await wait_until_trio(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
+        return self.popen.returncode
+
+    def wait_for_stderr(self, text: str, timeout: float) -> str:
+        """Wait until a line of stderr contains ``text``, and return that line."""
+        return wait_until(lambda: self._line_with(text), timeout, f"{self.name} to log {text!r}", self)
+
+    async def wait_for_stderr_trio(self, text: str, timeout: float) -> str:  # noqa: ASYNC109
+        """:meth:`wait_for_stderr` for trio tests."""
+        what = f"{self.name} to log {text!r}"
+        return await wait_until_trio(lambda: self._line_with(text), timeout, what, self)
+
+    def _line_with(self, text: str) -> str | None:
+        return next((line for line in self.stderr().splitlines() if text in line), None)
+
+    def __repr__(self) -> str:
+        return f"<ManagedProcess {self.name} pid={self.pid}>"
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still running (zombies do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # it exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    log_dir: str | os.PathLike | None = None,
+) -> ManagedProcess:
+    """Start ``argv`` in a new session with stdout and stderr going to files.
+
+    The caller must end it with :meth:`ManagedProcess.kill_group`; prefer
+    :func:`running` or the :func:`processes` fixture, which always do.
+
+    :param name: names the log files and failure messages; the program's name by default.
+    :param env: the whole environment; the current one by default.
+    :param extra_env: variables set on top of ``env``.
+    :param log_dir: where ``NAME.stdout``/``NAME.stderr`` go; a new temporary directory by default.
+    :returns: the started process.
+    """
+    name = name or Path(argv[0]).name
+    directory = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="llmgw-test-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    environment = dict(os.environ if env is None else env) | dict(extra_env or {})
+    with open(directory / f"{name}.stdout", "wb") as out, open(directory / f"{name}.stderr", "wb") as err:
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=environment,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return ManagedProcess(argv, popen, name, directory)
+
+
+@contextlib.contextmanager
+def running(argv: Sequence[str], **kwargs) -> Iterator[ManagedProcess]:
+    """Start ``argv`` as :func:`start` does; kill its whole process group on exit, however the block ends."""
+    process = start(argv, **kwargs)
+    try:
+        yield process
+    finally:
+        process.kill_group()
+
+
+class ProcessSet:
+    """Processes started for one test, all killed (group by group) by :meth:`kill_all`."""
+
+    def __init__(self, log_dir: str | os.PathLike | None = None) -> None:
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="llmgw-test-"))
+        self.started: list[ManagedProcess] = []
+
+    def start(self, argv: Sequence[str], *, name: str | None = None, **kwargs) -> ManagedProcess:
+        """Start a process as :func:`start` does, logging under this set's directory.
+
+        Names are made unique (``sim``, ``sim-2``...) so logs never overwrite each other.
+        """
+        base = name or Path(argv[0]).name
+        taken = {process.name for process in self.started}
+        name = base
+        counter = 2
+        while name in taken:
+            name, counter = f"{base}-{counter}", counter + 1
+        process = start(argv, name=name, log_dir=self.log_dir, **kwargs)
+        self.started.append(process)
+        return process
+
+    def stderr_tails(self, lines: int = 40) -> str:
+        """Every process's stderr tail, for a failure message."""
+        return "\n".join(process.stderr_tail(lines) for process in self.started)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process group this set started and reap the leaders."""
+        for process in self.started:
+            process.kill_group()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[ProcessSet]:
+    """A :class:`ProcessSet` whose groups are all killed when the test ends, pass or fail."""
+    process_set = ProcessSet(tmp_path / "processes")
+    try:
+        yield process_set
+    finally:
+        process_set.kill_all()
+
+
+def _timeout_message(what: str, timeout: float, last: object, involved: Iterable[ManagedProcess]) -> str:
+    lines = [f"timed out after {timeout:g}s waiting for {what}"]
+    if last is not None:
+        lines.append(f"last error: {last!r}")
+    lines.extend(process.stderr_tail() for process in involved)
+    return "\n".join(lines)
+
+
+def _involved(
+    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None,
+) -> list[ManagedProcess]:
+    if processes is None:
+        return []
+    if isinstance(processes, ManagedProcess):
+        return [processes]
+    if isinstance(processes, ProcessSet):
+        return list(processes.started)
+    return list(processes)
+
+
+def _check(predicate: Callable[[], T]) -> tuple[T | None, Exception | None]:
+    try:
+        return predicate(), None
+    except Exception as exc:  # e.g. connection refused while a server starts
+        return None, exc
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None = None,
+) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    An exception from ``predicate`` counts as "not yet". After ``timeout``
+    seconds, raises :class:`WaitTimeout` naming ``what``, the last exception,
+    and the stderr tail of each of ``processes``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result, error = _check(predicate)
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(_timeout_message(what, timeout, error, _involved(processes)))
+        time.sleep(POLL_INTERVAL)
+
+
+async def wait_until_trio(
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout: float,  # noqa: ASYNC109 - the deadline is what the failure message reports
+    what: str,
+    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None = None,
+) -> T:
+    """:func:`wait_until` for trio tests; ``predicate`` may also be an async function."""
+    deadline = trio.current_time() + timeout
+    while True:
+        try:
+            result, error = predicate(), None
+            if isinstance(result, Awaitable):
+                result = await result
+        except Exception as exc:
+            result, error = None, exc
+        if result:
+            return result
+        if trio.current_time() >= deadline:
+            raise WaitTimeout(_timeout_message(what, timeout, error, _involved(processes)))
+        await trio.sleep(POLL_INTERVAL)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (any 127.0.0.x works on Linux)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -58,6 +58,9 @@ class Request:
     #: the client certificate (``SSLSocket.getpeercert()`` shape) on TLS
     #: connections that presented one; None otherwise
     peer_cert: dict[str, Any] | None = None
+    #: the same certificate in DER (``getpeercert(binary_form=True)``): the
+    #: dict form lacks extensions, such as llmgw's role policy
+    peer_cert_der: bytes | None = None
     #: the client's (host, port)
     client: tuple[str, int] | None = None
 
@@ -245,7 +248,7 @@ class HttpServer:
         state = _ConnectionState()
         self._connections.add(state)
         try:
-            peer_cert = None
+            peer_cert: tuple[dict | None, bytes | None] = (None, None)
             if self._ssl_context is not None:
                 stream, peer_cert = await self._handshake(stream, client)
             await self._serve_connection(stream, state, client, peer_cert)
@@ -266,10 +269,10 @@ class HttpServer:
             reason = exc.__cause__ or exc
             log.info("TLS handshake with %s:%s failed: %s", *client, str(reason) or type(reason).__name__)
             raise _Closed from None
-        return ssl_stream, ssl_stream.getpeercert() or None
+        return ssl_stream, (ssl_stream.getpeercert() or None, ssl_stream.getpeercert(binary_form=True))
 
     async def _serve_connection(
-        self, stream: trio.abc.Stream, state: _ConnectionState, client: tuple, peer_cert: dict | None
+        self, stream: trio.abc.Stream, state: _ConnectionState, client: tuple, peer_cert: tuple
     ) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
         while not self._closing:
@@ -318,7 +321,8 @@ class HttpServer:
             target=head.target.decode("latin-1"),
             headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in head.headers],
             body=body,
-            peer_cert=peer_cert,
+            peer_cert=peer_cert[0],
+            peer_cert_der=peer_cert[1],
             client=client,
         )
 

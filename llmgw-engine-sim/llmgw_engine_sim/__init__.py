@@ -36,7 +36,8 @@ class SimEngine(Engine):
         """Build the ``llmgw-sim`` command of one shard.
 
         Rank 0 gets ``--host``/``--port`` and binds ``--dist-init-addr``;
-        workers get no HTTP address (they serve nothing) and join it.
+        workers get their node's ``--host`` (to join from) but no port: they
+        serve nothing.
         """
         argv = [
             self.program_path(spec, "llmgw-sim"),
@@ -45,8 +46,9 @@ class SimEngine(Engine):
             "--served-model-name",
             spec.served_name,
         ]
+        argv += ["--host", spec.host]
         if spec.rank == 0:
-            argv += ["--host", spec.host, "--port", str(spec.port)]
+            argv += ["--port", str(spec.port)]
         if spec.nnodes > 1:
             argv += [
                 "--nnodes",

@@ -87,11 +87,12 @@ class TestSimCommands:
         )
 
     def test_worker_serves_nothing(self):
-        """A worker joins rank 0 and is given no HTTP address."""
+        """A worker joins rank 0 from its own address and is given no HTTP port."""
         import attrs
 
         command = SimEngine().build_command(attrs.evolve(SPEC, rank=2))
-        assert "--port" not in command.argv and "--host" not in command.argv
+        assert "--port" not in command.argv
+        assert command.argv[command.argv.index("--host") + 1] == "127.0.0.2"
         assert command.argv[command.argv.index("--node-rank") + 1] == "2"
 
     def test_gpus_and_exact_adapter_names(self):

@@ -1,0 +1,16 @@
+"""Test helpers for llmgw users and plugin authors: hardware fakes that behave like the real thing.
+
+- :func:`write_fake_nvidia_smi`, :func:`make_gpus`: an ``nvidia-smi`` script
+  that answers discovery's query like the real one (or fails like it).
+- :func:`write_ib_sysfs`, :func:`make_adapters`: a sysfs-shaped InfiniBand tree.
+- :mod:`llmgw.testing.contract`: ``EngineContract``, the conformance suite an
+  engine distribution's tests subclass (needs pytest).
+- :mod:`llmgw.testing.processes`: run processes in tests and always end their
+  whole process group; wait on conditions with deadlines (needs pytest).
+"""
+
+from __future__ import annotations
+
+from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
+
+__all__ = ["make_adapters", "make_gpus", "write_fake_nvidia_smi", "write_ib_sysfs"]

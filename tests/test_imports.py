@@ -1,0 +1,44 @@
+"""The public surface is what ``__all__`` says, and nothing leaks by accident."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PUBLIC = {
+    "llmgw": ["__version__", "hookimpl"],
+    "llmgw.models": [
+        "GPU", "AdapterPort", "Adapter", "Fabric", "DiscoverySettings", "GpuReport", "AdapterReport",
+        "NodeFacts", "Sidecar", "Profile", "Model", "Catalog", "LaunchSpec", "Command",
+    ],
+    "llmgw.engine": ["Engine", "parse_argparse_flags"],
+    "llmgw.errors": [
+        "LlmgwError", "CatalogError", "PluginError", "DuplicateEngineError", "UnknownEngineError",
+        "FabricError",
+    ],
+    "llmgw.testing": ["make_adapters", "make_gpus", "write_fake_nvidia_smi", "write_ib_sysfs"],
+    "llmgw.testing.contract": ["EngineContract", "flags_of", "command_program"],
+    "llmgw.provision": ["Provisioner", "MachineRequest"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_all_is_pinned(module):
+    """Each public module exports exactly the names pinned here; change both on purpose."""
+    assert sorted(importlib.import_module(module).__all__) == sorted(PUBLIC[module])
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_every_exported_name_exists(module):
+    """Every name in __all__ can be imported."""
+    mod = importlib.import_module(module)
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.__all__ lists {name} but it does not exist"
+
+
+def test_importing_llmgw_builds_no_plugin_manager():
+    """Importing llmgw registers nothing: the plugin manager is built by a function."""
+    import llmgw.plugins
+
+    assert not any(isinstance(v, llmgw.plugins.Plugins) for v in vars(llmgw.plugins).values())

@@ -1,0 +1,53 @@
+"""The process helpers every test relies on: whole groups end, timeouts say what and why."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from llmgw.testing.processes import WaitTimeout, _group_alive, start, wait_until
+
+GRANDCHILD = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_group_ends_grandchildren(tmp_path):
+    """Killing a process started by the helper also ends the processes it started."""
+    process = start([sys.executable, "-c", GRANDCHILD], log_dir=tmp_path)
+    try:
+        grandchild = int(wait_until(lambda: process.stdout().strip() or None, 10, "the grandchild's pid"))
+        assert _group_alive(process.pid)
+    finally:
+        process.kill_group()
+    wait_until(lambda: not _pid_alive(grandchild), 5, "the grandchild to be gone")
+    assert not _group_alive(process.pid)
+
+
+def test_wait_timeout_names_the_condition_and_shows_stderr(tmp_path):
+    """A wait that runs out says what it waited for and shows the process's stderr."""
+    code = "import sys; sys.stderr.write('engine: CUDA out of memory\\n'); sys.stderr.flush(); import time; time.sleep(60)"
+    process = start([sys.executable, "-c", code], log_dir=tmp_path)
+    try:
+        process.wait_for_stderr("CUDA out of memory", 10)
+        with pytest.raises(WaitTimeout) as info:
+            wait_until(lambda: False, 0.2, "the engine to be ready", process)
+        assert "the engine to be ready" in str(info.value)
+        assert "CUDA out of memory" in str(info.value)
+    finally:
+        process.kill_group()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return os.path.exists(f"/proc/{pid}")

@@ -108,7 +108,10 @@ def _register_optional_commands() -> None:
     cli.add_command(dev)
     from llmgw.cli_ca import ca
     from llmgw.cli_discover import discover
+    from llmgw.ctl import register
     from llmgw.server.main import server_command
+
+    register(ctl)
 
     cli.add_command(ca)
     cli.add_command(server_command)

@@ -41,3 +41,38 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for name in ("LLMGW_LOAD_PLUGINS", "LLMGW_TRACE_PLUGINS"):
         monkeypatch.delenv(name, raising=False)
     return dict(os.environ)
+
+
+class TestPki:
+    """A CA in a temporary directory, with a server certificate for 127.0.0.1 and clients on demand."""
+
+    def __init__(self, root: Path) -> None:
+        from llmgw import pki
+
+        self.root = root
+        self.ca = pki.init_ca(root / "ca")
+        self.server = pki.issue_server(self.ca, ["127.0.0.1", "localhost"], out=root / "server")
+        self._issued: dict[tuple[str, str], object] = {}
+
+    def client(self, role: str, name: str):
+        """An issued ``node``, ``admin`` or ``gateway`` certificate (``pki.Issued``), made once."""
+        from llmgw import pki
+
+        key = (role, name)
+        if key not in self._issued:
+            issue = {"node": pki.issue_node, "admin": pki.issue_admin, "gateway": pki.issue_gateway}[role]
+            self._issued[key] = issue(self.ca, name, out=self.root / f"{role}-{name}")
+        return self._issued[key]
+
+    def context(self, role: str, name: str):
+        """A client SSL context presenting that certificate and trusting the CA."""
+        from llmgw import pki
+
+        issued = self.client(role, name)
+        return pki.client_ssl_context(issued.cert_path, issued.key_path, self.ca.cert_path)
+
+
+@pytest.fixture
+def test_pki(tmp_path: Path) -> TestPki:
+    """A fresh CA with a server certificate for 127.0.0.1."""
+    return TestPki(tmp_path / "pki")

@@ -1,0 +1,167 @@
+"""The control plane over real mutual TLS: who may call what, the sync call, the admin API."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import httpx
+import pytest
+import trio
+
+from llmgw.models import NodeFacts
+from llmgw.server.cluster import Settings
+from llmgw.server.main import ServerConfig, serve_server
+from llmgw.testing import make_gpus
+from llmgw.wire import SyncReply, SyncRequest, from_json, to_json
+from llmgw_engine_sim import SimEngine
+
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 2
+models:
+  small:
+    source: tiny/model
+    profile: one
+"""
+
+
+@pytest.fixture
+async def server(nursery, test_pki, tmp_path):
+    """A real `llmgw server` on 127.0.0.1, port 0; yields its base URL."""
+    config = ServerConfig(
+        state_dir=tmp_path / "state", cert=test_pki.server.cert_path, key=test_pki.server.key_path,
+        ca=test_pki.ca.cert_path, host="127.0.0.1", port=0, crl=test_pki.ca.crl_path,
+        settings=Settings(lost_after=30), poll_timeout=0.5,
+    )
+    host, port = await nursery.start(serve_server, config, {"sim": SimEngine()})
+    return f"https://{host}:{port}"
+
+
+def client(test_pki, role: str, name: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(verify=test_pki.context(role, name), timeout=10)
+
+
+def sync_body(node_id: str, revision: int = 0) -> dict:
+    facts = NodeFacts(node_id=node_id, agent_version="0.1.0", gpus=make_gpus(4, seed=node_id),
+                      engines={"sim": "0.1.0"}, model_sources=["tiny/model"])
+    request = SyncRequest(node_id=node_id, address="127.0.0.5", facts=facts, port_range=(21000, 21099),
+                          revision=revision, wait=False)
+    return to_json(request)
+
+
+async def test_node_syncs_and_gets_its_shards(server, test_pki):
+    """A node that syncs is listed by the admin API, and gets the catalog's replica to run."""
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
+        applied = await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
+        assert applied.status_code == 200, applied.text
+        first = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+        assert first.status_code == 200, first.text
+        reply = from_json(first.json(), SyncReply)
+        assert [s.replica_id for s in reply.shards] == ["small-0"]
+        assert reply.shards[0].spec.host == "127.0.0.5"
+        assert 21000 <= reply.shards[0].spec.port <= 21099
+        nodes = (await admin.get(f"{server}/v1/admin/nodes")).json()["nodes"]
+        assert [(n["node_id"], n["gpus_total"], n["gpus_free"]) for n in nodes] == [("node-1", 4, 2)]
+
+
+async def test_long_poll_answers_when_the_revision_moves(server, test_pki, nursery):
+    """A sync at the current revision waits, and answers as soon as the desired state changes."""
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
+        reply = from_json((await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).json(),
+                          SyncReply)
+        body = {**sync_body("node-1", reply.revision), "wait": True}
+        answered = trio.Event()
+        result = {}
+
+        async def poll():
+            result["reply"] = from_json((await node.post(f"{server}/v1/agent/sync", json=body)).json(),
+                                        SyncReply)
+            answered.set()
+
+        nursery.start_soon(poll)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert not answered.is_set()
+        await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
+        with trio.fail_after(5):
+            await answered.wait()
+        assert [s.replica_id for s in result["reply"].shards] == ["small-0"]
+
+
+async def test_node_claiming_another_id_is_refused_and_logged(server, test_pki, caplog):
+    """A node certificate for node-1 cannot sync as node-2; the log names both."""
+    caplog.set_level(logging.WARNING, logger="llmgw.server")
+    async with client(test_pki, "node", "node-1") as node, client(test_pki, "admin", "ops") as admin:
+        response = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-2"))
+        assert response.status_code == 403
+        assert "'node-1' cannot sync as node 'node-2'" in response.json()["error"]["message"]
+        assert any("'node-1'" in r.message and "'node-2'" in r.message for r in caplog.records)
+        events = (await admin.get(f"{server}/v1/admin/events")).json()["events"]
+        assert any(e["kind"] == "refusal" and e["subject"] == "node-2" for e in events)
+        nodes = (await admin.get(f"{server}/v1/admin/nodes")).json()["nodes"]
+        assert nodes == []
+
+
+async def test_node_certificate_on_admin_api_is_refused(server, test_pki):
+    """A node certificate cannot use the admin API, whatever its name."""
+    async with client(test_pki, "node", "admin") as node:
+        response = await node.get(f"{server}/v1/admin/nodes")
+        assert response.status_code == 403
+        assert "needs a admin certificate" in response.json()["error"]["message"]
+
+
+async def test_admin_certificate_cannot_sync(server, test_pki):
+    """An admin certificate named like a node cannot pass for that node."""
+    async with client(test_pki, "admin", "node-1") as admin:
+        response = await admin.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+        assert response.status_code == 403
+
+
+async def test_no_certificate_is_refused(server, test_pki):
+    """A client without a certificate gets nothing: the handshake is refused."""
+    from llmgw import pki
+
+    context = pki.client_ssl_context(None, None, test_pki.ca.cert_path)
+    async with httpx.AsyncClient(verify=context, timeout=10) as anonymous:
+        with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, ssl.SSLError)):
+            await anonymous.get(f"{server}/v1/admin/nodes")
+
+
+async def test_invalid_catalog_changes_nothing(server, test_pki):
+    """A catalog with errors is refused with each problem, and the stored catalog stays as it was."""
+    async with client(test_pki, "admin", "ops") as admin:
+        await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
+        bad = CATALOG.replace("gpus_per_node: 2", "gpus_per_node: two")
+        response = await admin.post(f"{server}/v1/admin/catalog", json={"text": bad})
+        assert response.status_code == 400
+        assert response.json()["error"]["problems"] == ["profiles.one.gpus_per_node: expected an integer"]
+        stored = (await admin.get(f"{server}/v1/admin/catalog")).json()
+        assert stored["text"] == CATALOG and stored["revision"] == 1
+
+
+async def test_revoked_node_is_refused_without_restart(server, test_pki):
+    """Revoking a node's certificate refuses its next sync, with no server restart."""
+    from llmgw import pki
+
+    async with client(test_pki, "node", "node-1") as node:
+        assert (await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).status_code == 200
+        pki.revoke(test_pki.ca, "node-1")
+        with trio.fail_after(5):
+            while True:
+                response = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+                if response.status_code == 403:
+                    break
+                await trio.sleep(0.1)
+        assert "revoked" in response.json()["error"]["message"]
+
+
+async def test_malformed_sync_names_the_field(server, test_pki):
+    """A sync body of the wrong shape gets a 400 naming the field."""
+    async with client(test_pki, "node", "node-1") as node:
+        body = sync_body("node-1")
+        body["port_range"] = "all"
+        response = await node.post(f"{server}/v1/agent/sync", json=body)
+        assert response.status_code == 400
+        assert "port_range" in response.json()["error"]["message"]

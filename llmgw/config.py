@@ -158,9 +158,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     return loader.construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def load_catalog(path: str | Path, engines: Mapping[str, Engine]) -> Catalog:
@@ -196,9 +194,7 @@ def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<c
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise CatalogError(
-            source, ["(top level): expected a mapping with the keys profiles and models"]
-        )
+        raise CatalogError(source, ["(top level): expected a mapping with the keys profiles and models"])
     problems: list[str] = []
     for key in sorted(set(data) - {"profiles", "models"}, key=str):
         problems.append(f"{key}: unknown key (expected one of: profiles, models)")
@@ -207,9 +203,7 @@ def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<c
         sections[section], section_problems = _structure_section(data, section, kind)
         problems.extend(section_problems)
     profile_names = set(data.get("profiles") or {}) if isinstance(data.get("profiles"), dict) else set()
-    problems.extend(
-        _check_references(sections["profiles"], sections["models"], profile_names, engines)
-    )
+    problems.extend(_check_references(sections["profiles"], sections["models"], profile_names, engines))
     problems.extend(_check_unstructured(data, sections, profile_names, engines))
     if problems:
         raise CatalogError(source, problems)
@@ -248,7 +242,9 @@ def _field_of(exc: BaseException) -> str:
 
 
 def _check_unstructured(
-    data: dict, structured: Mapping[str, Mapping[str, Any]], profile_names: set[str],
+    data: dict,
+    structured: Mapping[str, Mapping[str, Any]],
+    profile_names: set[str],
     engines: Mapping[str, Engine],
 ) -> list[str]:
     """Entries that failed to structure still get their references checked."""
@@ -286,8 +282,7 @@ def _check_references(
         engine = engines.get(profile.engine)
         if engine is None:
             problems.append(
-                f"{where}.engine: no plugin provides engine {profile.engine!r} "
-                f"(engines there are: {known})"
+                f"{where}.engine: no plugin provides engine {profile.engine!r} (engines there are: {known})"
             )
         elif profile.nodes > 1 and not engine.multi_node:
             problems.append(
@@ -314,9 +309,7 @@ def _check_references(
             problems.append(f"{where}: invalid name; use letters, digits, '.', '_' and '-'")
         if model.profile not in profile_names:
             defined = ", ".join(sorted(profile_names)) or "none defined"
-            problems.append(
-                f"{where}.profile: no profile named {model.profile!r} (profiles: {defined})"
-            )
+            problems.append(f"{where}.profile: no profile named {model.profile!r} (profiles: {defined})")
         if not model.source.strip():
             problems.append(f"{where}.source: expected a non-empty path or name")
         served_name = model.served_name or name

@@ -104,8 +104,13 @@ def _stop(process: subprocess.Popen) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the replica serves on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="Port the replica serves on.")
 @click.option("--model", "served_name", default="llama-sim", show_default=True, help="Served model name.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".llmgw-dev"),
-              show_default=True, help="Where logs are written.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".llmgw-dev"),
+    show_default=True,
+    help="Where logs are written.",
+)
 @click.option("--once", is_flag=True, help="Exit after the first request instead of serving.")
 def dev(host: str, port: int, served_name: str, state_dir: Path, once: bool) -> None:
     """Run llmgw locally on simulated engines: no GPU needed."""

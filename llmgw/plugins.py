@@ -166,9 +166,7 @@ class Plugins:
     def records(self) -> list[PluginRecord]:
         """Every plugin, loaded or not, sorted by name."""
         engines, engine_errors = self._collect_engines()
-        provisioners, provisioner_errors, _ = self._collect_named(
-            "llmgw_register_provisioners", Provisioner
-        )
+        provisioners, provisioner_errors, _ = self._collect_named("llmgw_register_provisioners", Provisioner)
         errors_by_plugin = engine_errors + provisioner_errors
         records = list(self._failures)
         for name, plugin in self.pm.list_name_plugin():
@@ -267,9 +265,7 @@ class Plugins:
                 continue
             for item in result:
                 if not isinstance(item, kind):
-                    errors.append(
-                        (plugin, f"{hook_name} returned {item!r}, not a {kind.__name__} instance")
-                    )
+                    errors.append((plugin, f"{hook_name} returned {item!r}, not a {kind.__name__} instance"))
                     continue
                 name = getattr(item, "name", None)
                 if name in owner:

@@ -136,7 +136,9 @@ class TestValidateCommand:
             tmp_path, edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--port=9000"]'})
         )
         assert code == 1
-        assert "profiles.tp2x2.args[0]: --port is set by llmgw for engine 'sim'; remove it from args" in output
+        assert (
+            "profiles.tp2x2.args[0]: --port is set by llmgw for engine 'sim'; remove it from args" in output
+        )
 
     def test_duplicate_key(self, tmp_path):
         """A key given twice is an error with its line, not a silent last-one-wins."""
@@ -171,7 +173,9 @@ class TestValidateCommand:
 
     def test_served_name_used_twice(self, tmp_path):
         """Two models served under one name are refused."""
-        code, output = validate(tmp_path, edit(**{"source: /models/small": "source: /models/small\nserved_name: llama-70b"}))
+        code, output = validate(
+            tmp_path, edit(**{"source: /models/small": "source: /models/small\nserved_name: llama-70b"})
+        )
         assert code == 1
         assert "models.small.served_name: 'llama-70b' is already served by models.llama-70b" in output
 
@@ -195,16 +199,26 @@ class TestValidateCommand:
         code, output = validate(tmp_path, text)
         assert code == 1
         assert "5 errors" in output
-        for path in ("models.llama-70b.replicas", "profiles.tp2x2.engine", "profiles.single.engine",
-                     "models.small.profile", "profiles.tp2x2.bogus"):
+        for path in (
+            "models.llama-70b.replicas",
+            "profiles.tp2x2.engine",
+            "profiles.single.engine",
+            "models.small.profile",
+            "profiles.tp2x2.bogus",
+        ):
             assert path in output
 
     def test_console_script_exit_code(self, tmp_path, llmgw_exe, clean_env):
         """The installed `llmgw ctl validate` exits 1 and prints the path on stderr."""
         path = tmp_path / "catalog.yaml"
         path.write_text(edit(**{"replicas: 2": "replicas: many"}))
-        result = subprocess.run([llmgw_exe, "ctl", "validate", str(path)], capture_output=True,
-                                text=True, env=clean_env, timeout=60)
+        result = subprocess.run(
+            [llmgw_exe, "ctl", "validate", str(path)],
+            capture_output=True,
+            text=True,
+            env=clean_env,
+            timeout=60,
+        )
         assert result.returncode == 1
         assert "models.llama-70b.replicas: expected an integer" in result.stderr
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from llmgw_engine_sim import SimEngine
 
 from llmgw.config import parse_catalog
 from llmgw.models import GPU, Fabric, NodeFacts
@@ -11,7 +12,6 @@ from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.persist import flush, load_cluster
 from llmgw.store import open_store
 from llmgw.wire import ObservedShard, SyncRequest
-from llmgw_engine_sim import SimEngine
 
 ENGINES = {"sim": SimEngine()}
 CATALOG = """
@@ -38,15 +38,21 @@ def facts(node_id: str, fabric: str | None = None) -> NodeFacts:
     """A node with 8 fake GPUs, the sim engine, both model sources, and maybe a fabric."""
     gpus = [GPU(i, f"GPU-{node_id}-{i}", "H100", 81559, 81000, f"0000:{i:02x}:00.0", "550") for i in range(8)]
     fabrics = [Fabric(fabric, ["mlx5_0", "mlx5_1"])] if fabric else []
-    return NodeFacts(node_id=node_id, agent_version="0.1.0", gpus=gpus, fabrics=fabrics,
-                     engines={"sim": "0.1.0"}, model_sources=["/models/small", "/models/big"])
+    return NodeFacts(
+        node_id=node_id,
+        agent_version="0.1.0",
+        gpus=gpus,
+        fabrics=fabrics,
+        engines={"sim": "0.1.0"},
+        model_sources=["/models/small", "/models/big"],
+    )
 
 
 class Harness:
     """A cluster plus agents that report whatever the test says their shards do."""
 
-    def __init__(self, settings: Settings = Settings(lost_after=30, backoff_base=2)) -> None:
-        self.cluster = Cluster(settings)
+    def __init__(self) -> None:
+        self.cluster = Cluster(Settings(lost_after=30, backoff_base=2))
         self.now = 1000.0
         self.states: dict[str, dict[str, ObservedShard]] = {}
         self.revisions: dict[str, int] = {}
@@ -67,10 +73,14 @@ class Harness:
 
     def sync(self, node_id: str) -> None:
         """One agent sync: report, reconcile, then 'apply' the reply (start what is new)."""
-        request = SyncRequest(node_id=node_id, address=self._addresses[node_id],
-                              facts=facts(node_id, self.fabrics[node_id]), port_range=(20000, 20999),
-                              observed=list(self.states[node_id].values()),
-                              revision=self.revisions[node_id])
+        request = SyncRequest(
+            node_id=node_id,
+            address=self._addresses[node_id],
+            facts=facts(node_id, self.fabrics[node_id]),
+            port_range=(20000, 20999),
+            observed=list(self.states[node_id].values()),
+            revision=self.revisions[node_id],
+        )
         self.cluster.sync(request, self.now)
         self.cluster.reconcile(self.now)
         desired = {s.key: s for s in self.cluster.desired_for(node_id)}
@@ -79,7 +89,8 @@ class Harness:
                 del self.states[node_id][key]
         for key, shard in desired.items():
             self.states[node_id].setdefault(
-                key, ObservedShard(shard.replica_id, shard.attempt, shard.rank, "starting"))
+                key, ObservedShard(shard.replica_id, shard.attempt, shard.rank, "starting")
+            )
         self.revisions[node_id] = self.cluster.revision
 
     def set_state(self, node_id: str, replica_id: str, state: str, **fields) -> None:
@@ -113,7 +124,9 @@ def test_places_and_becomes_ready():
     h.set_state(node, "small-0", "ready")
     h.sync(node)
     assert record.state == "ready"
-    assert h.cluster.ready_routes()["small"] == [("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}")]
+    assert h.cluster.ready_routes()["small"] == [
+        ("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}")
+    ]
 
 
 def test_exited_shard_tears_down_and_rebuilds_with_backoff():
@@ -159,7 +172,7 @@ def test_backoff_grows_while_it_keeps_failing():
 
 
 def test_multi_node_replica_on_one_fabric_with_its_adapters():
-    """A two-node replica lands on two nodes of one fabric, never the island, and rank 0's address is the dist-init one."""
+    """A two-node replica lands on two nodes of one fabric, never the island; rank 0 binds dist-init."""
     h = Harness()
     h.join("island")
     h.join("a1", fabric="ib-a")
@@ -173,7 +186,11 @@ def test_multi_node_replica_on_one_fabric_with_its_adapters():
     shards = {n: {s.rank: s for s in h.cluster.desired_for(n)} for n in ("a1", "a2")}
     spec0 = shards[rank0.node_id][0].spec
     spec1 = shards[rank1.node_id][1].spec
-    assert spec0.dist_init_addr == spec1.dist_init_addr == f"{h._addresses[rank0.node_id]}:{rank0.dist_init_port}"
+    assert (
+        spec0.dist_init_addr
+        == spec1.dist_init_addr
+        == f"{h._addresses[rank0.node_id]}:{rank0.dist_init_port}"
+    )
     assert spec0.nnodes == spec1.nnodes == 2
     assert spec1.adapters == ("mlx5_0", "mlx5_1")
     assert len(spec0.gpus) == 4

@@ -11,9 +11,7 @@ import pytest
 from llmgw import hookspecs
 
 REPO = Path(__file__).resolve().parents[1]
-HOOKS = sorted(
-    name for name, obj in vars(hookspecs).items() if name.startswith("llmgw_") and callable(obj)
-)
+HOOKS = sorted(name for name, obj in vars(hookspecs).items() if name.startswith("llmgw_") and callable(obj))
 
 
 def signature_text(name: str) -> str:
@@ -29,8 +27,12 @@ def signature_text(name: str) -> str:
 
 def test_there_are_hooks():
     """The hookspec module defines the engine, discovery and provisioner hooks."""
-    assert {"llmgw_register_engines", "llmgw_discover_gpus", "llmgw_discover_adapters",
-            "llmgw_register_provisioners"} <= set(HOOKS)
+    assert {
+        "llmgw_register_engines",
+        "llmgw_discover_gpus",
+        "llmgw_discover_adapters",
+        "llmgw_register_provisioners",
+    } <= set(HOOKS)
 
 
 @pytest.mark.parametrize("name", HOOKS)

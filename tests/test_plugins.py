@@ -34,7 +34,9 @@ def write_distribution(
     return site
 
 
-def run_llmgw(exe: str, *args: str, env: dict[str, str], site: Path | None = None) -> subprocess.CompletedProcess:
+def run_llmgw(
+    exe: str, *args: str, env: dict[str, str], site: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run the real console script, with ``site`` on its import path when given."""
     env = dict(env)
     if site is not None:

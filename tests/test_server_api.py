@@ -8,13 +8,13 @@ import ssl
 import httpx
 import pytest
 import trio
+from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.testing import make_gpus
 from llmgw.wire import SyncReply, SyncRequest, from_json, to_json
-from llmgw_engine_sim import SimEngine
 
 CATALOG = """
 profiles:
@@ -32,9 +32,15 @@ models:
 async def server(nursery, test_pki, tmp_path):
     """A real `llmgw server` on 127.0.0.1, port 0; yields its base URL."""
     config = ServerConfig(
-        state_dir=tmp_path / "state", cert=test_pki.server.cert_path, key=test_pki.server.key_path,
-        ca=test_pki.ca.cert_path, host="127.0.0.1", port=0, crl=test_pki.ca.crl_path,
-        settings=Settings(lost_after=30), poll_timeout=0.5,
+        state_dir=tmp_path / "state",
+        cert=test_pki.server.cert_path,
+        key=test_pki.server.key_path,
+        ca=test_pki.ca.cert_path,
+        host="127.0.0.1",
+        port=0,
+        crl=test_pki.ca.crl_path,
+        settings=Settings(lost_after=30),
+        poll_timeout=0.5,
     )
     host, port = await nursery.start(serve_server, config, {"sim": SimEngine()})
     return f"https://{host}:{port}"
@@ -45,10 +51,21 @@ def client(test_pki, role: str, name: str) -> httpx.AsyncClient:
 
 
 def sync_body(node_id: str, revision: int = 0) -> dict:
-    facts = NodeFacts(node_id=node_id, agent_version="0.1.0", gpus=make_gpus(4, seed=node_id),
-                      engines={"sim": "0.1.0"}, model_sources=["tiny/model"])
-    request = SyncRequest(node_id=node_id, address="127.0.0.5", facts=facts, port_range=(21000, 21099),
-                          revision=revision, wait=False)
+    facts = NodeFacts(
+        node_id=node_id,
+        agent_version="0.1.0",
+        gpus=make_gpus(4, seed=node_id),
+        engines={"sim": "0.1.0"},
+        model_sources=["tiny/model"],
+    )
+    request = SyncRequest(
+        node_id=node_id,
+        address="127.0.0.5",
+        facts=facts,
+        port_range=(21000, 21099),
+        revision=revision,
+        wait=False,
+    )
     return to_json(request)
 
 
@@ -70,15 +87,17 @@ async def test_node_syncs_and_gets_its_shards(server, test_pki):
 async def test_long_poll_answers_when_the_revision_moves(server, test_pki, nursery):
     """A sync at the current revision waits, and answers as soon as the desired state changes."""
     async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
-        reply = from_json((await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).json(),
-                          SyncReply)
+        reply = from_json(
+            (await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).json(), SyncReply
+        )
         body = {**sync_body("node-1", reply.revision), "wait": True}
         answered = trio.Event()
         result = {}
 
         async def poll():
-            result["reply"] = from_json((await node.post(f"{server}/v1/agent/sync", json=body)).json(),
-                                        SyncReply)
+            result["reply"] = from_json(
+                (await node.post(f"{server}/v1/agent/sync", json=body)).json(), SyncReply
+            )
             answered.set()
 
         nursery.start_soon(poll)

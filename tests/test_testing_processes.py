@@ -31,7 +31,10 @@ def test_kill_group_ends_grandchildren(tmp_path):
 
 def test_wait_timeout_names_the_condition_and_shows_stderr(tmp_path):
     """A wait that runs out says what it waited for and shows the process's stderr."""
-    code = "import sys; sys.stderr.write('engine: CUDA out of memory\\n'); sys.stderr.flush(); import time; time.sleep(60)"
+    code = (
+        "import sys, time; sys.stderr.write('engine: CUDA out of memory\\n'); sys.stderr.flush(); "
+        "time.sleep(60)"
+    )
     process = start([sys.executable, "-c", code], log_dir=tmp_path)
     try:
         process.wait_for_stderr("CUDA out of memory", 10)

@@ -105,6 +105,10 @@ class AdminClient:
         context = client_ssl_context(config.cert, config.key, config.ca)
         self._http = httpx.Client(base_url=config.server, verify=context, timeout=30)
 
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._http.close()
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call the admin API; returns the JSON body or raises :class:`CtlError` with the server's message."""
         try:

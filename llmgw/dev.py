@@ -1,185 +1,144 @@
-"""``llmgw dev``: llmgw on this machine, with simulated engines and no GPU.
+"""``llmgw dev``: a whole llmgw cluster on this machine, on simulated nodes, no GPU needed.
 
-Today it starts one replica of the sim engine through the engine plugin (the
-command the agent would build), waits until it is ready, sends it one chat
-completion, and serves until interrupted. The control plane, the node
-agents and the gateway join it as they are built.
+It starts a :class:`~llmgw.localcluster.LocalCluster` (a CA, ``llmgw server``
+and N ``llmgw agent`` processes with fake GPUs and fabrics), applies a sample
+catalog with a single-node and a two-node sim model, waits until every
+replica is ready, leaves admin credentials where ``llmgw ctl`` looks by
+default, and prints what to run next. Ctrl-C stops everything, agents first
+(they stop their engines), and leaves no process behind.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import click
 
-from llmgw.errors import LlmgwError
-from llmgw.models import LaunchSpec
-from llmgw.plugins import get_plugin_manager
+from llmgw import pki
+from llmgw.ctl import config_dir, write_client_config
+from llmgw.localcluster import LocalCluster
 
-__all__ = ["dev"]
+__all__ = ["dev", "SAMPLE_CATALOG"]
 
-#: how long the sim engine may take to answer 200 on its health path
-READY_TIMEOUT = 30.0
-#: how long the sim engine has to exit after SIGTERM before SIGKILL
-STOP_GRACE = 10.0
+_DEV_MARK = "# written by llmgw dev"
 
-
-class EngineNotReady(LlmgwError):
-    """The engine did not become ready in time, or exited while starting."""
-
-
-def _get(host: str, port: int, path: str) -> int:
-    conn = http.client.HTTPConnection(host, port, timeout=2)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status
-    finally:
-        conn.close()
-
-
-def _chat(host: str, port: int, model: str) -> dict:
-    body = json.dumps(
-        {"model": model, "messages": [{"role": "user", "content": "Say hello to llmgw."}], "max_tokens": 12}
-    )
-    conn = http.client.HTTPConnection(host, port, timeout=30)
-    try:
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        data = json.loads(response.read())
-        if response.status != 200:
-            raise LlmgwError(f"the sim engine answered {response.status}: {data}")
-        return data
-    finally:
-        conn.close()
-
-
-def _wait_ready(process: subprocess.Popen, host: str, port: int, path: str, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise EngineNotReady(
-                f"the sim engine exited with code {process.returncode} while starting; "
-                f"its log ({log}) ends with:\n{_tail(log)}"
-            )
-        try:
-            if _get(host, port, path) == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise EngineNotReady(
-        f"the sim engine did not answer 200 on http://{host}:{port}{path} within {READY_TIMEOUT:.0f} s; "
-        f"its log ({log}) ends with:\n{_tail(log)}"
-    )
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM the engine's process group, SIGKILL it after a grace period."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+SAMPLE_CATALOG = """\
+# The sample catalog llmgw dev applies. Edit it and run: llmgw ctl apply {path}
+profiles:
+  sim-1gpu:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.05", "--tokens-per-second", "200"]
+  sim-tp4x2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 4
+    args: ["--time-to-first-token", "0.1", "--tokens-per-second", "100"]
+models:
+  llama-sim-8b:
+    source: {models}/llama-sim-8b
+    profile: sim-1gpu
+    replicas: 2
+  llama-sim-70b:
+    source: {models}/llama-sim-70b
+    profile: sim-tp4x2
+    replicas: 1
+"""
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address the replica serves on.")
-@click.option("--port", default=8080, show_default=True, type=int, help="Port the replica serves on.")
-@click.option("--model", "served_name", default="llama-sim", show_default=True, help="Served model name.")
+@click.option(
+    "--nodes",
+    "node_count",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 200),
+    help="How many simulated nodes (8 fake GPUs each).",
+)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path(".llmgw-dev"),
     show_default=True,
-    help="Where logs are written.",
+    help="Where the CA, state, logs and node files go.",
 )
-@click.option("--once", is_flag=True, help="Exit after the first request instead of serving.")
-def dev(host: str, port: int, served_name: str, state_dir: Path, once: bool) -> None:
-    """Run llmgw locally on simulated engines: no GPU needed."""
-    engine = get_plugin_manager().engine("sim")
-    spec = LaunchSpec(
-        model_source=served_name,
-        served_name=served_name,
-        host=host,
-        port=port,
-        executables={"llmgw-sim": _program("llmgw-sim")},
-    )
-    command = engine.build_command(spec)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    log = state_dir / "sim-engine.log"
-    click.echo(f"starting a sim replica of {served_name!r}: {' '.join(command.argv)}")
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            command.argv,
-            env={**os.environ, **command.env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+@click.option("--server-port", default=7443, show_default=True, type=int, help="The server's HTTPS port.")
+@click.option(
+    "--config-dir",
+    "ctl_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to leave admin credentials for llmgw ctl (default: where ctl looks).",
+)
+@click.option("--once", is_flag=True, help="Stop everything and exit once every replica is ready.")
+def dev(node_count: int, state_dir: Path, server_port: int, ctl_dir: Path | None, once: bool) -> None:
+    """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
+    cluster = LocalCluster(state_dir, server_port=server_port)
+    ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
+    models = cluster.state_dir / "models"
+    for name in ("llama-sim-8b", "llama-sim-70b"):
+        (models / name).mkdir(parents=True, exist_ok=True)
+    catalog = cluster.state_dir / "catalog.yaml"
+    catalog.write_text(SAMPLE_CATALOG.format(models=models, path=catalog))
     try:
-        _wait_ready(process, host, port, engine.health_path, log)
-        answer = _chat(host, port, served_name)
-        text = answer["choices"][0]["message"]["content"]
-        click.echo(f"ready: http://{host}:{port}/v1 serves {served_name!r}; it answered: {text!r}")
-        body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "hi"}]})
-        click.echo(
-            f"try: curl -s http://{host}:{port}/v1/chat/completions "
-            f"-H 'Content-Type: application/json' -d '{body}'"
-        )
-        click.echo(f"engine log: {log}; the control plane and gateway are not part of llmgw dev yet")
+        click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
+        cluster.start(node_count)
+        result = cluster.apply(catalog.read_text(), str(catalog))
+        click.echo(f"applied {catalog}: {result['summary']}")
+        cluster.wait(cluster.all_ready, "every replica of the sample catalog to be ready")
+        _print_next_steps(cluster, ctl_dir, catalog)
         if once:
             return
-        click.echo("serving; press Ctrl-C to stop")
-        _serve_until_interrupted(process, log)
+        click.echo("serving; press Ctrl-C to stop everything")
+        _serve_until_interrupted(cluster)
     finally:
-        _stop(process)
+        click.echo("stopping agents (and their engines), then the server")
+        cluster.stop_all()
 
 
-def _serve_until_interrupted(process: subprocess.Popen, log: Path) -> None:
-    stop = {"signal": None}
+def _leave_credentials(directory: Path | None, server_url: str, admin: pki.Issued) -> Path:
+    directory = directory or config_dir()
+    config = directory / "config.toml"
+    if config.exists() and _DEV_MARK not in config.read_text():
+        click.echo(
+            f"note: {config} was not written by llmgw dev; leaving it alone. "
+            f"Use: llmgw ctl --config-dir {admin.cert_path.parent} --server {server_url} ...",
+            err=True,
+        )
+        return admin.cert_path.parent
+    write_client_config(directory, server_url, admin.ca_path, admin.cert_path, admin.key_path)
+    config.write_text(f'{_DEV_MARK}\nserver = "{server_url}"\n')
+    return directory
 
-    def handler(signum: int, frame: object) -> None:
-        stop["signal"] = signum
 
-    previous = signal.signal(signal.SIGTERM, handler)
+def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> None:
+    data = cluster.replicas()
+    click.echo(f"llmgw dev: {len(data['replicas'])} replicas ready")
+    for r in data["replicas"]:
+        shards = ", ".join(f"{s['node']} {cluster.nodes[s['node']].address}:{s['port']}" for s in r["shards"])
+        click.echo(f"  {r['id']:<16} {shards}")
+    flag = "" if ctl_dir == config_dir() else f" --config-dir {ctl_dir}"
+    click.echo("next, from another terminal:")
+    click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")
+    click.echo(f"  llmgw ctl{flag} replicas       # where each replica runs")
+    click.echo(f"  llmgw ctl{flag} events         # what the server decided and why")
+    click.echo(f"  llmgw ctl{flag} drain node-1   # move node-1's replicas elsewhere, without an outage")
+    click.echo(f"  llmgw ctl{flag} apply {catalog}")
+    click.echo(
+        f"logs: {cluster.logs}, and each node's shards under {cluster.state_dir / 'nodes'}/*/agent/logs"
+    )
+
+
+def _serve_until_interrupted(cluster: LocalCluster) -> None:
+    stop: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     try:
-        while stop["signal"] is None:
-            try:
-                code = process.wait(0.5)
-            except subprocess.TimeoutExpired:
-                continue
-            raise LlmgwError(
-                f"the sim engine exited with code {code}; its log ({log}) ends with:\n{_tail(log)}"
-            )
+        while not stop:
+            cluster.check()
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo("stopping")
-
-
-def _program(name: str) -> str:
-    beside = Path(sys.executable).with_name(name)
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        raise LlmgwError(f"{name} is not installed; pip install llmgw-engine-sim")
-    return found

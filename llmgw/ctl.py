@@ -319,9 +319,52 @@ def _status(client: AdminClient, node: str) -> dict:
     return {"remaining": remaining, "moving": moving, "stuck": stuck}
 
 
+@click.group()
+def keys() -> None:
+    """API keys clients send as `Authorization: Bearer KEY` to the gateway."""
+
+
+@keys.command("create")
+@click.argument("name")
+@click.pass_context
+def keys_create(ctx: click.Context, name: str) -> None:
+    """Create API key NAME and print its secret: it is shown this once, only a hash is stored."""
+    result = _client(ctx).request("POST", "/v1/admin/keys", json={"name": name})
+    click.echo(result["secret"])
+    click.echo(
+        f"API key {name!r} created; the secret above is not stored and cannot be shown again", err=True
+    )
+
+
+@keys.command("list")
+@output_option
+@click.pass_context
+def keys_list(ctx: click.Context, output: str) -> None:
+    """List API keys (names and dates; secrets are never stored)."""
+    data = _client(ctx).request("GET", "/v1/admin/keys")["keys"]
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+
+    def when(stamp: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
+
+    rows = [[k["name"], when(k["created_at"]), when(k["revoked_at"])] for k in data]
+    click.echo(_table(rows, ["name", "created", "revoked"]))
+
+
+@keys.command("revoke")
+@click.argument("name")
+@click.pass_context
+def keys_revoke(ctx: click.Context, name: str) -> None:
+    """Revoke API key NAME: gateways refuse it within a second."""
+    _client(ctx).request("DELETE", f"/v1/admin/keys/{name}")
+    click.echo(f"API key {name!r} revoked")
+
+
 def register(group: click.Group) -> None:
     """Add the admin-API commands and the connection options to the ``ctl`` group."""
-    for command in (nodes, replicas, apply, events, cordon, uncordon, drain):
+    for command in (nodes, replicas, apply, events, cordon, uncordon, drain, keys):
         group.add_command(command)
     options: list[Callable] = [
         click.option("--server", envvar="LLMGW_SERVER", help="The server's URL, https://HOST:7443."),

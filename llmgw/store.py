@@ -76,6 +76,14 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    """
+    CREATE TABLE api_keys (
+        name TEXT PRIMARY KEY,
+        sha256 TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        revoked_at REAL
+    );
+    """,
 )
 
 

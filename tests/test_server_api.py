@@ -184,3 +184,29 @@ async def test_malformed_sync_names_the_field(server, test_pki):
         response = await node.post(f"{server}/v1/agent/sync", json=body)
         assert response.status_code == 400
         assert "port_range" in response.json()["error"]["message"]
+
+
+async def test_api_keys_are_stored_as_hashes_and_reach_the_routes_feed(server, test_pki):
+    """A created key's secret is returned once; the routes feed carries only its hash; revoking removes it."""
+    import hashlib
+
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "gateway", "gw-1") as gateway:
+        created = await admin.post(f"{server}/v1/admin/keys", json={"name": "team-a"})
+        assert created.status_code == 201
+        secret = created.json()["secret"]
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        routes = (await gateway.get(f"{server}/v1/routes")).json()
+        assert routes["keys"] == {digest: "team-a"}
+        listed = (await admin.get(f"{server}/v1/admin/keys")).json()["keys"]
+        assert [k["name"] for k in listed] == ["team-a"] and secret not in str(listed)
+        again = await admin.post(f"{server}/v1/admin/keys", json={"name": "team-a"})
+        assert again.status_code == 409
+        await admin.delete(f"{server}/v1/admin/keys/team-a")
+        assert (await gateway.get(f"{server}/v1/routes")).json()["keys"] == {}
+
+
+async def test_gateway_certificate_reads_routes_but_not_admin(server, test_pki):
+    """A gateway certificate may read the routes feed and nothing of the admin API."""
+    async with client(test_pki, "gateway", "gw-1") as gateway:
+        assert (await gateway.get(f"{server}/v1/routes")).status_code == 200
+        assert (await gateway.get(f"{server}/v1/admin/nodes")).status_code == 403

@@ -8,9 +8,11 @@ routes feed takes admin or gateway certificates.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -84,6 +86,18 @@ class ServerApp:
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
+        self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
+        self._route("POST", r"/v1/admin/keys", admin, self._create_key)
+        self._route("DELETE", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._revoke_key)
+        #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
+        self.keys: dict[str, tuple[str, float, float | None]] = {}
+
+    async def load_keys(self) -> None:
+        """Read the API keys from the store; called once at start."""
+        rows = await self.store.run(
+            lambda conn: conn.execute("SELECT name, sha256, created_at, revoked_at FROM api_keys").fetchall()
+        )
+        self.keys = {name: (sha, created, revoked) for name, sha, created, revoked in rows}
 
     def _route(self, method: str, pattern: str, roles: set[Role], handler: Handler) -> None:
         self._routes.append((method, re.compile(f"^{pattern}$"), frozenset(roles), handler))
@@ -194,11 +208,13 @@ class ServerApp:
             await self._wait_change(lambda: self.cluster.routes_revision == known, self.poll_timeout)
         routes = self.cluster.ready_routes()
         models = sorted({self.cluster.catalog.served_name(m) for m in self.cluster.catalog.models})
+        keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
         return Response.json(
             200,
             {
                 "revision": self.cluster.routes_revision,
                 "models": models,
+                "keys": keys,
                 "routes": {
                     name: [{"replica": r, "url": u} for r, u in entries] for name, entries in routes.items()
                 },
@@ -349,6 +365,69 @@ class ServerApp:
             for name, e in sorted(self.engines.items())
         ]
         return Response.json(200, {"engines": engines})
+
+    # -- API keys ----------------------------------------------------------
+
+    async def _list_keys(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        keys = [
+            {"name": name, "created_at": created, "revoked_at": revoked}
+            for name, (_, created, revoked) in sorted(self.keys.items())
+        ]
+        return Response.json(200, {"keys": keys})
+
+    async def _create_key(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        body = request.json()
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not _KEY_NAME.match(name):
+            raise _Refused(
+                400, "name: expected 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
+            )
+        secret = "llmgw-" + secrets.token_urlsafe(32)
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        now = self.clock()
+        async with self._lock:
+            if name in self.keys:
+                state = "revoked" if self.keys[name][2] is not None else "in use"
+                raise _Refused(409, f"an API key named {name!r} exists ({state}); choose another name")
+            await self.store.write(
+                lambda conn: (
+                    conn.execute(
+                        "INSERT INTO api_keys (name, sha256, created_at) VALUES (?, ?, ?)",
+                        (name, digest, now),
+                    ),
+                    Store.add_event(conn, "key", name, f"API key created by {identity.name}", at=now),
+                )
+            )
+            self.keys[name] = (digest, now, None)
+            self._routes_changed()
+        return Response.json(201, {"name": name, "secret": secret})
+
+    async def _revoke_key(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        name = params["name"]
+        now = self.clock()
+        async with self._lock:
+            if name not in self.keys:
+                known = ", ".join(sorted(self.keys)) or "none"
+                raise _Refused(404, f"no API key named {name!r} (keys: {known})")
+            digest, created, revoked = self.keys[name]
+            if revoked is None:
+                await self.store.write(
+                    lambda conn: (
+                        conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ?", (now, name)),
+                        Store.add_event(conn, "key", name, f"API key revoked by {identity.name}", at=now),
+                    )
+                )
+                self.keys[name] = (digest, created, now)
+                self._routes_changed()
+        return Response.json(200, {"name": name, "revoked_at": self.keys[name][2]})
+
+    def _routes_changed(self) -> None:
+        self.cluster.routes_revision += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+_KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
 def _int(text: str, name: str) -> int:

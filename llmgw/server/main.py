@@ -66,6 +66,7 @@ async def serve_server(
     try:
         cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
         app = ServerApp(cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout)
+        await app.load_keys()
         async with trio.open_nursery() as nursery:
             await nursery.start(app.run_reconciler, config.tick)
             server = HttpServer(app.handle, ssl_context=ssl_context)

@@ -105,20 +105,13 @@ def discover_node(
 
 def _call(plugins: Any, hook_name: str, settings: DiscoverySettings, kind: type) -> tuple:
     reports = []
-    caller = getattr(plugins.pm.hook, hook_name)
-    for impl in reversed(caller.get_hookimpls()):
-        if impl.hookwrapper or impl.wrapper:
-            continue
-        kwargs = {"settings": settings}
-        try:
-            result = impl.function(*(kwargs[name] for name in impl.argnames))
-        except Exception as exc:  # noqa: BLE001 - a broken plugin is a problem line
-            result = _broken(kind, impl.plugin_name, f"{hook_name} raised {type(exc).__name__}: {exc}")
+    for plugin, result in plugins.call_each(hook_name, settings=settings):
+        if isinstance(result, Exception):
+            result = _broken(kind, plugin, f"{hook_name} raised {type(result).__name__}: {result}")
         if result is None:
             continue
         if not isinstance(result, kind):
-            expected = kind.__name__
-            result = _broken(kind, impl.plugin_name, f"{hook_name} returned {result!r}, not a {expected}")
+            result = _broken(kind, plugin, f"{hook_name} returned {result!r}, not a {kind.__name__}")
         reports.append(result)
     return tuple(reports)
 

@@ -161,6 +161,28 @@ class Plugins:
             )
         )
 
+    def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Call every implementation of a hook on its own, newest registration last.
+
+        Unlike ``plugins.hook.NAME(...)``, one plugin raising does not stop the
+        others: its entry holds the exception instead of a result. Traced
+        like any hook call when ``LLMGW_TRACE_PLUGINS`` is set.
+
+        :returns: ``(plugin name, result or exception)`` per implementation.
+        """
+        results: list[tuple[str, Any]] = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            if impl.hookwrapper or impl.wrapper:
+                continue
+            try:
+                result = impl.function(*(kwargs[name] for name in impl.argnames))
+            except Exception as exc:  # noqa: BLE001 - returned for the caller to attribute
+                result = exc
+            if self.trace:
+                self.trace(f"llmgw: {hook_name}({_kwargs(kwargs)}) on {impl.plugin_name} -> {result!r}\n")
+            results.append((impl.plugin_name, result))
+        return results
+
     # -- introspection -----------------------------------------------------
 
     def records(self) -> list[PluginRecord]:
@@ -253,16 +275,11 @@ class Plugins:
         owner: dict[str, str] = {}
         instances: dict[str, Any] = {}
         errors: list[tuple[str, str]] = []
-        caller = getattr(self.pm.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):
-            plugin = impl.plugin_name
-            try:
-                result = impl.function() or []
-                if self.trace:
-                    self.trace(f"llmgw: {hook_name}() on {plugin} returned {result!r}\n")
-            except Exception as exc:  # noqa: BLE001 - recorded against the plugin
-                errors.append((plugin, f"{hook_name} raised {_describe(exc)}"))
+        for plugin, result in self.call_each(hook_name):
+            if isinstance(result, Exception):
+                errors.append((plugin, f"{hook_name} raised {_describe(result)}"))
                 continue
+            result = result or []
             for item in result:
                 if not isinstance(item, kind):
                     errors.append((plugin, f"{hook_name} returned {item!r}, not a {kind.__name__} instance"))

@@ -42,6 +42,8 @@ MIGRATIONS: tuple[str, ...] = (
         cordoned INTEGER NOT NULL DEFAULT 0,
         draining INTEGER NOT NULL DEFAULT 0,
         lost INTEGER NOT NULL DEFAULT 0,
+        cert_serial TEXT,
+        cert_not_after REAL,
         first_seen REAL NOT NULL,
         last_seen REAL NOT NULL
     );

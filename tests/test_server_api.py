@@ -161,10 +161,10 @@ async def test_invalid_catalog_changes_nothing(server, test_pki):
 
 
 async def test_revoked_node_is_refused_without_restart(server, test_pki):
-    """Revoking a node's certificate refuses its next sync, with no server restart."""
+    """A revoked node is refused at its next sync, without a restart, and shows as revoked; others go on."""
     from llmgw import pki
 
-    async with client(test_pki, "node", "node-1") as node:
+    async with client(test_pki, "node", "node-1") as node, client(test_pki, "node", "node-2") as other:
         assert (await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).status_code == 200
         pki.revoke(test_pki.ca, "node-1")
         with trio.fail_after(5):
@@ -174,6 +174,12 @@ async def test_revoked_node_is_refused_without_restart(server, test_pki):
                     break
                 await trio.sleep(0.1)
         assert "revoked" in response.json()["error"]["message"]
+        assert (await other.post(f"{server}/v1/agent/sync", json=sync_body("node-2"))).status_code == 200
+    async with client(test_pki, "admin", "ops") as admin:
+        nodes = {n["node_id"]: n for n in (await admin.get(f"{server}/v1/admin/nodes")).json()["nodes"]}
+        assert nodes["node-1"]["state"] == "revoked"
+        assert "is revoked" in nodes["node-1"]["warnings"][0]
+        assert nodes["node-2"]["state"] == "ready"
 
 
 async def test_malformed_sync_names_the_field(server, test_pki):

@@ -191,6 +191,11 @@ class ServerApp:
             raise _Refused(403, message)
         async with self._lock:
             self.cluster.sync(sync, self.clock())
+            node = self.cluster.nodes[sync.node_id]
+            not_after = identity.not_after.timestamp()
+            if (node.cert_serial, node.cert_not_after) != (identity.serial, not_after):
+                node.cert_serial, node.cert_not_after = identity.serial, not_after
+                self.cluster.dirty_nodes.add(node.node_id)
             await self.commit()
         if sync.wait:
             await self._wait_change(lambda: self.cluster.revision == sync.revision, self.poll_timeout)
@@ -236,12 +241,29 @@ class ServerApp:
                 for s in r.placement.shards
                 if s.node_id == node.node_id
             )
-            warnings = list(node.facts.problems) + list(node_warnings(node.view(), self.cluster.catalog))
+            warnings = list(node_warnings(node.view(), self.cluster.catalog))
+            revoked = (
+                self.revocations is not None
+                and node.cert_serial is not None
+                and self.revocations.is_revoked(node.cert_serial)
+            )
+            if revoked:
+                warnings.insert(
+                    0, f"certificate {node.cert_serial:x} is revoked: the node can no longer sync"
+                )
+            elif node.cert_not_after is not None:
+                days = (node.cert_not_after - now) / 86400
+                if days < 30:
+                    warnings.insert(
+                        0,
+                        f"certificate expires in {days:.0f} days; issue a new one "
+                        f"(llmgw ca issue-node {node.node_id} --force)",
+                    )
             nodes.append(
                 {
                     "node_id": node.node_id,
                     "address": node.address,
-                    "state": "draining" if node.draining else node.state,
+                    "state": "revoked" if revoked else ("draining" if node.draining else node.state),
                     "gpus_total": len(node.facts.gpus),
                     "gpus_free": max(0, len(node.facts.gpus) - used),
                     "fabrics": [f.name for f in node.facts.fabrics],

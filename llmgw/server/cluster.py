@@ -64,6 +64,9 @@ class NodeRecord:
     observed: dict[str, ObservedShard] = attrs.field(factory=dict)
     #: whether the agent synced since this server started (``observed`` is known)
     reported: bool = False
+    #: the serial and expiry (UNIX time) of the certificate the node last synced with
+    cert_serial: int | None = None
+    cert_not_after: float | None = None
 
     @property
     def state(self) -> str:

@@ -42,8 +42,20 @@ def load_cluster(
             hint = " (install the engine plugins it uses, or apply a new catalog)"
             raise CatalogError(exc.source + hint, exc.problems) from None
         cluster.catalog_text, cluster.catalog_revision = row[1], row[0]
-    for node_id, address, facts, port_range, cordoned, draining, lost, first_seen in conn.execute(
-        "SELECT node_id, address, facts, port_range, cordoned, draining, lost, first_seen FROM nodes"
+    for (
+        node_id,
+        address,
+        facts,
+        port_range,
+        cordoned,
+        draining,
+        lost,
+        serial,
+        not_after,
+        first_seen,
+    ) in conn.execute(
+        "SELECT node_id, address, facts, port_range, cordoned, draining, lost, cert_serial, cert_not_after,"
+        " first_seen FROM nodes"
     ):
         cluster.nodes[node_id] = NodeRecord(
             node_id=node_id,
@@ -55,6 +67,8 @@ def load_cluster(
             cordoned=bool(cordoned),
             draining=bool(draining),
             lost=bool(lost),
+            cert_serial=int(serial, 16) if serial else None,
+            cert_not_after=not_after,
         )
     for placement, attempt, failures, consecutive, sent, state, reason in conn.execute(
         "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason "
@@ -90,7 +104,7 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
             continue
         conn.execute(
             "INSERT OR REPLACE INTO nodes (node_id, address, facts, port_range, cordoned, draining, lost,"
-            " first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " cert_serial, cert_not_after, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 node.node_id,
                 node.address,
@@ -99,6 +113,8 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
                 int(node.cordoned),
                 int(node.draining),
                 int(node.lost),
+                format(node.cert_serial, "x") if node.cert_serial is not None else None,
+                node.cert_not_after,
                 node.first_seen,
                 node.last_seen,
             ),

@@ -110,8 +110,10 @@ def _register_optional_commands() -> None:
     from llmgw.cli_discover import discover
     from llmgw.ctl import register
     from llmgw.server.main import server_command
+    from llmgw.version import version
 
     register(ctl)
+    cli.add_command(version)
 
     cli.add_command(ca)
     cli.add_command(server_command)

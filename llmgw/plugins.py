@@ -38,7 +38,7 @@ from llmgw import hookimpl  # noqa: E402  (re-exported)
 ENTRY_POINT_GROUP = "llmgw"
 
 #: Built-in plugins shipped in the llmgw distribution (``plugins/``).
-BUILTIN_PLUGINS: tuple[str, ...] = ("llmgw_nvidia", "llmgw_infiniband")
+BUILTIN_PLUGINS: tuple[str, ...] = ("llmgw_nvidia", "llmgw_infiniband", "llmgw_proxmox")
 
 #: ``LLMGW_LOAD_PLUGINS``: comma-separated names (entry point or
 #: distribution) of the installed plugins to load; set but empty loads none.

@@ -117,9 +117,9 @@ class TestValidateCommand:
 
     def test_engine_no_plugin_provides(self, tmp_path):
         """An engine no plugin provides lists the engines there are."""
-        code, output = validate(tmp_path, edit(**{"engine: sim": "engine: vllm"}))
+        code, output = validate(tmp_path, edit(**{"engine: sim": "engine: tgi"}))
         assert code == 1
-        assert "profiles.tp2x2.engine: no plugin provides engine 'vllm' (engines there are: sim)" in output
+        assert "profiles.tp2x2.engine: no plugin provides engine 'tgi' (engines there are: " in output
 
     def test_args_item_not_a_string(self, tmp_path):
         """A non-string in args names its index."""

@@ -1,27 +1,47 @@
-"""``llmgw dev``: the README's first command."""
+"""``llmgw dev``: the README's first command, a whole cluster on simulated nodes."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
+
+import pytest
 
 from llmgw.testing.processes import free_port
 
+pytestmark = pytest.mark.timeout(240)
 
-def test_dev_once_starts_a_replica_and_gets_an_answer(llmgw_exe, clean_env, tmp_path):
-    """`llmgw dev --once` starts a sim replica, gets a chat completion from it, and leaves nothing running."""
-    port = free_port()
+
+def _llmgw_processes(marker: str) -> list[str]:
+    """Command lines of running processes that mention ``marker`` (the test's state dir)."""
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_dev_once_brings_every_replica_up_and_leaves_nothing_running(llmgw_exe, clean_env, tmp_path):
+    """`llmgw dev --once` starts server and agents, gets every sample replica ready, then stops them all."""
+    state = tmp_path / "dev"
     result = subprocess.run(
-        [llmgw_exe, "dev", "--once", "--port", str(port), "--state-dir", str(tmp_path)],
+        [
+            llmgw_exe,
+            "dev",
+            "--once",
+            "--nodes",
+            "2",
+            "--server-port",
+            str(free_port()),
+            "--state-dir",
+            str(state),
+            "--config-dir",
+            str(tmp_path / "ctl"),
+        ],
         capture_output=True,
         text=True,
         env=clean_env,
-        timeout=90,
+        timeout=200,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"ready: http://127.0.0.1:{port}/v1 serves 'llama-sim'; it answered:" in result.stdout
-    assert (tmp_path / "sim-engine.log").exists()
-    with socket.socket() as probe:
-        assert probe.connect_ex(("127.0.0.1", port)) != 0, (
-            "the sim engine still listens after llmgw dev exited"
-        )
+    assert "llmgw dev: 3 replicas ready" in result.stdout
+    assert "llmgw ctl --config-dir" in result.stdout
+    assert (tmp_path / "ctl" / "config.toml").read_text().count("server =") == 1
+    assert oct((tmp_path / "ctl" / "admin.key").stat().st_mode & 0o777) == "0o600"
+    assert _llmgw_processes(str(state)) == [], "llmgw dev left processes running"

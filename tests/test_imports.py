@@ -35,7 +35,11 @@ PUBLIC = {
     ],
     "llmgw.testing": ["make_adapters", "make_gpus", "write_fake_nvidia_smi", "write_ib_sysfs"],
     "llmgw.testing.contract": ["EngineContract", "flags_of", "command_program"],
-    "llmgw.provision": ["Provisioner", "MachineRequest"],
+    "llmgw.provision": [
+        "Provisioner", "MachineRequest", "Step", "CommandResult", "ExistingMachine", "StepFailure",
+        "ProvisionError", "MachineExistsError",
+    ],
+    "llmgw.version": ["BuildInfo", "build_info", "version_info", "version", "UNKNOWN"],
 }
 
 

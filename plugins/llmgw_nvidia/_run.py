@@ -88,8 +88,7 @@ def _locate(program: str) -> tuple[str | None, str | None]:
         return found, None
     if not os.path.exists(program):
         return None, (
-            f"nvidia-smi not found at {program}: no such file; "
-            "pass --nvidia-smi with the path of nvidia-smi"
+            f"nvidia-smi not found at {program}: no such file; pass --nvidia-smi with the path of nvidia-smi"
         )
     if os.path.isdir(program):
         return None, f"nvidia-smi not found at {program}: it is a directory, expected the program"

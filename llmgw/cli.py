@@ -108,11 +108,13 @@ def _register_optional_commands() -> None:
     cli.add_command(dev)
     from llmgw.cli_ca import ca
     from llmgw.cli_discover import discover
+    from llmgw.cli_enginecheck import engine_check
     from llmgw.ctl import register
     from llmgw.server.main import server_command
     from llmgw.version import version
 
     register(ctl)
+    ctl.add_command(engine_check)
     cli.add_command(version)
 
     cli.add_command(ca)

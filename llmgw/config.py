@@ -343,7 +343,7 @@ def _managed_flags(engine: Engine) -> frozenset[str]:
     flags: set[str] = set()
     for rank in range(widest.nnodes):
         command = engine.build_command(attrs.evolve(widest, rank=rank))
-        flags.update(a.split("=", 1)[0] for a in command.argv[1:] if a.startswith("-"))
+        flags.update(a.split("=", 1)[0] for a in engine.option_args(command) if a.startswith("-"))
     return frozenset(flags)
 
 

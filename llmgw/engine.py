@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Mapping
 from typing import ClassVar
 
 from llmgw.models import Command, LaunchSpec
@@ -69,6 +70,70 @@ class Engine(abc.ABC):
     def program_path(self, spec: LaunchSpec, program: str) -> str:
         """The path of ``program`` on the node: configured, or its bare name."""
         return spec.executables.get(program, program)
+
+    def device_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """The environment that gives a shard its GPUs and its fabric's adapters.
+
+        ``CUDA_VISIBLE_DEVICES`` lists ``spec.gpus`` (empty: no GPU at all);
+        ``NCCL_IB_HCA`` lists ``spec.adapters`` with NCCL's exact-name prefix
+        ``=``, so ``mlx5_1`` does not also select ``mlx5_10``; it is left
+        out when the replica is on no fabric.
+        """
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in spec.gpus)}
+        if spec.adapters:
+            env["NCCL_IB_HCA"] = "=" + ",".join(spec.adapters)
+        return env
+
+    # -- engine-check ------------------------------------------------------
+    # The methods below have defaults that fit an argparse program printing
+    # its whole help for ``--help``; override the ones your engine differs in.
+
+    def option_args(self, command: Command) -> tuple[str, ...]:
+        """The part of ``command.argv`` that the program's ``--help`` speaks about.
+
+        engine-check reads the flags to check from it. The default is
+        everything after ``argv[0]``; override it when the command starts
+        with another program's arguments (``python -m sglang.launch_server``).
+        """
+        return tuple(command.argv[1:])
+
+    def help_argv(self, program: str) -> tuple[str, ...]:
+        """The arguments that make ``program`` print its full help.
+
+        engine-check ``--binary`` and the agent run ``PATH *help_argv``.
+        The default is ``("--help",)``.
+        """
+        return ("--help",)
+
+    def help_env(self, program: str) -> Mapping[str, str]:
+        """Environment variables the help command of ``program`` needs, added to the caller's.
+
+        The default adds none.
+        """
+        return {}
+
+    def help_warnings(self, program: str, text: str) -> list[str]:
+        """Signs, known to this engine, that ``text`` is not the full help of ``program``.
+
+        engine-check also applies its own checks (the help must define
+        ``--help``; an argparse usage line must not name flags no option line
+        defines); add here what only your engine knows, such as a section
+        its full help always ends with. The default finds none.
+
+        :returns: one sentence per problem, without the program's name
+            (engine-check puts it in front); flags reported missing from a
+            help with warnings are marked as possibly caused by them.
+        """
+        return []
+
+    def flag_features(self) -> Mapping[str, str]:
+        """Flag -> the llmgw feature that makes :meth:`build_command` emit it.
+
+        engine-check prints it next to each flag (``--nnodes``: "multi-node
+        rendezvous"), so an operator knows what a missing flag breaks. The
+        default labels none.
+        """
+        return {}
 
     def __repr__(self) -> str:
         return f"<Engine {self.name}>"

@@ -39,6 +39,11 @@ PUBLIC = {
         "Provisioner", "MachineRequest", "Step", "CommandResult", "ExistingMachine", "StepFailure",
         "ProvisionError", "MachineExistsError",
     ],
+    "llmgw.enginecheck": [
+        "ACCEPTED", "MISSING", "UNCHECKED", "PROFILE_ARGS", "CheckReport", "CollectedHelp", "FlagCheck",
+        "HelpCommandError", "HelpRun", "ProgramHelp", "check_engine", "check_installed", "collect_help",
+        "completeness_warnings", "option_flags", "run_help", "widest_commands",
+    ],
     "llmgw.version": ["BuildInfo", "build_info", "version_info", "version", "UNKNOWN"],
 }
 

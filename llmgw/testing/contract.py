@@ -26,6 +26,7 @@ import attrs
 import pytest
 
 from llmgw.engine import Engine
+from llmgw.enginecheck import check_engine, option_flags, widest_commands
 from llmgw.models import Command, LaunchSpec
 
 __all__ = ["EngineContract", "flags_of", "command_program"]
@@ -137,7 +138,7 @@ class EngineContract:
         for spec in self.ranks(widest):
             command = engine.build_command(spec)
             program = command_program(engine, spec, command)
-            for flag in flags_of(command):
+            for flag in flags_of(Command(argv=(command.argv[0], *engine.option_args(command)))):
                 if flag not in documented.get(program, frozenset()):
                     missing.append(f"rank {spec.rank} ({program}): {flag}")
         assert not missing, (
@@ -154,3 +155,102 @@ class EngineContract:
                 f"rank {spec.rank}: argv[0] {argv0!r} ignores spec.executables; "
                 "use engine.program_path(spec, PROGRAM)"
             )
+
+    # -- engine-check (llmgw.enginecheck) ------------------------------------
+    # What ``llmgw ctl engine-check`` and the agent see: the flags are read with
+    # Engine.option_args, the help with Engine.parse_help.
+
+    @staticmethod
+    def definition_lines(engine: Engine, text: str, flag: str) -> list[int]:
+        """Indices of the lines of ``text`` that define ``flag``, by the engine's own parser."""
+        return [i for i, line in enumerate(text.splitlines()) if flag in engine.parse_help(line)]
+
+    def without_flag(self, engine: Engine, text: str, flag: str) -> str:
+        """``text`` with the option lines that define ``flag`` deleted."""
+        drop = set(self.definition_lines(engine, text, flag))
+        assert drop, f"{flag} has no definition line of its own in the help; check parse_help"
+        return "".join(line for i, line in enumerate(text.splitlines(keepends=True)) if i not in drop)
+
+    def with_flag_renamed(self, engine: Engine, text: str, flag: str, new: str) -> str:
+        """``text`` with ``flag`` spelt ``new`` on the option lines that define it."""
+        spelling = re.compile(rf"(?<![\w-]){re.escape(flag)}(?![\w-])")
+        lines = text.splitlines(keepends=True)
+        for i in self.definition_lines(engine, text, flag):
+            lines[i] = spelling.sub(new, lines[i], count=1)
+        return "".join(lines)
+
+    def checked_flags(self, engine: Engine) -> list[tuple[str, str]]:
+        """``(program, flag)`` for every flag of the widest command, each once."""
+        pairs: list[tuple[str, str]] = []
+        for _, program, command in widest_commands(engine):
+            pairs += [
+                (program, f) for f in option_flags(engine.option_args(command)) if (program, f) not in pairs
+            ]
+        return pairs
+
+    def test_engine_check_passes(self, engine: Engine, help_texts: dict[str, str]) -> None:
+        """engine-check accepts every flag of the widest command against the real help, without warnings."""
+        report = check_engine(engine, help_texts)
+        assert report.ok, (
+            "engine-check rejects the real help: "
+            + "; ".join(f.describe() for f in report.missing)
+            + "; use spellings every checked version documents, or fix parse_help or option_args"
+        )
+        assert not report.warnings, (
+            f"engine-check thinks the real help is incomplete: {report.warnings}; "
+            "fix parse_help (it must find --help) or help_warnings"
+        )
+
+    def test_engine_check_names_a_removed_flag(self, engine: Engine, help_texts: dict[str, str]) -> None:
+        """A help whose definition of one flag is deleted fails engine-check, naming that flag."""
+        for program, flag in self.checked_flags(engine):
+            texts = {**help_texts, program: self.without_flag(engine, help_texts[program], flag)}
+            missing = {(f.program, f.flag) for f in check_engine(engine, texts).missing}
+            assert (program, flag) in missing, (
+                f"{program}: with {flag}'s option line deleted, engine-check did not report it missing; "
+                "parse_help must read option definition lines only, not mentions in descriptions"
+            )
+
+    def test_engine_check_names_a_flag_renamed_longer(
+        self, engine: Engine, help_texts: dict[str, str]
+    ) -> None:
+        """A flag renamed to a longer name containing it (--port -> --port-range) fails engine-check."""
+        for program, flag in self.checked_flags(engine):
+            renamed = self.with_flag_renamed(engine, help_texts[program], flag, flag + "-range")
+            missing = {
+                (f.program, f.flag) for f in check_engine(engine, {**help_texts, program: renamed}).missing
+            }
+            assert (program, flag) in missing, (
+                f"{program}: {flag} renamed {flag}-range still counts as documented; compare whole "
+                "spellings (set membership), not substrings"
+            )
+
+    def test_engine_check_warns_on_half_a_help(self, engine: Engine, help_texts: dict[str, str]) -> None:
+        """The second half of a help draws a truncation warning; flags missing from it are marked so."""
+        for program, text in help_texts.items():
+            lines = text.splitlines(keepends=True)
+            half = "".join(lines[len(lines) // 2 :])
+            report = check_engine(engine, {**help_texts, program: half})
+            assert any(w.startswith(f"{program}:") for w in report.warnings), (
+                f"{program}: the second half of its help drew no warning; parse_help must not find "
+                "--help outside its own option line"
+            )
+            assert all(f.possibly_truncated for f in report.missing if f.program == program)
+
+    def test_help_command(self, engine: Engine) -> None:
+        """Each program names the arguments and environment that make it print its full help."""
+        for program in engine.programs:
+            argv = engine.help_argv(program)
+            assert argv and all(isinstance(a, str) for a in argv), (
+                f"help_argv({program!r}) must be a non-empty tuple of strings, e.g. ('--help',)"
+            )
+            env = engine.help_env(program)
+            assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()), (
+                f"help_env({program!r}) must map strings to strings"
+            )
+
+    def test_flag_features_name_emitted_flags(self, engine: Engine) -> None:
+        """Every flag flag_features labels is one the widest command emits (no stale labels)."""
+        emitted = {flag for _, flag in self.checked_flags(engine)}
+        stale = sorted(set(engine.flag_features()) - emitted)
+        assert not stale, f"flag_features labels flags the widest command never emits: {stale}"

@@ -1,0 +1,62 @@
+"""The myengine plugin: the conformance suite, its commands, its version."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+import attrs
+import llmgw_engine_myengine
+import pytest
+from llmgw_engine_myengine import MyEngine
+
+from llmgw.plugins import get_plugin_manager
+from llmgw.testing.contract import EngineContract
+
+#: real help output, one file per program and checked version
+HELP = Path(__file__).parent / "help"
+
+
+@pytest.fixture(params=MyEngine.checked_versions)
+def version(request) -> str:
+    return request.param
+
+
+class TestMyEngineContract(EngineContract):
+    """The engine passes the conformance suite against each checked version's real help."""
+
+    @pytest.fixture
+    def engine(self):
+        return MyEngine()
+
+    @pytest.fixture
+    def help_texts(self, version):
+        return {program: (HELP / f"{program}-{version}.txt").read_text() for program in MyEngine.programs}
+
+
+class TestCommands:
+    """What the agent starts for each shard."""
+
+    def test_rank_zero_and_worker(self):
+        """Every rank joins rank 0's dist-init address; only the rank differs."""
+        engine = MyEngine()
+        spec = engine.widest_spec()
+        rank0, worker = (engine.build_command(attrs.evolve(spec, rank=r)).argv for r in (0, 1))
+        assert rank0[rank0.index("--dist-init-addr") + 1] == worker[worker.index("--dist-init-addr") + 1]
+        assert [a for a in rank0 if a != "0"] == [a for a in worker if a != "1"]
+
+    def test_gpus_and_exact_adapter_names(self):
+        """GPUs reach CUDA_VISIBLE_DEVICES; adapters reach NCCL_IB_HCA as exact names."""
+        env = MyEngine().build_command(MyEngine().widest_spec()).env
+        assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}
+
+
+def test_registered_through_the_entry_point():
+    """The installed distribution's entry point registers the engine."""
+    record = get_plugin_manager().engines()["myengine"]
+    assert record.distribution == "llmgw-engine-myengine"
+
+
+def test_version():
+    """__version__ matches the installed distribution's metadata."""
+    assert llmgw_engine_myengine.__version__ == metadata.version("llmgw-engine-myengine")

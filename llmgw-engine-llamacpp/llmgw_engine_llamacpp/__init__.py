@@ -1,0 +1,157 @@
+"""llmgw-engine-llamacpp: the llmgw plugin for llama.cpp.
+
+It registers :class:`LlamaCppEngine`. One node runs ``llama-server``. A replica
+on several nodes runs, as llama.cpp's RPC guide has it, llama.cpp's RPC worker
+on every other node (``rpc-server``; named ``ggml-rpc-server`` in newer
+builds, so its path comes from the agent's configuration) and ``llama-server``
+on rank 0 with ``--rpc`` listing the workers: rank 0 dials them, so the
+workers must be up first, and no dist-init address is used.
+
+Readiness is rank 0's ``/health`` (503 while the model loads, then 200). A lost
+worker does not show there: the head aborts (SIGABRT) at its next decode, and a
+hung worker makes requests hang while ``/health`` still answers 200.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from importlib import metadata
+
+import llmgw
+from llmgw.engine import Engine
+from llmgw.models import Command, LaunchSpec
+from llmgw_engine_llamacpp.helptext import parse_llamacpp_help
+
+__all__ = ["LlamaCppEngine", "__version__", "parse_llamacpp_help", "worker_addresses"]
+
+try:
+    __version__ = metadata.version("llmgw-engine-llamacpp")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+SERVER = "llama-server"
+#: the RPC worker's role; the agent's configuration gives its path (rpc-server or ggml-rpc-server)
+WORKER = "rpc-server"
+#: more layers than any model has: offload them all to the GPUs and RPC workers
+ALL_LAYERS = "999"
+#: ggml attaches gdb to print a backtrace on abort, delaying a lost worker's
+#: head exit by up to a second; llmgw wants the exit at once
+ENV = {"GGML_NO_BACKTRACE": "1"}
+
+_FEATURES = {
+    "-m": "model source",
+    "--alias": "served model name",
+    "--host": "listen address (llama-server: HTTP; rpc-server: the RPC rank 0 dials)",
+    "--port": "listen address (llama-server: HTTP; rpc-server: the RPC rank 0 dials)",
+    "-ngl": "offload to GPUs and RPC workers",
+    "--rpc": "multi-node: the workers rank 0 dials",
+}
+_SECTION_END = "----- example-specific params -----"
+_WORKER_USAGE = re.compile(r"^Usage: \S*rpc-server", re.MULTILINE)
+
+
+def worker_addresses(spec: LaunchSpec) -> list[str]:
+    """The ``host:port`` of every worker of ``spec``'s replica, in rank order.
+
+    ``spec.peer_addrs`` holds every rank's address (rank 0's first), or only
+    the other ranks'; both are understood.
+
+    :raises ValueError: it holds neither ``nnodes`` nor ``nnodes - 1`` addresses.
+    """
+    peers = list(spec.peer_addrs)
+    if len(peers) == spec.nnodes:
+        return peers[1:]
+    if len(peers) == spec.nnodes - 1:
+        return peers
+    raise ValueError(
+        f"llama.cpp rank 0 dials its {spec.nnodes - 1} workers: peer_addrs must give their "
+        f"host:port, got {peers}"
+    )
+
+
+class LlamaCppEngine(Engine):
+    """Builds ``llama-server`` commands, and the RPC worker's on the other ranks."""
+
+    name = "llamacpp"
+    #: llama.cpp commits whose help documents every flag used here (0c1e570 is release b11312)
+    checked_versions = ("4227c9b", "0c1e570")
+    multi_node = True
+    health_path = "/health"
+    programs = (SERVER, WORKER)
+
+    def build_command(self, spec: LaunchSpec) -> Command:
+        """Build the command of one shard.
+
+        Rank 0: ``llama-server -m MODEL --alias NAME --host --port -ngl N``,
+        ``--rpc`` with every worker's address when there are several nodes,
+        then the profile's args. ``-ngl`` offloads every layer when there are
+        GPUs or workers, none on a lone CPU node. A worker:
+        ``rpc-server --host --port`` on its own address, the one rank 0 dials
+        (the profile's args are ``llama-server``'s, not the worker's).
+        """
+        env = {**self.device_env(spec), **ENV}
+        if spec.rank > 0:
+            argv = [self.program_path(spec, WORKER), "--host", spec.host, "--port", str(spec.port)]
+            return Command(argv=argv, env=env)
+        workers = worker_addresses(spec) if spec.nnodes > 1 else []
+        argv = [
+            self.program_path(spec, SERVER),
+            "-m",
+            spec.model_source,
+            "--alias",
+            spec.served_name,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "-ngl",
+            ALL_LAYERS if spec.gpus or workers else "0",
+        ]
+        if workers:
+            argv += ["--rpc", ",".join(workers)]
+        argv += spec.extra_args
+        return Command(argv=argv, env=env)
+
+    def widest_spec(self) -> LaunchSpec:
+        """Rank 0 and two RPC workers, each on its own node."""
+        return LaunchSpec(
+            model_source="/models/example.gguf",
+            served_name="example",
+            host="10.0.0.1",
+            port=8080,
+            gpus=(0,),
+            rank=0,
+            nnodes=3,
+            dist_init_addr="10.0.0.1:29500",
+            peer_addrs=("10.0.0.1:8080", "10.0.0.2:50052", "10.0.0.3:50052"),
+            adapters=("mlx5_0", "mlx5_1"),
+        )
+
+    def parse_help(self, text: str) -> frozenset[str]:
+        """The flags a llama.cpp help documents (see :func:`parse_llamacpp_help`)."""
+        return parse_llamacpp_help(text)
+
+    def help_warnings(self, program: str, text: str) -> list[str]:
+        """One program's help given for the other, or a ``llama-server`` help missing its last section."""
+        if program == SERVER:
+            if _WORKER_USAGE.search(text):
+                return ["it is the RPC worker's help, not llama-server's"]
+            if _SECTION_END not in text:
+                return [
+                    f"it lacks the `{_SECTION_END}` section every llama-server help has "
+                    "(with --host, --port and --alias), so it looks cut short"
+                ]
+        elif "----- common params -----" in text:
+            return ["it is llama-server's help, not the RPC worker's"]
+        return []
+
+    def flag_features(self) -> Mapping[str, str]:
+        """What each flag this engine emits is for."""
+        return _FEATURES
+
+
+@llmgw.hookimpl
+def llmgw_register_engines() -> list[Engine]:
+    """Register the llama.cpp engine, ``engine: llamacpp`` in a catalog."""
+    return [LlamaCppEngine()]

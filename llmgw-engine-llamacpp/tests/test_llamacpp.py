@@ -1,0 +1,277 @@
+"""The llama.cpp plugin: commands from launch specs, help parsing, engine-check on real help texts."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import attrs
+import llmgw_engine_llamacpp
+import pytest
+from llmgw_engine_llamacpp import LlamaCppEngine, parse_llamacpp_help, worker_addresses
+
+from llmgw.enginecheck import check_engine
+from llmgw.models import LaunchSpec
+from llmgw.plugins import get_plugin_manager
+from llmgw.testing.contract import EngineContract
+
+VERSIONS = LlamaCppEngine.checked_versions
+
+
+def help_files(help_dir, version: str) -> dict[str, str]:
+    """Program -> its saved help at one llama.cpp commit."""
+    return {
+        "llama-server": (help_dir / f"llamacpp-{version}-llama-server.txt").read_text(),
+        "rpc-server": (help_dir / f"llamacpp-{version}-rpc-server.txt").read_text(),
+    }
+
+
+@pytest.fixture(params=VERSIONS)
+def version(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def real_helps(help_dir, version) -> dict[str, str]:
+    return help_files(help_dir, version)
+
+
+class TestLlamaCppContract(EngineContract):
+    """The llama.cpp engine passes the conformance suite against each checked commit's real help."""
+
+    @pytest.fixture
+    def engine(self):
+        return LlamaCppEngine()
+
+    @pytest.fixture
+    def help_texts(self, real_helps):
+        return real_helps
+
+
+SPEC = LaunchSpec(
+    model_source="/models/llama-3.1-8b.Q4_K_M.gguf",
+    served_name="llama-8b",
+    host="10.0.0.5",
+    port=20001,
+    gpus=(2, 3),
+    rank=0,
+    nnodes=3,
+    dist_init_addr="10.0.0.5:20002",
+    peer_addrs=("10.0.0.5:20001", "10.0.0.6:20011", "10.0.0.7:20021"),
+    adapters=("mlx5_1", "mlx5_10"),
+    extra_args=("-np", "4", "--metrics"),
+    executables={
+        "llama-server": "/opt/llama/bin/llama-server",
+        "rpc-server": "/opt/llama/bin/ggml-rpc-server",
+    },
+)
+
+
+def value(argv, flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def rank(r: int, **changes) -> LaunchSpec:
+    """SPEC as rank ``r``, on that rank's own address from peer_addrs."""
+    host, port = SPEC.peer_addrs[r].split(":")
+    return attrs.evolve(SPEC, rank=r, host=host, port=int(port), **changes)
+
+
+class TestCommands:
+    """What the agent starts for each shard, as llama.cpp's RPC guide has it."""
+
+    def test_single_node_on_gpus(self):
+        """One node: llama-server with the model, alias, address and every layer on the GPUs."""
+        spec = attrs.evolve(SPEC, nnodes=1, dist_init_addr=None, peer_addrs=(), adapters=())
+        command = LlamaCppEngine().build_command(spec)
+        assert command.argv == (
+            "/opt/llama/bin/llama-server",
+            "-m",
+            "/models/llama-3.1-8b.Q4_K_M.gguf",
+            "--alias",
+            "llama-8b",
+            "--host",
+            "10.0.0.5",
+            "--port",
+            "20001",
+            "-ngl",
+            "999",
+            "-np",
+            "4",
+            "--metrics",
+        )
+        assert command.env == {"CUDA_VISIBLE_DEVICES": "2,3", "GGML_NO_BACKTRACE": "1"}
+
+    def test_single_node_on_cpu(self):
+        """No GPUs: no layer offloaded, and no GPU visible."""
+        spec = attrs.evolve(SPEC, nnodes=1, dist_init_addr=None, peer_addrs=(), adapters=(), gpus=())
+        command = LlamaCppEngine().build_command(spec)
+        assert value(command.argv, "-ngl") == "0"
+        assert command.env["CUDA_VISIBLE_DEVICES"] == ""
+
+    def test_rank_zero_dials_every_worker(self):
+        """Rank 0 is llama-server with --rpc listing the workers' addresses in rank order."""
+        argv = LlamaCppEngine().build_command(SPEC).argv
+        assert argv[0] == "/opt/llama/bin/llama-server"
+        assert value(argv, "--rpc") == "10.0.0.6:20011,10.0.0.7:20021"
+        assert value(argv, "-ngl") == "999"
+        assert argv[-3:] == ("-np", "4", "--metrics")
+
+    def test_workers_bind_what_rank_zero_dials(self):
+        """Each worker runs the configured RPC worker on its own host:port, the address rank 0 dials."""
+        engine = LlamaCppEngine()
+        dialled = value(engine.build_command(SPEC).argv, "--rpc").split(",")
+        for r in (1, 2):
+            command = engine.build_command(rank(r))
+            assert command.argv[0] == "/opt/llama/bin/ggml-rpc-server"
+            assert f"{value(command.argv, '--host')}:{value(command.argv, '--port')}" == dialled[r - 1]
+            assert "-np" not in command.argv, "profile args are llama-server's, not the worker's"
+
+    def test_rank_zero_on_cpu_still_offloads_to_workers(self):
+        """A CPU-only rank 0 still offloads every layer: its workers are RPC devices."""
+        command = LlamaCppEngine().build_command(attrs.evolve(SPEC, gpus=()))
+        assert value(command.argv, "-ngl") == "999"
+
+    def test_peer_addrs_of_the_other_ranks_only(self):
+        """peer_addrs holding only the workers' addresses gives the same --rpc."""
+        spec = attrs.evolve(SPEC, peer_addrs=SPEC.peer_addrs[1:])
+        assert worker_addresses(spec) == worker_addresses(SPEC) == ["10.0.0.6:20011", "10.0.0.7:20021"]
+
+    def test_missing_worker_addresses(self):
+        """Rank 0 of a multi-node replica without its workers' addresses is refused."""
+        with pytest.raises(ValueError, match="peer_addrs must give"):
+            LlamaCppEngine().build_command(attrs.evolve(SPEC, peer_addrs=()))
+
+    def test_gpus_and_exact_adapter_names(self):
+        """Every rank's GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters NCCL_IB_HCA, exactly."""
+        for r in range(3):
+            env = LlamaCppEngine().build_command(rank(r)).env
+            assert env == {
+                "CUDA_VISIBLE_DEVICES": "2,3",
+                "NCCL_IB_HCA": "=mlx5_1,mlx5_10",
+                "GGML_NO_BACKTRACE": "1",
+            }
+
+    def test_worker_path_defaults_to_the_role_name(self):
+        """Without a configured path the worker is looked up on PATH as rpc-server."""
+        command = LlamaCppEngine().build_command(rank(1, executables={}))
+        assert command.argv[0] == "rpc-server"
+
+
+class TestHelpParsing:
+    """parse_help reads llama.cpp's own help format."""
+
+    def test_server_spellings(self, real_helps):
+        """Short and long forms, aliases and ``[on|off|auto]`` metavars."""
+        flags = parse_llamacpp_help(real_helps["llama-server"])
+        assert {
+            "-m",
+            "--model",
+            "-a",
+            "--alias",
+            "--host",
+            "--port",
+            "-ngl",
+            "--gpu-layers",
+            "--n-gpu-layers",
+            "--rpc",
+            "-np",
+            "--parallel",
+            "--metrics",
+            "-fa",
+            "--flash-attn",
+            "-h",
+            "--help",
+            "--usage",
+        } <= flags
+
+    def test_worker_spellings(self, real_helps):
+        """The RPC worker takes -H/--host and -p/--port in both layouts of its help."""
+        assert {"-H", "--host", "-p", "--port", "-h", "--help", "-d", "--device"} <= parse_llamacpp_help(
+            real_helps["rpc-server"]
+        )
+
+    def test_removed_flags_are_not_documented(self, help_dir):
+        """A flag listed with "the argument has been removed" is not documented; before that it was."""
+        old = parse_llamacpp_help(help_files(help_dir, "4227c9b")["llama-server"])
+        new_text = help_files(help_dir, "0c1e570")["llama-server"]
+        assert "--draft, --draft-n, --draft-max N       the argument has been removed" in new_text
+        new = parse_llamacpp_help(new_text)
+        assert {"--draft", "--draft-n", "--draft-max", "--draft-min"} <= old
+        assert not {"--draft", "--draft-n", "--draft-max", "--draft-min", "--spec-ngram-size-n"} & new
+
+    def test_renames_between_the_checked_commits(self, help_dir):
+        """--no-mmap and --mlock gave way to --load-mode; the help's own record of the renames."""
+        old = parse_llamacpp_help(help_files(help_dir, "4227c9b")["llama-server"])
+        new = parse_llamacpp_help(help_files(help_dir, "0c1e570")["llama-server"])
+        assert {"--no-mmap", "--mlock"} <= old and not {"--no-mmap", "--mlock"} & new
+        assert "--load-mode" in new and "--load-mode" not in old
+
+    def test_section_titles_define_nothing(self):
+        """``----- common params -----`` is a title, and description lines define nothing."""
+        text = (
+            "----- common params -----\n\n"
+            "--rpc SERVERS                           comma-separated list of RPC servers\n"
+            "                                        --port is not defined here\n"
+        )
+        assert parse_llamacpp_help(text) == {"--rpc"}
+
+
+class TestEngineCheck:
+    """engine-check on real llama.cpp help: one help per program."""
+
+    def test_passes_on_each_checked_commit(self, real_helps):
+        """Every flag of rank 0 and the workers is documented, and each help looks complete."""
+        report = check_engine(LlamaCppEngine(), real_helps)
+        assert report.ok and not report.warnings
+        assert {(f.program, f.flag) for f in report.flags} == {
+            ("llama-server", "-m"),
+            ("llama-server", "--alias"),
+            ("llama-server", "--host"),
+            ("llama-server", "--port"),
+            ("llama-server", "-ngl"),
+            ("llama-server", "--rpc"),
+            ("rpc-server", "--host"),
+            ("rpc-server", "--port"),
+        }
+
+    def test_rpc_renamed_longer(self, real_helps):
+        """--rpc renamed --rpc-servers on its option line is named missing."""
+        server = real_helps["llama-server"]
+        renamed = server.replace("\n--rpc SERVERS ", "\n--rpc-servers SERVERS ", 1)
+        assert renamed != server
+        report = check_engine(LlamaCppEngine(), {**real_helps, "llama-server": renamed})
+        assert [(f.program, f.flag, f.possibly_truncated) for f in report.missing] == [
+            ("llama-server", "--rpc", False)
+        ]
+
+    def test_helps_swapped(self, real_helps):
+        """The worker's help given for llama-server (and back) is called out, and flags go missing."""
+        swapped = {"llama-server": real_helps["rpc-server"], "rpc-server": real_helps["llama-server"]}
+        report = check_engine(LlamaCppEngine(), swapped)
+        assert any("the RPC worker's help, not llama-server's" in w for w in report.warnings)
+        assert any("llama-server's help, not the RPC worker's" in w for w in report.warnings)
+        # (4227c9b's worker takes -m too: its memory size, not a model)
+        assert {f.flag for f in report.missing} >= {"--alias", "-ngl", "--rpc"}
+
+    @pytest.mark.parametrize("half", ["first", "second"])
+    def test_half_a_server_help_looks_truncated(self, real_helps, half):
+        """Either half of llama-server's help draws a truncation warning; what it lacks is marked."""
+        lines = real_helps["llama-server"].splitlines(keepends=True)
+        cut = len(lines) // 2
+        text = "".join(lines[:cut] if half == "first" else lines[cut:])
+        report = check_engine(LlamaCppEngine(), {**real_helps, "llama-server": text})
+        assert any(w.startswith("llama-server:") for w in report.warnings)
+        assert report.missing and all(f.possibly_truncated for f in report.missing)
+
+
+def test_registered_through_the_entry_point():
+    """The installed distribution's entry point registers the llama.cpp engine."""
+    record = get_plugin_manager().engines()["llamacpp"]
+    assert record.distribution == "llmgw-engine-llamacpp"
+    assert isinstance(record.engine, LlamaCppEngine)
+    assert record.engine.programs == ("llama-server", "rpc-server")
+
+
+def test_version():
+    """__version__ matches the installed distribution's metadata."""
+    assert llmgw_engine_llamacpp.__version__ == metadata.version("llmgw-engine-llamacpp")

@@ -1,0 +1,122 @@
+"""llmgw-engine-sglang: the llmgw plugin for SGLang.
+
+It registers :class:`SglangEngine`, which builds ``python -m
+sglang.launch_server`` commands for one node, or for every rank of a replica
+spanning several nodes as SGLang's multi-node deployment guide has it: the same
+command on each node with ``--nnodes``, ``--node-rank`` and rank 0's
+``--dist-init-addr``, and ``--tp-size`` counting the GPUs of every node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import metadata
+
+import llmgw
+from llmgw.engine import Engine
+from llmgw.models import Command, LaunchSpec
+
+__all__ = ["SglangEngine", "__version__"]
+
+try:
+    __version__ = metadata.version("llmgw-engine-sglang")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+#: the interpreter's arguments before SGLang's own: the entry point of every checked
+#: version (0.5.23 recommends ``sglang serve`` and warns about this one, which still works)
+MODULE = ("-m", "sglang.launch_server")
+
+_FEATURES = {
+    "--model-path": "model source",
+    "--served-model-name": "served model name",
+    "--host": "HTTP address (on workers: their health endpoint)",
+    "--port": "HTTP address (on workers: their health endpoint)",
+    "--tp-size": "GPUs of the replica (tensor parallelism)",
+    "--nnodes": "multi-node rendezvous",
+    "--node-rank": "multi-node rendezvous",
+    "--dist-init-addr": "multi-node rendezvous",
+}
+
+
+class SglangEngine(Engine):
+    """Builds ``python -m sglang.launch_server`` commands: single-node, rank 0, and workers."""
+
+    name = "sglang"
+    #: SGLang releases whose launch_server help documents every flag used here
+    checked_versions = ("0.5.3", "0.5.23")
+    multi_node = True
+    #: 503 while the server starts; then 200 only when a one-token generation
+    #: succeeds (unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off)
+    health_path = "/health"
+    #: the Python interpreter of SGLang's environment
+    programs = ("python",)
+
+    def build_command(self, spec: LaunchSpec) -> Command:
+        """Build the ``sglang.launch_server`` command of one shard.
+
+        Every rank gets the same command but for ``--node-rank`` and its own
+        ``--host``/``--port``: rank 0 serves the API there, a worker only a
+        health endpoint (SGLang's dummy health server on non-zero ranks).
+        ``--tp-size`` is the GPUs of one node times the nodes; several nodes
+        add ``--nnodes``, ``--node-rank`` and rank 0's ``--dist-init-addr``.
+        The profile's args come last, on every rank.
+        """
+        tp_size = max(len(spec.gpus), 1) * spec.nnodes
+        argv = [
+            self.program_path(spec, "python"),
+            *MODULE,
+            "--model-path",
+            spec.model_source,
+            "--served-model-name",
+            spec.served_name,
+            "--host",
+            spec.host,
+            "--port",
+            str(spec.port),
+            "--tp-size",
+            str(tp_size),
+        ]
+        if spec.nnodes > 1:
+            argv += [
+                "--nnodes",
+                str(spec.nnodes),
+                "--node-rank",
+                str(spec.rank),
+                "--dist-init-addr",
+                str(spec.dist_init_addr),
+            ]
+        argv += spec.extra_args
+        return Command(argv=argv, env=self.device_env(spec))
+
+    def widest_spec(self) -> LaunchSpec:
+        """Three nodes of two GPUs on a fabric: every flag this engine emits."""
+        return LaunchSpec(
+            model_source="/models/example",
+            served_name="example",
+            host="10.0.0.1",
+            port=30000,
+            gpus=(0, 1),
+            rank=0,
+            nnodes=3,
+            dist_init_addr="10.0.0.1:20000",
+            adapters=("mlx5_0", "mlx5_1"),
+        )
+
+    def option_args(self, command: Command) -> tuple[str, ...]:
+        """The arguments after ``python -m sglang.launch_server``: the ones SGLang's help documents."""
+        return tuple(command.argv[1 + len(MODULE) :])
+
+    def help_argv(self, program: str) -> tuple[str, ...]:
+        """``python -m sglang.launch_server --help``."""
+        return (*MODULE, "--help")
+
+    def flag_features(self) -> Mapping[str, str]:
+        """What each flag this engine emits is for."""
+        return _FEATURES
+
+
+@llmgw.hookimpl
+def llmgw_register_engines() -> list[Engine]:
+    """Register the SGLang engine, ``engine: sglang`` in a catalog."""
+    return [SglangEngine()]

@@ -1,0 +1,157 @@
+"""llmgw-engine-vllm: the llmgw plugin for vLLM.
+
+It registers :class:`VllmEngine`, which builds ``vllm serve`` commands: one
+node, or every rank of a replica spanning several nodes without Ray, as vLLM's
+"Parallelism and Scaling" guide describes it (``--nnodes``, ``--node-rank``,
+``--master-addr``, ``--master-port``; ``--headless`` on the workers). Tensor
+parallelism spans the GPUs of one node and each node is a pipeline stage.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from importlib import metadata
+
+import llmgw
+from llmgw.engine import Engine, parse_argparse_flags
+from llmgw.models import Command, LaunchSpec
+
+__all__ = ["VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
+
+try:
+    __version__ = metadata.version("llmgw-engine-vllm")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+#: ``vllm serve --help=all`` ends with this note on JSON arguments, whose
+#: example lines (``   --json-arg.key1 value1``) are not option definitions.
+JSON_EPILOG = "When passing JSON CLI arguments"
+_EPILOG_LINE = re.compile(rf"^{JSON_EPILOG}", re.MULTILINE)
+_SUMMARY = re.compile(r"^Config Groups:", re.MULTILINE)
+
+_FEATURES = {
+    "--served-model-name": "served model name",
+    "--host": "HTTP address",
+    "--port": "HTTP address",
+    "--tensor-parallel-size": "GPUs of a node (tensor parallelism)",
+    "--pipeline-parallel-size": "one pipeline stage per node",
+    "--distributed-executor-backend": "multi-node without Ray",
+    "--nnodes": "multi-node rendezvous",
+    "--node-rank": "multi-node rendezvous",
+    "--master-addr": "multi-node rendezvous",
+    "--master-port": "multi-node rendezvous",
+    "--headless": "multi-node workers (no API server)",
+}
+
+
+def split_host_port(address: str) -> tuple[str, str]:
+    """``"HOST:PORT"`` (or ``"[v6]:PORT"``) as ``(host, port)``, brackets removed."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host.removeprefix("[").removesuffix("]"), port
+
+
+def parse_vllm_help(text: str) -> frozenset[str]:
+    """The flags ``vllm serve --help=all`` documents, from option definition lines only.
+
+    The help is argparse's, grouped by config class; the note on JSON
+    arguments at its end shows example command lines, which define nothing.
+    """
+    match = _EPILOG_LINE.search(text)
+    return parse_argparse_flags(text[: match.start()] if match else text)
+
+
+class VllmEngine(Engine):
+    """Builds ``vllm serve`` commands: single-node, rank 0, and headless workers."""
+
+    name = "vllm"
+    #: vLLM releases whose ``vllm serve --help=all`` documents every flag used here
+    checked_versions = ("0.33.0", "0.34.0")
+    multi_node = True
+    #: 200 once the engine serves; vLLM's API server binds it only after the model loaded
+    health_path = "/health"
+    programs = ("vllm",)
+
+    def build_command(self, spec: LaunchSpec) -> Command:
+        """Build the ``vllm serve`` command of one shard.
+
+        Every rank: the model, ``--tensor-parallel-size`` = the node's GPUs and
+        the profile's args. Rank 0 also serves HTTP on ``spec.host:spec.port``
+        under the served name. Several nodes: ``--pipeline-parallel-size`` =
+        ``nnodes``, the multiprocessing backend, the node's rank and rank 0's
+        ``dist_init_addr`` as ``--master-addr``/``--master-port`` on every rank,
+        and ``--headless`` on the workers, which serve no API.
+        """
+        argv = [self.program_path(spec, "vllm"), "serve", spec.model_source]
+        if spec.rank == 0:
+            argv += ["--served-model-name", spec.served_name, "--host", spec.host, "--port", str(spec.port)]
+        argv += ["--tensor-parallel-size", str(max(len(spec.gpus), 1))]
+        if spec.nnodes > 1:
+            master_addr, master_port = split_host_port(str(spec.dist_init_addr))
+            argv += [
+                "--pipeline-parallel-size",
+                str(spec.nnodes),
+                "--distributed-executor-backend",
+                "mp",
+                "--nnodes",
+                str(spec.nnodes),
+                "--node-rank",
+                str(spec.rank),
+                "--master-addr",
+                master_addr,
+                "--master-port",
+                master_port,
+            ]
+            if spec.rank > 0:
+                argv.append("--headless")
+        argv += spec.extra_args
+        return Command(argv=argv, env=self.device_env(spec))
+
+    def widest_spec(self) -> LaunchSpec:
+        """Three nodes of two GPUs on a fabric: rank 0 and two headless workers."""
+        return LaunchSpec(
+            model_source="/models/example",
+            served_name="example",
+            host="10.0.0.1",
+            port=8000,
+            gpus=(0, 1),
+            rank=0,
+            nnodes=3,
+            dist_init_addr="10.0.0.1:29500",
+            adapters=("mlx5_0", "mlx5_1"),
+        )
+
+    def parse_help(self, text: str) -> frozenset[str]:
+        """The flags ``vllm serve --help=all`` documents (see :func:`parse_vllm_help`)."""
+        return parse_vllm_help(text)
+
+    def help_argv(self, program: str) -> tuple[str, ...]:
+        """``vllm serve --help=all``: plain ``--help`` prints only a summary of the groups."""
+        return ("serve", "--help=all")
+
+    def help_env(self, program: str) -> Mapping[str, str]:
+        """``VLLM_TARGET_DEVICE=cpu``: without it vLLM's help exits 1 on a machine with no GPU."""
+        return {"VLLM_TARGET_DEVICE": "cpu"}
+
+    def help_warnings(self, program: str, text: str) -> list[str]:
+        """The summary of plain ``--help``, or a ``--help=all`` without its closing note."""
+        if _SUMMARY.search(text):
+            return ["it is the summary `vllm serve --help` prints, not `vllm serve --help=all`"]
+        if not _EPILOG_LINE.search(text):
+            return [
+                "it lacks the note on JSON arguments that `vllm serve --help=all` ends with, "
+                "so it looks cut short"
+            ]
+        return []
+
+    def flag_features(self) -> Mapping[str, str]:
+        """What each flag this engine emits is for."""
+        return _FEATURES
+
+
+@llmgw.hookimpl
+def llmgw_register_engines() -> list[Engine]:
+    """Register the vLLM engine, ``engine: vllm`` in a catalog."""
+    return [VllmEngine()]

@@ -1,0 +1,261 @@
+"""The vLLM plugin: commands from launch specs, help parsing, engine-check on real help texts."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import attrs
+import llmgw_engine_vllm
+import pytest
+from llmgw_engine_vllm import VllmEngine, split_host_port
+
+from llmgw.enginecheck import check_engine
+from llmgw.models import LaunchSpec
+from llmgw.plugins import get_plugin_manager
+from llmgw.testing.contract import EngineContract
+
+VERSIONS = VllmEngine.checked_versions
+
+
+def read_help(help_dir, name: str) -> str:
+    """One saved help text, by file name (``vllm-0.34.0-serve.txt``, ``lacking/...``)."""
+    return (help_dir / name).read_text()
+
+
+@pytest.fixture(params=VERSIONS)
+def version(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def real_help(help_dir, version) -> str:
+    """``vllm serve --help=all`` of one checked version."""
+    return read_help(help_dir, f"vllm-{version}-serve.txt")
+
+
+class TestVllmContract(EngineContract):
+    """The vLLM engine passes the conformance suite against each checked version's real help."""
+
+    @pytest.fixture
+    def engine(self):
+        return VllmEngine()
+
+    @pytest.fixture
+    def help_texts(self, real_help):
+        return {"vllm": real_help}
+
+
+SPEC = LaunchSpec(
+    model_source="/models/llama-3.1-70b",
+    served_name="llama-70b",
+    host="10.0.0.5",
+    port=20001,
+    gpus=(4, 5, 6, 7),
+    rank=0,
+    nnodes=2,
+    dist_init_addr="10.0.0.5:20002",
+    adapters=("mlx5_1", "mlx5_10"),
+    extra_args=("--max-model-len", "32768"),
+    executables={"vllm": "/opt/vllm/bin/vllm"},
+)
+
+
+def value(argv, flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+class TestCommands:
+    """What the agent starts for each shard, as vLLM's multi-node guide (without Ray) has it."""
+
+    def test_single_node(self):
+        """One node: serve the model under its name on host:port, tensor parallel over the node's GPUs."""
+        spec = attrs.evolve(SPEC, nnodes=1, dist_init_addr=None, adapters=())
+        command = VllmEngine().build_command(spec)
+        assert command.argv == (
+            "/opt/vllm/bin/vllm",
+            "serve",
+            "/models/llama-3.1-70b",
+            "--served-model-name",
+            "llama-70b",
+            "--host",
+            "10.0.0.5",
+            "--port",
+            "20001",
+            "--tensor-parallel-size",
+            "4",
+            "--max-model-len",
+            "32768",
+        )
+        assert command.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+
+    def test_rank_zero(self):
+        """Rank 0 serves the API and leads: pipeline stage per node, --node-rank 0, the master address."""
+        argv = VllmEngine().build_command(SPEC).argv
+        assert argv == (
+            "/opt/vllm/bin/vllm",
+            "serve",
+            "/models/llama-3.1-70b",
+            "--served-model-name",
+            "llama-70b",
+            "--host",
+            "10.0.0.5",
+            "--port",
+            "20001",
+            "--tensor-parallel-size",
+            "4",
+            "--pipeline-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "mp",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "10.0.0.5",
+            "--master-port",
+            "20002",
+            "--max-model-len",
+            "32768",
+        )
+
+    def test_worker_is_headless(self):
+        """A worker runs the same model and parallelism with its rank and --headless, and serves no API."""
+        argv = VllmEngine().build_command(attrs.evolve(SPEC, rank=1, host="10.0.0.6")).argv
+        assert argv[:3] == ("/opt/vllm/bin/vllm", "serve", "/models/llama-3.1-70b")
+        assert "--headless" in argv
+        assert value(argv, "--node-rank") == "1"
+        assert not {"--host", "--port", "--served-model-name"} & set(argv)
+        assert argv[-2:] == ("--max-model-len", "32768"), "profile args reach every rank"
+
+    def test_every_rank_joins_the_same_master(self):
+        """Every rank gets rank 0's dist-init address as --master-addr/--master-port, and the same sizes."""
+        engine = VllmEngine()
+        ranks = [engine.build_command(attrs.evolve(SPEC, nnodes=3, rank=r)).argv for r in range(3)]
+        for argv in ranks:
+            assert (value(argv, "--master-addr"), value(argv, "--master-port")) == ("10.0.0.5", "20002")
+            assert value(argv, "--nnodes") == "3"
+            assert value(argv, "--pipeline-parallel-size") == "3"
+            assert value(argv, "--tensor-parallel-size") == "4"
+        assert [value(argv, "--node-rank") for argv in ranks] == ["0", "1", "2"]
+        assert ["--headless" in argv for argv in ranks] == [False, True, True]
+
+    def test_gpus_and_exact_adapter_names(self):
+        """GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters reach NCCL_IB_HCA as exact names."""
+        for rank in (0, 1):
+            env = VllmEngine().build_command(attrs.evolve(SPEC, rank=rank)).env
+            assert env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "NCCL_IB_HCA": "=mlx5_1,mlx5_10"}
+
+    def test_ipv6_master_address(self):
+        """An IPv6 dist-init address loses its brackets in --master-addr."""
+        argv = VllmEngine().build_command(attrs.evolve(SPEC, dist_init_addr="[fd00::5]:20002")).argv
+        assert (value(argv, "--master-addr"), value(argv, "--master-port")) == ("fd00::5", "20002")
+
+    @pytest.mark.parametrize("address", ["10.0.0.5", "10.0.0.5:", ":20002", "host:port"])
+    def test_bad_dist_init_address(self, address):
+        """A dist-init address without HOST:PORT is refused."""
+        with pytest.raises(ValueError, match="expected HOST:PORT"):
+            split_host_port(address)
+
+
+class TestHelpParsing:
+    """parse_help reads option definition lines of ``vllm serve --help=all`` only."""
+
+    def test_documents_the_multi_node_flags(self, real_help):
+        """Long and short spellings of the flags llmgw relies on are found."""
+        flags = VllmEngine().parse_help(real_help)
+        assert {
+            "--nnodes",
+            "-n",
+            "--node-rank",
+            "-r",
+            "--master-addr",
+            "--master-port",
+            "--headless",
+            "--tensor-parallel-size",
+            "-tp",
+            "--pipeline-parallel-size",
+            "-pp",
+            "--enable-log-requests",
+            "--disable-log-requests",
+            "-h",
+            "--help",
+        } <= flags
+
+    def test_json_note_defines_nothing(self, real_help):
+        """The example lines of the closing note on JSON arguments are not options."""
+        assert "   --json-arg.key1 value1" in real_help
+        assert not {f for f in VllmEngine().parse_help(real_help) if f.startswith("--json-arg")}
+
+    def test_newer_release_only_adds_flags(self, help_dir):
+        """0.34.0 documents every flag 0.33.0 does (the README says it adds 9, removes none)."""
+        old, new = (VllmEngine().parse_help(read_help(help_dir, f"vllm-{v}-serve.txt")) for v in VERSIONS)
+        assert old <= new
+
+
+class TestEngineCheck:
+    """engine-check on real vLLM help, and on real help that must not pass."""
+
+    def test_passes_on_each_checked_version(self, real_help):
+        """Every flag of every rank is documented, and the help looks complete."""
+        report = check_engine(VllmEngine(), {"vllm": real_help})
+        assert report.ok and not report.warnings
+        assert {f.flag for f in report.flags} >= {"--nnodes", "--headless", "--master-port"}
+
+    def test_vllm_0_11_0_lacks_multi_node_without_ray(self, help_dir):
+        """0.11.0 (before 0.11.1) lacks --nnodes, --node-rank, --master-addr, --master-port: named missing."""
+        report = check_engine(VllmEngine(), {"vllm": read_help(help_dir, "lacking/vllm-0.11.0-serve.txt")})
+        assert not report.ok
+        assert [f.flag for f in report.missing] == [
+            "--nnodes",
+            "--node-rank",
+            "--master-addr",
+            "--master-port",
+        ]
+        assert not report.warnings, "0.11.0's help is complete; its flags are missing for real"
+        assert not any(f.possibly_truncated for f in report.missing)
+        assert {f.feature for f in report.missing} == {"multi-node rendezvous"}
+
+    def test_plain_help_is_not_the_full_help(self, help_dir):
+        """``vllm serve --help`` (a summary naming --help=all) draws a not-the-full-help warning."""
+        report = check_engine(
+            VllmEngine(), {"vllm": read_help(help_dir, "lacking/vllm-0.34.0-serve-plain-help.txt")}
+        )
+        assert any("defines no --help option" in w for w in report.warnings)
+        assert any("not `vllm serve --help=all`" in w for w in report.warnings)
+        assert report.missing and all(f.possibly_truncated for f in report.missing)
+
+    def test_node_rank_renamed_longer(self, real_help):
+        """--node-rank renamed --node-rank-offset on its option line is missing, mentions elsewhere or not."""
+        renamed = real_help.replace(
+            "  --node-rank NODE_RANK, -r NODE_RANK", "  --node-rank-offset NODE_RANK", 1
+        )
+        assert renamed != real_help
+        report = check_engine(VllmEngine(), {"vllm": renamed})
+        assert [f.flag for f in report.missing] == ["--node-rank"]
+        assert not report.missing[0].possibly_truncated
+
+    @pytest.mark.parametrize("half", ["first", "second"])
+    def test_half_a_help_looks_truncated(self, real_help, half):
+        """Either half of the help draws a truncation warning; flags missing from it are marked."""
+        lines = real_help.splitlines(keepends=True)
+        cut = len(lines) // 2
+        text = "".join(lines[:cut] if half == "first" else lines[cut:])
+        report = check_engine(VllmEngine(), {"vllm": text})
+        assert report.warnings
+        assert all(f.possibly_truncated for f in report.missing)
+        if half == "second":
+            assert {"--served-model-name", "--host", "--port"} <= {f.flag for f in report.missing}
+
+
+def test_registered_through_the_entry_point():
+    """The installed distribution's entry point registers the vLLM engine."""
+    record = get_plugin_manager().engines()["vllm"]
+    assert record.distribution == "llmgw-engine-vllm"
+    assert isinstance(record.engine, VllmEngine)
+    assert record.checked_versions == ("0.33.0", "0.34.0")
+
+
+def test_version():
+    """__version__ matches the installed distribution's metadata."""
+    assert llmgw_engine_vllm.__version__ == metadata.version("llmgw-engine-vllm")

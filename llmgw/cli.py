@@ -110,11 +110,13 @@ def _register_optional_commands() -> None:
     from llmgw.cli_discover import discover
     from llmgw.cli_enginecheck import engine_check
     from llmgw.ctl import register
+    from llmgw.gateway.cli import gateway_command
     from llmgw.server.main import server_command
     from llmgw.version import version
 
     register(ctl)
     ctl.add_command(engine_check)
+    cli.add_command(gateway_command)
     cli.add_command(version)
 
     cli.add_command(ca)

@@ -33,6 +33,8 @@ def load_cluster(
     """
     cluster = Cluster(settings, revision=Store.get_setting(conn, "revision", 0) + 1)
     cluster.next_attempt = Store.get_setting(conn, "next_attempt", 1)
+    # Gateways keep the routes revision they last saw; start past any earlier run's.
+    cluster.routes_revision = int(now * 1000)
     row = conn.execute("SELECT revision, text FROM catalog ORDER BY revision DESC LIMIT 1").fetchone()
     if row is not None:
         source = f"stored catalog revision {row[0]}"

@@ -1,0 +1,233 @@
+"""Choosing a replica: least outstanding requests, session affinity, and a circuit breaker per replica.
+
+- **Least outstanding requests** by the power of two choices: two replicas
+  drawn at random among those available, the one with fewer requests in
+  flight through this gateway wins.
+- **Session affinity**: a request with an ``X-Session-Id`` header goes to the
+  replica that rendezvous hashing (highest random weight) gives for that
+  session among the available replicas, so a conversation keeps hitting the
+  same engine's prefix cache, and only the sessions of a replica that leaves
+  move elsewhere.
+- **Circuit breaker**: ``failures`` consecutive failures (connection failed,
+  502/503, broken mid-response) open a replica's breaker: it is not chosen for
+  ``open_for`` seconds. Then it is half-open: one request is let through as a
+  probe; its success closes the breaker, its failure opens it again.
+
+Times are trio's clock, passed in, so the logic runs under a fake clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import random
+from collections.abc import Collection, Iterator, Mapping
+
+import attrs
+
+from llmgw.gateway.routes import Upstream
+
+__all__ = ["BreakerState", "Breaker", "Replica", "Balancer"]
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class BreakerState(enum.IntEnum):
+    """A circuit breaker's state; the value is what the metric reports."""
+
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+@attrs.define
+class Breaker:
+    """Consecutive failures open it; after ``open_for`` seconds one probe may close it."""
+
+    failures_to_open: int = 3
+    open_for: float = 5.0
+    state: BreakerState = BreakerState.CLOSED
+    #: consecutive failures so far
+    failures: int = 0
+    opened_at: float = 0.0
+    #: whether the half-open probe is in flight
+    probing: bool = False
+
+    def allows(self, now: float) -> bool:
+        """Whether a request may go to this replica now (turns open into half-open when its time is up)."""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            if now - self.opened_at < self.open_for:
+                return False
+            self.state = BreakerState.HALF_OPEN
+            self.probing = False
+        return not self.probing
+
+    def attempt(self) -> None:
+        """A request is sent: in half-open state, it is the probe."""
+        if self.state is BreakerState.HALF_OPEN:
+            self.probing = True
+
+    def succeeded(self) -> bool:
+        """The replica answered; True when that closed the breaker."""
+        closed = self.state is not BreakerState.CLOSED
+        self.state = BreakerState.CLOSED
+        self.failures = 0
+        self.probing = False
+        return closed
+
+    def failed(self, now: float) -> bool:
+        """The replica failed; True when that opened the breaker."""
+        self.failures += 1
+        self.probing = False
+        if self.state is BreakerState.OPEN:
+            return False
+        if self.state is BreakerState.HALF_OPEN or self.failures >= self.failures_to_open:
+            self.state = BreakerState.OPEN
+            self.opened_at = now
+            return True
+        return False
+
+    def abandoned(self) -> None:
+        """A request ended without telling success from failure (its client left)."""
+        self.probing = False
+
+    def reopens_in(self, now: float) -> float:
+        """Seconds until an open breaker lets a probe through (0 when it would now)."""
+        if self.state is not BreakerState.OPEN:
+            return 0.0
+        return max(0.0, self.opened_at + self.open_for - now)
+
+
+class Replica:
+    """One ready replica as this gateway sees it: requests in flight and its breaker."""
+
+    __slots__ = ("upstream", "in_flight", "breaker", "affinity_key")
+
+    def __init__(self, upstream: Upstream, breaker: Breaker) -> None:
+        self.upstream = upstream
+        self.in_flight = 0
+        self.breaker = breaker
+        self.affinity_key = upstream.replica.encode()
+
+    @property
+    def name(self) -> str:
+        """The replica's id."""
+        return self.upstream.replica
+
+    @property
+    def url(self) -> str:
+        """The base URL of the replica's rank 0."""
+        return self.upstream.url
+
+    def begin(self) -> None:
+        """A request to this replica starts."""
+        self.in_flight += 1
+        self.breaker.attempt()
+
+    def end(self) -> None:
+        """A request to this replica is over, whatever its outcome."""
+        self.in_flight -= 1
+
+    def succeeded(self) -> None:
+        """The replica answered (a response head that is not a failure)."""
+        if self.breaker.succeeded():
+            log.warning("replica %s (%s) answers again: circuit closed", self.name, self.url)
+
+    def failed(self, now: float, reason: str) -> None:
+        """The replica failed a request."""
+        if self.breaker.failed(now):
+            log.warning(
+                "replica %s (%s) failed %d times in a row (last: %s): circuit open for %gs",
+                self.name,
+                self.url,
+                self.breaker.failures,
+                reason,
+                self.breaker.open_for,
+            )
+
+    def abandoned(self) -> None:
+        """The request ended with no verdict on the replica (its client left)."""
+        self.breaker.abandoned()
+
+    def __repr__(self) -> str:
+        return f"<Replica {self.name} {self.url} in_flight={self.in_flight} {self.breaker.state.name}>"
+
+
+class Balancer:
+    """The ready replicas of every model, and the choice among them.
+
+    :param breaker_failures: consecutive failures that open a replica's breaker.
+    :param breaker_open_for: seconds a breaker stays open before its probe.
+    """
+
+    def __init__(
+        self,
+        *,
+        breaker_failures: int = 3,
+        breaker_open_for: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.breaker_failures = breaker_failures
+        self.breaker_open_for = breaker_open_for
+        self._rng = rng or random.Random()
+        self._models: dict[str, tuple[Replica, ...]] = {}
+        self._replicas: dict[Upstream, Replica] = {}
+
+    def update(self, routes: Mapping[str, Collection[Upstream]]) -> None:
+        """Replace the routes; a replica that stays keeps its in-flight count and breaker.
+
+        Requests in flight on a replica that left finish there; new ones no longer go to it.
+        """
+        replicas: dict[Upstream, Replica] = {}
+        models: dict[str, tuple[Replica, ...]] = {}
+        for model, upstreams in routes.items():
+            chosen = []
+            for upstream in upstreams:
+                replica = replicas.get(upstream) or self._replicas.get(upstream)
+                if replica is None:
+                    breaker = Breaker(failures_to_open=self.breaker_failures, open_for=self.breaker_open_for)
+                    replica = Replica(upstream, breaker)
+                replicas[upstream] = replica
+                chosen.append(replica)
+            models[model] = tuple(chosen)
+        self._replicas, self._models = replicas, models
+
+    def replicas(self, model: str | None = None) -> tuple[Replica, ...]:
+        """The current replicas of ``model``, or of every model."""
+        if model is None:
+            return tuple(self._replicas.values())
+        return self._models.get(model, ())
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(self._replicas.values())
+
+    def choose(
+        self, model: str, now: float, *, session: str | None = None, exclude: Collection[Replica] = ()
+    ) -> Replica | None:
+        """The replica for the next attempt of a request for ``model``; None when none is available.
+
+        :param session: the client's session key: one session gets one replica while that one is available.
+        :param exclude: replicas this request already tried.
+        """
+        candidates = [r for r in self._models.get(model, ()) if r not in exclude and r.breaker.allows(now)]
+        if not candidates:
+            return None
+        if session is not None:
+            key = session.encode()
+            return max(candidates, key=lambda r: _weight(key, r.affinity_key))
+        if len(candidates) == 1:
+            return candidates[0]
+        first, second = self._rng.sample(candidates, 2)
+        return second if second.in_flight < first.in_flight else first
+
+    def retry_after(self, model: str, now: float) -> float:
+        """Seconds until some replica of ``model`` accepts a request again (its breaker's probe)."""
+        waits = [r.breaker.reopens_in(now) for r in self._models.get(model, ())]
+        return min(waits, default=0.0)
+
+
+def _weight(session: bytes, replica: bytes) -> bytes:
+    return hashlib.blake2b(session + b"\0" + replica, digest_size=8).digest()

@@ -1,0 +1,168 @@
+"""``llmgw gateway``: the OpenAI-compatible front door, as a command."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import click
+import trio
+
+from llmgw.gateway.main import Gateway, GatewayConfig
+from llmgw.gateway.proxy import ProxySettings
+from llmgw.http import Limits
+
+__all__ = ["gateway_command"]
+
+log = logging.getLogger("llmgw.gateway")
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("gateway")
+@click.option(
+    "--server",
+    envvar="LLMGW_SERVER",
+    required=True,
+    help="The control plane's URL, https://HOST:7443 (env LLMGW_SERVER); routes are read from it.",
+)
+@click.option("--ca", type=_FILE, help="The CA certificate the server's certificate must chain to.")
+@click.option(
+    "--cert", type=_FILE, help="A gateway (or admin) certificate, to read routes (llmgw ca issue-gateway)."
+)
+@click.option("--key", type=_FILE, help="That certificate's key.")
+@click.option("--listen", default="0.0.0.0:8080", show_default=True, help="HOST:PORT to serve clients on.")
+@click.option(
+    "--no-keys",
+    is_flag=True,
+    help="Serve without API keys: anyone who can reach the gateway may use every model (logged).",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 10),
+    default=3,
+    show_default=True,
+    help="Attempts per request, each on another replica, while nothing has gone to the client.",
+)
+@click.option(
+    "--retry-backoff",
+    type=click.FloatRange(0),
+    default=0.025,
+    show_default=True,
+    help="Seconds; the wait before attempt n is random in [0, this * 2^(n-2)].",
+)
+@click.option(
+    "--breaker-failures",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Consecutive failures that take a replica out.",
+)
+@click.option(
+    "--breaker-open-seconds",
+    type=click.FloatRange(0),
+    default=5.0,
+    show_default=True,
+    help="How long a replica stays out before one probe request may bring it back.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Seconds to connect to a replica (a failure is retried elsewhere).",
+)
+@click.option(
+    "--upstream-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for any data from a replica: its answer, or the next piece of a stream.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1),
+    default=32 * 1024 * 1024,
+    show_default=True,
+    help="Largest request body accepted (larger: 413).",
+)
+@click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT, seconds requests in flight may take to finish.",
+)
+def gateway_command(
+    server: str,
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    listen: str,
+    no_keys: bool,
+    max_attempts: int,
+    retry_backoff: float,
+    breaker_failures: int,
+    breaker_open_seconds: float,
+    connect_timeout: float,
+    upstream_timeout: float,
+    max_body_bytes: int,
+    shutdown_grace: float,
+) -> None:
+    """Serve the OpenAI-compatible API in front of every ready replica.
+
+    Routes POST /v1/chat/completions, /v1/completions and /v1/embeddings by
+    the body's "model" to the replica with the fewest requests in flight
+    (GET /v1/models lists the models with a ready replica). Clients send
+    "Authorization: Bearer KEY" (keys: llmgw ctl keys create NAME).
+
+    Session affinity: send the header "X-Session-Id: ANY-STRING" and every
+    request of that session goes to the same replica while it is ready,
+    which keeps the engine's prefix cache warm.
+
+    Prometheus metrics on GET /metrics; GET /health for load balancers.
+    Several gateways may run against one server.
+    """
+    from llmgw.server.main import parse_listen
+
+    host, port = parse_listen(listen, "--listen")
+    config = GatewayConfig(
+        server=server,
+        ca=ca,
+        cert=cert,
+        key=key,
+        host=host,
+        port=port,
+        require_keys=not no_keys,
+        proxy=ProxySettings(
+            max_attempts=max_attempts, retry_backoff=retry_backoff, read_timeout=upstream_timeout
+        ),
+        breaker_failures=breaker_failures,
+        breaker_open_for=breaker_open_seconds,
+        connect_timeout=connect_timeout,
+        limits=Limits(max_body_bytes=max_body_bytes, idle_timeout=60.0),
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    gateway = Gateway(config)
+    trio.run(_run, gateway, shutdown_grace)
+
+
+async def _run(gateway: Gateway, grace: float) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, gateway, grace, nursery.cancel_scope)
+        await gateway.serve()
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals(gateway: Gateway, grace: float, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        first = True
+        async for signum in signals:
+            if first:
+                first = False
+                log.info("received %s", signal.Signals(signum).name)
+                gateway.shutdown(grace)
+            else:
+                log.warning("second signal (%s): stopping now", signal.Signals(signum).name)
+                scope.cancel()

@@ -1,0 +1,161 @@
+"""The gateway's Prometheus metrics, in a registry of its own (never prometheus-client's global one).
+
+Counted as requests go: ``llmgw_gateway_requests_total{model,endpoint,status}``
+(status ``499`` when the client left first), the histograms
+``llmgw_gateway_request_duration_seconds{model,endpoint}`` (until the last
+byte of the response) and ``llmgw_gateway_time_to_first_token_seconds{model}``
+(streamed responses: until the first event from the engine),
+``llmgw_gateway_upstream_errors_total{replica,kind}`` and
+``llmgw_gateway_retries_total{model}``.
+
+Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{model,replica}``,
+``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
+``llmgw_gateway_ready_replicas{model}``, ``llmgw_gateway_routes_age_seconds``
+(since the server last answered), ``llmgw_gateway_routes_feed_up`` and
+``llmgw_gateway_routes_revision``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.routes import RoutesWatcher
+
+__all__ = ["GatewayMetrics", "UNKNOWN_MODEL"]
+
+#: the ``model`` label of requests naming a model the catalog does not have (keeps the label set bounded)
+UNKNOWN_MODEL = "(unknown)"
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class GatewayMetrics:
+    """Every metric of one gateway; :meth:`render` answers ``GET /metrics``."""
+
+    def __init__(self, balancer: Balancer, watcher: Callable[[], RoutesWatcher | None]) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter(
+            "llmgw_gateway_requests",
+            "Requests answered, by model, endpoint and status (499: the client left first).",
+            ["model", "endpoint", "status"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "llmgw_gateway_request_duration_seconds",
+            "Seconds from a request's arrival to the end of its response.",
+            ["model", "endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "llmgw_gateway_time_to_first_token_seconds",
+            "Seconds from a streamed request's arrival to the first event from the engine.",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "llmgw_gateway_upstream_errors",
+            "Failed attempts on a replica, by kind: connect, closed, status_502, status_503, timeout, "
+            "mid_stream.",
+            ["replica", "kind"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "llmgw_gateway_retries",
+            "Attempts on another replica after a failure.",
+            ["model"],
+            registry=registry,
+        )
+        registry.register(_LiveCollector(balancer, watcher))
+        self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._duration_children: dict[tuple[str, str], Histogram] = {}
+
+    def request_done(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        """Count one answered request and its duration."""
+        key = (model, endpoint, status)
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(model, endpoint, str(status))
+        counter.inc()
+        histogram = self._duration_children.get(key[:2])
+        if histogram is None:
+            histogram = self._duration_children[key[:2]] = self.duration.labels(model, endpoint)
+        histogram.observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        """Record a streamed response's time to first token."""
+        self.ttft.labels(model).observe(seconds)
+
+    def upstream_error(self, replica: str, kind: str) -> None:
+        """Count a failed attempt on ``replica``."""
+        self.upstream_errors.labels(replica, kind).inc()
+
+    def retry(self, model: str) -> None:
+        """Count a retry on another replica."""
+        self.retries.labels(model).inc()
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition for a scraper sending ``Accept: accept``: (body, content type)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class _LiveCollector:
+    """Gauges computed from the balancer and the routes watcher at scrape time."""
+
+    def __init__(self, balancer: Balancer, watcher: Callable[[], RoutesWatcher | None]) -> None:
+        self._balancer = balancer
+        self._watcher = watcher
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "llmgw_gateway_in_flight_requests",
+            "Requests in flight through this gateway, per replica.",
+            labels=["model", "replica"],
+        )
+        breaker = GaugeMetricFamily(
+            "llmgw_gateway_breaker_state",
+            "Circuit breaker per replica: 0 closed, 1 half-open, 2 open.",
+            labels=["model", "replica"],
+        )
+        ready = GaugeMetricFamily(
+            "llmgw_gateway_ready_replicas", "Ready replicas per model, as routed.", labels=["model"]
+        )
+        watcher = self._watcher()
+        models = sorted(watcher.table.models) if watcher is not None and watcher.table is not None else []
+        for model in models:
+            replicas = self._balancer.replicas(model)
+            ready.add_metric([model], len(replicas))
+            for replica in replicas:
+                in_flight.add_metric([model, replica.name], replica.in_flight)
+                breaker.add_metric([model, replica.name], int(replica.breaker.state))
+        yield in_flight
+        yield breaker
+        yield ready
+        if watcher is not None:
+            yield GaugeMetricFamily(
+                "llmgw_gateway_routes_age_seconds",
+                "Seconds since the server's routes feed last answered.",
+                value=watcher.age(),
+            )
+            yield GaugeMetricFamily(
+                "llmgw_gateway_routes_feed_up",
+                "1 while the server's routes feed answers, 0 during an outage or before its first answer.",
+                value=1 if watcher.up else 0,
+            )
+            yield GaugeMetricFamily(
+                "llmgw_gateway_routes_revision",
+                "The routes revision in force (0 before the first answer).",
+                value=watcher.table.revision if watcher.table is not None else 0,
+            )

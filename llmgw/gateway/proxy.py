@@ -1,0 +1,273 @@
+"""Forwarding one inference request to a replica, retrying on another while nothing has gone out.
+
+An attempt fails when the connection cannot be made or breaks before the
+response is whole in hand, when no answer comes within the read timeout, or
+when the replica answers 502 or 503. A failed attempt counts against the
+replica's breaker and, up to ``max_attempts`` in all, the request goes to a
+replica it has not tried yet, after a jittered backoff (uniform between 0 and
+``retry_backoff * 2**(attempt - 2)`` seconds).
+
+What "nothing has gone out" means depends on the response:
+
+- a JSON answer with a ``Content-Length`` up to ``buffer_limit`` is read whole
+  before the client gets its first byte, so even a replica dying mid-body
+  leaves the request free to go elsewhere;
+- a server-sent-events stream is passed through event by event as the
+  engine writes it (the first chunk marks time to first token). Once bytes
+  went out there is no retry: if the replica breaks the stream, the client
+  gets a last ``data: {"error": {...}}`` event and a properly ended response;
+- any other body is passed through as well; if it breaks, the client's
+  connection is closed without ending the body, the only honest signal left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+
+import attrs
+import trio
+
+from llmgw.gateway.balancer import Balancer, Replica
+from llmgw.gateway.errors import openai_error
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.http import Response
+from llmgw.httpclient import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
+
+__all__ = ["ProxySettings", "Call", "Proxy"]
+
+log = logging.getLogger("llmgw.gateway")
+
+#: replica statuses that mean "try another replica"
+RETRY_STATUSES = frozenset({502, 503})
+#: response headers passed from the replica to the client
+_PASSED_HEADERS = frozenset({"content-type", "retry-after"})
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+@attrs.frozen
+class ProxySettings:
+    """How the gateway treats its upstreams. Times are in seconds."""
+
+    #: attempts per request, each on a different replica
+    max_attempts: int = 3
+    #: the backoff before attempt n is uniform in [0, retry_backoff * 2**(n-2)]
+    retry_backoff: float = 0.025
+    #: longest wait for any data from a replica: the response head, or the next chunk of its body
+    #: (applied by the gateway's connection pool)
+    read_timeout: float = 600.0
+    #: non-streamed bodies up to this size are read whole before the client gets a byte
+    buffer_limit: int = 8 * 1024 * 1024
+
+
+@attrs.define
+class Call:
+    """One client request on its way to a replica."""
+
+    model: str
+    #: ``chat/completions``, ``completions`` or ``embeddings``
+    endpoint: str
+    path: str
+    body: bytes
+    request_id: str
+    session: str | None
+    #: trio time the request arrived
+    start: float
+    #: the replica that answered, once one did
+    replica: Replica | None = None
+    #: called once the response to the client is over (:attr:`llmgw.http.Response.after`)
+    after: Callable[[], object] | None = None
+
+
+class Proxy:
+    """Sends calls to replicas chosen by the balancer, through one connection pool."""
+
+    def __init__(
+        self, pool: ConnectionPool, balancer: Balancer, metrics: GatewayMetrics, settings: ProxySettings
+    ) -> None:
+        self.pool = pool
+        self.balancer = balancer
+        self.metrics = metrics
+        self.settings = settings
+
+    async def forward(self, call: Call) -> Response:
+        """Answer ``call`` with a replica's response, or an OpenAI-shaped error when every attempt failed."""
+        tried: list[Replica] = []
+        failure: Response | None = None
+        reasons: list[str] = []
+        for attempt in range(1, self.settings.max_attempts + 1):
+            if attempt > 1:
+                await trio.sleep(random.uniform(0, self.settings.retry_backoff * 2 ** (attempt - 2)))
+            replica = self.balancer.choose(
+                call.model, trio.current_time(), session=call.session, exclude=tried
+            )
+            if replica is None:
+                break
+            if attempt > 1:
+                self.metrics.retry(call.model)
+            tried.append(replica)
+            outcome = await self._attempt(call, replica)
+            if isinstance(outcome, Response):
+                return outcome
+            reason, failure = outcome
+            reasons.append(f"{replica.name}: {reason}")
+        if failure is not None:
+            return failure
+        if reasons:
+            message = f"no replica of model `{call.model}` could answer: " + "; ".join(reasons)
+            error = openai_error(502, message, code="upstream_error")
+        else:
+            wait = self.balancer.retry_after(call.model, trio.current_time())
+            error = openai_error(
+                503,
+                f"every replica of model `{call.model}` is failing and taken out for a while; retry later",
+                code="model_unavailable",
+                headers=(("retry-after", str(max(1, round(wait + 0.5)))),),
+            )
+        headers = (*error.headers, ("x-request-id", call.request_id))
+        return Response(error.status, headers, error.body, call.after)
+
+    async def _attempt(self, call: Call, replica: Replica) -> Response | tuple[str, Response | None]:
+        """One attempt: the client's response, or (why it failed, the replica's error response if any)."""
+        headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("x-request-id", call.request_id),
+        ]
+        replica.begin()
+        handed_over = False
+        upstream: ClientResponse | None = None
+        try:
+            try:
+                upstream = await self.pool.send(
+                    "POST", replica.url + call.path, headers=headers, body=call.body
+                )
+                status = upstream.status
+                if status in RETRY_STATUSES:
+                    body = await upstream.read(_ERROR_BODY_LIMIT)
+                    answer = Response(status, _headers(upstream, None, call), body, call.after)
+                    return self._failed(replica, f"status_{status}", f"answered {status}", answer)
+                replica.succeeded()
+                call.replica = replica
+                content_type = upstream.header("content-type") or ""
+                if content_type.startswith("text/event-stream"):
+                    sse = True
+                else:
+                    sse = False
+                    length = upstream.header("content-length")
+                    if length is not None and length.isdigit() and int(length) <= self.settings.buffer_limit:
+                        body = await upstream.read()
+                        return Response(status, _headers(upstream, replica, call), body, call.after)
+                handed_over = True
+                headers_out = _headers(upstream, replica, call)
+                if sse:
+                    headers_out += (("cache-control", "no-cache"),)
+                relay = _Relay(replica, upstream)
+                body_out = self._relay(call, relay, sse)
+                return Response(status, headers_out, body_out, relay.after(call.after))
+            except ConnectError as exc:
+                return self._failed(replica, "connect", str(exc), None)
+            except ReadTimeout as exc:
+                return self._failed(replica, "timeout", str(exc), None)
+            except HttpClientError as exc:
+                return self._failed(replica, "closed", str(exc), None)
+            except BaseException:
+                replica.abandoned()
+                raise
+        finally:
+            if not handed_over:
+                replica.end()
+                if upstream is not None:
+                    upstream.close()
+
+    def _failed(
+        self, replica: Replica, kind: str, reason: str, response: Response | None
+    ) -> tuple[str, Response | None]:
+        replica.failed(trio.current_time(), reason)
+        self.metrics.upstream_error(replica.name, kind)
+        log.info("attempt on replica %s (%s) failed: %s", replica.name, replica.url, reason)
+        return reason, response
+
+    async def _relay(self, call: Call, relay: _Relay, sse: bool) -> AsyncIterator[bytes]:
+        """The replica's body, chunk by chunk as it arrives; ends the stream cleanly if the replica breaks."""
+        replica, upstream = relay.replica, relay.upstream
+        first = True
+        tail = b"\n\n"
+        try:
+            while True:
+                try:
+                    chunk = await upstream.receive_chunk()
+                except HttpClientError as exc:
+                    reason = str(exc)
+                    self._failed(replica, "mid_stream", reason, None)
+                    log.warning(
+                        "request %s: replica %s broke its response mid-way: %s",
+                        call.request_id,
+                        replica.name,
+                        reason,
+                    )
+                    if not sse:
+                        # The body cannot be ended honestly: have the server drop the client's connection.
+                        raise trio.BrokenResourceError(f"replica {replica.name} broke the response") from None
+                    separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
+                    yield separator + _sse_error(f"replica {replica.name} failed mid-stream: {reason}")
+                    return
+                if chunk is None:
+                    return
+                if first:
+                    first = False
+                    if sse:
+                        self.metrics.first_token(call.model, trio.current_time() - call.start)
+                tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
+                yield chunk
+        finally:
+            relay.finish()
+
+
+class _Relay:
+    """A response being passed through: ended once, by its body or by the exchange's end.
+
+    The server closes the body iterator when it stops sending, but a body it
+    never started (the client left first) runs no ``finally``: :meth:`after`
+    catches that case.
+    """
+
+    __slots__ = ("replica", "upstream", "finished")
+
+    def __init__(self, replica: Replica, upstream: ClientResponse) -> None:
+        self.replica = replica
+        self.upstream = upstream
+        self.finished = False
+
+    def finish(self) -> None:
+        """Release the replica and the connection (back to the pool if the body was read whole)."""
+        if not self.finished:
+            self.finished = True
+            self.replica.end()
+            self.upstream.close()
+
+    def after(self, then: Callable[[], object] | None) -> Callable[[], None]:
+        """The response's ``after`` callback: :meth:`finish`, then ``then``."""
+
+        def after() -> None:
+            self.finish()
+            if then is not None:
+                then()
+
+        return after
+
+
+def _headers(upstream: ClientResponse, replica: Replica | None, call: Call) -> tuple[tuple[str, str], ...]:
+    passed = tuple((name, value) for name, value in upstream.headers if name in _PASSED_HEADERS)
+    if replica is not None:
+        return (*passed, ("x-request-id", call.request_id), ("x-llmgw-replica", replica.name))
+    if upstream.status == 503 and upstream.header("retry-after") is None:
+        passed += (("retry-after", "1"),)
+    return (*passed, ("x-request-id", call.request_id))
+
+
+def _sse_error(message: str) -> bytes:
+    error = {"message": message, "type": "server_error", "param": None, "code": "upstream_error"}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

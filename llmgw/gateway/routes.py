@@ -1,0 +1,221 @@
+"""The gateway's routes: what the server's feed says, and the task that keeps watching it.
+
+The server answers ``GET /v1/routes?revision=N&wait=1`` when its routes
+revision differs from N, or after its poll timeout, with::
+
+    {"revision": 7,
+     "models": ["llama", "embed"],                       # every served name in the catalog
+     "routes": {"llama": [{"replica": "llama-0", "url": "http://10.0.0.5:21000"}]},
+     "keys": {"<sha256 hex of an API key>": "<key name>"}}   # absent before keys exist
+
+:class:`RoutesWatcher` long-polls it for as long as the gateway runs. While the
+server cannot be reached, the last routes stay in force: the outage is logged
+once when it starts and once when it ends, and :meth:`RoutesWatcher.age`
+(the ``llmgw_gateway_routes_age_seconds`` metric) keeps growing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from llmgw.httpclient import ConnectionPool, HttpClientError
+
+__all__ = ["Upstream", "RouteTable", "RoutesError", "RoutesWatcher"]
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class RoutesError(ValueError):
+    """The routes feed answered something that is not a routes document."""
+
+
+@attrs.frozen
+class Upstream:
+    """One ready replica of a model: its id and the base URL of its rank 0."""
+
+    replica: str
+    url: str
+
+
+@attrs.frozen
+class RouteTable:
+    """One answer of the routes feed."""
+
+    revision: int
+    #: every served model name in the catalog, ready or not
+    models: frozenset[str]
+    #: served model name -> its ready replicas
+    routes: Mapping[str, tuple[Upstream, ...]]
+    #: sha256 hex of an API key -> the key's name; None when the feed has no keys at all
+    keys: Mapping[str, str] | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> RouteTable:
+        """Build from the feed's JSON document.
+
+        :raises RoutesError: naming the first part that does not have the expected shape.
+        """
+        if not isinstance(data, dict):
+            raise RoutesError("expected a JSON object")
+        revision = data.get("revision")
+        if type(revision) is not int:
+            raise RoutesError("revision: expected an integer")
+        models = data.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise RoutesError("models: expected a list of strings")
+        raw_routes = data.get("routes", {})
+        if not isinstance(raw_routes, dict):
+            raise RoutesError("routes: expected an object")
+        routes: dict[str, tuple[Upstream, ...]] = {}
+        for model, entries in raw_routes.items():
+            if not isinstance(entries, list):
+                raise RoutesError(f"routes.{model}: expected a list")
+            upstreams = []
+            for i, entry in enumerate(entries):
+                if not (
+                    isinstance(entry, dict)
+                    and isinstance(entry.get("replica"), str)
+                    and isinstance(entry.get("url"), str)
+                    and entry["url"].startswith(("http://", "https://"))
+                ):
+                    raise RoutesError(f"routes.{model}[{i}]: expected {{replica, url}} with an http(s) URL")
+                upstreams.append(Upstream(entry["replica"], entry["url"].rstrip("/")))
+            if upstreams:
+                routes[model] = tuple(upstreams)
+        keys = data.get("keys")
+        if keys is not None and not (
+            isinstance(keys, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in keys.items())
+        ):
+            raise RoutesError("keys: expected an object of sha256 hex -> key name")
+        return cls(
+            revision=revision,
+            models=frozenset(models) | frozenset(routes),
+            routes=routes,
+            keys={k.lower(): v for k, v in keys.items()} if keys is not None else None,
+        )
+
+    def summary(self) -> str:
+        """One line for the log: each model and how many replicas are ready."""
+        parts = [f"{model}: {len(self.routes.get(model, ()))} ready" for model in sorted(self.models)]
+        return ", ".join(parts) or "no models"
+
+
+class RoutesWatcher:
+    """Long-polls the server's routes feed and hands every new table to ``on_update``.
+
+    :param pool: the connection pool to the server (with its TLS context and client certificate).
+    :param server: the server's base URL, ``https://host:7443``.
+    :param on_update: called with each table whose revision differs from the last.
+    :param request_timeout: seconds one poll may take, long-poll wait included.
+    :param retry_interval: seconds between attempts while the server cannot be reached.
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        server: str,
+        on_update: Callable[[RouteTable], None],
+        *,
+        request_timeout: float = 30.0,
+        retry_interval: float = 0.5,
+    ) -> None:
+        self.pool = pool
+        self.server = server.rstrip("/")
+        self.on_update = on_update
+        self.request_timeout = request_timeout
+        self.retry_interval = retry_interval
+        #: the last table received, None until the first answer
+        self.table: RouteTable | None = None
+        #: trio time of the last answer from the server
+        self.last_success: float | None = None
+        #: trio time the current outage began; None while the feed answers
+        self.outage_since: float | None = None
+        self._started = trio.current_time()
+
+    @property
+    def up(self) -> bool:
+        """Whether the last poll of the feed succeeded."""
+        return self.last_success is not None and self.outage_since is None
+
+    def age(self) -> float:
+        """Seconds since the server last answered (since the watcher started, before any answer)."""
+        since = self.last_success if self.last_success is not None else self._started
+        return trio.current_time() - since
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Poll the feed until cancelled; started at once, before the first answer."""
+        task_status.started()
+        wait = False
+        while True:
+            try:
+                table = await self._poll(wait)
+            except (HttpClientError, RoutesError, trio.TooSlowError) as exc:
+                self._failed(exc)
+                wait = False  # after an outage, ask for the current table at once
+                await trio.sleep(self.retry_interval * random.uniform(0.8, 1.2))
+                continue
+            self._answered(table)
+            wait = True
+
+    async def _poll(self, wait: bool) -> RouteTable:
+        revision = self.table.revision if self.table is not None else 0
+        url = f"{self.server}/v1/routes?revision={revision}&wait={1 if wait else 0}"
+        with trio.fail_after(self.request_timeout):  # the pool's read timeout covers a silent server too
+            response = await self.pool.request("GET", url, headers=[("accept", "application/json")])
+        if response.status != 200:
+            raise RoutesError(f"the server answered {response.status}: {_error_message(response.content)}")
+        try:
+            data = response.json()
+        except ValueError:
+            raise RoutesError("the server's answer is not JSON") from None
+        return RouteTable.from_json(data)
+
+    def _answered(self, table: RouteTable) -> None:
+        now = trio.current_time()
+        if self.outage_since is not None:
+            log.warning(
+                "routes feed at %s answers again after %.1fs; routes revision %d",
+                self.server,
+                now - self.outage_since,
+                table.revision,
+            )
+            self.outage_since = None
+        self.last_success = now
+        previous = self.table
+        if previous is None or table != previous:
+            self.table = table
+            log.info("routes revision %d: %s", table.revision, table.summary())
+            self.on_update(table)
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, trio.TooSlowError):
+            reason = f"no answer within {self.request_timeout:g}s"
+        else:
+            reason = str(exc) or type(exc).__name__
+        if self.outage_since is not None:
+            log.debug("routes feed still unreachable: %s", reason)
+            return
+        self.outage_since = trio.current_time()
+        if self.table is None:
+            log.warning("cannot read routes from %s: %s; retrying (no routes yet)", self.server, reason)
+        else:
+            log.warning(
+                "cannot read routes from %s: %s; serving from the last routes (revision %d) until it answers",
+                self.server,
+                reason,
+                self.table.revision,
+            )
+
+
+def _error_message(body: bytes | None) -> str:
+    try:
+        return str(json.loads(body or b"")["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return (body or b"").decode(errors="replace")[:200]

@@ -1,0 +1,525 @@
+"""llmgw's HTTP/1.1 client: h11 over trio streams, with keep-alive connections pooled per upstream.
+
+:class:`ConnectionPool` opens at most one connection per request in flight,
+keeps up to ``max_idle_per_host`` idle connections for each upstream
+(``scheme://host:port``), and hands back a :class:`ClientResponse` as soon as
+the response head has arrived: its body is read chunk by chunk, as the
+upstream sends it, so a proxy can pass server-sent events through without
+waiting for the end.
+
+A connection goes back to the pool only after its response was read to the
+end on a connection both sides keep alive. A response closed early, a
+request cancelled at any point, or an error of any kind closes the
+connection instead: nothing half-read is ever reused. A plain TCP connection
+idle for a second or more is checked before reuse (did the upstream close
+it?), and a request whose reused connection turns out dead before any byte
+of the response arrived is sent once more on a new connection.
+
+Deadlines belong to the caller (``trio.fail_after`` around the call), except
+two properties of the pool, both protocol edges: the connect timeout and the
+read timeout (the longest wait for any data from the upstream: the response
+head, or the next piece of the body; :class:`ReadTimeout`). ``https``
+upstreams are reached over :class:`trio.SSLStream` with the pool's
+``ssl_context``.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import select
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+import trio
+import trio.lowlevel
+
+__all__ = [
+    "ClientResponse",
+    "ConnectionPool",
+    "HttpClientError",
+    "ConnectError",
+    "RemoteProtocolError",
+    "ReadTimeout",
+    "ResponseTooLarge",
+]
+
+_RECEIVE_SIZE = 64 * 1024
+Origin = tuple[str, str, int]
+
+
+class HttpClientError(Exception):
+    """A request failed below HTTP: the upstream could not be reached or broke the exchange."""
+
+
+class ConnectError(HttpClientError):
+    """No connection could be opened (refused, unreachable, too slow, TLS failed); nothing was sent."""
+
+
+class RemoteProtocolError(HttpClientError):
+    """The upstream closed the connection or broke HTTP/1.1 during the exchange.
+
+    ``response_started`` says whether the response head had already arrived.
+    """
+
+    def __init__(self, message: str, *, response_started: bool) -> None:
+        super().__init__(message)
+        self.response_started = response_started
+
+
+class ReadTimeout(RemoteProtocolError):
+    """The upstream sent nothing for the pool's ``read_timeout`` (the connection is closed)."""
+
+
+class ResponseTooLarge(HttpClientError):
+    """A body read with :meth:`ClientResponse.read` went over its ``limit``."""
+
+
+class _Connection:
+    """One HTTP/1.1 connection to one origin; used by one request at a time."""
+
+    __slots__ = ("origin", "stream", "h11", "idle_since", "sock", "reused")
+
+    def __init__(self, origin: Origin, stream: trio.abc.Stream, sock: Any) -> None:
+        self.origin = origin
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+        #: the plain socket, to check an idle TCP connection; None on TLS, where a session ticket
+        #: arriving after the handshake would look like the upstream talking
+        self.sock = sock
+        self.reused = False
+
+    def dead_while_idle(self) -> bool:
+        """Whether the upstream closed (or wrote to) this idle connection: it cannot carry a request."""
+        if self.sock is None:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
+    def close(self) -> None:
+        """Close at once (no TLS goodbye): nothing more is read or written on it."""
+        sock = self.sock
+        if sock is None:
+            sock = getattr(getattr(self.stream, "transport_stream", None), "socket", None)
+        if sock is not None:
+            sock.close()  # trio's socket close wakes any task waiting on it
+
+
+class ClientResponse:
+    """A response whose head has arrived; read its body, then :meth:`close` it.
+
+    Use it as an async context manager, or call :meth:`close` in a
+    ``finally``: an unfinished response closes its connection.
+    """
+
+    def __init__(self, pool: ConnectionPool, connection: _Connection, head: h11.Response) -> None:
+        self._pool = pool
+        self._connection: _Connection | None = connection
+        #: the status code
+        self.status: int = head.status_code
+        #: the reason phrase
+        self.reason: str = head.reason.decode("latin-1")
+        #: (lowercase name, value) pairs in the order received
+        self.headers: list[tuple[str, str]] = [
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in head.headers
+        ]
+        #: the body, once :meth:`read` has returned it
+        self.content: bytes | None = None
+        self.complete = False
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None if absent."""
+        name = name.lower()
+        return next((value for key, value in self.headers if key == name), None)
+
+    async def receive_chunk(self) -> bytes | None:
+        """The body's next bytes, as soon as some have arrived; None at its end.
+
+        Waits only when nothing has arrived yet: pieces the upstream wrote
+        separately that are already here come back as one, so a proxy makes
+        fewer, larger writes without ever holding data back.
+
+        :raises RemoteProtocolError: when the upstream closes or breaks the connection mid-body
+            (:class:`ReadTimeout` when it sends nothing for the pool's read timeout).
+        """
+        connection = self._connection
+        if connection is None:
+            return None
+        conn = connection.h11
+        parts: list[bytes] = []
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    if parts:
+                        break
+                    await self._pool._receive(connection, True)
+                elif type(event) is h11.Data:
+                    parts.append(event.data)
+                elif type(event) is h11.EndOfMessage:
+                    self.complete = True
+                    self._release()
+                    if not parts:
+                        return None
+                    break
+                else:
+                    raise RemoteProtocolError(
+                        f"unexpected {type(event).__name__} in body", response_started=True
+                    )
+        except h11.RemoteProtocolError as exc:
+            self._abort()
+            raise RemoteProtocolError(
+                f"{_where(connection)} broke the response body: {exc}", response_started=True
+            ) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._abort()
+            raise RemoteProtocolError(
+                f"connection to {_where(connection)} lost mid-body: {_describe(exc)}", response_started=True
+            ) from None
+        except BaseException:
+            self._abort()
+            raise
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (chunk := await self.receive_chunk()) is not None:
+            yield chunk
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body (also kept as :attr:`content`).
+
+        :raises ResponseTooLarge: when it is longer than ``limit`` bytes (the connection is closed).
+        """
+        parts = []
+        size = 0
+        while (chunk := await self.receive_chunk()) is not None:
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self._abort()
+                raise ResponseTooLarge(f"response body longer than {limit} bytes")
+            parts.append(chunk)
+        self.content = b"".join(parts)
+        return self.content
+
+    def json(self) -> Any:
+        """:attr:`content` parsed as JSON (call :meth:`read` first)."""
+        if self.content is None:
+            raise RuntimeError("read() the body before json()")
+        return jsonlib.loads(self.content)
+
+    def close(self) -> None:
+        """Give the connection back when the body was read whole, otherwise close it; at once.
+
+        Safe to call more than once, and from code that cannot wait (a cleanup callback).
+        """
+        if self.complete:
+            self._release()
+        else:
+            self._abort()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, as an awaitable (a checkpoint)."""
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def _release(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._pool._give_back(connection)
+
+    def _abort(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+    async def __aenter__(self) -> ClientResponse:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class ConnectionPool:
+    """Keep-alive HTTP/1.1 connections to any number of upstreams.
+
+    :param max_idle_per_host: idle connections kept per origin; more are closed when released.
+    :param connect_timeout: seconds a TCP connect (and TLS handshake) may take.
+    :param read_timeout: seconds to wait for any data from the upstream (None: no limit).
+    :param idle_timeout: an idle connection older than this is closed rather than reused.
+    :param ssl_context: for ``https://`` URLs (their host name is checked against the certificate).
+
+    Use it as an async context manager (idle connections close on exit) or call :meth:`aclose`.
+    The pool starts no tasks.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_idle_per_host: int = 16,
+        connect_timeout: float = 5.0,
+        read_timeout: float | None = None,
+        idle_timeout: float = 20.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.max_idle_per_host = max_idle_per_host
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.idle_timeout = idle_timeout
+        self.ssl_context = ssl_context
+        self._idle: dict[Origin, deque[_Connection]] = {}
+        self._targets: dict[str, tuple[Origin, str, str]] = {}
+        self._closed = False
+        #: connections opened so far (for tests and metrics)
+        self.connections_opened = 0
+
+    def idle_count(self, url: str | None = None) -> int:
+        """Idle connections in the pool: for ``url``'s origin, or in all."""
+        if url is None:
+            return sum(len(idle) for idle in self._idle.values())
+        return len(self._idle.get(_origin(url), ()))
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> ClientResponse:
+        """Send one request and return once the response head has arrived.
+
+        The caller reads the body from the returned response and must
+        :meth:`~ClientResponse.close` it (or use :meth:`stream`). ``body``
+        goes with ``Content-Length``; ``Host`` is added unless given.
+
+        :raises ConnectError: when no connection could be made.
+        :raises RemoteProtocolError: when the upstream closed or broke the connection before answering.
+        """
+        if self._closed:
+            raise RuntimeError("the connection pool is closed")
+        parsed = self._targets.get(url)
+        if parsed is None:
+            parsed = self._parse(url)
+        origin, target, netloc = parsed
+        head_headers = list(headers)
+        if not any(name.lower() == "host" for name, _ in head_headers):
+            head_headers.insert(0, ("host", netloc))
+        if body or method not in ("GET", "HEAD"):
+            head_headers.append(("content-length", str(len(body))))
+        request = h11.Request(method=method, target=target, headers=head_headers)
+        while True:
+            connection = self._checkout(origin)
+            if connection is None:
+                connection = await self._connect(origin)
+            try:
+                return await self._exchange(connection, request, body)
+            except RemoteProtocolError as exc:
+                if not connection.reused or exc.response_started or isinstance(exc, ReadTimeout):
+                    raise
+                # the upstream closed this kept-alive connection before answering: try a new one
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> AsyncIterator[ClientResponse]:
+        """:meth:`send` as an async context manager that closes the response on exit."""
+        response = await self.send(method, url, headers=headers, body=body)
+        try:
+            yield response
+        finally:
+            response.close()
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+        limit: int | None = None,
+    ) -> ClientResponse:
+        """Send one request and read its whole body (see :meth:`ClientResponse.read` for ``limit``)."""
+        async with self.stream(method, url, headers=headers, body=body) as response:
+            await response.read(limit)
+        return response
+
+    def retain_only(self, urls: Iterable[str]) -> int:
+        """Close the idle connections to every origin but those of ``urls``; returns how many."""
+        keep = {_origin(url) for url in urls}
+        closed = 0
+        for origin in [origin for origin in self._idle if origin not in keep]:
+            for connection in self._idle.pop(origin):
+                connection.close()
+                closed += 1
+        return closed
+
+    async def aclose(self) -> None:
+        """Close every idle connection; responses in progress close theirs when done."""
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()  # nothing is in flight on them: no need to wait, even when cancelled
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> ConnectionPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _parse(self, url: str) -> tuple[Origin, str, str]:
+        parts = urlsplit(url)
+        parsed = (
+            _origin_of(parts, url),
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            parts.netloc,
+        )
+        if len(self._targets) >= 4096:
+            self._targets.clear()
+        self._targets[url] = parsed
+        return parsed
+
+    async def _receive(self, connection: _Connection, response_started: bool) -> None:
+        """Feed the next bytes from the upstream to h11, within the read timeout."""
+        if self.read_timeout is None:
+            connection.h11.receive_data(await connection.stream.receive_some(_RECEIVE_SIZE))
+            return
+        with trio.CancelScope(deadline=trio.current_time() + self.read_timeout) as scope:
+            connection.h11.receive_data(await connection.stream.receive_some(_RECEIVE_SIZE))
+        if scope.cancelled_caught:
+            raise ReadTimeout(
+                f"{_where(connection)} sent nothing for {self.read_timeout:g}s",
+                response_started=response_started,
+            )
+
+    def _checkout(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = trio.current_time()
+        while idle:
+            connection = idle.pop()  # the most recently used: the least likely to have timed out
+            idle_for = now - connection.idle_since
+            # A connection used this very second is taken as it is (a dead one is found on use and the
+            # request sent again on a new one); an older one is checked first, which costs a syscall.
+            if idle_for < self.idle_timeout and (idle_for < 1.0 or not connection.dead_while_idle()):
+                connection.reused = True
+                return connection
+            connection.close()
+        return None
+
+    def _give_back(self, connection: _Connection) -> None:
+        conn = connection.h11
+        if self._closed or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            connection.close()
+            return
+        conn.start_next_cycle()
+        idle = self._idle.setdefault(connection.origin, deque())
+        if len(idle) >= self.max_idle_per_host:
+            connection.close()
+            return
+        connection.idle_since = trio.current_time()
+        idle.append(connection)
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        scheme, host, port = origin
+        where = f"{scheme}://{host}:{port}"
+        try:
+            with trio.fail_after(self.connect_timeout):
+                tcp = await trio.open_tcp_stream(host, port)
+                if scheme != "https":
+                    self.connections_opened += 1
+                    return _Connection(origin, tcp, tcp.socket)
+                context = self.ssl_context or ssl.create_default_context()
+                stream = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=True)
+                try:
+                    await stream.do_handshake()
+                except BaseException:
+                    await trio.aclose_forcefully(tcp)
+                    raise
+                self.connections_opened += 1
+                return _Connection(origin, stream, None)
+        except trio.TooSlowError:
+            raise ConnectError(f"could not connect to {where} within {self.connect_timeout:g}s") from None
+        except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            raise ConnectError(f"could not connect to {where}: {_describe(exc)}") from None
+
+    async def _exchange(self, connection: _Connection, request: h11.Request, body: bytes) -> ClientResponse:
+        conn = connection.h11
+        try:
+            data = conn.send(request)
+            if body:
+                data += conn.send(h11.Data(data=body))
+            data += conn.send(h11.EndOfMessage())
+            await connection.stream.send_all(data)
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    await self._receive(connection, False)
+                    continue
+                if type(event) is h11.Response:
+                    return ClientResponse(self, connection, event)
+                if type(event) is h11.InformationalResponse:
+                    continue
+                raise RemoteProtocolError(
+                    f"{_where(connection)} closed the connection before answering", response_started=False
+                )
+        except h11.RemoteProtocolError as exc:
+            connection.close()
+            raise RemoteProtocolError(
+                f"{_where(connection)} broke HTTP/1.1 before answering: {exc}", response_started=False
+            ) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            connection.close()
+            raise RemoteProtocolError(
+                f"connection to {_where(connection)} lost before its answer: {_describe(exc)}",
+                response_started=False,
+            ) from None
+        except BaseException:
+            connection.close()
+            raise
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_of(parts: Any, url: str) -> Origin:
+    scheme = parts.scheme
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return scheme, parts.hostname, parts.port or _DEFAULT_PORTS[scheme]
+
+
+def _origin(url: str) -> Origin:
+    return _origin_of(urlsplit(url), url)
+
+
+def _where(connection: _Connection) -> str:
+    scheme, host, port = connection.origin
+    return f"{scheme}://{host}:{port}"
+
+
+def _describe(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, trio.BrokenResourceError) and cause is not None:
+        exc = cause
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

@@ -106,6 +106,7 @@ def _register_optional_commands() -> None:
     from llmgw.dev import dev
 
     cli.add_command(dev)
+    from llmgw.cli_agent import agent
     from llmgw.cli_ca import ca
     from llmgw.cli_discover import discover
     from llmgw.cli_enginecheck import engine_check
@@ -120,6 +121,7 @@ def _register_optional_commands() -> None:
     cli.add_command(version)
 
     cli.add_command(ca)
+    cli.add_command(agent)
     cli.add_command(server_command)
 
     cli.add_command(discover)

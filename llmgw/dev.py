@@ -10,11 +10,13 @@ default, and prints what to run next. Ctrl-C stops everything, agents first
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
 import click
+import httpx
 
 from llmgw import pki
 from llmgw.ctl import config_dir, write_client_config
@@ -73,7 +75,9 @@ models:
     help="Where to leave admin credentials for llmgw ctl (default: where ctl looks).",
 )
 @click.option("--once", is_flag=True, help="Stop everything and exit once every replica is ready.")
-def dev(node_count: int, state_dir: Path, server_port: int, ctl_dir: Path | None, once: bool) -> None:
+def dev(
+    node_count: int, state_dir: Path, server_port: int, gateway_port: int, ctl_dir: Path | None, once: bool
+) -> None:
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
     cluster = LocalCluster(state_dir, server_port=server_port)
     ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
@@ -85,9 +89,11 @@ def dev(node_count: int, state_dir: Path, server_port: int, ctl_dir: Path | None
     try:
         click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
         cluster.start(node_count)
+        cluster.start_gateway(gateway_port)
         result = cluster.apply(catalog.read_text(), str(catalog))
         click.echo(f"applied {catalog}: {result['summary']}")
         cluster.wait(cluster.all_ready, "every replica of the sample catalog to be ready")
+        cluster.wait(lambda: _gateway_serves(cluster), "the gateway to route to every model")
         _print_next_steps(cluster, ctl_dir, catalog)
         if once:
             return
@@ -113,12 +119,32 @@ def _leave_credentials(directory: Path | None, server_url: str, admin: pki.Issue
     return directory
 
 
+def _gateway_serves(cluster: LocalCluster) -> bool:
+    try:
+        response = httpx.get(f"{cluster.gateway_url}/v1/models", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and len(response.json().get("data", [])) == 2
+
+
 def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> None:
     data = cluster.replicas()
     click.echo(f"llmgw dev: {len(data['replicas'])} replicas ready")
     for r in data["replicas"]:
         shards = ", ".join(f"{s['node']} {cluster.nodes[s['node']].address}:{s['port']}" for s in r["shards"])
         click.echo(f"  {r['id']:<16} {shards}")
+    body = json.dumps({"model": "llama-sim-8b", "messages": [{"role": "user", "content": "Hello!"}]})
+    answer = httpx.post(
+        f"{cluster.gateway_url}/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    ).json()
+    click.echo(f"gateway: {cluster.gateway_url}/v1 (OpenAI-compatible; no API keys in llmgw dev)")
+    click.echo(f"  llama-sim-8b answered: {answer['choices'][0]['message']['content']!r}")
+    click.echo(
+        f"  curl {cluster.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+    )
     flag = "" if ctl_dir == config_dir() else f" --config-dir {ctl_dir}"
     click.echo("next, from another terminal:")
     click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")

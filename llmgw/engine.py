@@ -71,6 +71,28 @@ class Engine(abc.ABC):
         """The path of ``program`` on the node: configured, or its bare name."""
         return spec.executables.get(program, program)
 
+    def version_argv(self, program: str) -> tuple[str, ...]:
+        """The arguments that make ``program`` print the engine's version.
+
+        The agent runs ``PATH *version_argv(program)`` for the engine's first
+        program at start and reports the version. The default is
+        ``("--version",)``; an engine whose program is an interpreter
+        (``python -m ...``) asks the package instead.
+        """
+        return ("--version",)
+
+    def parse_version(self, text: str) -> str | None:
+        """The version in what the version command printed (stdout, else stderr).
+
+        :returns: a string comparable with :attr:`checked_versions`, or None
+            when the text holds no version. The default takes the last word
+            of the first non-empty line (``vllm 0.34.0`` gives ``0.34.0``).
+        """
+        for line in text.splitlines():
+            if line.split():
+                return line.split()[-1]
+        return None
+
     def device_env(self, spec: LaunchSpec) -> dict[str, str]:
         """The environment that gives a shard its GPUs and its fabric's adapters.
 

@@ -98,6 +98,8 @@ class LocalCluster:
         self.server_url = f"https://127.0.0.1:{server_port}"
         self.nodes: dict[str, LocalNode] = {}
         self.server: subprocess.Popen | None = None
+        self.gateway: subprocess.Popen | None = None
+        self.gateway_url: str | None = None
         self._processes: list[tuple[str, subprocess.Popen]] = []
         self._client: AdminClient | None = None
 
@@ -139,6 +141,29 @@ class LocalCluster:
             ],
         )
         return self.server
+
+    def start_gateway(self, port: int, *, keys: bool = False) -> subprocess.Popen:
+        """Start ``llmgw gateway`` on 127.0.0.1:``port`` with a gateway certificate; no keys by default."""
+        tls = pki.issue_gateway(self.ca, "dev-gateway", out=self.state_dir / "gateway-tls", overwrite=True)
+        argv = [
+            program("llmgw"),
+            "gateway",
+            "--server",
+            self.server_url,
+            "--ca",
+            str(self.ca.cert_path),
+            "--cert",
+            str(tls.cert_path),
+            "--key",
+            str(tls.key_path),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
+        if not keys:
+            argv.append("--no-keys")
+        self.gateway = self._start("gateway", argv)
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        return self.gateway
 
     def add_node(self, index: int, *, fabric: str | None | object = ..., gpus: int = 8) -> LocalNode:
         """Make node ``index``'s identity and fake hardware (once); the agent is not started."""
@@ -286,9 +311,10 @@ class LocalCluster:
 
     def stop_all(self) -> None:
         """Stop every agent (they stop their engines), then the server; leave no process behind."""
-        agents = [p for name, p in self._processes if name != "server"]
+        agents = [p for name, p in self._processes if name not in ("server", "gateway")]
+        gateways = [p for name, p in self._processes if name == "gateway"]
         servers = [p for name, p in self._processes if name == "server"]
-        for group in (agents, servers):
+        for group in (gateways, agents, servers):
             for process in group:
                 process._llmgw_stopped = True  # type: ignore[attr-defined]
                 _signal_group(process, signal.SIGTERM)

@@ -1,7 +1,9 @@
 """The server's state in sqlite: one WAL connection, reached from trio.
 
 Every call goes through one worker thread at a time
-(``trio.CapacityLimiter(1)``), cancellable (``conn.interrupt()``); writes
+(``trio.CapacityLimiter(1)``) and is never abandoned: a cancelled caller waits
+for its query to finish, so no abandoned thread shares the connection with
+the next transaction (a race seen under agent long-polls); writes
 begin with ``BEGIN IMMEDIATE`` so a read-then-write never fails half-way with
 "database is locked". The schema is versioned: :data:`MIGRATIONS` runs in
 order, each once, and a database newer than this code is refused.
@@ -107,7 +109,7 @@ class Store:
         """Run ``fn(conn)`` in the store's worker thread and return its result.
 
         ``fn`` must not begin transactions itself; use :meth:`write` for writes.
-        Cancelling the caller interrupts the query.
+        A cancelled caller waits for the query to finish.
         """
         return await self._in_thread(lambda: fn(self._conn))
 
@@ -125,12 +127,11 @@ class Store:
         return await self._in_thread(transaction)
 
     async def _in_thread(self, work: Callable[[], T]) -> T:
+        # Not abandoned on cancel: an abandoned thread would go on using the
+        # one connection while the next caller starts a transaction on it.
+        # The server's queries are small; a cancel waits for the one running.
         async with self._limiter:
-            try:
-                return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
-            except trio.Cancelled:
-                self._conn.interrupt()
-                raise
+            return await trio.to_thread.run_sync(work)
 
     def close(self) -> None:
         """Close the connection; called once when the server stops."""

@@ -101,6 +101,9 @@ class SyncRequest:
     revision: int = 0
     #: whether the server may hold the reply until something changes
     wait: bool = True
+    #: the model sources ``facts.model_sources`` was checked against (the
+    #: server's ``check_sources``): a source not in here is not known missing
+    checked_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
 
 
 @attrs.frozen

@@ -70,6 +70,7 @@ class Harness:
         text = CATALOG.format(big=big)
         self.cluster.apply_catalog(parse_catalog(text, ENGINES), text, self.now)
         self.cluster.reconcile(self.now)
+        self.sync_all()
 
     def sync(self, node_id: str) -> None:
         """One agent sync: report, reconcile, then 'apply' the reply (start what is new)."""
@@ -80,6 +81,7 @@ class Harness:
             port_range=(20000, 20999),
             observed=list(self.states[node_id].values()),
             revision=self.revisions[node_id],
+            checked_sources=self.cluster.sources_to_check(),
         )
         self.cluster.sync(request, self.now)
         self.cluster.reconcile(self.now)
@@ -273,6 +275,22 @@ async def test_state_survives_a_restart(tmp_path):
     loaded.reconcile(later)
     assert not loaded.nodes["node-1"].lost
     assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
+
+
+def test_placement_waits_until_every_node_checked_the_sources():
+    """After a catalog change, replicas are placed once every node said which sources it has, spread."""
+    h = Harness()
+    h.join("node-1")
+    h.join("node-2")
+    text = CATALOG.format(big=0).replace("profile: one", "profile: one\n    replicas: 2")
+    h.cluster.apply_catalog(parse_catalog(text, ENGINES), text, h.now)
+    h.cluster.reconcile(h.now)
+    assert h.cluster.replicas == {}, "placed before the nodes were asked about the sources"
+    h.sync("node-1")
+    assert h.cluster.replicas == {}, "placed before node-2 answered"
+    h.sync("node-2")
+    nodes = sorted(r.placement.rank0.node_id for r in h.cluster.replicas.values())
+    assert nodes == ["node-1", "node-2"]
 
 
 def test_unplaceable_replica_has_a_reason():

@@ -29,6 +29,8 @@ def test_dev_once_brings_every_replica_up_and_leaves_nothing_running(llmgw_exe, 
             "2",
             "--server-port",
             str(free_port()),
+            "--gateway-port",
+            str(free_port()),
             "--state-dir",
             str(state),
             "--config-dir",
@@ -41,6 +43,7 @@ def test_dev_once_brings_every_replica_up_and_leaves_nothing_running(llmgw_exe, 
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "llmgw dev: 3 replicas ready" in result.stdout
+    assert "llama-sim-8b answered: '" in result.stdout
     assert "llmgw ctl --config-dir" in result.stdout
     assert (tmp_path / "ctl" / "config.toml").read_text().count("server =") == 1
     assert oct((tmp_path / "ctl" / "admin.key").stat().st_mode & 0o777) == "0o600"

@@ -107,7 +107,12 @@ def test_server_restart_adopts_running_replicas(cluster):
     before = {r["id"]: pids(cluster, r["id"]) for r in cluster.replicas()["replicas"]}
     cluster.stop(cluster.server, signal.SIGKILL)
     cluster.start_server()
-    cluster.wait(cluster.all_ready, "every replica to be ready after the restart", 60)
+
+    def adopted() -> bool:
+        shards = [s for r in cluster.replicas()["replicas"] for s in r["shards"]]
+        return cluster.all_ready() and all(s["pid"] and s["state"] in ("ready", "running") for s in shards)
+
+    cluster.wait(adopted, "every shard to be reported again after the restart", 60)
     after = {r["id"]: pids(cluster, r["id"]) for r in cluster.replicas()["replicas"]}
     assert after == before
     catalog = cluster.client.request("GET", "/v1/admin/catalog")
@@ -116,8 +121,11 @@ def test_server_restart_adopts_running_replicas(cluster):
 
 def test_lost_node_replicas_come_back_elsewhere(cluster):
     """A node whose agent stops syncing is declared lost and its replicas are ready elsewhere."""
-    small = [r for r in cluster.replicas()["replicas"] if r["model"] == "small"]
-    victim = cluster.nodes[small[0]["shards"][0]["node"]]
+    by_model: dict[str, set[str]] = {}
+    for r in cluster.replicas()["replicas"]:
+        by_model.setdefault(r["model"], set()).update(s["node"] for s in r["shards"])
+    # the two-node replica has no second ib-a pair to go to: lose a node it is not on
+    victim = cluster.nodes[sorted(by_model["small"] - by_model["big"])[0]]
     os.kill(victim.process.pid, signal.SIGSTOP)
     try:
         cluster.wait(

@@ -99,6 +99,7 @@ class Cluster:
             address="127.0.0.1",
             facts=facts,
             port_range=(port, port),
+            checked_sources=facts.model_sources,
             observed=observed,
             revision=last.revision if last else 0,
             wait=False,

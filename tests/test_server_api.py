@@ -63,6 +63,7 @@ def sync_body(node_id: str, revision: int = 0) -> dict:
         address="127.0.0.5",
         facts=facts,
         port_range=(21000, 21099),
+        checked_sources=facts.model_sources,
         revision=revision,
         wait=False,
     )

@@ -80,6 +80,11 @@ class LlamaCppEngine(Engine):
     health_path = "/health"
     programs = (SERVER, WORKER)
 
+    def parse_version(self, text: str) -> str | None:
+        """``llama-server --version`` prints ``version: 11312 (0c1e570)``: the commit is the version."""
+        match = re.search(r"version:\s*\d+\s*\(([0-9a-f]{7,40})\)", text)
+        return match.group(1)[:7] if match else None
+
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the command of one shard.
 

@@ -275,3 +275,11 @@ def test_registered_through_the_entry_point():
 def test_version():
     """__version__ matches the installed distribution's metadata."""
     assert llmgw_engine_llamacpp.__version__ == metadata.version("llmgw-engine-llamacpp")
+
+
+def test_version_is_the_commit():
+    """The version llama-server prints is read as its commit, the spelling checked_versions uses."""
+    engine = LlamaCppEngine()
+    assert engine.parse_version("version: 11312 (0c1e57098)\nbuilt with cc") == "0c1e570"
+    assert engine.parse_version("version: 1 (4227c9b)") in engine.checked_versions
+    assert engine.parse_version("usage: llama-server") is None

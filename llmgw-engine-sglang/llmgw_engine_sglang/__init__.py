@@ -52,6 +52,10 @@ class SglangEngine(Engine):
     #: the Python interpreter of SGLang's environment
     programs = ("python",)
 
+    def version_argv(self, program: str) -> tuple[str, ...]:
+        """``python --version`` would be Python's: ask the sglang package."""
+        return ("-c", "import sglang; print(sglang.__version__)")
+
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``sglang.launch_server`` command of one shard.
 

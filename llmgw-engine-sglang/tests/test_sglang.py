@@ -200,3 +200,9 @@ def test_registered_through_the_entry_point():
 def test_version():
     """__version__ matches the installed distribution's metadata."""
     assert llmgw_engine_sglang.__version__ == metadata.version("llmgw-engine-sglang")
+
+
+def test_version_asks_the_package_not_python():
+    """The agent asks the sglang package for its version: python --version would be Python's."""
+    argv = SglangEngine().version_argv("python")
+    assert argv[0] == "-c" and "sglang.__version__" in argv[1]

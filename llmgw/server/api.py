@@ -105,7 +105,15 @@ class ServerApp:
     # -- the reconciler loop -----------------------------------------------
 
     async def commit(self) -> None:
-        """Reconcile, persist what changed, and wake waiters. Call with the lock held."""
+        """Reconcile, persist what changed, and wake waiters. Call with the lock held.
+
+        Shielded: a client that drops its request must not leave the cluster
+        reconciled in memory but not stored.
+        """
+        with trio.CancelScope(shield=True):
+            await self._commit()
+
+    async def _commit(self) -> None:
         now = self.clock()
         revision, routes = self.cluster.revision, self.cluster.routes_revision
         self.cluster.reconcile(now)

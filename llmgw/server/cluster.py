@@ -34,6 +34,10 @@ class Settings:
     stable_after: float = 60.0
     #: how long rank 0 may take to pass its health check
     ready_timeout: float = 600.0
+    #: after a catalog change, how long placing waits for every node to say
+    #: which of its model sources it has (so replicas spread, not pile onto
+    #: the first node that answered)
+    source_wait: float = 10.0
 
 
 @attrs.frozen
@@ -64,6 +68,8 @@ class NodeRecord:
     observed: dict[str, ObservedShard] = attrs.field(factory=dict)
     #: whether the agent synced since this server started (``observed`` is known)
     reported: bool = False
+    #: the model sources the agent checked for ``facts.model_sources``
+    checked_sources: frozenset[str] = frozenset()
     #: the serial and expiry (UNIX time) of the certificate the node last synced with
     cert_serial: int | None = None
     cert_not_after: float | None = None
@@ -122,6 +128,7 @@ class Cluster:
         self.catalog = Catalog()
         self.catalog_text = ""
         self.catalog_revision = 0
+        self.catalog_applied_at = 0.0
         self.nodes: dict[str, NodeRecord] = {}
         self.replicas: dict[str, ReplicaRecord] = {}
         self.unplaced: tuple[Unplaced, ...] = ()
@@ -149,7 +156,10 @@ class Cluster:
         self.catalog = catalog
         self.catalog_text = text
         self.catalog_revision += 1
+        self.catalog_applied_at = now
         self.dirty_catalog = True
+        # wake every long-poll: agents must learn the new sources to check
+        self.revision += 1
         self._event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
 
     def sync(self, request: SyncRequest, now: float) -> None:
@@ -184,6 +194,7 @@ class Cluster:
             self.dirty_nodes.add(node.node_id)
         node.agent_revision = request.revision
         node.observed = {shard.key: shard for shard in request.observed}
+        node.checked_sources = frozenset(request.checked_sources)
         node.reported = True
 
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
@@ -213,7 +224,8 @@ class Cluster:
         self._detect_lost(now)
         for record in list(self.replicas.values()):
             self._judge(record, now)
-        self._schedule(now, self._drain_moves(now))
+        if not self._waiting_for_sources(now):
+            self._schedule(now, self._drain_moves(now))
         self._desired_cache = None
         changed = self.desired() != before
         if changed:
@@ -225,6 +237,16 @@ class Cluster:
         if self._ready_ids() != ready_before:
             self.routes_revision += 1
         return changed
+
+    def _waiting_for_sources(self, now: float) -> bool:
+        """Whether placing should wait: a live node has not yet checked the catalog's sources."""
+        if now - self.catalog_applied_at >= self.settings.source_wait:
+            return False
+        sources = set(self.sources_to_check())
+        return any(
+            not node.lost and node.reported and not sources <= node.checked_sources
+            for node in self.nodes.values()
+        )
 
     def _detect_lost(self, now: float) -> None:
         for node in self.nodes.values():

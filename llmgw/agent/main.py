@@ -1,0 +1,103 @@
+"""Running the agent: :func:`serve_agent`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.facts import gather_facts
+from llmgw.agent.process import ProcessRecords, end_leftovers, hold_agent_lock
+from llmgw.agent.sync import Agent
+from llmgw.engine import Engine
+from llmgw.errors import PluginError
+from llmgw.pki import client_ssl_context
+from llmgw.plugins import get_plugin_manager
+
+__all__ = ["serve_agent"]
+
+log = logging.getLogger("llmgw.agent")
+
+
+def _engines(plugins: Any) -> tuple[dict[str, Engine], list[str]]:
+    try:
+        return {name: record.engine for name, record in plugins.engines().items()}, []
+    except PluginError as exc:
+        log.error("engine plugins failed to load: %s", exc)
+        return {}, [f"engine plugins failed to load: {exc}"]
+
+
+async def serve_agent(
+    config: AgentConfig,
+    plugins: Any = None,
+    *,
+    task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the node agent until cancelled.
+
+    At start: takes the state directory's lock, ends the process groups an
+    earlier agent left (and reports its shards as ``exited``), discovers the
+    node's facts, then calls ``task_status.started(agent)`` with the
+    :class:`~llmgw.agent.sync.Agent` and syncs with the server forever,
+    supervising the shards it is given.
+
+    On cancellation every shard is stopped (engine, then sidecars: SIGTERM,
+    grace, SIGKILL) before this returns.
+
+    :param plugins: the plugin manager; default :func:`~llmgw.plugins.get_plugin_manager`.
+    :raises FabricError: a ``--fabric`` this node cannot meet (before ``started``).
+    :raises PkiError: the certificate, key or CA cannot be loaded.
+    :raises AgentLockError: another agent runs with the same state directory.
+    """
+    if plugins is None:
+        plugins = get_plugin_manager()
+    engines, problems = _engines(plugins)
+    ssl_context = client_ssl_context(config.cert, config.key, config.ca)
+    config.logs_dir.mkdir(parents=True, exist_ok=True)
+    with hold_agent_lock(config.runtime_dir):
+        records = ProcessRecords(config.runtime_dir)
+        for line in await end_leftovers(records, config.stop_grace):
+            log.warning("left by an earlier agent: %s", line)
+        previous = records.shard_records()
+
+        async def refresh(check_sources: tuple[str, ...] = ()) -> Any:
+            return await gather_facts(
+                config, plugins, engines, check_sources=check_sources, extra_problems=problems
+            )
+
+        # the sources the server asked the previous agent about: a first sync that
+        # reported none would make the server move replicas off this node
+        check_sources = records.check_sources()
+        facts = await refresh(check_sources)
+        for problem in facts.problems:
+            log.warning("node %s: %s", config.node, problem)
+        log.info(
+            "node %s: %d GPUs, fabrics %s, engines %s",
+            config.node,
+            len(facts.gpus),
+            ", ".join(f.name for f in facts.fabrics) or "none (island)",
+            ", ".join(f"{name} {version}" for name, version in sorted(facts.engines.items())) or "none",
+        )
+        agent = Agent(config, engines, facts, records, ssl_context)
+        agent.check_sources = check_sources
+        agent.sources_checked = check_sources
+        agent.adopt_previous(previous)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(agent.run, nursery)
+            nursery.start_soon(agent.watch_facts, refresh)
+            nursery.start_soon(_say_when_stopping, agent)
+            task_status.started(agent)
+        log.info("agent stopped: every shard ended")
+
+
+async def _say_when_stopping(agent: Agent) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        log.info(
+            "agent stopping: ending %d shards (SIGTERM, then SIGKILL after %g s)",
+            len(agent.supervisors),
+            agent.config.stop_grace,
+        )

@@ -1,0 +1,303 @@
+"""Supervising one shard: its sidecars, then its engine, then rank 0's health.
+
+A :class:`ShardSupervisor` runs one :class:`~llmgw.wire.DesiredShard` until
+it is cancelled, and reports every change of its
+:class:`~llmgw.wire.ObservedShard` through a callback:
+
+``starting`` (sidecars, then the engine, are starting) → ``running`` (the
+engine process is up; a worker stays here) → ``ready`` (rank 0 answers 200
+on the engine's health path). ``unhealthy`` when a sidecar is not ready in
+time or exits, when rank 0 is not ready within ``ready_timeout``, or fails
+its health check several times in a row after being ready. ``exited`` when
+the engine process ends (with its exit code and the last line of its log).
+``stopping`` while it is being stopped. Nothing is restarted here: the
+server decides, and hands out a new attempt.
+
+Stopping (cancelling :meth:`ShardSupervisor.run`) ends the engine's process
+group first (SIGTERM, grace, SIGKILL), then each sidecar's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import attrs
+import httpx
+import trio
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
+from llmgw.engine import Engine
+from llmgw.models import Command, Sidecar
+from llmgw.wire import DesiredShard, ObservedShard
+
+__all__ = ["ShardSupervisor", "shard_log_path"]
+
+log = logging.getLogger("llmgw.agent")
+
+#: seconds between two readiness checks of a sidecar
+SIDECAR_POLL = 0.1
+
+
+def shard_log_path(logs_dir: Path, desired: DesiredShard, sidecar: str | None = None) -> Path:
+    """``<logs>/<replica>-<attempt>-r<rank>.log`` (``.<sidecar>.log`` for a sidecar)."""
+    base = f"{desired.replica_id}-{desired.attempt}-r{desired.rank}"
+    return logs_dir / (f"{base}.{sidecar}.log" if sidecar else f"{base}.log")
+
+
+class ShardSupervisor:
+    """Runs one shard; see the module docstring."""
+
+    def __init__(
+        self,
+        desired: DesiredShard,
+        engine: Engine | None,
+        config: AgentConfig,
+        report: Callable[[ObservedShard], None],
+        *,
+        on_spawn: Callable[[Child], None] | None = None,
+        on_gone: Callable[[Child], None] | None = None,
+    ) -> None:
+        """Prepare (not start) the shard ``desired`` with ``engine`` (None: no plugin provides it).
+
+        :param report: called with the new observed state at every change.
+        :param on_spawn: called when a process group starts (to record it).
+        :param on_gone: called when a process group is gone.
+        """
+        self.desired = desired
+        self.engine = engine
+        self.config = config
+        self._report = report
+        self._on_spawn = on_spawn
+        self._on_gone = on_gone
+        self.observed = ObservedShard(
+            replica_id=desired.replica_id,
+            attempt=desired.attempt,
+            rank=desired.rank,
+            state="starting",
+            port=desired.spec.port,
+            since=time.time(),
+        )
+        self.log_path = shard_log_path(config.logs_dir, desired)
+        self.engine_child: Child | None = None
+        self.sidecars: list[Child] = []
+        #: cancel this scope to stop the shard (see :meth:`stop`)
+        self.cancel_scope = trio.CancelScope()
+        #: set by whoever runs it once :meth:`run` returned (every process gone)
+        self.done = trio.Event()
+
+    @property
+    def key(self) -> str:
+        """The shard's key (``replica/attempt/rRANK``)."""
+        return self.desired.key
+
+    def stop(self) -> None:
+        """Report ``stopping`` and cancel :meth:`run`, which returns once every process is gone."""
+        self._update(state="stopping", detail=None)
+        self.cancel_scope.cancel()
+
+    def fail(self, detail: str) -> None:
+        """Report ``exited`` with ``detail``: the agent itself could not run the shard."""
+        self._update(state="exited", detail=detail)
+
+    def _update(self, **changes: object) -> None:
+        current = self.observed.state
+        new = changes.get("state", current)
+        if current == "stopping" or (current == "exited" and new != "stopping"):
+            return  # final states: a late probe or watcher says nothing more
+        if current == "unhealthy" and new in ("starting", "running", "ready"):
+            return  # the server tears an unhealthy shard down; it does not come back
+        if new != current:
+            changes["since"] = time.time()
+        self.observed = attrs.evolve(self.observed, **changes)
+        detail = f": {self.observed.detail}" if self.observed.detail and new != current else ""
+        if new != current:
+            log.info("shard %s %s%s", self.key, new, detail)
+        self._report(self.observed)
+
+    async def run(self, after: Sequence[trio.Event] = ()) -> None:
+        """Run the shard until cancelled (see :meth:`stop`); every process is gone when it returns.
+
+        :param after: events to wait for before starting anything (shards
+            being stopped that hold a port this one binds); ``starting`` meanwhile.
+        """
+        with self.cancel_scope:
+            for event in after:
+                await event.wait()
+            async with trio.open_nursery() as nursery:
+                await self._run(nursery)
+
+    async def _engine_gone(self) -> None:
+        """What each sidecar's stop waits for: the engine's process group is gone."""
+        engine = self.engine_child
+        if engine is not None and engine.process is not None:
+            await engine.exited.wait()
+
+    async def _spawn(
+        self,
+        nursery: trio.Nursery,
+        child: Child,
+        command: Command,
+        stop_after: Callable[[], Awaitable[None]] | None = None,
+    ) -> Child:
+        """Start ``child`` in ``nursery`` (see :func:`run_child`); returns once its launcher answered."""
+
+        def spawned(c: Child) -> None:
+            if self._on_spawn is not None:
+                self._on_spawn(c)
+
+        async def run(task_status: trio.TaskStatus[Child]) -> None:
+            try:
+                await run_child(
+                    child,
+                    command,
+                    grace=self.config.stop_grace,
+                    stop_after=stop_after,
+                    on_spawn=spawned,
+                    task_status=task_status,
+                )
+            finally:
+                if self._on_gone is not None and child.process is not None:
+                    self._on_gone(child)
+
+        return await nursery.start(run)
+
+    async def _run(self, nursery: trio.Nursery) -> None:
+        for sidecar in self.desired.sidecars:
+            problem = await self._start_sidecar(nursery, sidecar)
+            if problem is not None:
+                self._update(state="unhealthy", detail=problem)
+                await trio.sleep_forever()
+        if self.engine is None:
+            missing = f"engine {self.desired.engine} is not installed on this node (no plugin provides it)"
+            self._update(state="exited", detail=missing)
+            await trio.sleep_forever()
+        spec = attrs.evolve(self.desired.spec, executables=self.config.programs(self.desired.engine))
+        try:
+            command = self.engine.build_command(spec)
+        except Exception as exc:  # noqa: BLE001 - a plugin's bug is this shard's failure, not the agent's
+            log.exception("engine %s could not build the command of shard %s", self.engine.name, self.key)
+            detail = f"engine {self.engine.name} could not build its command: {exc}"
+            self._update(state="exited", detail=detail)
+            await trio.sleep_forever()
+        self.engine_child = Child("engine of " + self.key, self.log_path)
+        child = await self._spawn(nursery, self.engine_child, command)
+        if child.start_error is not None:
+            await child.exited.wait()
+            self._update(state="exited", exit_code=child.returncode, detail=child.start_error)
+            await trio.sleep_forever()
+        self._update(state="running", pid=child.pid)
+        async with trio.open_nursery() as probes:
+            if self.desired.rank == 0:
+                probes.start_soon(self._probe)
+            await child.exited.wait()
+            probes.cancel_scope.cancel()
+        line = await trio.to_thread.run_sync(last_log_line, self.log_path)
+        how = describe_exit(child.returncode)
+        self._update(state="exited", exit_code=child.returncode, detail=line or how)
+        log.warning("shard %s: engine %s (pid %s)", self.key, how, child.pid)
+        await trio.sleep_forever()
+
+    # -- sidecars ----------------------------------------------------------------------------------
+
+    async def _start_sidecar(self, nursery: trio.Nursery, sidecar: Sidecar) -> str | None:
+        """Start one sidecar and wait until it is ready; the problem, or None when it is ready."""
+        path = shard_log_path(self.config.logs_dir, self.desired, sidecar.name)
+        child = await self._spawn(
+            nursery,
+            Child(f"sidecar {sidecar.name} of {self.key}", path),
+            Command(argv=sidecar.argv),
+            stop_after=self._engine_gone,
+        )
+        self.sidecars.append(child)
+        if child.start_error is not None:
+            return f"sidecar {sidecar.name}: {child.start_error}"
+        if sidecar.ready is not None:
+            timeout = self.config.sidecar_timeout
+            with trio.move_on_after(timeout):
+                while not await self._sidecar_ready(sidecar.ready):
+                    if child.exited.is_set():
+                        return await self._sidecar_exit(sidecar, child, "before it was ready")
+                    await trio.sleep(SIDECAR_POLL)
+                nursery.start_soon(self._watch_sidecar, sidecar, child)
+                log.info("shard %s: sidecar %s ready (%s)", self.key, sidecar.name, sidecar.ready)
+                return None
+            return (
+                f"sidecar {sidecar.name} not ready within {timeout:g} s "
+                f"({sidecar.ready} on {self.config.address})"
+            )
+        nursery.start_soon(self._watch_sidecar, sidecar, child)
+        return None
+
+    async def _sidecar_exit(self, sidecar: Sidecar, child: Child, when: str) -> str:
+        await child.exited.wait()
+        line = await trio.to_thread.run_sync(last_log_line, child.log_path)
+        what = f"sidecar {sidecar.name} {describe_exit(child.returncode)} {when}"
+        return f"{what}: {line}" if line else what
+
+    async def _watch_sidecar(self, sidecar: Sidecar, child: Child) -> None:
+        await child.exited.wait()
+        detail = await self._sidecar_exit(sidecar, child, "while the shard ran")
+        self._update(state="unhealthy", detail=detail)
+
+    async def _sidecar_ready(self, ready: str) -> bool:
+        kind, _, rest = ready.partition(":")
+        port_text, _, path = rest.partition("/")
+        port = int(port_text)
+        with trio.move_on_after(self.config.health.timeout):
+            if kind == "tcp":
+                try:
+                    stream = await trio.open_tcp_stream(self.config.address, port)
+                except OSError:
+                    return False
+                await stream.aclose()
+                return True
+            url = f"http://{self.config.address}:{port}/{path}"
+            async with httpx.AsyncClient(trust_env=False) as client:
+                try:
+                    return (await client.get(url)).status_code == 200
+                except httpx.HTTPError:
+                    return False
+        return False
+
+    # -- rank 0's health ---------------------------------------------------------------------------
+
+    async def _probe(self) -> None:
+        assert self.engine is not None
+        spec = self.desired.spec
+        url = f"http://{spec.host}:{spec.port}{self.engine.health_path}"
+        settings = self.config.health
+        async with httpx.AsyncClient(trust_env=False) as client:
+            last = "no answer yet"
+            timeout = self.desired.ready_timeout
+            with trio.move_on_after(timeout) as waiting:
+                while True:
+                    ok, last = await self._probe_once(client, url)
+                    if ok:
+                        break
+                    await trio.sleep(settings.interval)
+            if waiting.cancelled_caught:
+                self._update(state="unhealthy", detail=f"not ready within {timeout:g} s: GET {url}: {last}")
+                return
+            self._update(state="ready", detail=None)
+            failures = 0
+            while failures < settings.failures:
+                await trio.sleep(settings.interval)
+                ok, last = await self._probe_once(client, url)
+                failures = 0 if ok else failures + 1
+            self._update(
+                state="unhealthy", detail=f"health check failed {failures} times in a row: GET {url}: {last}"
+            )
+
+    async def _probe_once(self, client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
+        """One GET of the health path, within the health timeout: (passed, what it answered)."""
+        with trio.move_on_after(self.config.health.timeout):
+            try:
+                response = await client.get(url)
+            except httpx.HTTPError as exc:
+                return False, str(exc) or type(exc).__name__
+            return response.status_code == 200, f"HTTP {response.status_code}"
+        return False, f"no answer within {self.config.health.timeout:g} s"

@@ -1,0 +1,372 @@
+"""The agent's loop with the server: report facts and shards, apply the shards it should run.
+
+One call carries it all (DESIGN.md, "Agent protocol"): :class:`Agent` posts a
+:class:`~llmgw.wire.SyncRequest` and applies the :class:`~llmgw.wire.SyncReply`
+whenever its revision moved: a supervisor starts for every desired shard not
+running, every running shard no longer desired is stopped.
+
+What the server relies on: after a reply is applied, every shard it names
+is in ``observed`` (``starting`` at least) until the server stops wanting it;
+its entry is made as the reply is applied, before the next sync.
+
+A local change (a shard's state, the node's facts) cancels the long-poll in
+flight and syncs at once. While the server is unreachable (or answers 5xx)
+every shard keeps running and the agent retries with exponential backoff and
+jitter, logging once per outage; while it refuses this node (401/403) the
+agent logs the server's message and retries slowly. Nothing is restarted when
+the server comes back: it adopts what runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.facts import present_sources
+from llmgw.agent.process import Child, ProcessRecords
+from llmgw.agent.supervisor import ShardSupervisor
+from llmgw.engine import Engine
+from llmgw.models import NodeFacts
+from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
+
+__all__ = ["Agent"]
+
+log = logging.getLogger("llmgw.agent")
+
+
+class _Unreachable(Exception):
+    """The server could not be reached, or failed (5xx): retry with backoff."""
+
+
+class _Refused(Exception):
+    """The server answered, and refused (4xx): retry slowly."""
+
+
+class Agent:
+    """One node's agent: its shards, its facts, and its loop with the server.
+
+    Made by :func:`llmgw.agent.serve_agent`, which hands it to
+    ``task_status.started``; tests read :attr:`observed` and :attr:`facts`.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        engines: Mapping[str, Engine],
+        facts: NodeFacts,
+        records: ProcessRecords,
+        ssl_context: Any,
+    ) -> None:
+        self.config = config
+        self.engines = dict(engines)
+        self.facts = facts
+        self.records = records
+        self.ssl_context = ssl_context
+        #: shard key -> what this agent reports for it
+        self.observed: dict[str, ObservedShard] = {}
+        self.supervisors: dict[str, ShardSupervisor] = {}
+        #: the revision of the last reply applied; 0 until the first
+        self.revision = 0
+        #: model sources the server last asked about
+        self.check_sources: tuple[str, ...] = ()
+        #: the sources the current facts' model_sources were checked against
+        self.sources_checked: tuple[str, ...] = ()
+        #: set when the server answered at least once since start
+        self.connected = trio.Event()
+        self._changed = trio.Event()
+        self._sources_changed = trio.Event()
+        #: where shard supervisors run; set by :meth:`run`
+        self.shards_nursery: trio.Nursery | None = None
+
+    # -- local state ---------------------------------------------------------------------------------
+
+    def notify(self) -> None:
+        """Something local changed: sync now (cancels the long-poll in flight)."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def adopt_previous(self, shard_records: list[dict[str, Any]]) -> None:
+        """Report the shards an earlier agent ran as ``exited``: their processes ended with it."""
+        for record in shard_records:
+            try:
+                shard = ObservedShard(
+                    replica_id=record["replica_id"],
+                    attempt=record["attempt"],
+                    rank=record["rank"],
+                    state="exited",
+                    port=record.get("port"),
+                    detail="ended with the previous agent (pid "
+                    f"{record.get('agent_pid')}); the server rebuilds it",
+                    since=time.time(),
+                )
+            except (KeyError, TypeError, ValueError):
+                self.records.remove_shard(record.get("key", ""))
+                continue
+            self.observed[shard.key] = shard
+            log.info("shard %s was running under the previous agent: reporting it exited", shard.key)
+
+    def set_facts(self, facts: NodeFacts) -> None:
+        """Report new facts at the next sync (at once, when they changed)."""
+        if facts != self.facts:
+            self.facts = facts
+            self.notify()
+
+    def _report(self, key: str, observed: ObservedShard) -> None:
+        if key in self.supervisors:
+            self.observed[key] = observed
+            self.notify()
+
+    def _on_spawn(self, key: str, child: Child) -> None:
+        if child.pgid is not None:
+            self.records.add_group(child.pgid, key, child.name)
+
+    def _on_gone(self, child: Child) -> None:
+        if child.pgid is not None:
+            self.records.remove_group(child.pgid)
+
+    # -- applying a reply ------------------------------------------------------------------------
+
+    def apply(self, reply: SyncReply) -> None:
+        """Start every desired shard not running, stop every shard not desired; synchronous.
+
+        Every desired shard has its ``observed`` entry when this returns.
+        """
+        assert self.shards_nursery is not None
+        desired = {shard.key: shard for shard in reply.shards}
+        for key in list(self.observed):
+            if key in desired:
+                continue
+            supervisor = self.supervisors.get(key)
+            if supervisor is None:
+                del self.observed[key]
+                self.records.remove_shard(key)
+            elif supervisor.observed.state != "stopping":
+                log.info("stopping shard %s: the server no longer wants it", key)
+                supervisor.stop()
+        for key, shard in desired.items():
+            if key in self.observed:
+                continue
+            supervisor = ShardSupervisor(
+                shard,
+                self.engines.get(shard.engine),
+                self.config,
+                lambda observed, key=key: self._report(key, observed),
+                on_spawn=lambda child, key=key: self._on_spawn(key, child),
+                on_gone=self._on_gone,
+            )
+            self.supervisors[key] = supervisor
+            self.observed[key] = supervisor.observed
+            self.records.add_shard(
+                key,
+                {
+                    "replica_id": shard.replica_id,
+                    "attempt": shard.attempt,
+                    "rank": shard.rank,
+                    "port": shard.spec.port,
+                    "agent_pid": os.getpid(),
+                },
+            )
+            # a shard being stopped may still hold a port this one binds: start once it is gone
+            blockers = [
+                other.done for other in self.supervisors.values()
+                if other.observed.state == "stopping" and _ports(other.desired) & _ports(shard)
+            ]
+            wait = f" once {len(blockers)} stopping shards free its ports" if blockers else ""
+            log.info(
+                "starting shard %s (%s, engine %s, port %d)%s",
+                key, shard.model, shard.engine, shard.spec.port, wait,
+            )
+            self.shards_nursery.start_soon(self._supervise, supervisor, blockers)
+        self.revision = reply.revision
+        self.notify()
+
+    def note_sources(self, reply: SyncReply) -> None:
+        """Remember which model sources the server asks about; refresh the facts when that changed."""
+        if tuple(reply.check_sources) != self.check_sources:
+            self.check_sources = tuple(reply.check_sources)
+            self.records.save_check_sources(self.check_sources)
+            self._sources_changed.set()
+
+    async def _supervise(self, supervisor: ShardSupervisor, blockers: list[trio.Event]) -> None:
+        try:
+            await supervisor.run(after=blockers)
+        except Exception as exc:  # noqa: BLE001 - one shard's failure must not end the agent
+            log.exception("shard %s failed in the agent", supervisor.key)
+            supervisor.fail(f"the agent could not run it: {exc}")
+        finally:
+            if supervisor.observed.state == "stopping":
+                # stopped because the server no longer wants it: forget it
+                self.supervisors.pop(supervisor.key, None)
+                self.observed.pop(supervisor.key, None)
+                self.records.remove_shard(supervisor.key)
+                log.info("shard %s stopped", supervisor.key)
+                self.notify()
+            supervisor.done.set()
+
+    # -- the loops ---------------------------------------------------------------------------------
+
+    def request(self) -> SyncRequest:
+        """The sync request for the current state."""
+        return SyncRequest(
+            node_id=self.config.node,
+            address=self.config.address,
+            facts=self.facts,
+            port_range=self.config.port_range,
+            observed=sorted(self.observed.values(), key=lambda s: s.key),
+            revision=self.revision,
+            wait=True,
+            checked_sources=self.sources_checked,
+        )
+
+    async def run(self, shards_nursery: trio.Nursery) -> None:
+        """Sync with the server forever; shards are supervised in ``shards_nursery``."""
+        self.shards_nursery = shards_nursery
+        url = f"{self.config.server}/v1/agent/sync"
+        settings = self.config.sync
+        timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
+        async with httpx.AsyncClient(verify=self.ssl_context, timeout=timeout) as client:
+            failures = 0
+            outage_since: float | None = None
+            refusal: str | None = None
+            while True:
+                try:
+                    reply = await self._sync_once(client, url)
+                except _Unreachable as exc:
+                    failures += 1
+                    if outage_since is None:
+                        outage_since = time.monotonic()
+                        log.warning(
+                            "server %s unreachable: %s; keeping %d shards running, retrying with backoff",
+                            self.config.server,
+                            exc,
+                            len(self.supervisors),
+                        )
+                    else:
+                        log.debug("server still unreachable (try %d): %s", failures, exc)
+                    delay = min(settings.backoff_max, settings.backoff_initial * 2 ** min(failures - 1, 30))
+                    await trio.sleep(random.uniform(delay / 2, delay))
+                    continue
+                except _Refused as exc:
+                    if str(exc) != refusal:
+                        refusal = str(exc)
+                        log.error("%s; retrying every %g s", exc, settings.refused_retry)
+                    await trio.sleep(settings.refused_retry)
+                    continue
+                if outage_since is not None:
+                    log.info(
+                        "server %s reachable again after %.1f s (%d failed tries)",
+                        self.config.server,
+                        time.monotonic() - outage_since,
+                        failures,
+                    )
+                if refusal is not None:
+                    log.info("server %s accepts this node again", self.config.server)
+                failures, outage_since, refusal = 0, None, None
+                if not self.connected.is_set():
+                    log.info("synced with server %s as node %s", self.config.server, self.config.node)
+                self.connected.set()
+                if reply is None:
+                    continue
+                if reply.revision != self.revision:
+                    self.apply(reply)
+                self.note_sources(reply)
+
+    async def _sync_once(self, client: httpx.AsyncClient, url: str) -> SyncReply | None:
+        """One sync call; None when a local change cut the long-poll short."""
+        changed = self._changed
+        body = to_json(self.request())
+        outcome: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+
+            async def call() -> None:
+                try:
+                    with trio.fail_after(self.config.sync.timeout + 5):
+                        outcome["response"] = await client.post(url, json=body)
+                except (httpx.HTTPError, trio.TooSlowError) as exc:
+                    outcome["error"] = exc
+                nursery.cancel_scope.cancel()
+
+            async def interrupt() -> None:
+                await changed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(call)
+            nursery.start_soon(interrupt)
+        if "error" in outcome:
+            raise _Unreachable(_describe(outcome["error"]))
+        response: httpx.Response | None = outcome.get("response")
+        if response is None:
+            return None
+        if response.status_code >= 500:
+            raise _Unreachable(f"HTTP {response.status_code}: {_server_message(response)}")
+        if response.status_code != 200:
+            raise _Refused(
+                f"server {self.config.server} refused node {self.config.node!r} "
+                f"(HTTP {response.status_code}): {_server_message(response)}"
+            )
+        try:
+            return from_json(response.json(), SyncReply)
+        except (WireError, ValueError) as exc:
+            message = f"server {self.config.server} sent a reply this agent cannot read: {exc}"
+            raise _Refused(message) from None
+
+    async def watch_facts(self, refresh: Any) -> None:
+        """Re-run discovery every ``facts_interval`` seconds; re-check model sources when asked about others.
+
+        :param refresh: ``async (check_sources) -> NodeFacts``, the full discovery.
+        """
+        next_full = trio.current_time() + self.config.sync.facts_interval
+        while True:
+            with trio.move_on_at(next_full):
+                await self._sources_changed.wait()
+            self._sources_changed = trio.Event()
+            asked = self.check_sources
+            if trio.current_time() < next_full:
+                # only the sources to check changed: a quick look at the disk, no discovery
+                sources = await trio.to_thread.run_sync(present_sources, asked, abandon_on_cancel=True)
+                self.sources_checked = asked
+                self.set_facts(attrs.evolve(self.facts, model_sources=sources))
+                continue
+            next_full = trio.current_time() + self.config.sync.facts_interval
+            try:
+                facts = await refresh(asked)
+            except Exception as exc:  # noqa: BLE001 - keep the last facts; say why in the log
+                log.error("refreshing this node's facts failed: %s; reporting the previous ones", exc)
+                continue
+            self.sources_checked = asked
+            self.set_facts(facts)
+
+
+def _ports(shard: DesiredShard) -> set[int]:
+    """The ports a shard binds on this node: its own, and the dist-init port if it is rank 0."""
+    ports = {shard.spec.port}
+    if shard.rank == 0 and shard.spec.dist_init_addr:
+        ports.add(int(shard.spec.dist_init_addr.rpartition(":")[2]))
+    return ports
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, trio.TooSlowError):
+        return "no answer in time"
+    text = str(exc) or type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text = f"{text} ({cause})"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _server_message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+        return str(data["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:300] or response.reason_phrase

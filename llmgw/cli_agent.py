@@ -1,0 +1,172 @@
+"""``llmgw agent``: run the node agent until SIGTERM or Ctrl-C, then stop every shard and exit 0."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import click
+import trio
+
+from llmgw.errors import LlmgwError
+
+__all__ = ["agent", "run_agent"]
+
+log = logging.getLogger("llmgw.agent")
+
+
+async def run_agent(config) -> None:
+    """Run :func:`~llmgw.agent.serve_agent` until SIGTERM or SIGINT; then stop every shard and return.
+
+    A second signal while stopping is logged and otherwise ignored: the stop
+    is bounded (SIGKILL after the grace period).
+    """
+    from llmgw.agent import serve_agent
+
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            nursery.start_soon(serve_agent, config)
+            async for signum in signals:
+                if not nursery.cancel_scope.cancel_called:
+                    log.info("%s: stopping every shard, then exiting", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                else:
+                    log.info(
+                        "%s: already stopping (SIGKILL after %g s)",
+                        signal.Signals(signum).name,
+                        config.stop_grace,
+                    )
+
+
+def _unwrap(group: BaseExceptionGroup) -> LlmgwError | None:
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    errors = [e for e in leaves if isinstance(e, LlmgwError)]
+    return errors[0] if errors and len(errors) == len(leaves) else None
+
+
+def _engine_options(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    from llmgw.agent.config import parse_engine_option
+
+    engines: dict[str, dict[str, str]] = {}
+    for text in values:
+        name, program, path = parse_engine_option(text)
+        engines.setdefault(name, {})[program] = path
+    return engines
+
+
+_PATH = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("agent")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="agent.toml with any of the settings below (flags override it).",
+)
+@click.option("--node", help="This node's id: the common name of its certificate.")
+@click.option("--server", help="The server's URL, https://HOST:PORT.")
+@click.option("--address", help="The address this node is reached at; engines bind it.")
+@click.option("--cert", type=_PATH, help="This node's certificate (llmgw ca issue-node).")
+@click.option("--key", type=_PATH, help="The certificate's private key.")
+@click.option("--ca", type=_PATH, help="The CA certificate the server's certificate chains to.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where shard logs (logs/) and process records (run/) go.",
+)
+@click.option(
+    "--nvidia-smi",
+    "nvidia_smi",
+    metavar="PATH",
+    help="The nvidia-smi program  [default: nvidia-smi on PATH].",
+)
+@click.option("--ib-root", metavar="DIR", help="The sysfs RDMA root  [default: /sys/class/infiniband].")
+@click.option(
+    "--fabric",
+    "fabrics",
+    multiple=True,
+    metavar="NAME[:ADAPTER,...]",
+    help="A fabric this node is on (repeatable); replaces the file's list.",
+)
+@click.option(
+    "--port-range", metavar="LO-HI", help="Ports the server may give shards  [default: 20000-20999]."
+)
+@click.option(
+    "--engine",
+    "engine_options",
+    multiple=True,
+    metavar="NAME:PROGRAM=PATH",
+    help="Where an engine's program is, e.g. vllm:vllm=/opt/vllm/bin/vllm (repeatable).",
+)
+@click.option(
+    "--stop-grace",
+    type=float,
+    metavar="SECONDS",
+    help="Seconds between SIGTERM and SIGKILL when a shard stops  [default: 10].",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+def agent(
+    config_file: Path | None,
+    node: str | None,
+    server: str | None,
+    address: str | None,
+    cert: Path | None,
+    key: Path | None,
+    ca: Path | None,
+    state_dir: Path | None,
+    nvidia_smi: str | None,
+    ib_root: str | None,
+    fabrics: tuple[str, ...],
+    port_range: str | None,
+    engine_options: tuple[str, ...],
+    stop_grace: float | None,
+    verbose: bool,
+) -> None:
+    """Run this node's agent: report its facts, run the shards the server gives it.
+
+    Stops every shard (SIGTERM, grace, SIGKILL) and exits 0 on SIGTERM or Ctrl-C.
+    """
+    from llmgw.agent.config import load_agent_config, parse_port_range
+
+    try:
+        flags = {
+            "node": node,
+            "server": server,
+            "address": address,
+            "cert": cert and str(cert),
+            "key": key and str(key),
+            "ca": ca and str(ca),
+            "state_dir": state_dir and str(state_dir),
+            "nvidia_smi": nvidia_smi,
+            "ib_root": ib_root,
+            "fabrics": fabrics,
+            "port_range": parse_port_range(port_range) if port_range else None,
+            "engines": _engine_options(engine_options),
+            "stop_grace": stop_grace,
+        }
+        config = load_agent_config(flags, config_file)
+        logging.basicConfig(
+            level=logging.DEBUG if verbose else logging.INFO,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        )
+        if not verbose:
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        try:
+            trio.run(run_agent, config)
+        except BaseExceptionGroup as group:
+            error = _unwrap(group)
+            if error is None:
+                raise
+            raise error from None
+    except LlmgwError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None

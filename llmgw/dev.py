@@ -68,6 +68,9 @@ models:
 )
 @click.option("--server-port", default=7443, show_default=True, type=int, help="The server's HTTPS port.")
 @click.option(
+    "--gateway-port", default=8080, show_default=True, type=int, help="The OpenAI-compatible gateway's port."
+)
+@click.option(
     "--config-dir",
     "ctl_dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -118,4 +118,31 @@ async def test_engine_version_hooks(tmp_path):
     """An engine's version_argv and parse_version, when it has them, decide how its version is read."""
     config = agent_config(tmp_path, engines={"pythonic": {"python": sys.executable}})
     installed, problems = await check_engines(config, {"pythonic": Pythonic()})
-    assert (installed, problems) == ({"pythonic": "0.5.23"}, [])
+    assert installed == {"pythonic": "0.5.23"}
+    # this test engine cannot build a command: engine-check says so, and the version still counts
+    assert [p for p in problems if "engine-check failed in its plugin" not in p] == []
+
+
+async def test_engine_whose_help_lacks_a_flag_is_not_used(tmp_path):
+    """An installed engine whose --help lacks a flag llmgw passes is left out of the facts, with why."""
+    import textwrap
+
+    import trio
+
+    real = (await trio.run_process([SIM, "--help"], capture_stdout=True)).stdout.decode()
+    lacking = "\n".join(line for line in real.splitlines() if "--dist-init-addr" not in line)
+    fake = tmp_path / "old-sim"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import sys
+        if "--version" in sys.argv:
+            print("llmgw-sim 0.0.9")
+        else:
+            sys.stdout.write({lacking!r})
+        """))
+    fake.chmod(0o755)
+    config = agent_config(tmp_path, engines={"sim": {"llmgw-sim": str(fake)}})
+    assert "--dist-init-addr" in real and "--dist-init-addr" not in lacking
+    installed, problems = await check_engines(config, {"sim": SimEngine()})
+    assert installed == {}
+    assert any("engine sim 0.0.9 would reject llmgw's flags (--dist-init-addr)" in p for p in problems)

@@ -144,13 +144,57 @@ async def check_engines(
         version, problem = await _version_of(name, engine, path)
         if problem is not None:
             problems.append(problem)
-        else:
+            return
+        check_problems, usable = await _engine_check(name, engine, configured, path, version)
+        problems.extend(check_problems)
+        if usable:
             installed[name] = version
 
     async with trio.open_nursery() as nursery:
         for name, engine in engines.items():
             nursery.start_soon(check, name, engine)
     return installed, sorted(problems)
+
+
+#: (engine, program paths, version) -> (problems, usable): help is read once per installed version
+_CHECKED: dict[tuple[str, tuple[tuple[str, str], ...], str], tuple[list[str], bool]] = {}
+
+
+async def _engine_check(
+    name: str, engine: Engine, configured: Mapping[str, str], path: str, version: str
+) -> tuple[list[str], bool]:
+    """Run engine-check on the installed engine, as ``llmgw ctl engine-check`` does.
+
+    :returns: (problem lines, whether the engine may be used). An engine whose
+        help lacks a flag llmgw passes is not reported as installed, so no
+        replica is placed where it would fail to start; a help that cannot be
+        read or looks cut short is a warning only.
+    """
+    from llmgw.enginecheck import check_installed
+
+    key = (name, tuple(sorted(configured.items())), version)
+    if key not in _CHECKED:
+        try:
+            report = await trio.to_thread.run_sync(
+                functools.partial(check_installed, engine, configured, timeout=VERSION_TIMEOUT)
+            )
+        except Exception as exc:  # noqa: BLE001 - a plugin bug: reported, the engine still used
+            _CHECKED[key] = ([f"engine {name}: engine-check failed in its plugin: {exc!r}"], True)
+            return _CHECKED[key]
+        problems = []
+        hint = f"see: llmgw ctl engine-check {name} --binary {path}"
+        if report.missing:
+            flags = ", ".join(sorted({check.flag for check in report.missing}))
+            problems.append(f"engine {name} {version} would reject llmgw's flags ({flags}): not used; {hint}")
+        for failed in report.failures:
+            problems.append(
+                f"engine {name}: the help of {failed.program} could not be read to check llmgw's flags: "
+                f"{failed.failure}"
+            )
+        for warning in report.warnings:
+            problems.append(f"engine {name}: {warning}")
+        _CHECKED[key] = (problems, not report.missing)
+    return _CHECKED[key]
 
 
 async def gather_facts(

@@ -59,11 +59,7 @@ class SimEngine(Engine):
                 str(spec.dist_init_addr),
             ]
         argv += list(spec.extra_args)
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)}
-        if spec.adapters:
-            # "=" asks NCCL for exact names: mlx5_1 must not also select mlx5_10.
-            env["NCCL_IB_HCA"] = "=" + ",".join(spec.adapters)
-        return Command(argv=argv, env=env)
+        return Command(argv=argv, env=self.device_env(spec))
 
     def widest_spec(self) -> LaunchSpec:
         """A two-node spec on a fabric with profile args: every flag llmgw emits."""

@@ -194,3 +194,43 @@ def test_drain_moves_everything_without_losing_ready_replicas(cluster):
     cluster.wait(drained, f"{target} to be drained", 90)
     assert lowest == baseline, f"ready replicas dipped during the drain: {lowest} < {baseline}"
     cluster.wait(cluster.all_ready, "every replica to be ready after the drain", 60)
+
+
+def test_ctl_against_the_running_cluster(cluster, tmp_path):
+    """`llmgw ctl` with a config dir: nodes, replicas -o json, events, cordon, uncordon, apply errors."""
+    import json
+    import subprocess
+    import sys
+
+    from llmgw.ctl import write_client_config
+
+    config = tmp_path / "ctl"
+    tls = cluster.admin_tls
+    write_client_config(config, cluster.server_url, tls.ca_path, tls.cert_path, tls.key_path)
+    exe = str(Path(sys.executable).with_name("llmgw"))
+
+    def ctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [exe, "ctl", "--config-dir", str(config), *args], capture_output=True, text=True, timeout=60
+        )
+
+    nodes = ctl("nodes")
+    assert nodes.returncode == 0, nodes.stderr
+    assert "node-4" in nodes.stdout and "island" in nodes.stdout and "ib-a" in nodes.stdout
+    shards = [s for r in json.loads(ctl("replicas", "-o", "json").stdout)["replicas"] for s in r["shards"]]
+    assert all({"node", "rank", "state", "port", "pid"} <= set(s) for s in shards) and len(shards) == 4
+    assert ctl("cordon", "node-3").stdout.strip() == "node-3: cordoned"
+    assert any(
+        n["node_id"] == "node-3" and n["state"] == "cordoned"
+        for n in json.loads(ctl("nodes", "-o", "json").stdout)
+    )
+    assert ctl("uncordon", "node-3").stdout.strip() == "node-3: ready"
+    assert "cordoned" in ctl("events").stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  x:\n    source: /m\n    profile: nope\n")
+    applied = ctl("apply", str(bad))
+    assert applied.returncode == 1
+    assert "models.x.profile: no profile named 'nope'" in applied.stderr
+    assert cluster.client.request("GET", "/v1/admin/catalog")["revision"] == 1, (
+        "a bad catalog changed the state"
+    )

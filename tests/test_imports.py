@@ -44,6 +44,10 @@ PUBLIC = {
         "HelpCommandError", "HelpRun", "ProgramHelp", "check_engine", "check_installed", "collect_help",
         "completeness_warnings", "option_flags", "run_help", "widest_commands",
     ],
+    "llmgw.onboard": [
+        "Item", "OnboardError", "Release", "ReleaseError", "Settings", "Ssh", "SshTarget", "check_release",
+        "main", "onboard", "onboard_node",
+    ],
     "llmgw.version": ["BuildInfo", "build_info", "version_info", "version", "UNKNOWN"],
 }
 

@@ -13,9 +13,27 @@ import re
 from collections.abc import Mapping
 from typing import ClassVar
 
+import attrs
+
 from llmgw.models import Command, LaunchSpec
 
-__all__ = ["Engine", "parse_argparse_flags"]
+__all__ = ["Engine", "LivenessProbe", "parse_argparse_flags"]
+
+
+@attrs.frozen
+class LivenessProbe:
+    """A request to rank 0 whose answer within ``timeout`` seconds proves the engine still serves.
+
+    The agent sends it every ``interval`` seconds once the shard is ready, beside
+    the health check; any HTTP answer passes, no answer in time (or a broken
+    connection) makes the shard ``unhealthy``.
+    """
+
+    method: str
+    path: str
+    body: Mapping[str, object] | None = None
+    timeout: float = 10.0
+    interval: float = 5.0
 
 
 class Engine(abc.ABC):
@@ -36,6 +54,18 @@ class Engine(abc.ABC):
     #: the programs this engine runs, by the name the agent's configuration
     #: uses for their paths; the first runs rank 0
     programs: ClassVar[tuple[str, ...]]
+    #: rank 0 dials the other ranks once, at start (llama.cpp's RPC): the
+    #: agent starts rank 0 only once every other rank's address accepts TCP
+    wait_for_workers: ClassVar[bool] = False
+
+    def liveness_probe(self, spec: LaunchSpec) -> LivenessProbe | None:
+        """The request that proves rank 0 still serves, beyond its health path.
+
+        Called by the agent once rank 0 of ``spec`` is ready. For engines whose
+        health path stays 200 while requests hang (llama.cpp with a hung RPC
+        worker). The default is None: the health path is enough.
+        """
+        return None
 
     @abc.abstractmethod
     def build_command(self, spec: LaunchSpec) -> Command:

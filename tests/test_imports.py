@@ -24,7 +24,7 @@ PUBLIC = {
         "LaunchSpec",
         "Command",
     ],
-    "llmgw.engine": ["Engine", "parse_argparse_flags"],
+    "llmgw.engine": ["Engine", "LivenessProbe", "parse_argparse_flags"],
     "llmgw.errors": [
         "LlmgwError",
         "CatalogError",
@@ -43,10 +43,6 @@ PUBLIC = {
         "ACCEPTED", "MISSING", "UNCHECKED", "PROFILE_ARGS", "CheckReport", "CollectedHelp", "FlagCheck",
         "HelpCommandError", "HelpRun", "ProgramHelp", "check_engine", "check_installed", "collect_help",
         "completeness_warnings", "option_flags", "run_help", "widest_commands",
-    ],
-    "llmgw.onboard": [
-        "Item", "OnboardError", "Release", "ReleaseError", "Settings", "Ssh", "SshTarget", "check_release",
-        "main", "onboard", "onboard_node",
     ],
     "llmgw.version": ["BuildInfo", "build_info", "version_info", "version", "UNKNOWN"],
 }

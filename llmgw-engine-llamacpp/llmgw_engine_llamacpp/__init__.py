@@ -9,7 +9,13 @@ workers must be up first, and no dist-init address is used.
 
 Readiness is rank 0's ``/health`` (503 while the model loads, then 200). A lost
 worker does not show there: the head aborts (SIGABRT) at its next decode, and a
-hung worker makes requests hang while ``/health`` still answers 200.
+hung worker makes requests hang while ``/health`` still answers 200. So the
+engine asks the agent for two things (``wait_for_workers`` and
+``liveness_probe``): start rank 0 only once every worker's port accepts
+connections (rank 0 dials them once and aborts ~11 ms after start if one is
+not up), and, once ready, send a 1-token completion every few seconds: a lost
+worker turns it into an immediate abort, a hung one into a probe with no
+answer, and either way the replica is torn down and rebuilt.
 """
 
 from __future__ import annotations
@@ -18,12 +24,21 @@ import re
 from collections.abc import Mapping
 from importlib import metadata
 
+import attrs
+
 import llmgw
 from llmgw.engine import Engine
 from llmgw.models import Command, LaunchSpec
 from llmgw_engine_llamacpp.helptext import parse_llamacpp_help
 
-__all__ = ["LlamaCppEngine", "__version__", "parse_llamacpp_help", "worker_addresses"]
+__all__ = [
+    "LIVENESS_PROBE",
+    "LivenessProbe",
+    "LlamaCppEngine",
+    "__version__",
+    "parse_llamacpp_help",
+    "worker_addresses",
+]
 
 try:
     __version__ = metadata.version("llmgw-engine-llamacpp")
@@ -49,6 +64,33 @@ _FEATURES = {
 }
 _SECTION_END = "----- example-specific params -----"
 _WORKER_USAGE = re.compile(r"^Usage: \S*rpc-server", re.MULTILINE)
+
+
+try:  # llmgw with Engine.liveness_probe (the agent runs it)
+    from llmgw.engine import LivenessProbe
+except ImportError:  # an older llmgw: nothing runs it, but the engine still describes it
+
+    @attrs.frozen
+    class LivenessProbe:  # type: ignore[no-redef]
+        """An HTTP request whose answer within ``timeout`` seconds proves rank 0 can still decode."""
+
+        method: str
+        path: str
+        body: Mapping[str, object] | None = None
+        timeout: float = 10.0
+        #: seconds between two probes once the replica is ready
+        interval: float = 5.0
+
+
+#: a real decode, as cheap as one can be; any HTTP answer counts as alive
+#: (a 4xx/5xx means the server's loop works): only no answer in time fails
+LIVENESS_PROBE = LivenessProbe(
+    method="POST",
+    path="/completion",
+    body={"prompt": "a", "n_predict": 1, "temperature": 0, "cache_prompt": False},
+    timeout=10.0,
+    interval=5.0,
+)
 
 
 def worker_addresses(spec: LaunchSpec) -> list[str]:
@@ -81,9 +123,29 @@ class LlamaCppEngine(Engine):
     programs = (SERVER, WORKER)
 
     def parse_version(self, text: str) -> str | None:
-        """``llama-server --version`` prints ``version: 11312 (0c1e570)``: the commit is the version."""
-        match = re.search(r"version:\s*\d+\s*\(([0-9a-f]{7,40})\)", text)
+        """The commit ``llama-server --version`` prints is the version.
+
+        Older builds print ``version: 6123 (4227c9b)``; 0c1e570 prints
+        ``version: 0.5.0-dev (build 11312, commit 0c1e570)``.
+        """
+        match = re.search(r"version:\s*\S+\s*\((?:build\s+\d+,\s*commit\s+)?([0-9a-f]{7,40})\)", text)
         return match.group(1)[:7] if match else None
+
+    #: rank 0 dials every worker once, at start, and aborts if one does not
+    #: answer: the agent starts rank 0 only once every worker's port accepts
+    #: connections (see the agent patch of issue 7: Engine.wait_for_workers)
+    wait_for_workers = True
+
+    def liveness_probe(self, spec: LaunchSpec) -> LivenessProbe:
+        """A 1-token greedy completion on rank 0, run by the agent every few seconds once ready.
+
+        ``/health`` stays 200 when an RPC worker is lost (the head aborts at
+        its next decode) or hangs (requests, ``/metrics`` and ``/slots`` hang
+        too): only a real decode shows either. A lost worker turns the probe
+        into an immediate abort (the shard exits); a hung one into a probe
+        that times out.
+        """
+        return LIVENESS_PROBE
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the command of one shard.

@@ -283,3 +283,30 @@ def test_version_is_the_commit():
     assert engine.parse_version("version: 11312 (0c1e57098)\nbuilt with cc") == "0c1e570"
     assert engine.parse_version("version: 1 (4227c9b)") in engine.checked_versions
     assert engine.parse_version("usage: llama-server") is None
+
+
+class TestFailureDetection:
+    """What the agent needs to run llama.cpp's RPC replicas and see a lost or hung worker."""
+
+    def test_rank_zero_waits_for_workers(self):
+        """Rank 0 dials its workers once and aborts if one is not up: the agent must start it last."""
+        assert LlamaCppEngine.wait_for_workers is True
+
+    def test_liveness_probe_is_a_real_one_token_decode(self):
+        """/health stays 200 with a lost or hung worker: the probe is a 1-token completion with a timeout."""
+        probe = LlamaCppEngine().liveness_probe(SPEC)
+        assert (probe.method, probe.path) == ("POST", "/completion")
+        assert probe.body["n_predict"] == 1
+        assert 0 < probe.timeout <= 30 and 0 < probe.interval <= 30
+
+    @pytest.mark.parametrize(
+        ("text", "version"),
+        [
+            ("version: 1 (4227c9b)\nbuilt with cc", "4227c9b"),
+            ("version: 0.5.0-dev (build 11312, commit 0c1e570)\nbuilt with GNU 12", "0c1e570"),
+            ("version: 0.5.0-dev (build 0, commit unknown)", None),
+        ],
+    )
+    def test_version_of_old_and_new_builds(self, text, version):
+        """Both --version formats give the commit; a build without git gives none."""
+        assert LlamaCppEngine().parse_version(text) == version

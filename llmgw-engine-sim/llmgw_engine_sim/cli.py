@@ -122,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a peer silent this long (no heartbeat) is lost and the process exits 1 (default 1.0)",
     )
     add(
+        "--on-peer-loss",
+        choices=("exit", "abort-on-request"),
+        default="exit",
+        help="what rank 0 does when a worker is lost: 'exit' at once with code 1 (a broken NCCL "
+        "collective: vLLM, SGLang), or 'abort-on-request' as llama-server over RPC does: /health stays "
+        "200, the next inference request gets no response and the process aborts (SIGABRT) if the "
+        "worker's connection closed, or hangs if the worker fell silent (default exit)",
+    )
+    add(
         "--join-timeout",
         type=_non_negative(float),
         default=600.0,
@@ -199,8 +208,35 @@ async def _watch_signals(life: _Lifecycle, on_first: Any, *, task_status=trio.TA
 
 
 async def _rank_zero(args: argparse.Namespace, life: _Lifecycle, nursery: trio.Nursery) -> None:
+    app: SimApp | None = None
+
+    def peer_lost(rank: int, address: str, reason: str) -> None:
+        """``--on-peer-loss abort-on-request``: what llama-server does when an RPC worker goes."""
+        assert app is not None
+        if reason.startswith("no heartbeat"):
+            log.error("peer hung: rank %d (%s): %s; inference requests now hang", rank, address, reason)
+
+            async def hang() -> None:
+                await trio.sleep_forever()
+
+            app.peer_problem = hang
+            return
+        log.error("peer lost: rank %d (%s): %s; the next inference request aborts", rank, address, reason)
+
+        async def abort() -> None:
+            log.error("Remote RPC server crashed or returned malformed response (rank %d, %s)", rank, address)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os.abort()
+
+        app.peer_problem = abort
+
     coordinator = Coordinator(
-        nnodes=args.nnodes, model=args.model, peer_timeout=args.peer_timeout, exit=life.exit
+        nnodes=args.nnodes,
+        model=args.model,
+        peer_timeout=args.peer_timeout,
+        exit=life.exit,
+        on_peer_loss=peer_lost if args.on_peer_loss == "abort-on-request" else None,
     )
 
     def info() -> dict[str, Any]:

@@ -99,11 +99,22 @@ async def _keep_alive(lines: _Lines, peer_timeout: float, on_message: Callable[[
 class Coordinator:
     """Rank 0's side: accepts the workers, then watches them."""
 
-    def __init__(self, *, nnodes: int, model: str, peer_timeout: float, exit: Exit) -> None:
+    def __init__(
+        self,
+        *,
+        nnodes: int,
+        model: str,
+        peer_timeout: float,
+        exit: Exit,
+        on_peer_loss: Callable[[int, str, str], None] | None = None,
+    ) -> None:
+        """:param on_peer_loss: called as ``(rank, address, reason)`` when a worker is lost;
+        None ends the process with code 1 at once, as a broken collective would."""
         self.nnodes = nnodes
         self.model = model
         self.peer_timeout = peer_timeout
         self._exit = exit
+        self._on_peer_loss = on_peer_loss
         #: rank -> what the worker reported (address, pid, argv, env)
         self.workers: dict[int, dict[str, Any]] = {}
         #: set once every worker has joined
@@ -184,6 +195,9 @@ class Coordinator:
             nursery.start_soon(self._announce_ready, lines)
             reason = await _keep_alive(lines, self.peer_timeout, lambda message: None)
             nursery.cancel_scope.cancel()
+        if self._on_peer_loss is not None:
+            self._on_peer_loss(rank, address, reason)
+            return
         self._exit(1, f"peer lost: rank {rank} ({address}): {reason}")
 
     async def _announce_ready(self, lines: _Lines) -> None:

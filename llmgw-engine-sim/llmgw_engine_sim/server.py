@@ -14,7 +14,7 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -23,7 +23,7 @@ import trio
 from llmgw.http import InvalidJSON, Request, Response
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 
-__all__ = ["ApiError", "ServeOptions", "SimApp"]
+__all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
 
 log = logging.getLogger("llmgw_engine_sim")
 
@@ -56,18 +56,35 @@ class ServeOptions:
 class ApiError(Exception):
     """An error answered to the client in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | int | None = None,
+        kind: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.kind = kind
 
     def response(self) -> Response:
         """The JSON error response for this error."""
-        kind = "server_error" if self.status >= 500 else "invalid_request_error"
+        kind = self.kind or ("server_error" if self.status >= 500 else "invalid_request_error")
         error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         return Response.json(self.status, {"error": error})
+
+
+def unavailable(message: str) -> ApiError:
+    """llama-server's answer while it loads.
+
+    503 ``{"error": {"message", "type": "unavailable_error", "code": 503}}``.
+    """
+    return ApiError(503, message, code=503, kind="unavailable_error")
 
 
 class SimApp:
@@ -89,6 +106,9 @@ class SimApp:
         self.ready = False
         self.shutting_down = False
         self.inference_requests = 0
+        #: set when a peer was lost or hangs (``--on-peer-loss abort-on-request``): awaited by
+        #: every inference request before anything else (it aborts the process, or hangs)
+        self.peer_problem: Callable[[], Awaitable[None]] | None = None
         self.created = int(time.time())
         self._exit = exit
         self._info = info
@@ -127,9 +147,11 @@ class SimApp:
     # --- plain endpoints --------------------------------------------------------------------
 
     async def _health(self, request: Request) -> Response:
+        # llama-server's shapes: 200 {"status": "ok"}; 503 with an OpenAI-style error while loading
         if self.ready and not self.shutting_down:
-            return Response(200)
-        return Response.json(503, {"status": "shutting down" if self.shutting_down else "loading"})
+            return Response.json(200, {"status": "ok"})
+        message = "Shutting down" if self.shutting_down else "Loading model"
+        return unavailable(message).response()
 
     async def _models(self, request: Request) -> Response:
         data = [
@@ -154,7 +176,9 @@ class SimApp:
     async def _admit(self, request: Request) -> tuple[dict[str, Any], Callable[[], object] | None]:
         """Count an inference request, apply fault injection, and parse its body."""
         if not self.ready:
-            raise ApiError(503, "The model is still loading; retry when /health answers 200")
+            raise unavailable("Loading model")
+        if self.peer_problem is not None:
+            await self.peer_problem()
         self.inference_requests += 1
         number = self.inference_requests
         hang_after = self.options.hang_after_requests

@@ -30,9 +30,16 @@ class TestStartup:
         """/health answers 503 during --startup-delay, then 200."""
         sim = start_sim("--startup-delay", "0.5")
         wait_until(lambda: sim.health() == 503, 10, "/health to answer 503", sim.process)
+        health = httpx.get(f"{sim.url}/health", timeout=5)
+        loading = {
+            "error": {"message": "Loading model", "type": "unavailable_error", "param": None, "code": 503}
+        }
+        assert health.json() == loading, "llama-server's shape"
         response = httpx.post(f"{sim.url}/v1/completions", json=COMPLETION, timeout=5)
         assert response.status_code == 503
+        assert response.json()["error"]["type"] == "unavailable_error"
         sim.wait_ready()
+        assert httpx.get(f"{sim.url}/health", timeout=5).json() == {"status": "ok"}
         sim.process.wait_for_stderr("ready: serving test/model", 5)
 
     @pytest.mark.parametrize("model", ["/nonexistent/weights", "./not-here"])

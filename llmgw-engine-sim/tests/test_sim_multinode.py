@@ -150,3 +150,41 @@ def test_worker_gives_up_after_join_timeout(processes, worker_argv):
     worker = processes.start(worker_argv(1, 2, dist_init, "--join-timeout", "0.3"), name="rank1")
     assert worker.wait_exit(10) == 1
     assert f"could not reach rank 0 at {dist_init} within 0.3s" in worker.stderr()
+
+
+class TestLlamaCppPeerLoss:
+    """``--on-peer-loss abort-on-request`` imitates llama-server over RPC losing a worker."""
+
+    def test_lost_worker_aborts_the_next_request(self, start_sim, processes, worker_argv):
+        """/health stays 200 after the worker dies; the next request gets no response and rank 0 aborts."""
+        sim, dist_init = start_rank0(
+            start_sim, 2, "--peer-timeout", "0.3", "--on-peer-loss", "abort-on-request"
+        )
+        worker = processes.start(worker_argv(1, 2, dist_init, "--peer-timeout", "0.3"), name="rank1")
+        sim.wait_ready()
+        worker.kill_group()
+        sim.process.wait_for_stderr("peer lost: rank 1", 5)
+        assert sim.health() == 200 and sim.process.returncode is None
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(f"{sim.url}/v1/completions", json={"model": "test/model", "prompt": "hi"}, timeout=5)
+        assert sim.process.wait_exit(5) == -signal.SIGABRT
+        assert "Remote RPC server crashed" in sim.process.stderr()
+
+    def test_hung_worker_hangs_requests_while_health_answers(self, start_sim, processes, worker_argv):
+        """A silent (SIGSTOPped) worker: /health stays 200, inference requests hang, nobody exits."""
+        sim, dist_init = start_rank0(
+            start_sim, 2, "--peer-timeout", "0.3", "--on-peer-loss", "abort-on-request"
+        )
+        worker = processes.start(worker_argv(1, 2, dist_init, "--peer-timeout", "0.3"), name="rank1")
+        sim.wait_ready()
+        os.killpg(worker.pid, signal.SIGSTOP)
+        try:
+            sim.process.wait_for_stderr("peer hung: rank 1", 5)
+            assert sim.health() == 200
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(
+                    f"{sim.url}/v1/completions", json={"model": "test/model", "prompt": "hi"}, timeout=1
+                )
+            assert sim.process.returncode is None
+        finally:
+            os.killpg(worker.pid, signal.SIGCONT)

@@ -30,8 +30,8 @@ import trio
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
-from llmgw.engine import Engine
-from llmgw.models import Command, Sidecar
+from llmgw.engine import Engine, LivenessProbe
+from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.wire import DesiredShard, ObservedShard
 
 __all__ = ["ShardSupervisor", "shard_log_path"]
@@ -183,6 +183,11 @@ class ShardSupervisor:
             detail = f"engine {self.engine.name} could not build its command: {exc}"
             self._update(state="exited", detail=detail)
             await trio.sleep_forever()
+        if self.desired.rank == 0 and spec.nnodes > 1 and self.engine.wait_for_workers:
+            problem = await self._wait_for_workers(spec)
+            if problem is not None:
+                self._update(state="unhealthy", detail=problem)
+                await trio.sleep_forever()
         self.engine_child = Child("engine of " + self.key, self.log_path)
         child = await self._spawn(nursery, self.engine_child, command)
         if child.start_error is not None:
@@ -263,6 +268,55 @@ class ShardSupervisor:
                     return False
         return False
 
+    # -- rank 0's workers and health ---------------------------------------------------------------
+
+    async def _wait_for_workers(self, spec: LaunchSpec) -> str | None:
+        """Wait until every other rank's address accepts TCP (engines that dial their workers once).
+
+        :returns: None once all accept, else the problem after the shard's ready timeout.
+        """
+        workers = list(spec.peer_addrs[1:] if len(spec.peer_addrs) == spec.nnodes else spec.peer_addrs)
+        waiting = list(workers)
+        timeout = self.desired.ready_timeout
+        self._update(detail=f"waiting for workers {', '.join(waiting)}")
+        with trio.move_on_after(timeout):
+            while waiting:
+                for address in list(waiting):
+                    host, _, port = address.rpartition(":")
+                    with trio.move_on_after(self.config.health.timeout):
+                        try:
+                            stream = await trio.open_tcp_stream(host, int(port))
+                        except OSError:
+                            continue
+                        await stream.aclose()
+                        waiting.remove(address)
+                if waiting:
+                    await trio.sleep(SIDECAR_POLL)
+            log.info("shard %s: workers %s accept connections", self.key, ", ".join(workers))
+            return None
+        return f"workers not listening within {timeout:g} s: {', '.join(waiting)}"
+
+    async def _liveness(self, client: httpx.AsyncClient, probe: LivenessProbe) -> None:
+        """Run the engine's liveness probe until it gets no answer in time; then report ``unhealthy``."""
+        spec = self.desired.spec
+        url = f"http://{spec.host}:{spec.port}{probe.path}"
+        while True:
+            await trio.sleep(probe.interval)
+            with trio.move_on_after(probe.timeout):
+                try:
+                    await client.request(probe.method, url, json=probe.body, timeout=probe.timeout + 1)
+                except httpx.HTTPError as exc:
+                    detail = f"liveness probe {probe.method} {url} failed: {str(exc) or type(exc).__name__}"
+                    self._update(state="unhealthy", detail=detail)
+                    return
+                continue  # any HTTP answer: the engine's loop still decodes
+            detail = (
+                f"liveness probe {probe.method} {url} got no answer within {probe.timeout:g} s "
+                "(health still passes: a hung engine or a hung peer)"
+            )
+            self._update(state="unhealthy", detail=detail)
+            return
+
     # -- rank 0's health ---------------------------------------------------------------------------
 
     async def _probe(self) -> None:
@@ -283,14 +337,20 @@ class ShardSupervisor:
                 self._update(state="unhealthy", detail=f"not ready within {timeout:g} s: GET {url}: {last}")
                 return
             self._update(state="ready", detail=None)
-            failures = 0
-            while failures < settings.failures:
-                await trio.sleep(settings.interval)
-                ok, last = await self._probe_once(client, url)
-                failures = 0 if ok else failures + 1
-            self._update(
-                state="unhealthy", detail=f"health check failed {failures} times in a row: GET {url}: {last}"
-            )
+            probe = self.engine.liveness_probe(spec)
+            async with trio.open_nursery() as checks:
+                if probe is not None:
+                    checks.start_soon(self._liveness, client, probe)
+                failures = 0
+                while failures < settings.failures:
+                    await trio.sleep(settings.interval)
+                    ok, last = await self._probe_once(client, url)
+                    failures = 0 if ok else failures + 1
+                self._update(
+                    state="unhealthy",
+                    detail=f"health check failed {failures} times in a row: GET {url}: {last}",
+                )
+                checks.cancel_scope.cancel()
 
     async def _probe_once(self, client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
         """One GET of the health path, within the health timeout: (passed, what it answered)."""

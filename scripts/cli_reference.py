@@ -1,7 +1,9 @@
 """Write docs/cli.md: every llmgw command's --help, generated from the commands themselves.
 
 Run it after changing a command: ``.venv/bin/python scripts/cli_reference.py``.
-tests/test_cli_reference.py fails when docs/cli.md is out of date.
+tests/test_cli_reference.py fails when docs/cli.md is out of date; it runs
+this script with ``--print`` in a fresh process, since click caches a
+command's help option the first time any context asks for it.
 """
 
 from __future__ import annotations
@@ -46,5 +48,8 @@ def render() -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--print"]:
+        sys.stdout.write(render())
+        raise SystemExit(0)
     DOCS.write_text(render())
     print(f"wrote {DOCS}", file=sys.stderr)

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_agent_support import group_alive, kill_group
+from test_agent_support import kill_group
 
 from llmgw.agent.launcher import LAUNCHER_PREFIX
-from llmgw.testing.processes import wait_until
+from llmgw.testing.processes import group_alive, pid_alive, wait_until
 
 
 class Launched:
@@ -26,7 +26,10 @@ class Launched:
         with open(log, "ab") as log_file:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "llmgw.agent.launcher", "--name", "test"],
-                stdin=control_r, stdout=status_w, stderr=log_file, start_new_session=True,
+                stdin=control_r,
+                stdout=status_w,
+                stderr=log_file,
+                start_new_session=True,
             )
         os.close(control_r)
         os.close(status_w)
@@ -65,8 +68,13 @@ def launch(tmp_path):
 
 def _pids_of(log: Path, count: int) -> list[int]:
     return wait_until(
-        lambda: (lines := [ln for ln in log.read_text().split() if ln.isdigit()]) and len(lines) >= count
-        and [int(p) for p in lines], 5, f"{count} pids in the log",
+        lambda: (
+            (lines := [ln for ln in log.read_text().split() if ln.isdigit()])
+            and len(lines) >= count
+            and [int(p) for p in lines]
+        ),
+        5,
+        f"{count} pids in the log",
     )
 
 
@@ -81,7 +89,7 @@ def test_closed_pipe_ends_the_whole_group(launch, tmp_path):
     launched.close_pipe()
     assert launched.wait() == -signal.SIGTERM  # sh ended by the SIGTERM, mirrored
     assert not group_alive(launched.pgid)
-    assert not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in children)
+    assert not any(pid_alive(pid) for pid in children)
     assert f"{LAUNCHER_PREFIX} test: the agent went away" in (tmp_path / "log").read_text()
 
 
@@ -109,11 +117,3 @@ def test_command_that_cannot_start(launch, tmp_path):
     launched = launch([str(tmp_path / "missing")])
     assert "No such file or directory" in launched.status["error"]
     assert launched.wait() == 127
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")

@@ -24,7 +24,7 @@ from llmgw.models import Command, DiscoverySettings, LaunchSpec, Sidecar
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
-from llmgw.testing.processes import free_port, wait_until_trio
+from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_until_trio
 from llmgw.wire import DesiredShard
 
 SIM = str(Path(sys.executable).with_name("llmgw-sim"))
@@ -167,10 +167,26 @@ def desired(
     dist_init_addr: str | None = None,
 ) -> DesiredShard:
     """A shard of ``engine`` on ``host:port`` (single-node unless ``nnodes`` says otherwise)."""
-    spec = LaunchSpec(model_source=source, served_name="m", host=host, port=port, extra_args=extra_args,
-                      rank=rank, nnodes=nnodes, dist_init_addr=dist_init_addr)
-    return DesiredShard(replica_id=replica, attempt=attempt, rank=rank, model="m", engine=engine, spec=spec,
-                        sidecars=sidecars, ready_timeout=ready_timeout)
+    spec = LaunchSpec(
+        model_source=source,
+        served_name="m",
+        host=host,
+        port=port,
+        extra_args=extra_args,
+        rank=rank,
+        nnodes=nnodes,
+        dist_init_addr=dist_init_addr,
+    )
+    return DesiredShard(
+        replica_id=replica,
+        attempt=attempt,
+        rank=rank,
+        model="m",
+        engine=engine,
+        spec=spec,
+        sidecars=sidecars,
+        ready_timeout=ready_timeout,
+    )
 
 
 def port_free(host: str, port: int) -> bool:
@@ -181,22 +197,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any live process is in process group ``pgid``."""
-    from llmgw.agent.launcher import group_members
-
-    return bool(group_members(pgid))
 
 
 def kill_group(pgid: int | None) -> None:
@@ -248,9 +248,15 @@ class Server:
 
     async def start(self) -> None:
         config = ServerConfig(
-            state_dir=self.state_dir, cert=self.pki.server.cert_path, key=self.pki.server.key_path,
-            ca=self.pki.ca.cert_path, host="127.0.0.1", port=self.port,
-            settings=Settings(lost_after=30, backoff_base=0.2, ready_timeout=30), poll_timeout=1.0, tick=0.2,
+            state_dir=self.state_dir,
+            cert=self.pki.server.cert_path,
+            key=self.pki.server.key_path,
+            ca=self.pki.ca.cert_path,
+            host="127.0.0.1",
+            port=self.port,
+            settings=Settings(lost_after=30, backoff_base=0.2, ready_timeout=30),
+            poll_timeout=1.0,
+            tick=0.2,
         )
         self.scope, self.done = trio.CancelScope(), trio.Event()
         scope, done = self.scope, self.done
@@ -284,17 +290,25 @@ class Server:
             return response.json()
 
 
-def make_config(tmp_path: Path, test_pki, server: Server, *, node: str = "node-1", cert_for: str | None = None
-                ) -> AgentConfig:
+def make_config(
+    tmp_path: Path, test_pki, server: Server, *, node: str = "node-1", cert_for: str | None = None
+) -> AgentConfig:
     """The config of an agent for ``node`` with 8 fake GPUs, no fabric, the sim engine."""
     issued = test_pki.client("node", cert_for or node)
     smi = write_fake_nvidia_smi(tmp_path / f"nvidia-smi-{node}", make_gpus(8, seed=node))
     low = free_port(ADDRESS)
     return AgentConfig(
-        node=node, server=server.url, address=ADDRESS, cert=issued.cert_path, key=issued.key_path,
-        ca=test_pki.ca.cert_path, state_dir=tmp_path / f"agent-{node}",
+        node=node,
+        server=server.url,
+        address=ADDRESS,
+        cert=issued.cert_path,
+        key=issued.key_path,
+        ca=test_pki.ca.cert_path,
+        state_dir=tmp_path / f"agent-{node}",
         discovery=DiscoverySettings(nvidia_smi=str(smi), ib_root=str(tmp_path / "no-ib")),
-        port_range=(low, min(low + 50, 65535)), engines={"sim": {"llmgw-sim": SIM}}, stop_grace=3.0,
+        port_range=(low, min(low + 50, 65535)),
+        engines={"sim": {"llmgw-sim": SIM}},
+        stop_grace=3.0,
         health=HealthSettings(interval=0.1, timeout=1.0),
         sync=SyncSettings(timeout=10.0, backoff_initial=0.05, backoff_max=0.5, refused_retry=0.5),
     )
@@ -306,7 +320,6 @@ async def replica_ready(server: Server) -> dict | None:
     if not replicas or replicas[0]["state"] != "ready":
         return None
     return replicas[0] if replicas[0]["shards"][0]["state"] == "ready" else None
-
 
 
 __all__ = [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.localcluster import LocalCluster
-from llmgw.testing.processes import free_port
+from llmgw.testing.processes import free_port, pid_alive
 
 CATALOG = """
 profiles:
@@ -63,14 +63,6 @@ def pids(cluster: LocalCluster, replica_id: str) -> list[int]:
     return [s["pid"] for s in replica(cluster, replica_id)["shards"]]
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_two_node_replica_is_on_one_fabric(cluster):
     """The two shards of the two-node replica run on two nodes of one fabric, never the island."""
     big = replica(cluster, "big-0")
@@ -97,7 +89,7 @@ def test_killing_one_shard_rebuilds_the_whole_replica(cluster):
     assert after["attempt"] != before["attempt"]
     new_pids = pids(cluster, "big-0")
     assert not set(new_pids) & set(old_pids), "a shard of the failed attempt was kept"
-    assert not any(alive(pid) for pid in old_pids), "a shard of the failed attempt is still running"
+    assert not any(pid_alive(pid) for pid in old_pids), "a shard of the failed attempt is still running"
     events = cluster.client.request("GET", "/v1/admin/events")["events"]
     assert any(e["subject"] == "big-0" and "failed" in e["message"] for e in events)
 
@@ -157,7 +149,7 @@ def test_agent_restart_leaves_no_orphan(cluster):
     assert on_node, "the island should hold a single-node replica"
     shard = on_node[0]["shards"][0]
     cluster.stop(node.process, signal.SIGKILL)
-    cluster.wait(lambda: not alive(shard["pid"]), "the engine of the killed agent to be gone", 15)
+    cluster.wait(lambda: not pid_alive(shard["pid"]), "the engine of the killed agent to be gone", 15)
     with socket.socket() as probe:
         assert probe.connect_ex((node.address, shard["port"])) != 0, "the engine's port is still held"
     cluster.start_agent(node)

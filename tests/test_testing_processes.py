@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
 
-from llmgw.testing.processes import WaitTimeout, _group_alive, start, wait_until
+from llmgw.testing.processes import WaitTimeout, group_alive, pid_alive, start, wait_until
 
 GRANDCHILD = """
 import subprocess, sys, time
@@ -22,11 +21,11 @@ def test_kill_group_ends_grandchildren(tmp_path):
     process = start([sys.executable, "-c", GRANDCHILD], log_dir=tmp_path)
     try:
         grandchild = int(wait_until(lambda: process.stdout().strip() or None, 10, "the grandchild's pid"))
-        assert _group_alive(process.pid)
+        assert group_alive(process.pid)
     finally:
         process.kill_group()
-    wait_until(lambda: not _pid_alive(grandchild), 5, "the grandchild to be gone")
-    assert not _group_alive(process.pid)
+    wait_until(lambda: not pid_alive(grandchild), 5, "the grandchild to be gone")
+    assert not group_alive(process.pid)
 
 
 def test_wait_timeout_names_the_condition_and_shows_stderr(tmp_path):
@@ -44,13 +43,3 @@ def test_wait_timeout_names_the_condition_and_shows_stderr(tmp_path):
         assert "CUDA out of memory" in str(info.value)
     finally:
         process.kill_group()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return os.path.exists(f"/proc/{pid}")

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["main", "LAUNCHER_PREFIX", "group_members"]
+__all__ = ["main", "LAUNCHER_PREFIX", "group_members", "pid_alive"]
 
 #: every line the launcher itself writes to the log starts with this
 LAUNCHER_PREFIX = "[llmgw-launcher]"
@@ -54,22 +54,31 @@ _PR_SET_CHILD_SUBREAPER = 36
 _POLL = 0.05
 
 
+def _state_and_group(pid: int) -> tuple[bytes, int] | None:
+    """(state letter, process group) of ``pid`` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rpartition(b")")[2].split()
+    except OSError:
+        return None  # it exited while we looked
+    return fields[0], int(fields[2])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is neither a zombie nor dead."""
+    found = _state_and_group(pid)
+    return found is not None and found[0] not in (b"Z", b"X")
+
+
 def group_members(pgid: int, exclude: int | None = None) -> list[int]:
     """Pids of the live (not zombie) processes in process group ``pgid``, except ``exclude``."""
     members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == exclude:
             continue
-        pid = int(entry)
-        if pid == exclude:
-            continue
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                fields = handle.read().rpartition(b")")[2].split()
-        except OSError:
-            continue  # it exited while we looked
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(pid)
+        found = _state_and_group(int(entry))
+        if found is not None and found[1] == pgid and found[0] not in (b"Z", b"X"):
+            members.append(int(entry))
     return members
 
 

@@ -31,11 +31,15 @@ from typing import TypeVar
 import pytest
 import trio
 
+from llmgw.agent.launcher import group_members, pid_alive
+
 __all__ = [
     "ManagedProcess",
     "ProcessSet",
     "WaitTimeout",
     "free_port",
+    "group_alive",
+    "pid_alive",
     "processes",
     "running",
     "start",
@@ -100,7 +104,7 @@ class ManagedProcess:
             os.killpg(self.pid, signal.SIGKILL)
         self.popen.wait()
         deadline = time.monotonic() + 5
-        while _group_alive(self.pid) and time.monotonic() < deadline:
+        while group_alive(self.pid) and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
 
     def wait_exit(self, timeout: float) -> int:
@@ -129,16 +133,9 @@ class ManagedProcess:
         return f"<ManagedProcess {self.name} pid={self.pid}>"
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Whether any process of group ``pgid`` is still running (zombies do not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # it exited while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
 def start(

@@ -301,22 +301,8 @@ def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise CtlError(f"{node}: drain not finished within {timeout:.0f} s; it goes on (ctl replicas)")
         time.sleep(0.5)
-        status = _status(client, node)
+        status = client.request("GET", f"/v1/admin/nodes/{node}/drain")
     click.echo(f"{node}: drained; it stays cordoned until `llmgw ctl uncordon {node}`")
-
-
-def _status(client: AdminClient, node: str) -> dict:
-    nodes = client.request("GET", "/v1/admin/nodes")["nodes"]
-    data = client.request("GET", "/v1/admin/replicas")
-    record = next((n for n in nodes if n["node_id"] == node), None)
-    if record is None:
-        raise CtlError(f"node {node} disappeared")
-    remaining = [
-        r["id"] for r in data["replicas"] if node in [s["node"] for s in r["shards"]] and not r["replaces"]
-    ]
-    moving = [r["replaces"] for r in data["replicas"] if r["replaces"] in remaining]
-    stuck = [f"{u['id']}: {u['reason']}" for u in data["unplaced"] if u["replaces"] in remaining]
-    return {"remaining": remaining, "moving": moving, "stuck": stuck}
 
 
 @click.group()

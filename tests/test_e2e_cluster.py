@@ -226,3 +226,11 @@ def test_ctl_against_the_running_cluster(cluster, tmp_path):
     assert cluster.client.request("GET", "/v1/admin/catalog")["revision"] == 1, (
         "a bad catalog changed the state"
     )
+    by_model: dict[str, set[str]] = {}
+    for r in json.loads(ctl("replicas", "-o", "json").stdout)["replicas"]:
+        by_model.setdefault(r["model"], set()).update(s["node"] for s in r["shards"])
+    target = sorted(by_model["small"] - by_model["big"])[0]
+    drained = ctl("drain", target)
+    assert drained.returncode == 0, drained.stderr
+    last = drained.stdout.splitlines()[-1]
+    assert last == f"{target}: drained; it stays cordoned until `llmgw ctl uncordon {target}`"

@@ -217,3 +217,14 @@ async def test_gateway_certificate_reads_routes_but_not_admin(server, test_pki):
     async with client(test_pki, "gateway", "gw-1") as gateway:
         assert (await gateway.get(f"{server}/v1/routes")).status_code == 200
         assert (await gateway.get(f"{server}/v1/admin/nodes")).status_code == 403
+
+
+async def test_drain_status_of_an_unknown_node_lists_the_nodes(server, test_pki):
+    """Asking for the drain status of a node the server does not know is a 404 naming those it knows."""
+    async with client(test_pki, "node", "node-1") as node, client(test_pki, "admin", "ops") as admin:
+        assert (await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).status_code == 200
+        response = await admin.get(f"{server}/v1/admin/nodes/node-9/drain")
+        assert response.status_code == 404
+        assert response.json()["error"]["message"] == "no node 'node-9' (nodes: node-1)"
+        status = (await admin.get(f"{server}/v1/admin/nodes/node-1/drain")).json()
+        assert status == {"node_id": "node-1", "state": "ready", "remaining": [], "moving": [], "stuck": []}

@@ -81,6 +81,7 @@ class ServerApp:
             admin,
             self._node_action,
         )
+        self._route("GET", r"/v1/admin/nodes/(?P<node>[^/]+)/drain", admin, self._get_drain)
         self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
         self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
@@ -287,12 +288,20 @@ class ServerApp:
     async def _node_action(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         node_id, action = params["node"], params["action"]
         async with self._lock:
-            if node_id not in self.cluster.nodes:
-                known = ", ".join(sorted(self.cluster.nodes)) or "none"
-                raise _Refused(404, f"no node {node_id!r} (nodes: {known})")
+            self._known_node(node_id)
             self.cluster.set_cordon(node_id, action != "uncordon", self.clock(), drain=action == "drain")
             await self.commit()
         return Response.json(200, self._drain_status(node_id))
+
+    async def _get_drain(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        return Response.json(200, self._drain_status(self._known_node(params["node"])))
+
+    def _known_node(self, node_id: str) -> str:
+        """``node_id``, or a 404 that lists the nodes there are."""
+        if node_id not in self.cluster.nodes:
+            known = ", ".join(sorted(self.cluster.nodes)) or "none"
+            raise _Refused(404, f"no node {node_id!r} (nodes: {known})")
+        return node_id
 
     def _drain_status(self, node_id: str) -> dict[str, Any]:
         node = self.cluster.nodes[node_id]

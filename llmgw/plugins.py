@@ -109,7 +109,7 @@ class Plugins:
         self.pm = pm
         self._origins: dict[int, _Origin] = {}
         self._failures: list[PluginRecord] = []
-        self._engine_cache: tuple[dict[str, EngineRecord], list[tuple[str, str]]] | None = None
+        self._engine_cache: tuple[dict[str, EngineRecord], list[_Problem]] | None = None
         self.trace: Any = None
 
     def enable_tracing(self, write: Any) -> None:
@@ -200,7 +200,7 @@ class Plugins:
                 for caller in (self.pm.get_hookcallers(plugin) or [])
                 if caller.name.startswith("llmgw_")
             )
-            error = "; ".join(e for p, e in errors_by_plugin if p == name) or None
+            error = "; ".join(e.message for e in errors_by_plugin if e.plugin == name) or None
             records.append(
                 PluginRecord(
                     name=name,
@@ -249,7 +249,7 @@ class Plugins:
             raise _first_error(errors)
         return instances
 
-    def _collect_engines(self) -> tuple[dict[str, EngineRecord], list[tuple[str, str]]]:
+    def _collect_engines(self) -> tuple[dict[str, EngineRecord], list[_Problem]]:
         if self._engine_cache is None:
             by_plugin, errors, instances = self._collect_named("llmgw_register_engines", Engine)
             engines = {}
@@ -270,28 +270,31 @@ class Plugins:
 
     def _collect_named(
         self, hook_name: str, kind: type
-    ) -> tuple[dict[str, str], list[tuple[str, str]], dict[str, Any]]:
+    ) -> tuple[dict[str, str], list[_Problem], dict[str, Any]]:
         """Call one register hook per plugin, keeping who registered what."""
         owner: dict[str, str] = {}
         instances: dict[str, Any] = {}
-        errors: list[tuple[str, str]] = []
+        errors: list[_Problem] = []
         for plugin, result in self.call_each(hook_name):
             if isinstance(result, Exception):
-                errors.append((plugin, f"{hook_name} raised {_describe(result)}"))
+                errors.append(_Problem(plugin, f"{hook_name} raised {_describe(result)}"))
                 continue
             result = result or []
             for item in result:
                 if not isinstance(item, kind):
-                    errors.append((plugin, f"{hook_name} returned {item!r}, not a {kind.__name__} instance"))
+                    errors.append(
+                        _Problem(plugin, f"{hook_name} returned {item!r}, not a {kind.__name__} instance")
+                    )
                     continue
                 name = getattr(item, "name", None)
                 if name in owner:
                     first, second = self._origin_label(owner[name]), self._origin_label(plugin)
                     errors.append(
-                        (
+                        _Problem(
                             plugin,
                             f"{kind.__name__.lower()} {name!r} is registered twice: "
                             f"by {first} and by {second}; uninstall one of them",
+                            DuplicateEngineError if kind is Engine else PluginError,
                         )
                     )
                     continue
@@ -314,11 +317,21 @@ def _kwargs(kwargs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
-def _first_error(errors: list[tuple[str, str]]) -> PluginError:
-    message = errors[0][1]
-    if "registered twice" in message:
-        return DuplicateEngineError(message) if "engine" in message else PluginError(message)
-    return PluginError(f"plugin {errors[0][0]!r}: {message}")
+@attrs.frozen
+class _Problem:
+    """A plugin's registration problem: the plugin, the message, and the error it raises as."""
+
+    plugin: str
+    message: str
+    #: a duplicate name raises this with the message as is; None: PluginError naming the plugin
+    duplicate: type[PluginError] | None = None
+
+
+def _first_error(errors: list[_Problem]) -> PluginError:
+    first = errors[0]
+    if first.duplicate is not None:
+        return first.duplicate(first.message)
+    return PluginError(f"plugin {first.plugin!r}: {first.message}")
 
 
 def _describe(exc: BaseException) -> str:

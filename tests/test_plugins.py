@@ -309,3 +309,11 @@ def test_hook_llmgw_register_provisioners():
     twice = get_plugin_manager(entry_points=False, plugins=[Plugin(), Plugin()])
     with pytest.raises(PluginError, match="provisioner 'fakevisor' is registered twice"):
         twice.provisioners()
+
+    class llmgw_engine_extras(Plugin):  # noqa: N801 - a plugin named like an engine distribution
+        pass
+
+    named = get_plugin_manager(entry_points=False, plugins=[Plugin(), llmgw_engine_extras()])
+    with pytest.raises(PluginError) as info:
+        named.provisioners()
+    assert type(info.value) is PluginError, "a duplicate provisioner is not a duplicate engine"

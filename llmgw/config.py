@@ -23,7 +23,7 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import Catalog, Model, Profile, Sidecar
 
-__all__ = ["load_catalog", "parse_catalog", "catalog_summary"]
+__all__ = ["load_catalog", "parse_catalog", "catalog_summary", "register_strict_scalars"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 _EXPECTED = {
@@ -39,9 +39,18 @@ def _strict(kind: type) -> Callable[[Any, type], Any]:
         # bool is an int in Python; YAML's `true` must not pass for a count.
         if type(value) is not kind and not (kind is float and type(value) is int):
             raise TypeError(_EXPECTED[kind])
-        return value
+        return float(value) if kind is float else value
 
     return structure
+
+
+def register_strict_scalars(converter: cattrs.Converter) -> None:
+    """Make ``converter`` refuse ``"8000"``, ``8000.9`` and ``true`` where an int is expected, and alike.
+
+    Used by the catalog's converter and by the agent protocol's (:mod:`llmgw.wire`).
+    """
+    for kind in (int, str, bool, float):
+        converter.register_structure_hook(kind, _strict(kind))
 
 
 def _tuple_of(item: type, converter: cattrs.Converter) -> Callable[[Any, type], tuple]:
@@ -64,8 +73,7 @@ def _tuple_of(item: type, converter: cattrs.Converter) -> Callable[[Any, type], 
 
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
-    for kind in (int, str, bool, float):
-        converter.register_structure_hook(kind, _strict(kind))
+    register_strict_scalars(converter)
     hooks = {
         tuple[str, ...]: _tuple_of(str, converter),
         tuple[Sidecar, ...]: _tuple_of(Sidecar, converter),

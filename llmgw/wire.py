@@ -15,6 +15,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError
 
+from llmgw.config import register_strict_scalars
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar
 
@@ -124,17 +125,7 @@ class WireError(LlmgwError):
 
 def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=False)
-
-    def strict(kind: type) -> Any:
-        def structure(value: Any, _: type) -> Any:
-            if type(value) is not kind and not (kind is float and type(value) is int):
-                raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
-            return float(value) if kind is float else value
-
-        return structure
-
-    for kind in (int, str, bool, float):
-        converter.register_structure_hook(kind, strict(kind))
+    register_strict_scalars(converter)
     return converter
 
 

@@ -16,8 +16,6 @@ How tests are written here (after trio-websocket's rules):
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,10 +27,9 @@ SHARED = REPO.parent / "shared"
 @pytest.fixture
 def llmgw_exe() -> str:
     """The installed ``llmgw`` console script of this environment."""
-    exe = Path(sys.executable).with_name("llmgw")
-    found = str(exe) if exe.exists() else shutil.which("llmgw")
-    assert found, "the llmgw console script is not installed; run ./run test"
-    return found
+    from llmgw.localcluster import program
+
+    return program("llmgw")
 
 
 @pytest.fixture

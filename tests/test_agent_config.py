@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from llmgw.agent.config import (
 )
 from llmgw.cli_agent import agent
 from llmgw.errors import FabricError
+from llmgw.localcluster import program
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
 
 FLAGS = {
@@ -170,7 +170,7 @@ class TestCommand:
             "--cert", str(node.cert_path), "--key", str(node.key_path), "--ca", str(test_pki.ca.cert_path),
             "--state-dir", str(tmp_path / "state"), "--nvidia-smi", str(smi),
             "--ib-root", str(tmp_path / "no-ib"), "--fabric", "ib-a",
-            "--engine", f"sim:llmgw-sim={Path(sys.executable).with_name('llmgw-sim')}",
+            "--engine", f"sim:llmgw-sim={program('llmgw-sim')}",
         ]
         result = CliRunner().invoke(agent, args)
         assert result.exit_code == 1, result.output

@@ -20,6 +20,7 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.agent.config import AgentConfig, HealthSettings, SyncSettings
 from llmgw.engine import Engine
+from llmgw.localcluster import program
 from llmgw.models import Command, DiscoverySettings, LaunchSpec, Sidecar
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
@@ -27,7 +28,7 @@ from llmgw.testing import make_gpus, write_fake_nvidia_smi
 from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_until_trio
 from llmgw.wire import DesiredShard
 
-SIM = str(Path(sys.executable).with_name("llmgw-sim"))
+SIM = program("llmgw-sim")
 #: the address agents of the server tests report (engines bind it)
 ADDRESS = "127.0.0.2"
 

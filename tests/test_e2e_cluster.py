@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.localcluster import LocalCluster
+from llmgw.localcluster import LocalCluster, program
 from llmgw.testing.processes import free_port, pid_alive
 
 CATALOG = """
@@ -192,14 +192,13 @@ def test_ctl_against_the_running_cluster(cluster, tmp_path):
     """`llmgw ctl` with a config dir: nodes, replicas -o json, events, cordon, uncordon, apply errors."""
     import json
     import subprocess
-    import sys
 
     from llmgw.ctl import write_client_config
 
     config = tmp_path / "ctl"
     tls = cluster.admin_tls
     write_client_config(config, cluster.server_url, tls.ca_path, tls.cert_path, tls.key_path)
-    exe = str(Path(sys.executable).with_name("llmgw"))
+    exe = program("llmgw")
 
     def ctl(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -25,6 +25,7 @@ import llmgw_proxmox as proxmox
 import pytest
 from click.testing import CliRunner
 
+from llmgw.localcluster import program
 from llmgw.models import Command
 from llmgw.provision import CommandResult, ExistingMachine, MachineRequest, ProvisionError, Step
 from llmgw.provision_cli import provision_node
@@ -187,9 +188,7 @@ def image(tmp_path: Path) -> Path:
 
 
 def provision_exe() -> str:
-    exe = Path(sys.executable).with_name("llmgw-provision-node")
-    assert exe.exists(), "the llmgw-provision-node console script is not installed; run ./run test"
-    return str(exe)
+    return program("llmgw-provision-node")
 
 
 def base_args(image: Path) -> list[str]:

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 
+from llmgw.localcluster import program
 from llmgw.testing.processes import ManagedProcess, ProcessSet, free_port, processes, wait_until
 
 __all__ = ["processes"]
 
 
-def _sim_program() -> str:
-    beside = Path(sys.executable).with_name("llmgw-sim")
-    return str(beside) if beside.exists() else shutil.which("llmgw-sim") or "llmgw-sim"
-
-
 #: the console script installed next to this interpreter
-SIM = _sim_program()
+SIM = program("llmgw-sim")
 
 
 class Sim:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from importlib import metadata
-from pathlib import Path
 
 import llmgw_engine_sim
 import pytest
 from llmgw_engine_sim import SimEngine
 
+from llmgw.localcluster import program
 from llmgw.models import LaunchSpec
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing.contract import EngineContract
@@ -19,10 +17,7 @@ from llmgw.testing.contract import EngineContract
 
 def sim_exe() -> str:
     """The installed ``llmgw-sim`` console script."""
-    exe = Path(sys.executable).with_name("llmgw-sim")
-    found = str(exe) if exe.exists() else shutil.which("llmgw-sim")
-    assert found, "llmgw-sim is not installed; install llmgw-engine-sim"
-    return found
+    return program("llmgw-sim")
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,7 @@ routes a test sets with :meth:`FakeRoutesFeed.set`::
 from __future__ import annotations
 
 import hashlib
-import shutil
-import sys
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import attrs
@@ -25,6 +22,7 @@ import trio
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.http import HttpServer, Request, Response
 from llmgw.httpclient import ConnectionPool, HttpClientError
+from llmgw.localcluster import program
 
 if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
@@ -34,8 +32,7 @@ __all__ = ["FakeRoutesFeed", "Sim", "sim_program", "sim_argv", "start_sim", "wai
 
 def sim_program() -> str:
     """The ``llmgw-sim`` console script next to this interpreter (or on ``PATH``)."""
-    beside = Path(sys.executable).with_name("llmgw-sim")
-    return str(beside) if beside.exists() else shutil.which("llmgw-sim") or "llmgw-sim"
+    return program("llmgw-sim")
 
 
 def sim_argv(port: int, *args: str, host: str = "127.0.0.1", model: str = "m") -> list[str]:

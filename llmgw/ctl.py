@@ -83,8 +83,13 @@ class ClientConfig:
         return cls(server.rstrip("/"), paths["--ca"], paths["--cert"], paths["--key"])
 
 
-def write_client_config(directory: Path, server: str, ca: Path, cert: Path, key: Path) -> None:
-    """Write a config directory ``ctl`` finds by default (used by ``llmgw dev``)."""
+def write_client_config(
+    directory: Path, server: str, ca: Path, cert: Path, key: Path, *, header: str = ""
+) -> None:
+    """Write a config directory ``ctl`` finds by default (used by ``llmgw dev``).
+
+    ``header`` goes at the top of ``config.toml`` (a comment saying who wrote it).
+    """
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     for source, name in ((ca, "ca.pem"), (cert, "admin.pem")):
         (directory / name).write_bytes(source.read_bytes())
@@ -92,7 +97,7 @@ def write_client_config(directory: Path, server: str, ca: Path, cert: Path, key:
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(key.read_bytes())
-    (directory / "config.toml").write_text(f'server = "{server}"\n')
+    (directory / "config.toml").write_text(f'{header}server = "{server}"\n')
 
 
 class AdminClient:

@@ -117,8 +117,9 @@ def _leave_credentials(directory: Path | None, server_url: str, admin: pki.Issue
             err=True,
         )
         return admin.cert_path.parent
-    write_client_config(directory, server_url, admin.ca_path, admin.cert_path, admin.key_path)
-    config.write_text(f'{_DEV_MARK}\nserver = "{server_url}"\n')
+    write_client_config(
+        directory, server_url, admin.ca_path, admin.cert_path, admin.key_path, header=f"{_DEV_MARK}\n"
+    )
     return directory
 
 

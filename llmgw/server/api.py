@@ -190,7 +190,7 @@ class ServerApp:
             )
             log.warning("refused sync: certificate CN %r claims node id %r", identity.name, sync.node_id)
             async with self._lock:
-                self.cluster._event(
+                self.cluster.record_event(
                     self.clock(),
                     "refusal",
                     sync.node_id,

@@ -160,7 +160,7 @@ class Cluster:
         self.dirty_catalog = True
         # wake every long-poll: agents must learn the new sources to check
         self.revision += 1
-        self._event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
+        self.record_event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
 
     def sync(self, request: SyncRequest, now: float) -> None:
         """Record what a node's agent reported: facts, observed shards, revision."""
@@ -176,9 +176,9 @@ class Cluster:
             )
             self.nodes[node.node_id] = node
             self.dirty_nodes.add(node.node_id)
-            self._event(now, "node", node.node_id, f"registered from {request.address}")
+            self.record_event(now, "node", node.node_id, f"registered from {request.address}")
         elif node.lost:
-            self._event(now, "node", node.node_id, "is back after being lost")
+            self.record_event(now, "node", node.node_id, "is back after being lost")
         if (node.address, node.facts, node.port_range) != (
             request.address,
             request.facts,
@@ -204,7 +204,7 @@ class Cluster:
         node.draining = drain or (node.draining and cordoned)
         self.dirty_nodes.add(node_id)
         action = "drain started" if drain else ("cordoned" if cordoned else "uncordoned")
-        self._event(now, "node", node_id, action)
+        self.record_event(now, "node", node_id, action)
 
     # -- the reconciler ------------------------------------------------------
 
@@ -253,7 +253,7 @@ class Cluster:
             if not node.lost and now - node.last_seen > self.settings.lost_after:
                 node.lost = True
                 self.dirty_nodes.add(node.node_id)
-                self._event(
+                self.record_event(
                     now,
                     "node",
                     node.node_id,
@@ -269,7 +269,7 @@ class Cluster:
                 record.sent_revision = 0
                 record.reason = None
                 self.dirty_replicas.add(record.id)
-                self._event(now, "replica", record.id, f"rebuilding after {record.failures} failures")
+                self.record_event(now, "replica", record.id, f"rebuilding after {record.failures} failures")
             return
         observed: list[ObservedShard | None] = []
         for node_id, key in record.shard_keys():
@@ -302,7 +302,7 @@ class Cluster:
             record.ready_since = now
             record.reason = None
             self.dirty_replicas.add(record.id)
-            self._event(now, "replica", record.id, f"ready on {', '.join(record.placement.node_ids)}")
+            self.record_event(now, "replica", record.id, f"ready on {', '.join(record.placement.node_ids)}")
         elif now - record.started_at > self.settings.ready_timeout:
             self._fail(record, now, f"not ready within {self.settings.ready_timeout:.0f} s")
 
@@ -318,7 +318,7 @@ class Cluster:
         record.ready_since = None
         record.reason = reason
         self.dirty_replicas.add(record.id)
-        self._event(
+        self.record_event(
             now,
             "replica",
             record.id,
@@ -347,7 +347,7 @@ class Cluster:
                 if not any(node.node_id in r.placement.node_ids for r in self.replicas.values()):
                     node.draining = False
                     self.dirty_nodes.add(node.node_id)
-                    self._event(now, "node", node.node_id, "drained: no replica left; still cordoned")
+                    self.record_event(now, "node", node.node_id, "drained: no replica left; still cordoned")
                 continue
             if not any(i in replacing for i in on_node):
                 moves.append(on_node[0])
@@ -361,7 +361,9 @@ class Cluster:
         self.dirty_replicas.add(replica_id)
         replacement.placement = attrs.evolve(replacement.placement, replaces=None)
         self.dirty_replicas.add(replacement.id)
-        self._event(now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original")
+        self.record_event(
+            now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original"
+        )
 
     def _schedule(self, now: float, moves: list[str]) -> None:
         result = schedule(
@@ -374,7 +376,7 @@ class Cluster:
             if removal.replica.id in self.replicas:
                 del self.replicas[removal.replica.id]
                 self.dirty_replicas.add(removal.replica.id)
-                self._event(now, "replica", removal.replica.id, f"removed: {removal.reason}")
+                self.record_event(now, "replica", removal.replica.id, f"removed: {removal.reason}")
         for placement in result.placements:
             record = self.replicas.get(placement.id)
             if record is not None and record.placement == placement:
@@ -396,11 +398,11 @@ class Cluster:
                 f"{s.node_id} (r{s.rank}, GPUs {','.join(map(str, s.gpus)) or '-'}, port {s.port})"
                 for s in placement.shards
             )
-            self._event(now, "replica", placement.id, f"{what} on {where}")
+            self.record_event(now, "replica", placement.id, f"{what} on {where}")
         if result.unplaced != self.unplaced:
             for item in result.unplaced:
                 if item not in self.unplaced:
-                    self._event(now, "replica", item.id, f"cannot be placed: {item.reason}")
+                    self.record_event(now, "replica", item.id, f"cannot be placed: {item.reason}")
             self.unplaced = result.unplaced
 
     # -- outputs -------------------------------------------------------------
@@ -497,7 +499,8 @@ class Cluster:
         events, self.events = self.events, []
         return events
 
-    def _event(self, now: float, kind: str, subject: str, message: str) -> None:
+    def record_event(self, now: float, kind: str, subject: str, message: str) -> None:
+        """Add an event for ``ctl events``; it is stored at the next flush."""
         self.events.append(Event(now, kind, subject, message))
 
 

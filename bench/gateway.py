@@ -5,7 +5,7 @@ Run with ``python bench/gateway.py`` (about 45 s; ``--rounds`` and
 generation delays, an in-process fake routes feed pointing at it, and
 ``llmgw gateway --no-keys`` as its own process; then, for concurrency 1 and
 64, non-streamed and streamed chat completions (16 tokens), it runs an h11
-load client (``llmgw.httpclient``, keep-alive) against the sim directly and
+load client (``llmgw.net.client``, keep-alive) against the sim directly and
 through the gateway. Every case runs ``--rounds`` times, interleaved, so that
 other work on the machine weighs on direct and gateway cases alike; the
 rounds of a case are pooled. It prints:
@@ -33,8 +33,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from llmgw.gateway.testing import FakeRoutesFeed, sim_argv, wait_healthy
-from llmgw.httpclient import ConnectionPool
+from llmgw.net.client import ConnectionPool
+from llmgw.testing.gateway import FakeRoutesFeed, sim_argv, wait_healthy
 from llmgw.testing.processes import ManagedProcess, free_port, start
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -25,11 +25,11 @@ import trio
 from llmgw_engine_sim import SimEngine
 
 from llmgw import pki
-from llmgw.gateway.testing import start_gateway
 from llmgw.models import NodeFacts
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.testing import make_gpus
+from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import free_port
 from llmgw.wire import ObservedShard, SyncReply, SyncRequest, from_json, to_json
 

@@ -1,27 +1,100 @@
-"""The ``llmgw`` command line: one group, a module per area of commands.
+"""The ``llmgw`` command line: the root group, ``llmgw plugins``, and the one error door.
 
-Errors an operator can fix (:class:`~llmgw.errors.LlmgwError`) are printed as
-``error: ...`` on stderr with their exit code; no traceback, no exception group.
+Each subsystem keeps its commands in its own ``cli.py``; the root group loads
+them by name when they are asked for (:data:`COMMANDS`), so ``llmgw plugins``
+does not import the gateway and no subsystem imports another's commands.
+
+Errors an operator can fix (:class:`~llmgw.errors.LlmgwError`) are shown by
+:func:`show_error` as ``error: ...`` on stderr with their exit code; no
+traceback, no exception group. ``llmgw``, ``llmgw-provision-node`` and
+``llmgw-onboard-node`` all go through it.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+from typing import Any
 
 import click
 from tabulate import tabulate
 
 import llmgw
-from llmgw.cli_base import Group
-from llmgw.config import catalog_summary, load_catalog
-from llmgw.errors import CatalogError
+from llmgw.errors import LlmgwError
 from llmgw.plugins import get_plugin_manager
 
-__all__ = ["main", "cli"]
+__all__ = ["COMMANDS", "Group", "cli", "error_leaves", "main", "show_error"]
+
+#: root command name -> "module:attribute" of its click command
+COMMANDS = {
+    "agent": "llmgw.agent.cli:agent",
+    "ca": "llmgw.pki.cli:ca",
+    "ctl": "llmgw.ctl.cli:ctl",
+    "dev": "llmgw.dev.cli:dev",
+    "discover": "llmgw.node.cli:discover",
+    "gateway": "llmgw.gateway.cli:gateway_command",
+    "server": "llmgw.server.cli:server_command",
+    "version": "llmgw.version:version",
+}
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+def error_leaves(error: BaseException) -> list[BaseException]:
+    """Every exception inside ``error``, exception groups flattened (``error`` itself if it is not one)."""
+    if not isinstance(error, BaseExceptionGroup):
+        return [error]
+    out: list[BaseException] = []
+    for exc in error.exceptions:
+        out.extend(error_leaves(exc))
+    return out
+
+
+def show_error(error: BaseException) -> int | None:
+    """Print ``error`` for an operator if it is theirs to fix, and return its exit code.
+
+    Called by every console script's door (:class:`Group`, the long-running
+    commands). An :class:`LlmgwError`, or an exception group whose leaves are
+    all ``LlmgwError``, is printed as ``error: message`` (one line per leaf)
+    on stderr and its (first) exit code returned. Anything else is a bug:
+    nothing is printed and None is returned, so the caller re-raises it.
+    """
+    leaves = error_leaves(error)
+    if not leaves or not all(isinstance(e, LlmgwError) for e in leaves):
+        return None
+    for exc in leaves:
+        click.echo(f"error: {exc}", err=True)
+    return leaves[0].exit_code  # type: ignore[attr-defined]
+
+
+class Group(click.Group):
+    """A click group whose commands' llmgw errors reach the operator through :func:`show_error`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (LlmgwError, BaseExceptionGroup) as exc:
+            code = show_error(exc)
+            if code is None:
+                raise
+            ctx.exit(code)
+
+
+class _RootGroup(Group):
+    """The root group: subsystem commands are imported when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.commands or name not in COMMANDS:
+            return super().get_command(ctx, name)
+        module, _, attribute = COMMANDS[name].partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        self.add_command(command, name)
+        return command
+
+
+@click.group(cls=_RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(llmgw.__version__, prog_name="llmgw")
 def cli() -> None:
     """llmgw: run large language models on a fleet of GPU machines."""
@@ -57,77 +130,6 @@ def plugins(as_json: bool) -> None:
                 click.echo(f"{r.name}: {r.error}", err=True)
     if any(r.status == "failed" for r in records):
         sys.exit(1)
-
-
-@cli.group(cls=Group)
-def ctl() -> None:
-    """Operate a cluster: catalogs, engines, nodes, replicas."""
-
-
-@ctl.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
-def engines(as_json: bool) -> None:
-    """List the engines installed plugins provide and the versions each was checked against."""
-    records = get_plugin_manager().engines()
-    if as_json:
-        click.echo(json.dumps([r.to_json() for r in records.values()], indent=2))
-        return
-    rows = [
-        [
-            r.name,
-            r.plugin,
-            f"{r.distribution or '-'} {r.version or ''}".strip(),
-            ", ".join(r.checked_versions) or "-",
-            "yes" if r.multi_node else "no",
-        ]
-        for r in sorted(records.values(), key=lambda r: r.name)
-    ]
-    headers = ["engine", "plugin", "distribution", "checked against", "multi-node"]
-    click.echo(tabulate(rows, headers=headers, tablefmt="simple"))
-
-
-@ctl.command()
-@click.argument("catalog", type=click.Path(dir_okay=False, path_type=str))
-def validate(catalog: str) -> None:
-    """Check CATALOG offline: types, unknown keys, profiles and engines.
-
-    Prints every error with its path and exits 1, or a one-line summary and 0.
-    """
-    engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
-    try:
-        result = load_catalog(catalog, engines)
-    except CatalogError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(1)
-    click.echo(f"{catalog}: valid: {catalog_summary(result)}")
-
-
-def _register_optional_commands() -> None:
-    from llmgw.dev import dev
-
-    cli.add_command(dev)
-    from llmgw.cli_agent import agent
-    from llmgw.cli_ca import ca
-    from llmgw.cli_discover import discover
-    from llmgw.cli_enginecheck import engine_check
-    from llmgw.ctl import register
-    from llmgw.gateway.cli import gateway_command
-    from llmgw.server.main import server_command
-    from llmgw.version import version
-
-    register(ctl)
-    ctl.add_command(engine_check)
-    cli.add_command(gateway_command)
-    cli.add_command(version)
-
-    cli.add_command(ca)
-    cli.add_command(agent)
-    cli.add_command(server_command)
-
-    cli.add_command(discover)
-
-
-_register_optional_commands()
 
 
 def main() -> None:

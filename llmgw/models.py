@@ -2,7 +2,7 @@
 
 Every record is frozen; change one with :func:`attrs.evolve`. Validators guard
 invariants only; parsing from YAML, JSON or the wire lives in
-:mod:`llmgw.config`, never here.
+:mod:`llmgw.catalog`, never here.
 """
 
 from __future__ import annotations

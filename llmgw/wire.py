@@ -15,7 +15,7 @@ import attrs
 import cattrs
 from cattrs.errors import ClassValidationError
 
-from llmgw.config import register_strict_scalars
+from llmgw.catalog import register_strict_scalars
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar
 

@@ -26,15 +26,15 @@ def _walk(command: click.Command, name: str, parent: click.Context | None) -> li
     ctx = click.Context(command, info_name=name, parent=parent, **settings)
     found = [(ctx.command_path, command.get_help(ctx))]
     if isinstance(command, click.Group):
-        for sub in sorted(command.commands):
-            found += _walk(command.commands[sub], sub, ctx)
+        for sub in command.list_commands(ctx):
+            found += _walk(command.get_command(ctx, sub), sub, ctx)
     return found
 
 
 def render() -> str:
     """The reference as Markdown: one section per command, its help as printed."""
     from llmgw.cli import cli
-    from llmgw.provision_cli import provision_node
+    from llmgw.provision.cli import provision_node
 
     parts = [
         "# llmgw command reference",

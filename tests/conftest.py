@@ -27,7 +27,7 @@ SHARED = REPO.parent / "shared"
 @pytest.fixture
 def llmgw_exe() -> str:
     """The installed ``llmgw`` console script of this environment."""
-    from llmgw.localcluster import program
+    from llmgw.dev.cluster import program
 
     return program("llmgw")
 

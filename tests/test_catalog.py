@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from llmgw.catalog import load_catalog, parse_catalog
 from llmgw.cli import cli
-from llmgw.config import load_catalog, parse_catalog
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import Command, LaunchSpec

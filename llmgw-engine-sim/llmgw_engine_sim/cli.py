@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from llmgw.http import HttpServer
+from llmgw.net.server import HttpServer
 from llmgw_engine_sim.rendezvous import Coordinator, join_replica
 from llmgw_engine_sim.server import ServeOptions, SimApp, reported_env
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     handler.setFormatter(_RankFormatter(args.node_rank))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    logging.getLogger("llmgw.http").addHandler(handler)
+    logging.getLogger("llmgw.net.server").addHandler(handler)
 
     if args.model.startswith(("/", ".")) and not os.path.exists(args.model):
         log.error(

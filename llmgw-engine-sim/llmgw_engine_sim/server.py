@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import trio
 
-from llmgw.http import InvalidJSON, Request, Response
+from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 
 __all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
@@ -122,7 +122,7 @@ class SimApp:
         }
 
     async def handle(self, request: Request) -> Response:
-        """Answer one HTTP request (the :class:`llmgw.http.HttpServer` handler)."""
+        """Answer one HTTP request (the :class:`llmgw.net.server.HttpServer` handler)."""
         try:
             response = await self._route(request)
         except ApiError as error:

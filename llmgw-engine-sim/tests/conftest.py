@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from llmgw.localcluster import program
+from llmgw.dev.cluster import program
 from llmgw.testing.processes import ManagedProcess, ProcessSet, free_port, processes, wait_until
 
 __all__ = ["processes"]

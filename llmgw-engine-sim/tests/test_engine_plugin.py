@@ -9,7 +9,7 @@ import llmgw_engine_sim
 import pytest
 from llmgw_engine_sim import SimEngine
 
-from llmgw.localcluster import program
+from llmgw.dev.cluster import program
 from llmgw.models import LaunchSpec
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing.contract import EngineContract

@@ -45,8 +45,8 @@ from urllib.parse import urlsplit
 import attrs
 
 from llmgw.errors import LlmgwError
-from llmgw.fabric import parse_fabric_option
 from llmgw.models import DiscoverySettings
+from llmgw.node.fabric import parse_fabric_option
 
 __all__ = [
     "AgentConfig",

@@ -22,9 +22,9 @@ import trio
 
 import llmgw
 from llmgw.agent.config import AgentConfig
-from llmgw.discovery import discover_node
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
+from llmgw.node.discovery import discover_node
 
 __all__ = ["gather_facts", "check_engines", "present_sources", "parse_version", "VERSION_TIMEOUT"]
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from llmgw.cli_base import Group
+from llmgw.cli import Group
 from llmgw.gateway.cli import gateway_command
 
 

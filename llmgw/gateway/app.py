@@ -29,7 +29,7 @@ from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import UNKNOWN_MODEL, GatewayMetrics
 from llmgw.gateway.proxy import Call, Proxy
 from llmgw.gateway.routes import RoutesWatcher
-from llmgw.http import InvalidJSON, Request, Response
+from llmgw.net.server import InvalidJSON, Request, Response
 
 __all__ = ["GatewayApp", "SESSION_HEADER", "INFERENCE_ENDPOINTS"]
 
@@ -48,7 +48,7 @@ _NO_RESPONSE = Response(500)
 
 
 class GatewayApp:
-    """The request handler of one gateway (an :class:`llmgw.http.HttpServer` handler)."""
+    """The request handler of one gateway (an :class:`llmgw.net.server.HttpServer` handler)."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ import trio
 
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.gateway.proxy import ProxySettings
-from llmgw.http import Limits
+from llmgw.net.server import Limits, parse_listen
 
 __all__ = ["gateway_command"]
 
@@ -124,7 +124,6 @@ def gateway_command(
     Prometheus metrics on GET /metrics; GET /health for load balancers.
     Several gateways may run against one server.
     """
-    from llmgw.server.main import parse_listen
 
     host, port = parse_listen(listen, "--listen")
     config = GatewayConfig(

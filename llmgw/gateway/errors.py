@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.http import Response
+from llmgw.net.server import Response
 
 __all__ = ["openai_error"]
 

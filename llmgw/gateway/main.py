@@ -15,8 +15,8 @@ from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
 from llmgw.gateway.routes import RoutesWatcher, RouteTable
-from llmgw.http import HttpServer, Limits, Request, Response
-from llmgw.httpclient import ConnectionPool
+from llmgw.net.client import ConnectionPool
+from llmgw.net.server import HttpServer, Limits, Request, Response
 from llmgw.pki import client_ssl_context
 
 __all__ = ["GatewayConfig", "GatewayError", "Gateway", "serve_gateway"]

@@ -33,8 +33,8 @@ import trio
 from llmgw.gateway.balancer import Balancer, Replica
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import GatewayMetrics
-from llmgw.http import Response
-from llmgw.httpclient import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
+from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
+from llmgw.net.server import Response
 
 __all__ = ["ProxySettings", "Call", "Proxy"]
 
@@ -77,7 +77,7 @@ class Call:
     start: float
     #: the replica that answered, once one did
     replica: Replica | None = None
-    #: called once the response to the client is over (:attr:`llmgw.http.Response.after`)
+    #: called once the response to the client is over (:attr:`llmgw.net.server.Response.after`)
     after: Callable[[], object] | None = None
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from llmgw.httpclient import ConnectionPool, HttpClientError
+from llmgw.net.client import ConnectionPool, HttpClientError
 
 __all__ = ["Upstream", "RouteTable", "RoutesError", "RoutesWatcher"]
 

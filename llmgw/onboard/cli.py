@@ -110,8 +110,8 @@ def onboard_node(
     something changed.
     """
     from llmgw.agent.config import AgentConfigError, _check_server
-    from llmgw.ctl import AdminClient, ClientConfig
-    from llmgw.fabric import parse_fabric_option
+    from llmgw.ctl.client import AdminClient, ClientConfig
+    from llmgw.node.fabric import parse_fabric_option
     from llmgw.onboard.node import Settings, onboard
     from llmgw.onboard.release import check_release
     from llmgw.onboard.remote import OnboardError, Ssh, SshTarget, parse_addr

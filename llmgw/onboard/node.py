@@ -289,7 +289,7 @@ def onboard(
 ) -> list[Item]:
     """Onboard one node (see the module docstring); returns what was done to each item.
 
-    :param admin: an :class:`~llmgw.ctl.AdminClient` to watch the node list, or ``None`` not to wait.
+    :param admin: an :class:`~llmgw.ctl.cli.AdminClient` to watch the node list, or ``None`` not to wait.
     :raises OnboardError: naming the step that failed.
     """
     release = settings.release
@@ -522,7 +522,7 @@ def _wait_for_node(
     settings: Settings, ssh: Ssh, admin, echo: Callable[[str], None], *, since_restart: float | None
 ) -> None:
     """Poll the node list until the node syncs (after the restart, if there was one); fail with the reason."""
-    from llmgw.ctl import CtlError
+    from llmgw.ctl.client import CtlError
 
     node = settings.node
     echo(f"server: waiting up to {settings.wait:.0f} s for {node} to sync with {settings.server}")

@@ -19,15 +19,15 @@ from typing import Any
 
 import trio
 
-from llmgw.config import catalog_summary, parse_catalog
+from llmgw.catalog import catalog_summary, parse_catalog
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
-from llmgw.http import InvalidJSON, Request, Response
+from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
 from llmgw.scheduler import node_warnings
 from llmgw.server.cluster import Cluster
 from llmgw.server.persist import flush
-from llmgw.store import Store
+from llmgw.server.store import Store
 from llmgw.wire import SyncReply, SyncRequest, WireError, from_json, shard_key, to_json
 
 __all__ = ["ServerApp"]

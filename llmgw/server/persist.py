@@ -6,13 +6,13 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
-from llmgw.config import parse_catalog
+from llmgw.catalog import parse_catalog
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, NodeRecord, ReplicaRecord, Settings
-from llmgw.store import Store
+from llmgw.server.store import Store
 from llmgw.wire import from_json, to_json
 
 __all__ = ["load_cluster", "flush"]

@@ -1,0 +1,1 @@
+"""ctl: see the modules of this package."""

@@ -1,0 +1,310 @@
+"""``llmgw ctl``: the operator's commands over the admin API, and the offline ones (validate, engines).
+
+Connection options (``--server``, ``--ca``, ``--cert``, ``--key``,
+``--config-dir``) belong to the ``ctl`` group; :class:`~llmgw.ctl.client.ClientConfig`
+resolves them against the config directory ``llmgw dev`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from llmgw.catalog import catalog_summary, load_catalog
+from llmgw.cli import Group
+from llmgw.ctl.client import AdminClient, ClientConfig, CtlError
+from llmgw.enginecheck.cli import engine_check
+from llmgw.errors import CatalogError
+from llmgw.plugins import get_plugin_manager
+
+__all__ = ["ctl"]
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.group(cls=Group)
+@click.option("--server", envvar="LLMGW_SERVER", help="The server's URL, https://HOST:7443.")
+@click.option("--ca", type=_FILE, help="The CA certificate.")
+@click.option("--cert", type=_FILE, help="An admin certificate.")
+@click.option("--key", type=_FILE, help="Its key.")
+@click.option(
+    "--config-dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where ca.pem, admin.pem, admin.key and config.toml are (default ~/.config/llmgw).",
+)
+@click.pass_context
+def ctl(ctx: click.Context, **options: Any) -> None:
+    """Operate a cluster: catalogs, engines, nodes, replicas."""
+    ctx.find_root().meta["ctl_options"] = options
+
+
+
+output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON for scripts.",
+)
+
+
+def _client(ctx: click.Context) -> AdminClient:
+    options = ctx.find_root().meta.get("ctl_options", {})
+    return AdminClient(ClientConfig.resolve(**options))
+
+
+def _table(rows: list[list[Any]], headers: list[str]) -> str:
+    return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
+
+
+@click.command()
+@output_option
+@click.pass_context
+def nodes(ctx: click.Context, output: str) -> None:
+    """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
+    data = _client(ctx).request("GET", "/v1/admin/nodes")
+    if output == "json":
+        click.echo(json.dumps(data["nodes"], indent=2))
+        return
+    rows = [
+        [
+            n["node_id"],
+            n["address"],
+            n["state"],
+            f"{n['gpus_free']}/{n['gpus_total']}",
+            ",".join(n["fabrics"]) or "island",
+            ", ".join(f"{k} {v}" for k, v in sorted(n["engines"].items())) or "-",
+            ", ".join(n["replicas"]) or "-",
+            f"{n['last_sync_ago']:.0f}s",
+        ]
+        for n in data["nodes"]
+    ]
+    click.echo(
+        _table(rows, ["node", "address", "state", "GPUs free", "fabric", "engines", "replicas", "last sync"])
+    )
+    for n in data["nodes"]:
+        for warning in n["warnings"]:
+            click.echo(f"warning: {n['node_id']}: {warning}")
+
+
+@click.command()
+@output_option
+@click.pass_context
+def replicas(ctx: click.Context, output: str) -> None:
+    """List replicas with their shards, and those that cannot be placed, with why."""
+    data = _client(ctx).request("GET", "/v1/admin/replicas")
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    rows = []
+    for r in data["replicas"]:
+        shards = "; ".join(
+            f"r{s['rank']} {s['node']}:{s['port']} {s['state']}" + (f" pid {s['pid']}" if s["pid"] else "")
+            for s in r["shards"]
+        )
+        note = r["reason"] or (f"replaces {r['replaces']}" if r["replaces"] else "")
+        rows.append([r["id"], r["model"], r["state"], r["failures"], shards, note])
+    click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
+    for u in data["unplaced"]:
+        click.echo(f"unplaced: {u['id']}: {u['reason']}")
+
+
+@click.command()
+@click.argument("catalog", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True, help="Wait until every replica of the catalog is ready.")
+@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds --wait waits at most.")
+@click.pass_context
+def apply(ctx: click.Context, catalog: Path, wait: bool, timeout: float) -> None:
+    """Make CATALOG the desired state: all of it, or nothing if any part is invalid."""
+    client = _client(ctx)
+    try:
+        result = client.request(
+            "POST", "/v1/admin/catalog", json={"text": catalog.read_text(), "name": str(catalog)}
+        )
+    except CtlError as exc:
+        click.echo(str(exc), err=True)
+        ctx.exit(1)
+    click.echo(f"applied {catalog} as revision {result['revision']}: {result['summary']}")
+    if wait:
+        _wait_ready(client, timeout)
+
+
+def _wait_ready(client: AdminClient, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        data = client.request("GET", "/v1/admin/replicas")
+        states = [r["state"] for r in data["replicas"] if not r["replaces"]]
+        ready = states.count("ready")
+        status = f"{ready}/{len(states) + len(data['unplaced'])} replicas ready"
+        if status != last:
+            click.echo(status)
+            last = status
+        if ready == len(states) and not data["unplaced"]:
+            return
+        if time.monotonic() > deadline:
+            for u in data["unplaced"]:
+                click.echo(f"unplaced: {u['id']}: {u['reason']}", err=True)
+            for r in data["replicas"]:
+                if r["state"] != "ready" and r["reason"]:
+                    click.echo(f"{r['id']}: {r['reason']}", err=True)
+            raise CtlError(f"not every replica was ready within {timeout:.0f} s ({status}); see ctl replicas")
+        time.sleep(0.5)
+
+
+@click.command()
+@click.option("--since", type=int, default=0, help="Only events after this id.")
+@click.option("--limit", type=int, default=50, show_default=True, help="At most this many, newest last.")
+@output_option
+@click.pass_context
+def events(ctx: click.Context, since: int, limit: int, output: str) -> None:
+    """What the server decided and why: placements, rebuilds, refusals."""
+    data = _client(ctx).request("GET", "/v1/admin/events", params={"since": since, "limit": limit})
+    if output == "json":
+        click.echo(json.dumps(data["events"], indent=2))
+        return
+    for e in data["events"]:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
+        click.echo(f"{e['id']:>5} {stamp} {e['kind']:<8} {e['subject']}: {e['message']}")
+
+
+def _node_action(action: str, doc: str) -> click.Command:
+    @click.command(action, help=doc)
+    @click.argument("node")
+    @click.pass_context
+    def command(ctx: click.Context, node: str) -> None:
+        status = _client(ctx).request("POST", f"/v1/admin/nodes/{node}/{action}")
+        click.echo(f"{node}: {status['state']}")
+
+    return command
+
+
+cordon = _node_action("cordon", "Stop placing new replicas on NODE; running ones stay.")
+uncordon = _node_action("uncordon", "Let NODE take new replicas again.")
+
+
+@click.command()
+@click.argument("node")
+@click.option("--no-wait", is_flag=True, help="Start the drain and return at once.")
+@click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds to wait at most.")
+@click.pass_context
+def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
+    """Move NODE's replicas elsewhere one at a time, each replacement ready before its original stops."""
+    client = _client(ctx)
+    status = client.request("POST", f"/v1/admin/nodes/{node}/drain")
+    click.echo(
+        f"{node}: draining {len(status['remaining'])} replicas: {', '.join(status['remaining']) or '-'}"
+    )
+    if no_wait:
+        return
+    deadline = time.monotonic() + timeout
+    last: tuple = ()
+    while status["remaining"]:
+        now = (tuple(status["remaining"]), tuple(status["moving"]), tuple(status["stuck"]))
+        if now != last:
+            moving = f"; moving {', '.join(status['moving'])}" if status["moving"] else ""
+            click.echo(f"{node}: {len(status['remaining'])} left{moving}")
+            for line in status["stuck"]:
+                click.echo(f"{node}: stuck: {line}")
+            last = now
+        if time.monotonic() > deadline:
+            raise CtlError(f"{node}: drain not finished within {timeout:.0f} s; it goes on (ctl replicas)")
+        time.sleep(0.5)
+        status = client.request("GET", f"/v1/admin/nodes/{node}/drain")
+    click.echo(f"{node}: drained; it stays cordoned until `llmgw ctl uncordon {node}`")
+
+
+@click.group()
+def keys() -> None:
+    """API keys clients send as `Authorization: Bearer KEY` to the gateway."""
+
+
+@keys.command("create")
+@click.argument("name")
+@click.pass_context
+def keys_create(ctx: click.Context, name: str) -> None:
+    """Create API key NAME and print its secret: it is shown this once, only a hash is stored."""
+    result = _client(ctx).request("POST", "/v1/admin/keys", json={"name": name})
+    click.echo(result["secret"])
+    click.echo(
+        f"API key {name!r} created; the secret above is not stored and cannot be shown again", err=True
+    )
+
+
+@keys.command("list")
+@output_option
+@click.pass_context
+def keys_list(ctx: click.Context, output: str) -> None:
+    """List API keys (names and dates; secrets are never stored)."""
+    data = _client(ctx).request("GET", "/v1/admin/keys")["keys"]
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+
+    def when(stamp: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
+
+    rows = [[k["name"], when(k["created_at"]), when(k["revoked_at"])] for k in data]
+    click.echo(_table(rows, ["name", "created", "revoked"]))
+
+
+@keys.command("revoke")
+@click.argument("name")
+@click.pass_context
+def keys_revoke(ctx: click.Context, name: str) -> None:
+    """Revoke API key NAME: gateways refuse it within a second."""
+    _client(ctx).request("DELETE", f"/v1/admin/keys/{name}")
+    click.echo(f"API key {name!r} revoked")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
+def engines(as_json: bool) -> None:
+    """List the engines installed plugins provide and the versions each was checked against."""
+    records = get_plugin_manager().engines()
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in records.values()], indent=2))
+        return
+    rows = [
+        [
+            r.name,
+            r.plugin,
+            f"{r.distribution or '-'} {r.version or ''}".strip(),
+            ", ".join(r.checked_versions) or "-",
+            "yes" if r.multi_node else "no",
+        ]
+        for r in sorted(records.values(), key=lambda r: r.name)
+    ]
+    headers = ["engine", "plugin", "distribution", "checked against", "multi-node"]
+    click.echo(tabulate(rows, headers=headers, tablefmt="simple"))
+
+
+@click.command()
+@click.argument("catalog", type=click.Path(dir_okay=False, path_type=str))
+def validate(catalog: str) -> None:
+    """Check CATALOG offline: types, unknown keys, profiles and engines.
+
+    Prints every error with its path and exits 1, or a one-line summary and 0.
+    """
+    engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
+    try:
+        result = load_catalog(catalog, engines)
+    except CatalogError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    click.echo(f"{catalog}: valid: {catalog_summary(result)}")
+
+
+for _command in (
+    engines,
+    validate, engine_check, nodes, replicas, apply, events, cordon, uncordon, drain, keys
+):
+    ctl.add_command(_command)

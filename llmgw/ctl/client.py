@@ -1,0 +1,125 @@
+"""The admin API's client: where ``ctl`` finds the server and its credentials, and the calls.
+
+Credentials come from flags, environment variables, or a config directory
+(``$LLMGW_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/llmgw``, else
+``~/.config/llmgw``) holding ``ca.pem``, ``admin.pem``, ``admin.key`` and
+``config.toml`` with ``server = "https://HOST:PORT"``. ``llmgw dev`` writes
+that directory, so ``llmgw ctl nodes`` works with no flags.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+from llmgw.errors import LlmgwError
+
+__all__ = ["AdminClient", "ClientConfig", "CtlError", "config_dir", "write_client_config"]
+
+
+class CtlError(LlmgwError):
+    """The admin API could not be reached, or refused the request."""
+
+
+def config_dir() -> Path:
+    """Where ``ctl`` looks for its credentials by default."""
+    if os.environ.get("LLMGW_CONFIG_DIR"):
+        return Path(os.environ["LLMGW_CONFIG_DIR"])
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "llmgw"
+
+
+@attrs.frozen
+class ClientConfig:
+    """How to reach the admin API: the server's URL and an admin certificate."""
+
+    server: str
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def resolve(
+        cls, server: str | None, ca: Path | None, cert: Path | None, key: Path | None, directory: Path | None
+    ) -> ClientConfig:
+        """Flags first, then the config directory; says what is missing and where it looked."""
+        directory = directory or config_dir()
+        if server is None:
+            config_file = directory / "config.toml"
+            if config_file.exists():
+                try:
+                    data = tomllib.loads(config_file.read_text())
+                except tomllib.TOMLDecodeError as exc:
+                    raise CtlError(f"{config_file}: not valid TOML: {exc}") from None
+                server = data.get("server")
+                if server is not None and not isinstance(server, str):
+                    raise CtlError(f"{config_file}: server: expected a string like https://host:7443")
+        if server is None:
+            raise CtlError(
+                f"no server given: pass --server https://HOST:7443, set LLMGW_SERVER, or write "
+                f'server = "https://HOST:7443" in {directory / "config.toml"} (llmgw dev does this)'
+            )
+        paths = {
+            "--ca": ca or directory / "ca.pem",
+            "--cert": cert or directory / "admin.pem",
+            "--key": key or directory / "admin.key",
+        }
+        for flag, path in paths.items():
+            if not path.exists():
+                raise CtlError(
+                    f"{flag} {path} does not exist; issue an admin certificate with "
+                    f"`llmgw ca issue-admin NAME --ca-dir CA --out {directory}` or pass {flag}"
+                )
+        return cls(server.rstrip("/"), paths["--ca"], paths["--cert"], paths["--key"])
+
+
+def write_client_config(
+    directory: Path, server: str, ca: Path, cert: Path, key: Path, *, header: str = ""
+) -> None:
+    """Write a config directory ``ctl`` finds by default (used by ``llmgw dev``).
+
+    ``header`` goes at the top of ``config.toml`` (a comment saying who wrote it).
+    """
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for source, name in ((ca, "ca.pem"), (cert, "admin.pem")):
+        (directory / name).write_bytes(source.read_bytes())
+    target = directory / "admin.key"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.read_bytes())
+    (directory / "config.toml").write_text(f'{header}server = "{server}"\n')
+
+
+class AdminClient:
+    """A synchronous client of the admin API with an admin certificate."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        from llmgw.pki import client_ssl_context
+
+        self.config = config
+        context = client_ssl_context(config.cert, config.key, config.ca)
+        self._http = httpx.Client(base_url=config.server, verify=context, timeout=30)
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call the admin API; returns the JSON body or raises :class:`CtlError` with the server's message."""
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CtlError(f"cannot reach the server at {self.config.server}: {exc}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": {"message": response.text.strip() or f"HTTP {response.status_code}"}}
+        if response.status_code >= 400:
+            error = body.get("error", {}) if isinstance(body, dict) else {}
+            raise CtlError(error.get("message") or f"the server answered {response.status_code}")
+        return body

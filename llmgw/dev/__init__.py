@@ -1,0 +1,1 @@
+"""dev: see the modules of this package."""

@@ -1,0 +1,178 @@
+"""``llmgw dev``: a whole llmgw cluster on this machine, on simulated nodes, no GPU needed.
+
+It starts a :class:`~llmgw.dev.cluster.LocalCluster` (a CA, ``llmgw server``
+and N ``llmgw agent`` processes with fake GPUs and fabrics), applies a sample
+catalog with a single-node and a two-node sim model, waits until every
+replica is ready, leaves admin credentials where ``llmgw ctl`` looks by
+default, and prints what to run next. Ctrl-C stops everything, agents first
+(they stop their engines), and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+from llmgw import pki
+from llmgw.ctl.client import config_dir, write_client_config
+from llmgw.dev.cluster import LocalCluster
+
+__all__ = ["dev", "SAMPLE_CATALOG"]
+
+_DEV_MARK = "# written by llmgw dev"
+
+SAMPLE_CATALOG = """\
+# The sample catalog llmgw dev applies. Edit it and run: llmgw ctl apply {path}
+profiles:
+  sim-1gpu:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.05", "--tokens-per-second", "200"]
+  sim-tp4x2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 4
+    args: ["--time-to-first-token", "0.1", "--tokens-per-second", "100"]
+models:
+  llama-sim-8b:
+    source: {models}/llama-sim-8b
+    profile: sim-1gpu
+    replicas: 2
+  llama-sim-70b:
+    source: {models}/llama-sim-70b
+    profile: sim-tp4x2
+    replicas: 1
+"""
+
+
+@click.command()
+@click.option(
+    "--nodes",
+    "node_count",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 200),
+    help="How many simulated nodes (8 fake GPUs each).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".llmgw-dev"),
+    show_default=True,
+    help="Where the CA, state, logs and node files go.",
+)
+@click.option("--server-port", default=7443, show_default=True, type=int, help="The server's HTTPS port.")
+@click.option(
+    "--gateway-port", default=8080, show_default=True, type=int, help="The OpenAI-compatible gateway's port."
+)
+@click.option(
+    "--config-dir",
+    "ctl_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to leave admin credentials for llmgw ctl (default: where ctl looks).",
+)
+@click.option("--once", is_flag=True, help="Stop everything and exit once every replica is ready.")
+def dev(
+    node_count: int, state_dir: Path, server_port: int, gateway_port: int, ctl_dir: Path | None, once: bool
+) -> None:
+    """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
+    cluster = LocalCluster(state_dir, server_port=server_port)
+    ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
+    models = cluster.state_dir / "models"
+    for name in ("llama-sim-8b", "llama-sim-70b"):
+        (models / name).mkdir(parents=True, exist_ok=True)
+    catalog = cluster.state_dir / "catalog.yaml"
+    catalog.write_text(SAMPLE_CATALOG.format(models=models, path=catalog))
+    try:
+        click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
+        cluster.start(node_count)
+        cluster.start_gateway(gateway_port)
+        result = cluster.apply(catalog.read_text(), str(catalog))
+        click.echo(f"applied {catalog}: {result['summary']}")
+        cluster.wait(cluster.all_ready, "every replica of the sample catalog to be ready")
+        cluster.wait(lambda: _gateway_serves(cluster), "the gateway to route to every model")
+        _print_next_steps(cluster, ctl_dir, catalog)
+        if once:
+            return
+        click.echo("serving; press Ctrl-C to stop everything")
+        _serve_until_interrupted(cluster)
+    finally:
+        click.echo("stopping agents (and their engines), then the server")
+        cluster.stop_all()
+
+
+def _leave_credentials(directory: Path | None, server_url: str, admin: pki.Issued) -> Path:
+    directory = directory or config_dir()
+    config = directory / "config.toml"
+    if config.exists() and _DEV_MARK not in config.read_text():
+        click.echo(
+            f"note: {config} was not written by llmgw dev; leaving it alone. "
+            f"Use: llmgw ctl --config-dir {admin.cert_path.parent} --server {server_url} ...",
+            err=True,
+        )
+        return admin.cert_path.parent
+    write_client_config(
+        directory, server_url, admin.ca_path, admin.cert_path, admin.key_path, header=f"{_DEV_MARK}\n"
+    )
+    return directory
+
+
+def _gateway_serves(cluster: LocalCluster) -> bool:
+    try:
+        response = httpx.get(f"{cluster.gateway_url}/v1/models", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and len(response.json().get("data", [])) == 2
+
+
+def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> None:
+    data = cluster.replicas()
+    click.echo(f"llmgw dev: {len(data['replicas'])} replicas ready")
+    for r in data["replicas"]:
+        shards = ", ".join(f"{s['node']} {cluster.nodes[s['node']].address}:{s['port']}" for s in r["shards"])
+        click.echo(f"  {r['id']:<16} {shards}")
+    body = json.dumps({"model": "llama-sim-8b", "messages": [{"role": "user", "content": "Hello!"}]})
+    answer = httpx.post(
+        f"{cluster.gateway_url}/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    ).json()
+    click.echo(f"gateway: {cluster.gateway_url}/v1 (OpenAI-compatible; no API keys in llmgw dev)")
+    click.echo(f"  llama-sim-8b answered: {answer['choices'][0]['message']['content']!r}")
+    click.echo(
+        f"  curl {cluster.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+    )
+    flag = "" if ctl_dir == config_dir() else f" --config-dir {ctl_dir}"
+    click.echo("next, from another terminal:")
+    click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")
+    click.echo(f"  llmgw ctl{flag} replicas       # where each replica runs")
+    click.echo(f"  llmgw ctl{flag} events         # what the server decided and why")
+    multi = {s["node"] for r in data["replicas"] if len(r["shards"]) > 1 for s in r["shards"]}
+    movable = sorted({r["shards"][0]["node"] for r in data["replicas"] if len(r["shards"]) == 1} - multi)
+    if movable:  # a node holding a two-node replica may have nowhere to move it in a small dev cluster
+        node = movable[0]
+        click.echo(f"  llmgw ctl{flag} drain {node}   # move {node}'s replicas elsewhere, without an outage")
+    click.echo(f"  llmgw ctl{flag} apply {catalog}")
+    click.echo(
+        f"logs: {cluster.logs}, and each node's shards under {cluster.state_dir / 'nodes'}/*/agent/logs"
+    )
+
+
+def _serve_until_interrupted(cluster: LocalCluster) -> None:
+    stop: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    try:
+        while not stop:
+            cluster.check()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

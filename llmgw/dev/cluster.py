@@ -1,0 +1,337 @@
+"""A whole llmgw cluster on this machine: a CA, ``llmgw server`` and simulated nodes.
+
+Used by ``llmgw dev`` and by the end-to-end tests. Every process is real
+(``llmgw server``, ``llmgw agent``, the engines they start) and runs in its
+own process group; :meth:`LocalCluster.stop_all` ends them all. Nodes sit on
+127.0.0.x addresses, each with a fake ``nvidia-smi`` (8 GPUs) and a fake
+InfiniBand tree: nodes 1-2 on fabric ``ib-a``, node 3 on ``ib-b``, node 4 an
+island, and so on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import attrs
+
+from llmgw import pki
+from llmgw.ctl.client import AdminClient, ClientConfig
+from llmgw.errors import LlmgwError
+from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
+
+__all__ = ["LocalCluster", "LocalNode", "ClusterError", "fabric_of", "program"]
+
+T = TypeVar("T")
+
+#: how long each process has to exit after SIGTERM before SIGKILL
+STOP_GRACE = 15.0
+
+
+class ClusterError(LlmgwError):
+    """The local cluster could not be started, or a process in it died."""
+
+
+def fabric_of(index: int) -> str | None:
+    """The fabric of node ``index`` (1-based): 1-2 ib-a, 3 ib-b, 4 an island, then again."""
+    return {1: "ib-a", 2: "ib-a", 3: "ib-b", 0: None}[index % 4]
+
+
+def program(name: str) -> str:
+    """The path of console script ``name`` installed beside this Python, or on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise ClusterError(f"{name} is not installed in this environment; run ./run dev")
+    return found
+
+
+@attrs.define
+class LocalNode:
+    """One simulated node: its identity, its fake hardware, and its agent process."""
+
+    index: int
+    node_id: str
+    address: str
+    fabric: str | None
+    root: Path
+    tls: pki.Issued
+    nvidia_smi: Path
+    ib_root: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        """The agent's state directory (its shards' logs are under ``logs/``)."""
+        return self.root / "agent"
+
+
+class LocalCluster:
+    """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
+
+    def __init__(
+        self, state_dir: Path, *, server_port: int = 7443, lost_after: float = 15.0, poll_timeout: float = 5.0
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.logs = self.state_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.server_port = server_port
+        self.lost_after = lost_after
+        self.poll_timeout = poll_timeout
+        ca_dir = self.state_dir / "ca"
+        self.ca = (
+            pki.load_ca(ca_dir) if (ca_dir / "ca.pem").exists() else pki.init_ca(ca_dir, name="llmgw dev CA")
+        )
+        self.server_tls = pki.issue_server(
+            self.ca, ["127.0.0.1", "localhost"], out=self.state_dir / "server-tls", overwrite=True
+        )
+        self.admin_tls = pki.issue_admin(
+            self.ca, "dev-admin", out=self.state_dir / "admin-tls", overwrite=True
+        )
+        self.server_url = f"https://127.0.0.1:{server_port}"
+        self.nodes: dict[str, LocalNode] = {}
+        self.server: subprocess.Popen | None = None
+        self.gateway: subprocess.Popen | None = None
+        self.gateway_url: str | None = None
+        self._processes: list[tuple[str, subprocess.Popen]] = []
+        self._client: AdminClient | None = None
+
+    # -- parts -------------------------------------------------------------
+
+    @property
+    def client(self) -> AdminClient:
+        """An admin client of this cluster's server."""
+        if self._client is None:
+            config = ClientConfig(
+                self.server_url, self.ca.cert_path, self.admin_tls.cert_path, self.admin_tls.key_path
+            )
+            self._client = AdminClient(config)
+        return self._client
+
+    def start_server(self) -> subprocess.Popen:
+        """Start ``llmgw server`` on 127.0.0.1:``server_port`` with its state under the state dir."""
+        self.server = self._start(
+            "server",
+            [
+                program("llmgw"),
+                "server",
+                "--state-dir",
+                str(self.state_dir / "server"),
+                "--listen",
+                f"127.0.0.1:{self.server_port}",
+                "--cert",
+                str(self.server_tls.cert_path),
+                "--key",
+                str(self.server_tls.key_path),
+                "--ca",
+                str(self.ca.cert_path),
+                "--crl",
+                str(self.ca.crl_path),
+                "--lost-after",
+                str(self.lost_after),
+                "--poll-timeout",
+                str(self.poll_timeout),
+            ],
+        )
+        return self.server
+
+    def start_gateway(self, port: int, *, keys: bool = False) -> subprocess.Popen:
+        """Start ``llmgw gateway`` on 127.0.0.1:``port`` with a gateway certificate; no keys by default."""
+        tls = pki.issue_gateway(self.ca, "dev-gateway", out=self.state_dir / "gateway-tls", overwrite=True)
+        argv = [
+            program("llmgw"),
+            "gateway",
+            "--server",
+            self.server_url,
+            "--ca",
+            str(self.ca.cert_path),
+            "--cert",
+            str(tls.cert_path),
+            "--key",
+            str(tls.key_path),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
+        if not keys:
+            argv.append("--no-keys")
+        self.gateway = self._start("gateway", argv)
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        return self.gateway
+
+    def add_node(self, index: int, *, fabric: str | None | object = ..., gpus: int = 8) -> LocalNode:
+        """Make node ``index``'s identity and fake hardware (once); the agent is not started."""
+        node_id = f"node-{index}"
+        if node_id in self.nodes:
+            return self.nodes[node_id]
+        root = self.state_dir / "nodes" / node_id
+        root.mkdir(parents=True, exist_ok=True)
+        chosen = fabric_of(index) if fabric is ... else fabric
+        adapters = make_adapters({"mlx5_0": "ACTIVE", "mlx5_1": "ACTIVE"}) if chosen else []
+        node = LocalNode(
+            index=index,
+            node_id=node_id,
+            address=f"127.0.0.{10 + index}",
+            fabric=chosen,
+            root=root,
+            tls=pki.issue_node(self.ca, node_id, out=root / "tls", overwrite=True),
+            nvidia_smi=write_fake_nvidia_smi(root / "nvidia-smi", make_gpus(gpus, seed=node_id)),
+            ib_root=write_ib_sysfs(root / "infiniband", adapters),
+        )
+        self.nodes[node_id] = node
+        return node
+
+    def start_agent(self, node: LocalNode) -> subprocess.Popen:
+        """Start ``llmgw agent`` for ``node``, with the sim engine installed."""
+        argv = [
+            program("llmgw"),
+            "agent",
+            "--node",
+            node.node_id,
+            "--server",
+            self.server_url,
+            "--address",
+            node.address,
+            "--cert",
+            str(node.tls.cert_path),
+            "--key",
+            str(node.tls.key_path),
+            "--ca",
+            str(self.ca.cert_path),
+            "--state-dir",
+            str(node.state_dir),
+            "--nvidia-smi",
+            str(node.nvidia_smi),
+            "--ib-root",
+            str(node.ib_root),
+            "--engine",
+            f"sim:llmgw-sim={program('llmgw-sim')}",
+        ]
+        if node.fabric:
+            argv += ["--fabric", node.fabric]
+        node.process = self._start(f"agent-{node.node_id}", argv)
+        return node.process
+
+    def start(self, node_count: int) -> None:
+        """Start the server and ``node_count`` agents, and wait until every node registered."""
+        self.start_server()
+        for index in range(1, node_count + 1):
+            self.start_agent(self.add_node(index))
+        self.wait(lambda: self._nodes_up(node_count), f"all {node_count} agents to register with the server")
+
+    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        with (self.logs / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        self._processes.append((name, process))
+        return process
+
+    # -- waiting -----------------------------------------------------------
+
+    def wait(self, done: Callable[[], T], what: str, timeout: float = 120.0) -> T:
+        """Poll ``done()`` until it is truthy; raise with the logs' ends if ``timeout`` passes first.
+
+        A process of the cluster exiting on its own fails the wait at once.
+        """
+        deadline = time.monotonic() + timeout
+        last_error = None
+        while True:
+            self.check()
+            try:
+                result = done()
+                if result:
+                    return result
+            except LlmgwError as exc:
+                last_error = exc
+            if time.monotonic() > deadline:
+                detail = f" (last error: {last_error})" if last_error else ""
+                raise ClusterError(
+                    f"timed out after {timeout:.0f} s waiting for {what}{detail}; logs in "
+                    f"{self.logs}. Server log ends with:\n{self.tail('server')}"
+                )
+            time.sleep(0.2)
+
+    def check(self) -> None:
+        """Raise if a process this cluster started exited without being told to."""
+        for name, process in self._processes:
+            if process.poll() is not None and not getattr(process, "_llmgw_stopped", False):
+                raise ClusterError(
+                    f"{name} exited with code {process.returncode}; its log "
+                    f"({self.logs / (name + '.log')}) ends with:\n{self.tail(name)}"
+                )
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        """The last lines of process ``name``'s log."""
+        try:
+            text = (self.logs / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _nodes_up(self, count: int) -> bool:
+        nodes = self.client.request("GET", "/v1/admin/nodes")["nodes"]
+        return len([n for n in nodes if n["state"] == "ready" and n["engines"]]) >= count
+
+    def replicas(self) -> dict:
+        """``GET /v1/admin/replicas``: the replicas with their shards, and the unplaced ones."""
+        return self.client.request("GET", "/v1/admin/replicas")
+
+    def all_ready(self) -> bool:
+        """Whether there are replicas, none unplaced, and all of them ready."""
+        data = self.replicas()
+        return (
+            bool(data["replicas"])
+            and not data["unplaced"]
+            and all(r["state"] == "ready" for r in data["replicas"])
+        )
+
+    def apply(self, text: str, name: str = "catalog") -> dict:
+        """Apply a catalog through the admin API."""
+        return self.client.request("POST", "/v1/admin/catalog", json={"text": text, "name": name})
+
+    # -- stopping ----------------------------------------------------------
+
+    def stop(self, process: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = STOP_GRACE) -> int:
+        """Send ``sig`` to ``process``'s group; SIGKILL the group after ``grace``. Returns its exit code."""
+        process._llmgw_stopped = True  # type: ignore[attr-defined]
+        _signal_group(process, sig)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+        return process.returncode
+
+    def stop_all(self) -> None:
+        """Stop every agent (they stop their engines), then the server; leave no process behind."""
+        agents = [p for name, p in self._processes if name not in ("server", "gateway")]
+        gateways = [p for name, p in self._processes if name == "gateway"]
+        servers = [p for name, p in self._processes if name == "server"]
+        for group in (gateways, agents, servers):
+            for process in group:
+                process._llmgw_stopped = True  # type: ignore[attr-defined]
+                _signal_group(process, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE
+            for process in group:
+                try:
+                    process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+        if self._client is not None:
+            self._client.close()
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass

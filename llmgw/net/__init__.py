@@ -1,0 +1,1 @@
+"""net: see the modules of this package."""

@@ -1,0 +1,1 @@
+"""node: see the modules of this package."""

@@ -1,0 +1,88 @@
+"""``llmgw server``: the control plane, as a command."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+import trio
+
+from llmgw.net.server import parse_listen
+from llmgw.server.cluster import Settings
+from llmgw.server.main import ServerConfig, serve_server
+
+__all__ = ["server_command"]
+
+
+@click.command("server")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where the state database lives.",
+)
+@click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT to serve HTTPS on.")
+@click.option(
+    "--cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The server certificate (llmgw ca issue-server).",
+)
+@click.option(
+    "--key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The server certificate's key.",
+)
+@click.option(
+    "--ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The CA certificate clients' certificates must chain to.",
+)
+@click.option(
+    "--crl",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The CA's revocation list (crl.pem in the CA directory); reloaded when it changes.",
+)
+@click.option(
+    "--lost-after",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds without a sync before a node is declared lost.",
+)
+@click.option(
+    "--poll-timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds a sync long-poll waits for a change (the heartbeat).",
+)
+def server_command(
+    state_dir: Path,
+    listen: str,
+    cert: Path,
+    key: Path,
+    ca: Path,
+    crl: Path | None,
+    lost_after: float,
+    poll_timeout: float,
+) -> None:
+    """Run the control plane: HTTPS with mutual TLS, state in sqlite, the reconciler."""
+    host, port = parse_listen(listen, "--listen")
+    config = ServerConfig(
+        state_dir=state_dir,
+        cert=cert,
+        key=key,
+        ca=ca,
+        host=host,
+        port=port,
+        crl=crl,
+        settings=Settings(lost_after=lost_after),
+        poll_timeout=poll_timeout,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    trio.run(serve_server, config)

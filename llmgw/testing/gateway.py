@@ -1,0 +1,192 @@
+"""A stand-in for the server's routes feed, for tests and the gateway benchmark.
+
+:class:`FakeRoutesFeed` serves ``GET /v1/routes`` over plain HTTP with the
+server's long-poll semantics (answer at once when the revision differs from
+the one asked about, else when it changes or after ``poll_timeout``), from
+routes a test sets with :meth:`FakeRoutesFeed.set`::
+
+    feed = FakeRoutesFeed(models=["m"])
+    url = await nursery.start(feed.serve)
+    feed.set(routes={"m": [("m-0", sim_url)]}, keys={"secret": "alice"})
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from llmgw.dev.cluster import program
+from llmgw.gateway.main import Gateway, GatewayConfig
+from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.net.server import HttpServer, Request, Response
+
+if TYPE_CHECKING:
+    from llmgw.testing.processes import ManagedProcess, ProcessSet
+
+__all__ = ["FakeRoutesFeed", "Sim", "sim_program", "sim_argv", "start_sim", "wait_healthy", "start_gateway"]
+
+
+def sim_program() -> str:
+    """The ``llmgw-sim`` console script next to this interpreter (or on ``PATH``)."""
+    return program("llmgw-sim")
+
+
+def sim_argv(port: int, *args: str, host: str = "127.0.0.1", model: str = "m") -> list[str]:
+    """The command of a simulated engine serving ``model`` on ``host:port``, quiet per request."""
+    return [
+        sim_program(),
+        "--model",
+        f"test/{model}",
+        "--served-model-name",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--disable-log-requests",
+        *args,
+    ]
+
+
+@attrs.frozen
+class Sim:
+    """A simulated engine process and its base URL."""
+
+    process: ManagedProcess
+    port: int
+    url: str
+
+
+def start_sim(
+    processes: ProcessSet, *args: str, model: str = "m", host: str = "127.0.0.1", port: int = 0
+) -> Sim:
+    """Start ``llmgw-sim`` for ``model`` on a free port (or ``port``) in ``processes``.
+
+    It serves once :func:`wait_healthy` returns for its URL.
+    """
+    from llmgw.testing.processes import free_port
+
+    port = port or free_port(host)
+    process = processes.start(sim_argv(port, *args, host=host, model=model), name=f"sim-{model}")
+    return Sim(process, port, f"http://{host}:{port}")
+
+
+async def wait_healthy(urls: Iterable[str], *, path: str = "/health") -> None:
+    """Return once ``GET url + path`` answers 200 for every URL (callers own the deadline)."""
+    pending = [url.rstrip("/") for url in urls]
+    async with ConnectionPool(connect_timeout=1.0) as pool:
+        while pending:
+            still = []
+            for url in pending:
+                try:
+                    ok = (await pool.request("GET", url + path)).status == 200
+                except HttpClientError:
+                    ok = False
+                if not ok:
+                    still.append(url)
+            pending = still
+            if pending:
+                await trio.sleep(0.02)
+
+
+async def start_gateway(nursery: trio.Nursery, feed: str, **config: object) -> tuple[Gateway, str]:
+    """Serve a gateway on 127.0.0.1 (port 0) reading routes from ``feed``; return after its first routes.
+
+    ``config`` overrides :class:`GatewayConfig` fields. Returns the gateway and its base URL.
+    """
+    gateway = Gateway(GatewayConfig(server=feed, **{"host": "127.0.0.1", "port": 0, **config}))
+    host, port = await nursery.start(gateway.serve)
+    url = f"http://{host}:{port}"
+    await wait_healthy([url])
+    return gateway, url
+
+
+class FakeRoutesFeed:
+    """``GET /v1/routes`` from routes held in memory; each :meth:`set` moves the revision."""
+
+    def __init__(self, *, models: Iterable[str] = (), poll_timeout: float = 5.0) -> None:
+        self.models: list[str] = sorted(models)
+        self.routes: dict[str, list[tuple[str, str]]] = {}
+        #: plain API key -> name; None leaves "keys" out of the document
+        self.keys: dict[str, str] | None = None
+        self.revision = 1
+        self.poll_timeout = poll_timeout
+        #: polls answered so far
+        self.polls = 0
+        self._changed = trio.Event()
+        self.server: HttpServer | None = None
+
+    def set(
+        self,
+        *,
+        routes: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+        models: Iterable[str] | None = None,
+        keys: Mapping[str, str] | None = None,
+    ) -> int:
+        """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name).
+
+        Every model with routes is added to the models. Wakes the pollers; returns the new revision.
+        """
+        if routes is not None:
+            self.routes = {model: list(entries) for model, entries in routes.items()}
+        if models is not None:
+            self.models = sorted(models)
+        if keys is not None:
+            self.keys = dict(keys)
+        self.models = sorted(set(self.models) | set(self.routes))
+        self.revision += 1
+        self._changed.set()
+        self._changed = trio.Event()
+        return self.revision
+
+    def document(self) -> dict:
+        """The JSON the server's feed would answer now."""
+        document: dict = {
+            "revision": self.revision,
+            "models": self.models,
+            "routes": {
+                model: [{"replica": replica, "url": url} for replica, url in entries]
+                for model, entries in self.routes.items()
+                if entries
+            },
+        }
+        if self.keys is not None:
+            document["keys"] = {hashlib.sha256(k.encode()).hexdigest(): v for k, v in self.keys.items()}
+        return document
+
+    async def handle(self, request: Request) -> Response:
+        """The :class:`llmgw.net.server.HttpServer` handler."""
+        if request.path != "/v1/routes":
+            return Response.json(404, {"error": {"message": f"no such endpoint: {request.path}"}})
+        known = int(request.query.get("revision", "0"))
+        if request.query.get("wait") == "1":
+            with trio.move_on_after(self.poll_timeout):
+                while self.revision == known:
+                    await self._changed.wait()
+        self.polls += 1
+        return Response.json(200, self.document())
+
+    async def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve until cancelled; ``task_status.started(base URL)`` once listening."""
+        self.server = HttpServer(self.handle)
+        await self.server.serve(host, port, task_status=_Url(task_status))
+
+
+class _Url:
+    """Turns the server's ``started((host, port))`` into ``started("http://host:port")``."""
+
+    def __init__(self, task_status: trio.TaskStatus[str]) -> None:
+        self._task_status = task_status
+
+    def started(self, address: tuple[str, int]) -> None:
+        self._task_status.started(f"http://{address[0]}:{address[1]}")

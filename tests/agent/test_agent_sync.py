@@ -1,0 +1,135 @@
+"""The agent against the real control plane: mutual TLS, long-poll, facts, shards, outages, refusals."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import llmgw_engine_sim
+import pytest
+from llmgw_engine_sim import SimEngine
+
+import llmgw
+from llmgw.agent import serve_agent
+from llmgw.plugins import get_plugin_manager
+from llmgw.testing.agent import (
+    ADDRESS,
+    Server,
+    group_alive,
+    kill_group,
+    make_config,
+    pid_alive,
+    port_free,
+    replica_ready,
+)
+from llmgw.testing.processes import wait_until_trio
+
+
+@pytest.fixture
+async def server(nursery, test_pki, tmp_path):
+    """A running server (``Server``) on 127.0.0.1."""
+    server = Server(nursery, test_pki, tmp_path / "server")
+    await server.start()
+    return server
+
+
+def sim_plugins():
+    """The built-in plugins and the sim engine only, whatever else is installed."""
+    return get_plugin_manager(plugins=[llmgw_engine_sim], entry_points=False)
+
+
+@pytest.fixture
+def cleanup_groups():
+    """Process groups to SIGKILL at the end of the test, whatever happened."""
+    groups: list[int] = []
+    yield groups
+    for pgid in groups:
+        kill_group(pgid)
+
+
+class TestSync:
+    """Facts up, shards down, and what happens when the server goes away."""
+
+    async def test_facts_arrive_and_desired_shards_run(
+        self, server, nursery, tmp_path, test_pki, cleanup_groups
+    ):
+        """The node shows up with its GPUs and engines; the catalog's replica starts, is ready, and stops."""
+        agent = await nursery.start(serve_agent, make_config(tmp_path, test_pki, server), sim_plugins())
+
+        async def registered():
+            nodes = (await server.get("/v1/admin/nodes"))["nodes"]
+            return nodes[0] if nodes else None
+
+        node = await wait_until_trio(registered, 10, "node-1 to register")
+        assert node["node_id"] == "node-1" and node["address"] == ADDRESS
+        assert (node["gpus_total"], node["engines"]) == (8, {"sim": SimEngine.checked_versions[0]})
+        assert node["agent_version"] == llmgw.__version__
+        assert node["warnings"] == []
+
+        await server.apply(replicas=1)
+        replica = await wait_until_trio(lambda: replica_ready(server), 20, "the replica to be ready")
+        shard = replica["shards"][0]
+        cleanup_groups.append(agent.supervisors[next(iter(agent.supervisors))].engine_child.pgid)
+        assert shard["state"] == "ready" and shard["node"] == "node-1" and pid_alive(shard["pid"])
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://{ADDRESS}:{shard['port']}/health")).status_code == 200
+        assert agent.facts.model_sources == ("tiny/model",)  # a hub-style name counts as present
+        assert list(agent.observed)[0].startswith("small-0/")
+
+        engine = next(iter(agent.supervisors.values())).engine_child
+        await server.apply(replicas=0)
+        await wait_until_trio(lambda: not agent.observed, 10, "the shard to be stopped and forgotten")
+        assert not group_alive(engine.pgid) and port_free(ADDRESS, shard["port"])
+        assert engine.stopped_by == "SIGTERM"
+
+    async def test_server_restart_does_not_restart_the_engine(
+        self, server, nursery, tmp_path, test_pki, caplog, cleanup_groups
+    ):
+        """Server stopped and started again: the agent keeps its engine running and the server adopts it."""
+        caplog.set_level(logging.DEBUG, logger="llmgw.agent")
+        agent = await nursery.start(serve_agent, make_config(tmp_path, test_pki, server), sim_plugins())
+        await server.apply(replicas=1)
+        ready = await wait_until_trio(lambda: replica_ready(server), 20, "the replica to be ready")
+        before = ready["shards"][0]
+        cleanup_groups.append(next(iter(agent.supervisors.values())).engine_child.pgid)
+
+        stopped_at = len(caplog.records)
+        await server.stop()
+        await wait_until_trio(
+            lambda: any("still unreachable (try 4)" in r.message for r in caplog.records), 10,
+            "the agent to fail 4 tries",
+        )
+        key, observed = next(iter(agent.observed.items()))
+        assert observed.state == "ready" and observed.pid == before["pid"] and pid_alive(before["pid"])
+
+        await server.start()
+        after = await wait_until_trio(lambda: replica_ready(server), 20, "the replica to be ready again")
+        assert after["shards"][0]["pid"] == before["pid"]
+        assert (after["attempt"], after["failures"]) == (ready["attempt"], 0)
+        assert list(agent.observed) == [key]
+        assert pid_alive(before["pid"])
+        await wait_until_trio(
+            lambda: any("reachable again" in r.message for r in caplog.records), 10, "the agent to log it"
+        )
+        during = caplog.records[stopped_at:]
+        outages = [r for r in during if "unreachable" in r.message and r.levelno == logging.WARNING]
+        assert len(outages) == 1, [r.message for r in outages]  # once per outage, not once per try
+        starts = [r for r in caplog.records if r.message.startswith("starting shard")]
+        assert len(starts) == 1 and starts[0].created < outages[0].created
+
+    async def test_certificate_for_another_node_is_refused_and_logged(
+        self, server, nursery, tmp_path, test_pki, caplog
+    ):
+        """An agent with node-x's certificate running as node-1 is refused; it logs the server's words."""
+        caplog.set_level(logging.INFO, logger="llmgw.agent")
+        config = make_config(tmp_path, test_pki, server, cert_for="node-x")
+        await nursery.start(serve_agent, config, sim_plugins())
+
+        def refusal():
+            errors = [r for r in caplog.records if r.levelno == logging.ERROR and "refused" in r.message]
+            return errors[0] if errors else None
+
+        record = await wait_until_trio(refusal, 10, "the agent to log the refusal")
+        assert "node certificate for 'node-x' cannot sync as node 'node-1'" in record.message
+        assert "HTTP 403" in record.message
+        assert (await server.get("/v1/admin/nodes"))["nodes"] == []

@@ -1,0 +1,317 @@
+"""The reconciler, driven step by step with a fake clock: placement, readiness, rebuild, loss, drain."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from llmgw_engine_sim import SimEngine
+
+from llmgw.catalog import parse_catalog
+from llmgw.models import GPU, Fabric, NodeFacts
+from llmgw.server.cluster import Cluster, Settings
+from llmgw.server.persist import flush, load_cluster
+from llmgw.server.store import open_store
+from llmgw.wire import ObservedShard, SyncRequest
+
+ENGINES = {"sim": SimEngine()}
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 2
+  two:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 4
+models:
+  small:
+    source: /models/small
+    profile: one
+  big:
+    source: /models/big
+    profile: two
+    replicas: {big}
+"""
+
+
+def facts(node_id: str, fabric: str | None = None) -> NodeFacts:
+    """A node with 8 fake GPUs, the sim engine, both model sources, and maybe a fabric."""
+    gpus = [GPU(i, f"GPU-{node_id}-{i}", "H100", 81559, 81000, f"0000:{i:02x}:00.0", "550") for i in range(8)]
+    fabrics = [Fabric(fabric, ["mlx5_0", "mlx5_1"])] if fabric else []
+    return NodeFacts(
+        node_id=node_id,
+        agent_version="0.1.0",
+        gpus=gpus,
+        fabrics=fabrics,
+        engines={"sim": "0.1.0"},
+        model_sources=["/models/small", "/models/big"],
+    )
+
+
+class Harness:
+    """A cluster plus agents that report whatever the test says their shards do."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster(Settings(lost_after=30, backoff_base=2))
+        self.now = 1000.0
+        self.states: dict[str, dict[str, ObservedShard]] = {}
+        self.revisions: dict[str, int] = {}
+        self.fabrics: dict[str, str | None] = {}
+
+    def join(self, node_id: str, fabric: str | None = None, address: str | None = None) -> None:
+        self.fabrics[node_id] = fabric
+        self.states[node_id] = {}
+        self.revisions[node_id] = 0
+        self._addresses = getattr(self, "_addresses", {})
+        self._addresses[node_id] = address or f"127.0.0.{len(self.states) + 1}"
+        self.sync(node_id)
+
+    def apply(self, big: int = 0) -> None:
+        text = CATALOG.format(big=big)
+        self.cluster.apply_catalog(parse_catalog(text, ENGINES), text, self.now)
+        self.cluster.reconcile(self.now)
+        self.sync_all()
+
+    def sync(self, node_id: str) -> None:
+        """One agent sync: report, reconcile, then 'apply' the reply (start what is new)."""
+        request = SyncRequest(
+            node_id=node_id,
+            address=self._addresses[node_id],
+            facts=facts(node_id, self.fabrics[node_id]),
+            port_range=(20000, 20999),
+            observed=list(self.states[node_id].values()),
+            revision=self.revisions[node_id],
+            checked_sources=self.cluster.sources_to_check(),
+        )
+        self.cluster.sync(request, self.now)
+        self.cluster.reconcile(self.now)
+        desired = {s.key: s for s in self.cluster.desired_for(node_id)}
+        for key in list(self.states[node_id]):
+            if key not in desired:
+                del self.states[node_id][key]
+        for key, shard in desired.items():
+            self.states[node_id].setdefault(
+                key, ObservedShard(shard.replica_id, shard.attempt, shard.rank, "starting")
+            )
+        self.revisions[node_id] = self.cluster.revision
+
+    def set_state(self, node_id: str, replica_id: str, state: str, **fields) -> None:
+        for key, shard in self.states[node_id].items():
+            if shard.replica_id == replica_id:
+                self.states[node_id][key] = attrs.evolve(shard, state=state, **fields)
+
+    def run_all(self, replica_id: str) -> None:
+        """Every shard of the replica up, rank 0 healthy, then everyone syncs."""
+        record = self.cluster.replicas[replica_id]
+        for shard in record.placement.shards:
+            self.set_state(shard.node_id, replica_id, "ready" if shard.rank == 0 else "running")
+        self.sync_all()
+
+    def sync_all(self) -> None:
+        for node_id in self.states:
+            self.sync(node_id)
+
+
+def test_places_and_becomes_ready():
+    """A catalog applied to synced nodes gets a replica placed, started, and ready once rank 0 is healthy."""
+    h = Harness()
+    h.join("node-1")
+    h.join("node-2")
+    h.apply()
+    record = h.cluster.replicas["small-0"]
+    node = record.placement.rank0.node_id
+    h.sync_all()
+    assert [s.replica_id for s in h.cluster.desired_for(node)] == ["small-0"]
+    assert record.state == "starting"
+    h.set_state(node, "small-0", "ready")
+    h.sync(node)
+    assert record.state == "ready"
+    assert h.cluster.ready_routes()["small"] == [
+        ("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}")
+    ]
+
+
+def test_exited_shard_tears_down_and_rebuilds_with_backoff():
+    """A shard that exits takes its replica down; it is rebuilt after the backoff with a new attempt."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    h.sync_all()
+    h.run_all("small-0")
+    record = h.cluster.replicas["small-0"]
+    first_attempt = record.attempt
+    h.set_state("node-1", "small-0", "exited", exit_code=1, detail="CUDA error")
+    h.sync("node-1")
+    assert record.state == "backoff" and record.failures == 1
+    assert "exited with code 1: CUDA error" in record.reason
+    assert h.cluster.desired_for("node-1") == ()
+    assert "small" not in h.cluster.ready_routes()
+    h.now += 1
+    h.sync("node-1")
+    assert record.state == "backoff", "rebuilt before the backoff passed"
+    h.now += 1.5
+    h.sync("node-1")
+    assert record.state == "starting" and record.attempt != first_attempt
+    assert [s.attempt for s in h.cluster.desired_for("node-1")] == [record.attempt]
+
+
+def test_backoff_grows_while_it_keeps_failing():
+    """Each failure in a row doubles the wait, and the failure count is kept."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    delays = []
+    for _ in range(3):
+        h.sync_all()
+        h.set_state("node-1", "small-0", "exited", exit_code=1)
+        h.sync("node-1")
+        record = h.cluster.replicas["small-0"]
+        delays.append(record.not_before - h.now)
+        h.now = record.not_before
+        h.sync("node-1")
+    assert delays == [2, 4, 8]
+    assert h.cluster.replicas["small-0"].failures == 3
+
+
+def test_multi_node_replica_on_one_fabric_with_its_adapters():
+    """A two-node replica lands on two nodes of one fabric, never the island; rank 0 binds dist-init."""
+    h = Harness()
+    h.join("island")
+    h.join("a1", fabric="ib-a")
+    h.join("b1", fabric="ib-b")
+    h.join("a2", fabric="ib-a")
+    h.apply(big=1)
+    h.sync_all()
+    record = h.cluster.replicas["big-0"]
+    assert sorted(record.placement.node_ids) == ["a1", "a2"]
+    rank0, rank1 = record.placement.shards
+    shards = {n: {s.rank: s for s in h.cluster.desired_for(n)} for n in ("a1", "a2")}
+    spec0 = shards[rank0.node_id][0].spec
+    spec1 = shards[rank1.node_id][1].spec
+    assert (
+        spec0.dist_init_addr
+        == spec1.dist_init_addr
+        == f"{h._addresses[rank0.node_id]}:{rank0.dist_init_port}"
+    )
+    assert spec0.nnodes == spec1.nnodes == 2
+    assert spec1.adapters == ("mlx5_0", "mlx5_1")
+    assert len(spec0.gpus) == 4
+
+
+def test_lost_node_replicas_come_back_elsewhere():
+    """A node that stops syncing is declared lost and its replica is placed on another node."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    h.sync_all()
+    h.run_all("small-0")
+    h.join("node-2")
+    for _ in range(3):
+        h.now += 12
+        h.sync("node-2")
+    assert h.cluster.nodes["node-1"].lost
+    record = h.cluster.replicas["small-0"]
+    assert record.placement.node_ids == ("node-2",)
+    assert record.state == "starting"
+
+
+def test_gone_shard_after_agent_restart_is_a_failure():
+    """An agent that applied a revision but no longer reports the shard (it restarted) fails the replica."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    h.sync_all()
+    h.run_all("small-0")
+    h.states["node-1"].clear()
+    h.sync("node-1")
+    record = h.cluster.replicas["small-0"]
+    assert record.state == "backoff"
+    assert "is gone from node-1" in record.reason
+
+
+def test_drain_keeps_the_ready_count():
+    """Drain brings each replacement to ready before the original stops; the node ends with nothing."""
+    h = Harness()
+    h.join("node-1")
+    h.join("node-2")
+    h.apply()
+    h.sync_all()
+    h.run_all("small-0")
+    source = h.cluster.replicas["small-0"].placement.rank0.node_id
+    h.cluster.set_cordon(source, True, h.now, drain=True)
+    h.cluster.reconcile(h.now)
+    h.sync_all()
+    ready = lambda: len(h.cluster.ready_routes().get("small", []))  # noqa: E731
+    assert ready() == 1
+    replacement = next(r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0")
+    assert source not in replacement.placement.node_ids
+    h.sync_all()
+    assert "small-0" in h.cluster.replicas, "original stopped before its replacement was ready"
+    h.run_all(replacement.id)
+    assert ready() == 1
+    h.sync_all()
+    assert "small-0" not in h.cluster.replicas
+    assert not any(source in r.placement.node_ids for r in h.cluster.replicas.values())
+    assert h.cluster.nodes[source].cordoned and not h.cluster.nodes[source].draining
+    assert h.cluster.desired_for(source) == ()
+
+
+async def test_state_survives_a_restart(tmp_path):
+    """Flushed state loads back: catalog, replicas with their attempts, nodes not lost at once."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    h.sync_all()
+    h.run_all("small-0")
+    store = open_store(tmp_path)
+    await store.write(lambda conn: flush(conn, h.cluster, h.now))
+    later = h.now + 3600
+    loaded = await store.run(lambda conn: load_cluster(conn, h.cluster.settings, ENGINES, later))
+    store.close()
+    assert loaded.catalog == h.cluster.catalog
+    assert loaded.replicas["small-0"].placement == h.cluster.replicas["small-0"].placement
+    assert loaded.replicas["small-0"].attempt == h.cluster.replicas["small-0"].attempt
+    assert loaded.revision > h.cluster.revision - 1
+    loaded.reconcile(later)
+    assert not loaded.nodes["node-1"].lost
+    assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
+
+
+def test_placement_waits_until_every_node_checked_the_sources():
+    """After a catalog change, replicas are placed once every node said which sources it has, spread."""
+    h = Harness()
+    h.join("node-1")
+    h.join("node-2")
+    text = CATALOG.format(big=0).replace("profile: one", "profile: one\n    replicas: 2")
+    h.cluster.apply_catalog(parse_catalog(text, ENGINES), text, h.now)
+    h.cluster.reconcile(h.now)
+    assert h.cluster.replicas == {}, "placed before the nodes were asked about the sources"
+    h.sync("node-1")
+    assert h.cluster.replicas == {}, "placed before node-2 answered"
+    h.sync("node-2")
+    nodes = sorted(r.placement.rank0.node_id for r in h.cluster.replicas.values())
+    assert nodes == ["node-1", "node-2"]
+
+
+def test_unplaceable_replica_has_a_reason():
+    """A replica no node can take is listed with the reason."""
+    h = Harness()
+    h.join("island")
+    h.apply(big=1)
+    assert [u.id for u in h.cluster.unplaced] == ["big-0"]
+    assert "island" in h.cluster.unplaced[0].reason
+
+
+@pytest.mark.parametrize("state", ["exited", "unhealthy"])
+def test_worker_failure_takes_down_every_shard(state):
+    """A failing worker shard stops the whole replica: no node keeps a shard of it."""
+    h = Harness()
+    h.join("a1", fabric="ib-a")
+    h.join("a2", fabric="ib-a")
+    h.apply(big=1)
+    h.sync_all()
+    h.run_all("big-0")
+    worker = h.cluster.replicas["big-0"].placement.shards[1].node_id
+    h.set_state(worker, "big-0", state)
+    h.sync(worker)
+    assert all(not any(s.replica_id == "big-0" for s in h.cluster.desired_for(n)) for n in ("a1", "a2"))

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import click
 
-from llmgw.errors import LlmgwError
+from llmgw.cli import Command as ErrorDoorCommand
 from llmgw.models import Command
 from llmgw.provision import (
     CommandResult,
@@ -329,17 +329,6 @@ def _shell(command: Command) -> str:
 # ---------------------------------------------------------------------------
 
 
-class _Command(click.Command):
-    """Shows llmgw errors as ``error: message`` with their exit code, as the ``llmgw`` group does."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except LlmgwError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-
-
 def _provisioner(kind: str) -> Provisioner:
     from llmgw.plugins import get_plugin_manager
 
@@ -358,7 +347,7 @@ def _warn(text: str) -> None:
 
 
 @click.command(
-    cls=_Command, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+    cls=ErrorDoorCommand, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
 )
 @click.option("--vmid", type=int, required=True, callback=_vmid, help="The id the VM gets; it must be free.")
 @click.option("--name", required=True, callback=_vm_name, help="The VM's name and hostname.")

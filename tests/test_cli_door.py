@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import click
@@ -21,7 +23,7 @@ import trio
 from click.testing import CliRunner
 
 from llmgw.cli import Command, serve_until_signalled
-from llmgw.dev.cluster import LocalCluster
+from llmgw.dev.cluster import LocalCluster, program
 from llmgw.errors import LlmgwError
 from llmgw.onboard.cli import onboard_node
 from llmgw.provision.cli import provision_node
@@ -151,7 +153,7 @@ def test_processes_stop_cleanly_on_signal(cluster, signum):
     assert cluster.stop(agent.process, signum, grace=10) == 0, cluster.tail("agent-node-1")
     assert f"{name}: stopping every shard" in cluster.tail("agent-node-1")
     assert cluster.stop(cluster.server, signum, grace=10) == 0, cluster.tail("server")
-    assert f"{name}: closing the state database" in cluster.tail("server")
+    assert f"{name}: stopping, then closing the state database" in cluster.tail("server")
 
     database = cluster.state_dir / "server" / "state.db"
     wal = database.with_name("state.db-wal")
@@ -162,3 +164,19 @@ def test_processes_stop_cleanly_on_signal(cluster, signum):
     cluster.start_server()
     nodes = cluster.wait(lambda: cluster.client.request("GET", "/v1/admin/nodes")["nodes"], "the node list")
     assert [n["node_id"] for n in nodes] == ["node-1"]
+
+
+def test_server_on_a_taken_port_says_so(test_pki, tmp_path):
+    """``llmgw server`` on a port in use exits 1 with one ``error:`` line naming the address; no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        tls = test_pki.server
+        argv = [program("llmgw"), "server", "--state-dir", str(tmp_path / "state"), "--listen",
+                f"127.0.0.1:{port}", "--cert", str(tls.cert_path), "--key", str(tls.key_path),
+                "--ca", str(test_pki.ca.cert_path)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "Traceback" not in done.stderr

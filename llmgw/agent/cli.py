@@ -126,5 +126,5 @@ def agent(
         lambda: serve_agent(config),
         log=log,
         stopping="stopping every shard, then exiting",
-        stopping_again=f"already stopping (SIGKILL after {config.stop_grace:g} s)",
+        stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
     )

@@ -6,15 +6,20 @@ does not import the gateway and no subsystem imports another's commands.
 
 Errors an operator can fix (:class:`~llmgw.errors.LlmgwError`) are shown by
 :func:`show_error` as ``error: ...`` on stderr with their exit code; no
-traceback, no exception group. ``llmgw``, ``llmgw-provision-node`` and
-``llmgw-onboard-node`` all go through it.
+traceback, no exception group. ``llmgw`` (:class:`Group`),
+``llmgw-provision-node`` and ``llmgw-onboard-node`` (:class:`Command`) and the
+long-running ``llmgw server``, ``agent`` and ``gateway``
+(:func:`serve_until_signalled`) all go through it.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
+import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -24,7 +29,16 @@ import llmgw
 from llmgw.errors import LlmgwError
 from llmgw.plugins import get_plugin_manager
 
-__all__ = ["COMMANDS", "Group", "cli", "error_leaves", "main", "show_error"]
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "Group",
+    "cli",
+    "error_leaves",
+    "main",
+    "serve_until_signalled",
+    "show_error",
+]
 
 #: root command name -> "module:attribute" of its click command
 COMMANDS = {
@@ -66,17 +80,85 @@ def show_error(error: BaseException) -> int | None:
     return leaves[0].exit_code  # type: ignore[attr-defined]
 
 
-class Group(click.Group):
-    """A click group whose commands' llmgw errors reach the operator through :func:`show_error`."""
+class _Door:
+    """What :class:`Group` and :class:`Command` share: llmgw errors leave through :func:`show_error`."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            return super().invoke(ctx)  # type: ignore[misc]
         except (LlmgwError, BaseExceptionGroup) as exc:
             code = show_error(exc)
             if code is None:
                 raise
             ctx.exit(code)
+
+
+class Group(_Door, click.Group):
+    """A click group whose commands' llmgw errors reach the operator through :func:`show_error`."""
+
+
+class Command(_Door, click.Command):
+    """A click command run as its own console script, its llmgw errors shown by :func:`show_error`."""
+
+
+def serve_until_signalled(
+    serve: Callable[[], Awaitable[object]],
+    *,
+    log: logging.Logger,
+    stop: Callable[[], object] | None = None,
+    stopping: str = "stopping",
+    stopping_again: str = "stopping now",
+) -> None:
+    """Run ``serve()`` under trio until it returns, or until SIGTERM or SIGINT (Ctrl-C) stops it.
+
+    Called by ``llmgw server``, ``llmgw agent`` and ``llmgw gateway`` once
+    their configuration is read. On the first signal (logged with
+    ``stopping``) ``stop()`` is called if given, a graceful stop after which
+    ``serve`` returns by itself; without ``stop``, ``serve`` is cancelled and
+    does its own cleanup (the agent stops its shards, the server closes its
+    store). A second signal while stopping is logged with ``stopping_again``
+    and cancels ``serve``: it cuts a graceful stop short, and changes nothing
+    for a ``serve`` already cancelled.
+
+    Returns normally (exit status 0) after a signal stop or when ``serve``
+    returns. An :class:`LlmgwError` raised by ``serve`` (alone or in an
+    exception group) is shown by :func:`show_error` and ends the process with
+    its exit code (:class:`SystemExit`); anything else propagates.
+    """
+    import trio
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                serving = trio.CancelScope()
+
+                async def serve_then_stop_listening() -> None:
+                    with serving:
+                        await serve()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(serve_then_stop_listening)
+                signalled = False
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not signalled:
+                        signalled = True
+                        log.info("%s: %s", name, stopping)
+                        if stop is not None:
+                            stop()
+                        else:
+                            serving.cancel()
+                    else:
+                        log.warning("%s while stopping: %s", name, stopping_again)
+                        serving.cancel()
+
+    try:
+        trio.run(run)
+    except (LlmgwError, BaseExceptionGroup) as exc:
+        code = show_error(exc)
+        if code is None:
+            raise
+        raise SystemExit(code) from None
 
 
 class _RootGroup(Group):

@@ -3,53 +3,15 @@
 from __future__ import annotations
 
 import logging
-import signal
 from pathlib import Path
 
 import click
-import trio
 
-from llmgw.errors import LlmgwError
+from llmgw.cli import Command, serve_until_signalled
 
-__all__ = ["agent", "run_agent"]
+__all__ = ["agent"]
 
 log = logging.getLogger("llmgw.agent")
-
-
-async def run_agent(config) -> None:
-    """Run :func:`~llmgw.agent.serve_agent` until SIGTERM or SIGINT; then stop every shard and return.
-
-    A second signal while stopping is logged and otherwise ignored: the stop
-    is bounded (SIGKILL after the grace period).
-    """
-    from llmgw.agent import serve_agent
-
-    async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            nursery.start_soon(serve_agent, config)
-            async for signum in signals:
-                if not nursery.cancel_scope.cancel_called:
-                    log.info("%s: stopping every shard, then exiting", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                else:
-                    log.info(
-                        "%s: already stopping (SIGKILL after %g s)",
-                        signal.Signals(signum).name,
-                        config.stop_grace,
-                    )
-
-
-def _unwrap(group: BaseExceptionGroup) -> LlmgwError | None:
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    errors = [e for e in leaves if isinstance(e, LlmgwError)]
-    return errors[0] if errors and len(errors) == len(leaves) else None
 
 
 def _engine_options(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -65,7 +27,7 @@ def _engine_options(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 _PATH = click.Path(dir_okay=False, path_type=Path)
 
 
-@click.command("agent")
+@click.command("agent", cls=Command)
 @click.option(
     "--config",
     "config_file",
@@ -135,38 +97,34 @@ def agent(
 
     Stops every shard (SIGTERM, grace, SIGKILL) and exits 0 on SIGTERM or Ctrl-C.
     """
+    from llmgw.agent import serve_agent
     from llmgw.agent.config import load_agent_config, parse_port_range
 
-    try:
-        flags = {
-            "node": node,
-            "server": server,
-            "address": address,
-            "cert": cert and str(cert),
-            "key": key and str(key),
-            "ca": ca and str(ca),
-            "state_dir": state_dir and str(state_dir),
-            "nvidia_smi": nvidia_smi,
-            "ib_root": ib_root,
-            "fabrics": fabrics,
-            "port_range": parse_port_range(port_range) if port_range else None,
-            "engines": _engine_options(engine_options),
-            "stop_grace": stop_grace,
-        }
-        config = load_agent_config(flags, config_file)
-        logging.basicConfig(
-            level=logging.DEBUG if verbose else logging.INFO,
-            format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        )
-        if not verbose:
-            logging.getLogger("httpx").setLevel(logging.WARNING)
-        try:
-            trio.run(run_agent, config)
-        except BaseExceptionGroup as group:
-            error = _unwrap(group)
-            if error is None:
-                raise
-            raise error from None
-    except LlmgwError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(exc.exit_code) from None
+    flags = {
+        "node": node,
+        "server": server,
+        "address": address,
+        "cert": cert and str(cert),
+        "key": key and str(key),
+        "ca": ca and str(ca),
+        "state_dir": state_dir and str(state_dir),
+        "nvidia_smi": nvidia_smi,
+        "ib_root": ib_root,
+        "fabrics": fabrics,
+        "port_range": parse_port_range(port_range) if port_range else None,
+        "engines": _engine_options(engine_options),
+        "stop_grace": stop_grace,
+    }
+    config = load_agent_config(flags, config_file)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    if not verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    serve_until_signalled(
+        lambda: serve_agent(config),
+        log=log,
+        stopping="stopping every shard, then exiting",
+        stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
+    )

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 from pathlib import Path
 
 import click
-import trio
 
+from llmgw.cli import Command, serve_until_signalled
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.gateway.proxy import ProxySettings
 from llmgw.net.server import Limits, parse_listen
@@ -20,7 +19,7 @@ log = logging.getLogger("llmgw.gateway")
 _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
-@click.command("gateway")
+@click.command("gateway", cls=Command)
 @click.option(
     "--server",
     envvar="LLMGW_SERVER",
@@ -144,24 +143,10 @@ def gateway_command(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     gateway = Gateway(config)
-    trio.run(_run, gateway, shutdown_grace)
-
-
-async def _run(gateway: Gateway, grace: float) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, gateway, grace, nursery.cancel_scope)
-        await gateway.serve()
-        nursery.cancel_scope.cancel()
-
-
-async def _watch_signals(gateway: Gateway, grace: float, scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        first = True
-        async for signum in signals:
-            if first:
-                first = False
-                log.info("received %s", signal.Signals(signum).name)
-                gateway.shutdown(grace)
-            else:
-                log.warning("second signal (%s): stopping now", signal.Signals(signum).name)
-                scope.cancel()
+    serve_until_signalled(
+        gateway.serve,
+        log=log,
+        stop=lambda: gateway.shutdown(shutdown_grace),
+        stopping="shutting down",
+        stopping_again="stopping now",
+    )

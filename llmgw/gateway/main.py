@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
+from llmgw.cli import error_leaves
 from llmgw.errors import LlmgwError
 from llmgw.gateway.app import GatewayApp
 from llmgw.gateway.balancer import Balancer
@@ -149,7 +150,7 @@ class Gateway:
                     task_status.started((host, port))
             except BaseExceptionGroup as group:
                 # no exception groups at the user's door: a lone llmgw error is raised as itself
-                leaves = _leaves(group)
+                leaves = error_leaves(group)
                 if len(leaves) == 1 and isinstance(leaves[0], LlmgwError):
                     raise leaves[0] from None
                 raise
@@ -177,9 +178,3 @@ async def serve_gateway(
     """
     await Gateway(config).serve(task_status=task_status)
 
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    leaves: list[BaseException] = []
-    for exc in group.exceptions:
-        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return leaves

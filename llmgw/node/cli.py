@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import attrs
 import click
 from tabulate import tabulate
 
-from llmgw.errors import FabricError
+from llmgw.cli import Command
 from llmgw.models import DiscoverySettings
 from llmgw.node.discovery import NodeDiscovery, Reports, collect_reports, summarize
 from llmgw.node.fabric import parse_fabric_option
@@ -18,7 +17,7 @@ from llmgw.plugins import get_plugin_manager
 __all__ = ["discover"]
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option(
     "--nvidia-smi",
     "nvidia_smi",
@@ -49,14 +48,10 @@ def discover(nvidia_smi: str, ib_root: str, fabrics: tuple[str, ...], as_json: b
     be met on this node.
     """
     settings = DiscoverySettings(nvidia_smi=nvidia_smi, ib_root=ib_root)
-    try:
-        for text in fabrics:
-            parse_fabric_option(text)
-        reports = collect_reports(get_plugin_manager(), settings)
-        node = summarize(reports, fabrics)
-    except FabricError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    for text in fabrics:
+        parse_fabric_option(text)
+    reports = collect_reports(get_plugin_manager(), settings)
+    node = summarize(reports, fabrics)
     if as_json:
         click.echo(json.dumps(_as_json(node, reports), indent=2))
     else:

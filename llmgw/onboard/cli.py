@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from llmgw.cli import Command
 from llmgw.errors import LlmgwError
 
 __all__ = ["main", "onboard_node"]
@@ -17,7 +18,7 @@ __all__ = ["main", "onboard_node"]
 _DIR = click.Path(file_okay=False, path_type=Path)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--node", required=True, help="The node id: its certificate's common name.")
 @click.option("--addr", required=True, metavar="HOST[:PORT]", help="Where to ssh to (port 22 by default).")
 @click.option("--server", required=True, metavar="URL", help="The server's URL, https://HOST:PORT.")
@@ -161,9 +162,6 @@ def onboard_node(
             host=host, port=port, user=ssh_user, known_hosts=ca.directory / "known_hosts", key=ssh_key
         )
         onboard(settings, Ssh(target, remote_path=remote_path), click.echo, admin)
-    except LlmgwError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(exc.exit_code) from None
     finally:
         if admin is not None:
             admin.close()

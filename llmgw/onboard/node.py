@@ -17,11 +17,14 @@ The steps, each safe to repeat (a re-run changes only what differs and says so):
    runs: it is left alone;
 5. wait until the server's node list shows the node syncing, or print the
    server's reason for refusing it and the agent's log.
+
+The certificate is chosen in :mod:`~llmgw.onboard.credentials`, the files
+written on the node are made in :mod:`~llmgw.onboard.files`, and ssh is
+:mod:`~llmgw.onboard.remote`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import io
 import json
@@ -33,22 +36,12 @@ from pathlib import Path
 
 import attrs
 
-from llmgw import pki
+from llmgw.onboard.credentials import node_credentials
+from llmgw.onboard.files import ETC, OPT, STATE_DIR, TRUST, UNIT_PATH, agent_toml, systemd_unit
 from llmgw.onboard.release import Release
 from llmgw.onboard.remote import UNIT, OnboardError, Probe, RemoteFile, Ssh, probe_script
 
 __all__ = ["Settings", "Item", "onboard", "node_credentials", "agent_toml", "systemd_unit", "NOT_DONE"]
-
-ETC = "/etc/llmgw"
-OPT = "/opt/llmgw"
-STATE_DIR = "/var/lib/llmgw-agent"
-UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
-TRUST = {
-    "debian": ("/usr/local/share/ca-certificates/llmgw-ca.crt", "update-ca-certificates"),
-    "rhel": ("/etc/pki/ca-trust/source/anchors/llmgw-ca.pem", "update-ca-trust extract"),
-}
-#: A kept certificate must have at least this much life left; otherwise onboarding issues a new one.
-RENEW_WITHIN = dt.timedelta(days=30)
 
 NOT_DONE = """\
 What onboarding did not do:
@@ -93,192 +86,6 @@ class Item:
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-# -- the node's certificate ----------------------------------------------------------------------------
-
-
-def node_credentials(ca_dir: Path, node: str, echo: Callable[[str], None]) -> pki.Issued:
-    """The node's certificate, key and CA root in ``<ca-dir>/nodes/<node>/``: kept if still good, else issued.
-
-    A certificate is kept when the CA's records list it as valid for more than
-    :data:`RENEW_WITHIN`, it is for this node, and the key beside it is its key.
-    """
-    ca = pki.load_ca(ca_dir)
-    out = ca.directory / "nodes" / node
-    cert_path, key_path = out / "node.pem", out / "node.key"
-    reason = "none was issued by onboarding yet"
-    if cert_path.exists() and key_path.exists():
-        reason = _unusable(ca, cert_path, key_path, node)
-        if reason is None:
-            identity = pki.identity_of(_load_cert(cert_path))
-            echo(
-                f"certificate: keeping serial {identity.serial_hex} of node {node} "
-                f"(valid until {identity.not_after:%Y-%m-%d})"
-            )
-            ca_path = out / "ca.pem"
-            ca_path.write_bytes(ca.cert_path.read_bytes())
-            return pki.Issued(identity=identity, cert_path=cert_path, key_path=key_path, ca_path=ca_path)
-    issued = pki.issue_node(ca, node, out=out, overwrite=True)
-    echo(
-        f"certificate: issued serial {issued.identity.serial_hex} for node {node} "
-        f"(valid until {issued.identity.not_after:%Y-%m-%d}; {reason})"
-    )
-    others = [
-        r
-        for r in pki.list_issued(ca.directory)
-        if r.identity.role is pki.Role.NODE
-        and r.identity.name == node
-        and r.identity.serial != issued.identity.serial
-        and r.status() == "valid"
-    ]
-    if others:
-        serials = ", ".join(r.identity.serial_hex for r in others)
-        echo(
-            f"note: {len(others)} older certificate(s) of {node} are still valid (serial {serials}); "
-            f"revoke one with `llmgw ca revoke --serial SERIAL --ca-dir {ca.directory}`"
-        )
-    return issued
-
-
-def _load_cert(path: Path):
-    from cryptography import x509
-
-    return x509.load_pem_x509_certificate(path.read_bytes())
-
-
-def _unusable(ca: pki.CA, cert_path: Path, key_path: Path, node: str) -> str | None:
-    """Why the certificate in the node's folder cannot be kept, or ``None`` when it can."""
-    from cryptography.hazmat.primitives import serialization
-
-    try:
-        cert = _load_cert(cert_path)
-        identity = pki.identity_of(cert)
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-    except (ValueError, pki.PkiError) as exc:
-        return f"the one in {cert_path.parent} cannot be read ({exc})"
-    if identity.role is not pki.Role.NODE or identity.name != node:
-        return f"the one in {cert_path.parent} is for {identity}"
-    if cert.issuer != ca.cert.subject or key.public_key() != cert.public_key():
-        return f"the one in {cert_path.parent} is not from this CA or does not match its key"
-    record = next((r for r in pki.list_issued(ca.directory) if r.identity.serial == identity.serial), None)
-    if record is None:
-        return f"serial {identity.serial_hex} is not in the CA's records"
-    status = record.status()
-    if status != "valid":
-        return f"serial {identity.serial_hex} is {status}"
-    if identity.not_after - dt.datetime.now(dt.UTC) < RENEW_WITHIN:
-        return f"serial {identity.serial_hex} expires on {identity.not_after:%Y-%m-%d}"
-    return None
-
-
-# -- the files -----------------------------------------------------------------------------------------
-
-
-def _toml_string(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string for these values
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to agent.toml")
-
-
-def _toml_tables(prefix: str, table: dict) -> list[str]:
-    """``[prefix]`` with its plain values, then its sub-tables (``[engines.vllm]``)."""
-    plain = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    lines = [f"\n[{prefix}]", *(f"{k} = {_toml_value(v)}" for k, v in plain.items())] if plain else []
-    for key, value in table.items():
-        if isinstance(value, dict):
-            lines += _toml_tables(f"{prefix}.{key}", value)
-    return lines
-
-
-#: agent.toml keys onboarding always writes; any other key found on the node is kept as it is.
-MANAGED_KEYS = ("node", "server", "address", "cert", "key", "ca", "state_dir", "fabrics")
-
-
-def agent_toml(settings: Settings, current: dict | None = None) -> tuple[str, list[str]]:
-    """The node's ``/etc/llmgw/agent.toml`` and the names of the settings kept from ``current``.
-
-    Paths are prefixed with the remote root, as the agent sees them. Settings
-    onboarding does not manage (``[engines]``, ``port_range``, ``[health]``...)
-    are kept from the node's ``current`` file, so a re-run does not undo what
-    the operator added; ``nvidia_smi`` and ``ib_root`` too, unless given, and
-    ``fabrics`` when no ``--fabric`` is given.
-    """
-    r = settings.remote_root
-    current = dict(current or {})
-    fabrics = list(settings.fabrics)
-    if not fabrics and current.get("fabrics"):
-        fabrics = list(current["fabrics"])
-    for key in MANAGED_KEYS:
-        current.pop(key, None)
-    if settings.nvidia_smi:
-        current["nvidia_smi"] = settings.nvidia_smi
-    if settings.ib_root:
-        current["ib_root"] = settings.ib_root
-    lines = [
-        "# Written by llmgw-onboard-node. A re-run rewrites the settings it manages and keeps the others",
-        "# (engines, port_range, health, sync...). See `llmgw agent --help`.",
-        f"node = {_toml_string(settings.node)}",
-        f"server = {_toml_string(settings.server)}",
-        f"address = {_toml_string(settings.address)}",
-        f"cert = {_toml_string(r + ETC + '/node.pem')}",
-        f"key = {_toml_string(r + ETC + '/node.key')}",
-        f"ca = {_toml_string(r + ETC + '/ca.pem')}",
-        f"state_dir = {_toml_string(r + STATE_DIR)}",
-        f"fabrics = {_toml_value(fabrics)}",
-    ]
-    kept = []
-    for key, value in current.items():
-        if not isinstance(value, dict):
-            lines.append(f"{key} = {_toml_value(value)}")
-            kept.append(key)
-    for key, value in current.items():
-        if isinstance(value, dict):
-            lines += _toml_tables(key, value)
-            kept.append(key)
-    if settings.nvidia_smi:
-        kept.remove("nvidia_smi")
-    if settings.ib_root:
-        kept.remove("ib_root")
-    return "\n".join(lines) + "\n", kept
-
-
-def systemd_unit(settings: Settings) -> str:
-    """The node's ``llmgw-agent.service``."""
-    r = settings.remote_root
-    return f"""\
-# Written by llmgw-onboard-node; a re-run rewrites it (and says so).
-[Unit]
-Description=llmgw node agent ({settings.node})
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-ExecStart={r}{OPT}/venv/bin/llmgw agent --config {r}{ETC}/agent.toml
-Environment=PYTHONUNBUFFERED=1
-Restart=on-failure
-RestartSec=5
-# SIGTERM to the agent, which stops its shards (SIGTERM, grace, SIGKILL); then SIGKILL to what is left.
-KillMode=mixed
-TimeoutStopSec=60
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-
-# -- onboarding ----------------------------------------------------------------------------------------
 
 
 def onboard(

@@ -6,16 +6,18 @@ import logging
 from pathlib import Path
 
 import click
-import trio
 
+from llmgw.cli import Command, serve_until_signalled
 from llmgw.net.server import parse_listen
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 
 __all__ = ["server_command"]
 
+log = logging.getLogger("llmgw.server")
 
-@click.command("server")
+
+@click.command("server", cls=Command)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -71,7 +73,10 @@ def server_command(
     lost_after: float,
     poll_timeout: float,
 ) -> None:
-    """Run the control plane: HTTPS with mutual TLS, state in sqlite, the reconciler."""
+    """Run the control plane: HTTPS with mutual TLS, state in sqlite, the reconciler.
+
+    Closes the state database and exits 0 on SIGTERM or Ctrl-C.
+    """
     host, port = parse_listen(listen, "--listen")
     config = ServerConfig(
         state_dir=state_dir,
@@ -85,4 +90,6 @@ def server_command(
         poll_timeout=poll_timeout,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    trio.run(serve_server, config)
+    serve_until_signalled(
+        lambda: serve_server(config), log=log, stopping="stopping, then closing the state database"
+    )

@@ -10,6 +10,7 @@ import attrs
 import trio
 
 from llmgw.engine import Engine
+from llmgw.errors import LlmgwError
 from llmgw.net.server import HttpServer
 from llmgw.pki import RevocationList, server_ssl_context
 from llmgw.plugins import get_plugin_manager
@@ -18,9 +19,13 @@ from llmgw.server.cluster import Settings
 from llmgw.server.persist import load_cluster
 from llmgw.server.store import open_store
 
-__all__ = ["ServerConfig", "serve_server"]
+__all__ = ["ServerConfig", "ServerError", "serve_server"]
 
 log = logging.getLogger("llmgw.server")
+
+
+class ServerError(LlmgwError):
+    """A server that cannot start as configured."""
 
 
 @attrs.frozen
@@ -55,6 +60,7 @@ async def serve_server(
     once listening.
 
     :param engines: the engines catalogs may use; default: installed plugins'.
+    :raises ServerError: when the listening address cannot be bound.
     """
     if engines is None:
         engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
@@ -68,7 +74,12 @@ async def serve_server(
         async with trio.open_nursery() as nursery:
             await nursery.start(app.run_reconciler, config.tick)
             server = HttpServer(app.handle, ssl_context=ssl_context)
-            address = await nursery.start(server.serve, config.host, config.port)
+            try:
+                address = await nursery.start(server.serve, config.host, config.port)
+            except OSError as exc:
+                raise ServerError(
+                    f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+                ) from None
             log.info("llmgw server listening on https://%s:%s (state in %s)", *address, config.state_dir)
             task_status.started(address)
     finally:

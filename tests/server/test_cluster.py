@@ -11,7 +11,7 @@ from llmgw.models import GPU, Fabric, NodeFacts
 from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.persist import flush, load_cluster
 from llmgw.server.store import open_store
-from llmgw.wire import ObservedShard, SyncRequest
+from llmgw.wire import ObservedShard, Route, SyncRequest
 
 ENGINES = {"sim": SimEngine()}
 CATALOG = """
@@ -126,9 +126,9 @@ def test_places_and_becomes_ready():
     h.set_state(node, "small-0", "ready")
     h.sync(node)
     assert record.state == "ready"
-    assert h.cluster.ready_routes()["small"] == [
-        ("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}")
-    ]
+    assert h.cluster.route_table().routes["small"] == (
+        Route("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}"),
+    )
 
 
 def test_exited_shard_tears_down_and_rebuilds_with_backoff():
@@ -145,7 +145,7 @@ def test_exited_shard_tears_down_and_rebuilds_with_backoff():
     assert record.state == "backoff" and record.failures == 1
     assert "exited with code 1: CUDA error" in record.reason
     assert h.cluster.desired_for("node-1") == ()
-    assert "small" not in h.cluster.ready_routes()
+    assert "small" not in h.cluster.route_table().routes
     h.now += 1
     h.sync("node-1")
     assert record.state == "backoff", "rebuilt before the backoff passed"
@@ -241,7 +241,7 @@ def test_drain_keeps_the_ready_count():
     h.cluster.set_cordon(source, True, h.now, drain=True)
     h.cluster.reconcile(h.now)
     h.sync_all()
-    ready = lambda: len(h.cluster.ready_routes().get("small", []))  # noqa: E731
+    ready = lambda: len(h.cluster.route_table().routes.get("small", ()))  # noqa: E731
     assert ready() == 1
     replacement = next(r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0")
     assert source not in replacement.placement.node_ids

@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import attrs
 import httpx
 
 from llmgw.errors import LlmgwError
+from llmgw.wire import ErrorReply, WireError, from_json, to_json
+
+T = TypeVar("T")
 
 __all__ = ["AdminClient", "ClientConfig", "CtlError", "config_dir", "write_client_config"]
 
@@ -109,17 +112,48 @@ class AdminClient:
         """Close the client's connections."""
         self._http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Call the admin API; returns the JSON body or raises :class:`CtlError` with the server's message."""
+    @overload
+    def request(self, method: str, path: str, reply: type[T], *, body: Any = None, **kwargs: Any) -> T: ...
+
+    @overload
+    def request(
+        self, method: str, path: str, reply: None = None, *, body: Any = None, **kwargs: Any
+    ) -> Any: ...
+
+    def request(
+        self, method: str, path: str, reply: type[T] | None = None, *, body: Any = None, **kwargs: Any
+    ) -> T | Any:
+        """Call the admin API, sending ``body`` (a :mod:`llmgw.wire` record) if given.
+
+        :returns: the answer as a ``reply`` record (the JSON body when ``reply`` is None).
+        :raises CtlError: the server cannot be reached, refused (with its message), or
+            answered something that is not a ``reply``.
+        """
+        if body is not None:
+            kwargs["json"] = to_json(body)
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise CtlError(f"cannot reach the server at {self.config.server}: {exc}") from None
         try:
-            body = response.json()
+            data = response.json()
         except ValueError:
-            body = {"error": {"message": response.text.strip() or f"HTTP {response.status_code}"}}
+            data = None
         if response.status_code >= 400:
-            error = body.get("error", {}) if isinstance(body, dict) else {}
-            raise CtlError(error.get("message") or f"the server answered {response.status_code}")
-        return body
+            raise CtlError(_error_message(data, response))
+        if data is None:
+            raise CtlError(f"{method} {path}: the server's answer is not JSON")
+        if reply is None:
+            return data
+        try:
+            return from_json(data, reply)
+        except WireError as exc:
+            raise CtlError(f"{method} {path}: {exc} (is the server another llmgw version?)") from None
+
+
+def _error_message(data: Any, response: httpx.Response) -> str:
+    """The message of the server's :class:`~llmgw.wire.ErrorReply`, or what there is of one."""
+    try:
+        return from_json(data, ErrorReply).error.message
+    except WireError:
+        return response.text.strip() or f"the server answered {response.status_code}"

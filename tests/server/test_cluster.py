@@ -277,6 +277,55 @@ async def test_state_survives_a_restart(tmp_path):
     assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
 
 
+async def test_state_dir_from_schema_2_is_migrated_and_loads(tmp_path):
+    """A state dir written before the dead storage was dropped (schema 2) migrates and still loads.
+
+    Schema 3 drops the ``observed`` table and ``catalog.data``: both were
+    written or created, never read.
+    """
+    import json
+    import sqlite3
+
+    from llmgw.server.store import MIGRATIONS, schema_version
+    from llmgw.wire import to_json
+
+    text = CATALOG.format(big=0)
+    old = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    for script in MIGRATIONS[:2]:
+        old.executescript(script)
+    old.execute("PRAGMA user_version = 2")
+    old.execute(
+        "INSERT INTO catalog (revision, text, data, applied_at) VALUES (3, ?, ?, 900)",
+        (text, json.dumps(to_json(parse_catalog(text, ENGINES)))),
+    )
+    old.execute(
+        "INSERT INTO nodes (node_id, address, facts, port_range, cordoned, first_seen, last_seen)"
+        " VALUES ('node-1', '127.0.0.2', ?, '[20000, 20999]', 1, 900, 950)",
+        (json.dumps(to_json(facts("node-1"))),),
+    )
+    old.execute("INSERT INTO observed VALUES ('node-1', 'small-0/1/r0', '{}', 950)")
+    old.close()
+
+    store = open_store(tmp_path)
+    try:
+        assert await store.run(schema_version) == len(MIGRATIONS)
+        tables = await store.run(
+            lambda conn: {
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        )
+        columns = await store.run(lambda conn: [row[1] for row in conn.execute("PRAGMA table_info(catalog)")])
+        loaded = await store.run(lambda conn: load_cluster(conn, Settings(), ENGINES, 1000.0))
+        assert "observed" not in tables
+        assert "data" not in columns
+        assert loaded.catalog_revision == 3 and loaded.catalog == parse_catalog(text, ENGINES)
+        assert loaded.nodes["node-1"].cordoned and loaded.nodes["node-1"].facts == facts("node-1")
+        loaded.apply_catalog(loaded.catalog, text, 1000.0)
+        await store.write(lambda conn: flush(conn, loaded, 1000.0))
+    finally:
+        store.close()
+
+
 def test_placement_waits_until_every_node_checked_the_sources():
     """After a catalog change, replicas are placed once every node said which sources it has, spread."""
     h = Harness()

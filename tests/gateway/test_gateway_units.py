@@ -41,13 +41,13 @@ class TestRouteTable:
         ("document", "message"),
         [
             ([], "malformed RouteTable"),
-            ({"revision": "1"}, r"expected an integer @ RouteTable\.revision"),
-            ({"revision": 1, "models": "a"}, r"expected a list @ RouteTable\.models"),
+            ({"revision": "1"}, r"expected an integer, got '1' @ RouteTable\.revision"),
+            ({"revision": 1, "models": "a"}, r"expected a list, got 'a' @ RouteTable\.models"),
             (
                 {"revision": 1, "routes": {"a": [{"replica": "a-0", "url": "ftp://x"}]}},
                 r"url: expected an http\(s\) URL, got 'ftp://x' @ RouteTable\.routes\['a'\]\[0\]",
             ),
-            ({"revision": 1, "keys": ["x"]}, r"RouteTable\.keys"),
+            ({"revision": 1, "keys": ["x"]}, r"expected a mapping, got \['x'\] @ RouteTable\.keys"),
         ],
     )
     def test_malformed_documents_name_the_part(self, document, message):

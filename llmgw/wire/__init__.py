@@ -18,17 +18,18 @@ profiles, models and sidecars refuse unknown keys, to catch typos).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, get_args, get_origin
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError, IterableValidationError, IterableValidationNote
+from cattrs.errors import ClassValidationError, IterableValidationError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar
+from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
@@ -403,63 +404,11 @@ class WireError(LlmgwError):
 # the converter
 # ---------------------------------------------------------------------------
 
-#: Why a scalar was refused, by the type expected.
-EXPECTED = {
-    int: "expected an integer",
-    str: "expected a string",
-    bool: "expected true or false",
-    float: "expected a number",
-}
-
-
-def _strict(kind: type) -> Callable[[Any, type], Any]:
-    def structure(value: Any, _: type) -> Any:
-        # bool is an int in Python; JSON's and YAML's `true` must not pass for a count.
-        if type(value) is not kind and not (kind is float and type(value) is int):
-            raise TypeError(EXPECTED[kind])
-        return float(value) if kind is float else value
-
-    return structure
-
-
-def register_strict_scalars(converter: cattrs.Converter) -> None:
-    """Make ``converter`` refuse ``"8000"``, ``8000.9`` and ``true`` where an int is expected, and alike."""
-    for kind in (int, str, bool, float):
-        converter.register_structure_hook(kind, _strict(kind))
-
-
-def _is_homogeneous_tuple(kind: Any) -> bool:
-    args = get_args(kind)
-    return get_origin(kind) is tuple and len(args) == 2 and args[1] is Ellipsis
-
-
-def _tuple_hook(kind: Any) -> Callable[[Any, type], tuple]:
-    """``tuple[X, ...]`` from a list only (not from a string); each bad item named by its index."""
-    item = get_args(kind)[0]
-
-    def structure(value: Any, _: type) -> tuple:
-        if not isinstance(value, list):
-            raise TypeError("expected a list")
-        out, errors = [], []
-        for index, entry in enumerate(value):
-            try:
-                out.append(converter.structure(entry, item))
-            except Exception as exc:  # noqa: BLE001 - collected with its index as path
-                exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(
-                    f"Structuring {kind} @ index {index}", index, item
-                )]
-                errors.append(exc)
-        if errors:
-            raise IterableValidationError(f"While structuring {kind!r}", errors, kind)
-        return tuple(out)
-
-    return structure
-
 
 def _make_converter() -> cattrs.Converter:
     made = cattrs.Converter(forbid_extra_keys=False)
     register_strict_scalars(made)
-    made.register_structure_hook_factory(_is_homogeneous_tuple, _tuple_hook)
+    register_strict_collections(made)
     for written_by_people in (Profile, Model, Sidecar):
         made.register_structure_hook(
             written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)

@@ -38,6 +38,13 @@ def config_dir() -> Path:
 
 
 @attrs.frozen
+class _ConfigFile:
+    """``config.toml`` in the config directory (other keys are left to other tools)."""
+
+    server: str | None = None
+
+
+@attrs.frozen
 class ClientConfig:
     """How to reach the admin API: the server's URL and an admin certificate."""
 
@@ -56,12 +63,13 @@ class ClientConfig:
             config_file = directory / "config.toml"
             if config_file.exists():
                 try:
-                    data = tomllib.loads(config_file.read_text())
+                    server = from_json(tomllib.loads(config_file.read_text()), _ConfigFile).server
                 except tomllib.TOMLDecodeError as exc:
                     raise CtlError(f"{config_file}: not valid TOML: {exc}") from None
-                server = data.get("server")
-                if server is not None and not isinstance(server, str):
-                    raise CtlError(f"{config_file}: server: expected a string like https://host:7443")
+                except WireError:
+                    raise CtlError(
+                        f"{config_file}: server: expected a string like https://host:7443"
+                    ) from None
         if server is None:
             raise CtlError(
                 f"no server given: pass --server https://HOST:7443, set LLMGW_SERVER, or write "

@@ -224,11 +224,7 @@ class ServerApp:
             raise _Refused(403, message)
         async with self._lock:
             self.cluster.sync(sync, self.clock())
-            node = self.cluster.nodes[sync.node_id]
-            not_after = identity.not_after.timestamp()
-            if (node.cert_serial, node.cert_not_after) != (identity.serial, not_after):
-                node.cert_serial, node.cert_not_after = identity.serial, not_after
-                self.cluster.dirty_nodes.add(node.node_id)
+            self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
             await self.commit()
         if sync.wait:
             await self._wait_change(lambda: self.cluster.revision == sync.revision, self.poll_timeout)

@@ -100,6 +100,13 @@ class Cluster(ClusterViews):
         node.checked_sources = frozenset(request.checked_sources)
         node.reported = True
 
+    def record_certificate(self, node_id: str, serial: int, not_after: float) -> None:
+        """Remember the certificate a node synced with: ctl nodes warns when it expires or is revoked."""
+        node = self.nodes[node_id]
+        if (node.cert_serial, node.cert_not_after) != (serial, not_after):
+            node.cert_serial, node.cert_not_after = serial, not_after
+            self.dirty_nodes.add(node_id)
+
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
         """Cordon (no new replicas), uncordon, or start draining a node."""
         node = self.nodes[node_id]

@@ -250,8 +250,13 @@ def _problems(exc: BaseException, path: tuple[str, ...] = ()) -> list[str]:
 
 def _check_values(values: Mapping[str, Any], where: str) -> None:
     """What types cannot say: numbers >= 0 (failures >= 1), strings not empty."""
-    checks = [(k, v) for k, v in values.items() if k not in _SECTIONS]
+    checks = [(k, v) for k, v in values.items() if k not in (*_SECTIONS, "engines")]
     checks += [(f"{s}.{k}", v) for s in _SECTIONS for k, v in values.get(s, {}).items()]
+    checks += [
+        (f"engines.{engine}.{program}", path)
+        for engine, programs in values.get("engines", {}).items()
+        for program, path in programs.items()
+    ]
     for name, value in checks:
         if name == "health.failures" and value < 1:
             raise AgentConfigError(f"{where}{name}: expected an integer >= 1, got {value!r}")

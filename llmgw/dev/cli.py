@@ -154,8 +154,8 @@ def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> No
     click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")
     click.echo(f"  llmgw ctl{flag} replicas       # where each replica runs")
     click.echo(f"  llmgw ctl{flag} events         # what the server decided and why")
-    multi = {s["node"] for r in data["replicas"] if len(r["shards"]) > 1 for s in r["shards"]}
-    movable = sorted({r["shards"][0]["node"] for r in data["replicas"] if len(r["shards"]) == 1} - multi)
+    multi = {s.node for r in data.replicas if len(r.shards) > 1 for s in r.shards}
+    movable = sorted({r.shards[0].node for r in data.replicas if len(r.shards) == 1} - multi)
     if movable:  # a node holding a two-node replica may have nowhere to move it in a small dev cluster
         node = movable[0]
         click.echo(f"  llmgw ctl{flag} drain {node}   # move {node}'s replicas elsewhere, without an outage")

@@ -1,7 +1,8 @@
 """Reading the catalog: YAML to frozen records, every mistake named by its path.
 
-One private cattrs converter, strict about types (``"2"``, ``2.5`` and
-``true`` are not integers) and about unknown keys. :func:`load_catalog` turns
+Read through llmgw's one converter (:data:`llmgw.wire.converter`), strict
+about types (``"2"``, ``2.5`` and ``true`` are not integers) and, for the
+catalog's records, about unknown keys. :func:`load_catalog` turns
 its exception groups into one line per problem
 (``models.llama-70b.replicas: expected an integer``), then checks what types
 cannot: cross-references between models, profiles and engines.
@@ -10,80 +11,22 @@ cannot: cross-references between models, profiles and engines.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import cattrs
 import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
-from llmgw.models import Catalog, Model, Profile, Sidecar
+from llmgw.models import Catalog, Model, Profile
+from llmgw.wire import converter
 
-__all__ = ["load_catalog", "parse_catalog", "catalog_summary", "register_strict_scalars"]
+__all__ = ["load_catalog", "parse_catalog", "catalog_summary"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
-_EXPECTED = {
-    int: "expected an integer",
-    str: "expected a string",
-    bool: "expected true or false",
-    float: "expected a number",
-}
-
-
-def _strict(kind: type) -> Callable[[Any, type], Any]:
-    def structure(value: Any, _: type) -> Any:
-        # bool is an int in Python; YAML's `true` must not pass for a count.
-        if type(value) is not kind and not (kind is float and type(value) is int):
-            raise TypeError(_EXPECTED[kind])
-        return float(value) if kind is float else value
-
-    return structure
-
-
-def register_strict_scalars(converter: cattrs.Converter) -> None:
-    """Make ``converter`` refuse ``"8000"``, ``8000.9`` and ``true`` where an int is expected, and alike.
-
-    Used by the catalog's converter and by the agent protocol's (:mod:`llmgw.wire`).
-    """
-    for kind in (int, str, bool, float):
-        converter.register_structure_hook(kind, _strict(kind))
-
-
-def _tuple_of(item: type, converter: cattrs.Converter) -> Callable[[Any, type], tuple]:
-    def structure(value: Any, _: type) -> tuple:
-        if not isinstance(value, list):
-            raise TypeError("expected a list")
-        out, errors = [], []
-        for index, entry in enumerate(value):
-            try:
-                out.append(converter.structure(entry, item))
-            except Exception as exc:  # noqa: BLE001 - collected with its index as path
-                exc.add_note(f"@index {index}")
-                errors.append(exc)
-        if errors:
-            raise ExceptionGroup("invalid list items", errors)
-        return tuple(out)
-
-    return structure
-
-
-def _make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(forbid_extra_keys=True)
-    register_strict_scalars(converter)
-    hooks = {
-        tuple[str, ...]: _tuple_of(str, converter),
-        tuple[Sidecar, ...]: _tuple_of(Sidecar, converter),
-    }
-    for generic, hook in hooks.items():
-        converter.register_structure_hook_func(lambda t, g=generic: t == g, hook)
-    return converter
-
-
-_converter = _make_converter()
 
 
 # ---------------------------------------------------------------------------
@@ -114,8 +57,6 @@ def _flatten(exc: BaseException, path: tuple[str, ...]) -> list[str]:
 
 def _step(exc: BaseException) -> tuple[str, ...]:
     for note in getattr(exc, "__notes__", []):
-        if isinstance(note, str) and note.startswith("@index "):
-            return (f"[{note[7:]}]",)
         name = getattr(note, "name", None)
         if name is not None:  # cattrs AttributeValidationNote
             return (str(name),)
@@ -127,7 +68,7 @@ def _step(exc: BaseException) -> tuple[str, ...]:
 
 def _plain(exc: BaseException) -> str:
     text = str(exc)
-    if text in _EXPECTED.values() or text.startswith("expected"):
+    if text.startswith("expected"):
         return text
     match = re.match(r"(\w+) must be (>= \d+), got (.*)", text)
     if match:
@@ -236,7 +177,7 @@ def _structure_section(data: dict, section: str, kind: type) -> tuple[dict[str, 
             problems.append(f"{_dotted(path)}: expected a mapping")
             continue
         try:
-            out[key] = _converter.structure(entry, kind)
+            out[key] = converter.structure(entry, kind)
         except (ClassValidationError, IterableValidationError) as exc:
             problems.extend(_flatten(exc, path))
         except (ValueError, TypeError) as exc:  # an attrs validator: the invariant's field

@@ -29,7 +29,8 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     backoff_max = 5.0
     refused_retry = 30.0
 
-An unknown key is an error naming the key and the file.
+An unknown key is an error naming the key and the file. The file is read
+through llmgw's one converter (:data:`llmgw.wire.converter`).
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NewType
 from urllib.parse import urlsplit
 
 import attrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn
 
 from llmgw.errors import LlmgwError
 from llmgw.models import DiscoverySettings
 from llmgw.node.fabric import parse_fabric_option
+from llmgw.wire import converter
 
 __all__ = [
     "AgentConfig",
@@ -147,34 +151,36 @@ class AgentConfig:
 
 # -- parsing -----------------------------------------------------------------------------------------
 
-_TOP_KEYS = {
-    "node": str,
-    "server": str,
-    "address": str,
-    "cert": "path",
-    "key": "path",
-    "ca": "path",
-    "state_dir": "path",
-    "nvidia_smi": str,
-    "ib_root": "path",
-    "fabrics": list,
-    "port_range": "port_range",
-    "engines": dict,
-    "stop_grace": float,
-    "sidecar_timeout": float,
-    "health": dict,
-    "sync": dict,
-}
-_SECTIONS: dict[str, dict[str, type]] = {
-    "health": {"interval": float, "timeout": float, "failures": int},
-    "sync": {
-        "timeout": float,
-        "backoff_initial": float,
-        "backoff_max": float,
-        "refused_retry": float,
-        "facts_interval": float,
-    },
-}
+#: ``port_range`` as written: ``"LO-HI"`` or ``[LO, HI]``
+_PortRange = NewType("_PortRange", tuple)
+
+
+@attrs.frozen
+class _AgentFile:
+    """``agent.toml`` as written, read through :data:`llmgw.wire.converter`; every key is optional."""
+
+    node: str | None = None
+    server: str | None = None
+    address: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    state_dir: str | None = None
+    nvidia_smi: str | None = None
+    ib_root: str | None = None
+    fabrics: tuple[str, ...] | None = None
+    port_range: _PortRange | None = None
+    engines: dict[str, dict[str, str]] | None = None
+    stop_grace: float | None = None
+    sidecar_timeout: float | None = None
+    health: HealthSettings | None = None
+    sync: SyncSettings | None = None
+
+
+#: settings that name a file: relative paths in ``agent.toml`` are relative to it
+_PATHS = ("cert", "key", "ca", "state_dir", "ib_root")
+_TOP_KEYS = frozenset(a.name for a in attrs.fields(_AgentFile))
+_SECTIONS = ("health", "sync")
 _REQUIRED = ("node", "server", "address", "cert", "key", "ca", "state_dir")
 _NODE_ID = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 
@@ -193,6 +199,21 @@ def _check_range(lo: int, hi: int, where: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _structure_port_range(value: Any, _: type) -> tuple[int, int]:
+    if isinstance(value, str):
+        return parse_port_range(value, "port_range")
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
+        return _check_range(value[0], value[1], "port_range")
+    raise TypeError(f'expected "LO-HI" or [LO, HI], got {value!r}')
+
+
+converter.register_structure_hook(_PortRange, _structure_port_range)
+for _kind in (_AgentFile, HealthSettings, SyncSettings):  # a typo in agent.toml is an error, not ignored
+    converter.register_structure_hook(
+        _kind, make_dict_structure_fn(_kind, converter, _cattrs_forbid_extra_keys=True)
+    )
+
+
 def parse_engine_option(text: str) -> tuple[str, str, str]:
     """``NAME:PROGRAM=PATH`` (``--engine vllm:vllm=/opt/vllm/bin/vllm``) as ``(engine, program, path)``."""
     name, colon, rest = text.partition(":")
@@ -204,38 +225,45 @@ def parse_engine_option(text: str) -> tuple[str, str, str]:
     return name.strip(), program.strip(), str(_abs(path.strip()))
 
 
-def _typed(value: Any, kind: Any, where: str, base: Path | None) -> Any:
-    if kind is float:
-        if type(value) not in (int, float):
-            raise AgentConfigError(f"{where}: expected a number, got {value!r}")
-        if value < 0:
-            raise AgentConfigError(f"{where}: expected a number >= 0, got {value!r}")
-        return float(value)
-    if kind is int:
-        if type(value) is not int or value < 1:
-            raise AgentConfigError(f"{where}: expected an integer >= 1, got {value!r}")
-        return value
-    if kind is str or kind == "path":
-        if type(value) is not str or not value:
-            raise AgentConfigError(f"{where}: expected a non-empty string, got {value!r}")
-        if kind == "path" and base is not None:
-            return str(base / Path(value).expanduser())
-        return value
-    if kind is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise AgentConfigError(f"{where}: expected a list of strings, got {value!r}")
-        return tuple(value)
-    if kind == "port_range":
-        if isinstance(value, str):
-            return parse_port_range(value, where)
-        if isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value):
-            return _check_range(value[0], value[1], where)
-        raise AgentConfigError(f'{where}: expected "LO-HI" or [LO, HI], got {value!r}')
-    if kind is dict:
-        if not isinstance(value, dict):
-            raise AgentConfigError(f"{where}: expected a table, got {value!r}")
-        return value
-    raise AssertionError(kind)
+def _problems(exc: BaseException, path: tuple[str, ...] = ()) -> list[str]:
+    """One ``key: what is wrong`` line per leaf of a cattrs error tree (path dotted: ``sync.timeout``)."""
+    if isinstance(exc, ForbiddenExtraKeysError):
+        known = ", ".join(sorted(a.name for a in attrs.fields(exc.cl)))
+        prefix = "".join(f"{p}." for p in path)
+        return [f"unknown key '{prefix}{key}' (known keys: {known})" for key in sorted(exc.extra_fields)]
+    if isinstance(exc, BaseExceptionGroup):
+        lines = []
+        for sub in exc.exceptions:
+            step = [
+                str(n.name) for n in getattr(sub, "__notes__", []) if getattr(n, "name", None) is not None
+            ]
+            step += [
+                str(n.index) for n in getattr(sub, "__notes__", []) if getattr(n, "index", None) is not None
+            ]
+            lines.extend(_problems(sub, path + tuple(step[:1])))
+        return lines
+    if isinstance(exc, AgentConfigError):
+        return [str(exc)]
+    message = str(exc) if isinstance(exc, TypeError | ValueError) and str(exc) else "required, missing"
+    return [f"{'.'.join(path)}: {message}"]
+
+
+def _check_values(values: Mapping[str, Any], where: str) -> None:
+    """What types cannot say: numbers >= 0 (failures >= 1), strings not empty."""
+    checks = [(k, v) for k, v in values.items() if k not in (*_SECTIONS, "engines")]
+    checks += [(f"{s}.{k}", v) for s in _SECTIONS for k, v in values.get(s, {}).items()]
+    checks += [
+        (f"engines.{engine}.{program}", path)
+        for engine, programs in values.get("engines", {}).items()
+        for program, path in programs.items()
+    ]
+    for name, value in checks:
+        if name == "health.failures" and value < 1:
+            raise AgentConfigError(f"{where}{name}: expected an integer >= 1, got {value!r}")
+        if isinstance(value, float) and value < 0:
+            raise AgentConfigError(f"{where}{name}: expected a number >= 0, got {value!r}")
+        if value == "":
+            raise AgentConfigError(f"{where}{name}: expected a non-empty string, got {value!r}")
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -253,34 +281,25 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         raise AgentConfigError(f"cannot read agent config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise AgentConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        written = converter.structure(data, _AgentFile)
+    except (ClassValidationError, ForbiddenExtraKeysError) as exc:
+        raise AgentConfigError(f"{path}: " + f"; {path}: ".join(_problems(exc))) from None
+    given = {name: value for name, value in attrs.asdict(written, recurse=False).items() if value is not None}
+    for section in _SECTIONS:
+        if section in given:  # only the keys written, so flags and defaults fill the rest
+            given[section] = {key: getattr(given[section], key) for key in data[section]}
+    _check_values(given, f"{path}: ")
     base = path.absolute().parent
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in _TOP_KEYS:
-            known = ", ".join(sorted(_TOP_KEYS))
-            raise AgentConfigError(f"{path}: unknown key {key!r} (known keys: {known})")
-        values[key] = _typed(value, _TOP_KEYS[key], f"{path}: {key}", base)
-    for section, fields in _SECTIONS.items():
-        table = values.get(section)
-        if table is None:
-            continue
-        for key, value in table.items():
-            if key not in fields:
-                known = ", ".join(sorted(fields))
-                raise AgentConfigError(f"{path}: unknown key '{section}.{key}' (known keys: {known})")
-            table[key] = _typed(value, fields[key], f"{path}: {section}.{key}", base)
-    engines = values.get("engines")
-    if engines is not None:
-        parsed: dict[str, dict[str, str]] = {}
-        for name, programs in engines.items():
-            where = f"{path}: engines.{name}"
-            if not isinstance(programs, dict):
-                raise AgentConfigError(f'{where}: expected a table of program = "PATH", got {programs!r}')
-            parsed[name] = {
-                program: _typed(p, "path", f"{where}.{program}", base) for program, p in programs.items()
-            }
-        values["engines"] = parsed
-    return values
+    for name in _PATHS:
+        if name in given:
+            given[name] = str(base / Path(given[name]).expanduser())
+    if "engines" in given:
+        given["engines"] = {
+            engine: {program: str(base / Path(p).expanduser()) for program, p in programs.items()}
+            for engine, programs in given["engines"].items()
+        }
+    return given
 
 
 def load_agent_config(
@@ -324,8 +343,12 @@ def load_agent_config(
         )
     _check_server(values["server"])
     for name in ("stop_grace", "sidecar_timeout"):
+        if name in values and (type(values[name]) not in (int, float) or values[name] < 0):
+            raise AgentConfigError(
+                f"--{name.replace('_', '-')}: expected a number >= 0, got {values[name]!r}"
+            )
         if name in values:
-            values[name] = _typed(values[name], float, f"--{name.replace('_', '-')}", None)
+            values[name] = float(values[name])
     for text in values.get("fabrics", ()):
         parse_fabric_option(text)  # a typo is refused before anything starts
     discovery = DiscoverySettings(**{key: values[key] for key in ("nvidia_smi", "ib_root") if key in values})

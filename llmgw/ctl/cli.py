@@ -22,6 +22,19 @@ from llmgw.ctl.client import AdminClient, ClientConfig, CtlError
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
+from llmgw.wire import (
+    ApplyCatalog,
+    CatalogApplied,
+    CreatedKey,
+    CreateKey,
+    DrainStatus,
+    EventList,
+    KeyList,
+    NodeList,
+    ReplicaList,
+    RevokedKey,
+    to_json,
+)
 
 __all__ = ["ctl"]
 
@@ -43,7 +56,6 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 def ctl(ctx: click.Context, **options: Any) -> None:
     """Operate a cluster: catalogs, engines, nodes, replicas."""
     ctx.find_root().meta["ctl_options"] = options
-
 
 
 output_option = click.option(
@@ -70,29 +82,29 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
 @click.pass_context
 def nodes(ctx: click.Context, output: str) -> None:
     """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
-    data = _client(ctx).request("GET", "/v1/admin/nodes")
+    data = _client(ctx).request("GET", "/v1/admin/nodes", NodeList)
     if output == "json":
-        click.echo(json.dumps(data["nodes"], indent=2))
+        click.echo(json.dumps(to_json(data.nodes), indent=2))
         return
     rows = [
         [
-            n["node_id"],
-            n["address"],
-            n["state"],
-            f"{n['gpus_free']}/{n['gpus_total']}",
-            ",".join(n["fabrics"]) or "island",
-            ", ".join(f"{k} {v}" for k, v in sorted(n["engines"].items())) or "-",
-            ", ".join(n["replicas"]) or "-",
-            f"{n['last_sync_ago']:.0f}s",
+            n.node_id,
+            n.address,
+            n.state,
+            f"{n.gpus_free}/{n.gpus_total}",
+            ",".join(n.fabrics) or "island",
+            ", ".join(f"{k} {v}" for k, v in sorted(n.engines.items())) or "-",
+            ", ".join(n.replicas) or "-",
+            f"{n.last_sync_ago:.0f}s",
         ]
-        for n in data["nodes"]
+        for n in data.nodes
     ]
     click.echo(
         _table(rows, ["node", "address", "state", "GPUs free", "fabric", "engines", "replicas", "last sync"])
     )
-    for n in data["nodes"]:
-        for warning in n["warnings"]:
-            click.echo(f"warning: {n['node_id']}: {warning}")
+    for n in data.nodes:
+        for warning in n.warnings:
+            click.echo(f"warning: {n.node_id}: {warning}")
 
 
 @click.command()
@@ -100,21 +112,20 @@ def nodes(ctx: click.Context, output: str) -> None:
 @click.pass_context
 def replicas(ctx: click.Context, output: str) -> None:
     """List replicas with their shards, and those that cannot be placed, with why."""
-    data = _client(ctx).request("GET", "/v1/admin/replicas")
+    data = _client(ctx).request("GET", "/v1/admin/replicas", ReplicaList)
     if output == "json":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(to_json(data), indent=2))
         return
     rows = []
-    for r in data["replicas"]:
+    for r in data.replicas:
         shards = "; ".join(
-            f"r{s['rank']} {s['node']}:{s['port']} {s['state']}" + (f" pid {s['pid']}" if s["pid"] else "")
-            for s in r["shards"]
+            f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "") for s in r.shards
         )
-        note = r["reason"] or (f"replaces {r['replaces']}" if r["replaces"] else "")
-        rows.append([r["id"], r["model"], r["state"], r["failures"], shards, note])
+        note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")
+        rows.append([r.id, r.model, r.state, r.failures, shards, note])
     click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
-    for u in data["unplaced"]:
-        click.echo(f"unplaced: {u['id']}: {u['reason']}")
+    for u in data.unplaced:
+        click.echo(f"unplaced: {u.id}: {u.reason}")
 
 
 @click.command()
@@ -127,12 +138,15 @@ def apply(ctx: click.Context, catalog: Path, wait: bool, timeout: float) -> None
     client = _client(ctx)
     try:
         result = client.request(
-            "POST", "/v1/admin/catalog", json={"text": catalog.read_text(), "name": str(catalog)}
+            "POST",
+            "/v1/admin/catalog",
+            CatalogApplied,
+            body=ApplyCatalog(text=catalog.read_text(), name=str(catalog)),
         )
     except CtlError as exc:
         click.echo(str(exc), err=True)
         ctx.exit(1)
-    click.echo(f"applied {catalog} as revision {result['revision']}: {result['summary']}")
+    click.echo(f"applied {catalog} as revision {result.revision}: {result.summary}")
     if wait:
         _wait_ready(client, timeout)
 
@@ -141,21 +155,21 @@ def _wait_ready(client: AdminClient, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     last = None
     while True:
-        data = client.request("GET", "/v1/admin/replicas")
-        states = [r["state"] for r in data["replicas"] if not r["replaces"]]
+        data = client.request("GET", "/v1/admin/replicas", ReplicaList)
+        states = [r.state for r in data.replicas if not r.replaces]
         ready = states.count("ready")
-        status = f"{ready}/{len(states) + len(data['unplaced'])} replicas ready"
+        status = f"{ready}/{len(states) + len(data.unplaced)} replicas ready"
         if status != last:
             click.echo(status)
             last = status
-        if ready == len(states) and not data["unplaced"]:
+        if ready == len(states) and not data.unplaced:
             return
         if time.monotonic() > deadline:
-            for u in data["unplaced"]:
-                click.echo(f"unplaced: {u['id']}: {u['reason']}", err=True)
-            for r in data["replicas"]:
-                if r["state"] != "ready" and r["reason"]:
-                    click.echo(f"{r['id']}: {r['reason']}", err=True)
+            for u in data.unplaced:
+                click.echo(f"unplaced: {u.id}: {u.reason}", err=True)
+            for r in data.replicas:
+                if r.state != "ready" and r.reason:
+                    click.echo(f"{r.id}: {r.reason}", err=True)
             raise CtlError(f"not every replica was ready within {timeout:.0f} s ({status}); see ctl replicas")
         time.sleep(0.5)
 
@@ -167,13 +181,14 @@ def _wait_ready(client: AdminClient, timeout: float) -> None:
 @click.pass_context
 def events(ctx: click.Context, since: int, limit: int, output: str) -> None:
     """What the server decided and why: placements, rebuilds, refusals."""
-    data = _client(ctx).request("GET", "/v1/admin/events", params={"since": since, "limit": limit})
+    params = {"since": since, "limit": limit}
+    data = _client(ctx).request("GET", "/v1/admin/events", EventList, params=params)
     if output == "json":
-        click.echo(json.dumps(data["events"], indent=2))
+        click.echo(json.dumps(to_json(data.events), indent=2))
         return
-    for e in data["events"]:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"]))
-        click.echo(f"{e['id']:>5} {stamp} {e['kind']:<8} {e['subject']}: {e['message']}")
+    for e in data.events:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        click.echo(f"{e.id:>5} {stamp} {e.kind:<8} {e.subject}: {e.message}")
 
 
 def _node_action(action: str, doc: str) -> click.Command:
@@ -181,8 +196,8 @@ def _node_action(action: str, doc: str) -> click.Command:
     @click.argument("node")
     @click.pass_context
     def command(ctx: click.Context, node: str) -> None:
-        status = _client(ctx).request("POST", f"/v1/admin/nodes/{node}/{action}")
-        click.echo(f"{node}: {status['state']}")
+        status = _client(ctx).request("POST", f"/v1/admin/nodes/{node}/{action}", DrainStatus)
+        click.echo(f"{node}: {status.state}")
 
     return command
 
@@ -199,26 +214,23 @@ uncordon = _node_action("uncordon", "Let NODE take new replicas again.")
 def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
     """Move NODE's replicas elsewhere one at a time, each replacement ready before its original stops."""
     client = _client(ctx)
-    status = client.request("POST", f"/v1/admin/nodes/{node}/drain")
-    click.echo(
-        f"{node}: draining {len(status['remaining'])} replicas: {', '.join(status['remaining']) or '-'}"
-    )
+    status = client.request("POST", f"/v1/admin/nodes/{node}/drain", DrainStatus)
+    click.echo(f"{node}: draining {len(status.remaining)} replicas: {', '.join(status.remaining) or '-'}")
     if no_wait:
         return
     deadline = time.monotonic() + timeout
-    last: tuple = ()
-    while status["remaining"]:
-        now = (tuple(status["remaining"]), tuple(status["moving"]), tuple(status["stuck"]))
-        if now != last:
-            moving = f"; moving {', '.join(status['moving'])}" if status["moving"] else ""
-            click.echo(f"{node}: {len(status['remaining'])} left{moving}")
-            for line in status["stuck"]:
+    last: DrainStatus | None = None
+    while status.remaining:
+        if status != last:
+            moving = f"; moving {', '.join(status.moving)}" if status.moving else ""
+            click.echo(f"{node}: {len(status.remaining)} left{moving}")
+            for line in status.stuck:
                 click.echo(f"{node}: stuck: {line}")
-            last = now
+            last = status
         if time.monotonic() > deadline:
             raise CtlError(f"{node}: drain not finished within {timeout:.0f} s; it goes on (ctl replicas)")
         time.sleep(0.5)
-        status = client.request("GET", f"/v1/admin/nodes/{node}/drain")
+        status = client.request("GET", f"/v1/admin/nodes/{node}/drain", DrainStatus)
     click.echo(f"{node}: drained; it stays cordoned until `llmgw ctl uncordon {node}`")
 
 
@@ -232,8 +244,8 @@ def keys() -> None:
 @click.pass_context
 def keys_create(ctx: click.Context, name: str) -> None:
     """Create API key NAME and print its secret: it is shown this once, only a hash is stored."""
-    result = _client(ctx).request("POST", "/v1/admin/keys", json={"name": name})
-    click.echo(result["secret"])
+    result = _client(ctx).request("POST", "/v1/admin/keys", CreatedKey, body=CreateKey(name))
+    click.echo(result.secret)
     click.echo(
         f"API key {name!r} created; the secret above is not stored and cannot be shown again", err=True
     )
@@ -244,15 +256,15 @@ def keys_create(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def keys_list(ctx: click.Context, output: str) -> None:
     """List API keys (names and dates; secrets are never stored)."""
-    data = _client(ctx).request("GET", "/v1/admin/keys")["keys"]
+    data = _client(ctx).request("GET", "/v1/admin/keys", KeyList).keys
     if output == "json":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(to_json(data), indent=2))
         return
 
     def when(stamp: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
 
-    rows = [[k["name"], when(k["created_at"]), when(k["revoked_at"])] for k in data]
+    rows = [[k.name, when(k.created_at), when(k.revoked_at)] for k in data]
     click.echo(_table(rows, ["name", "created", "revoked"]))
 
 
@@ -261,7 +273,7 @@ def keys_list(ctx: click.Context, output: str) -> None:
 @click.pass_context
 def keys_revoke(ctx: click.Context, name: str) -> None:
     """Revoke API key NAME: gateways refuse it within a second."""
-    _client(ctx).request("DELETE", f"/v1/admin/keys/{name}")
+    _client(ctx).request("DELETE", f"/v1/admin/keys/{name}", RevokedKey)
     click.echo(f"API key {name!r} revoked")
 
 
@@ -305,6 +317,15 @@ def validate(catalog: str) -> None:
 
 for _command in (
     engines,
-    validate, engine_check, nodes, replicas, apply, events, cordon, uncordon, drain, keys
+    validate,
+    engine_check,
+    nodes,
+    replicas,
+    apply,
+    events,
+    cordon,
+    uncordon,
+    drain,
+    keys,
 ):
     ctl.add_command(_command)

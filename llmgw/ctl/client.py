@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import attrs
 import httpx
 
 from llmgw.errors import LlmgwError
+from llmgw.wire import ErrorReply, WireError, from_json, to_json
+
+T = TypeVar("T")
 
 __all__ = ["AdminClient", "ClientConfig", "CtlError", "config_dir", "write_client_config"]
 
@@ -32,6 +35,13 @@ def config_dir() -> Path:
         return Path(os.environ["LLMGW_CONFIG_DIR"])
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "llmgw"
+
+
+@attrs.frozen
+class _ConfigFile:
+    """``config.toml`` in the config directory (other keys are left to other tools)."""
+
+    server: str | None = None
 
 
 @attrs.frozen
@@ -53,12 +63,13 @@ class ClientConfig:
             config_file = directory / "config.toml"
             if config_file.exists():
                 try:
-                    data = tomllib.loads(config_file.read_text())
+                    server = from_json(tomllib.loads(config_file.read_text()), _ConfigFile).server
                 except tomllib.TOMLDecodeError as exc:
                     raise CtlError(f"{config_file}: not valid TOML: {exc}") from None
-                server = data.get("server")
-                if server is not None and not isinstance(server, str):
-                    raise CtlError(f"{config_file}: server: expected a string like https://host:7443")
+                except WireError:
+                    raise CtlError(
+                        f"{config_file}: server: expected a string like https://host:7443"
+                    ) from None
         if server is None:
             raise CtlError(
                 f"no server given: pass --server https://HOST:7443, set LLMGW_SERVER, or write "
@@ -109,17 +120,48 @@ class AdminClient:
         """Close the client's connections."""
         self._http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Call the admin API; returns the JSON body or raises :class:`CtlError` with the server's message."""
+    @overload
+    def request(self, method: str, path: str, reply: type[T], *, body: Any = None, **kwargs: Any) -> T: ...
+
+    @overload
+    def request(
+        self, method: str, path: str, reply: None = None, *, body: Any = None, **kwargs: Any
+    ) -> Any: ...
+
+    def request(
+        self, method: str, path: str, reply: type[T] | None = None, *, body: Any = None, **kwargs: Any
+    ) -> T | Any:
+        """Call the admin API, sending ``body`` (a :mod:`llmgw.wire` record) if given.
+
+        :returns: the answer as a ``reply`` record (the JSON body when ``reply`` is None).
+        :raises CtlError: the server cannot be reached, refused (with its message), or
+            answered something that is not a ``reply``.
+        """
+        if body is not None:
+            kwargs["json"] = to_json(body)
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise CtlError(f"cannot reach the server at {self.config.server}: {exc}") from None
         try:
-            body = response.json()
+            data = response.json()
         except ValueError:
-            body = {"error": {"message": response.text.strip() or f"HTTP {response.status_code}"}}
+            data = None
         if response.status_code >= 400:
-            error = body.get("error", {}) if isinstance(body, dict) else {}
-            raise CtlError(error.get("message") or f"the server answered {response.status_code}")
-        return body
+            raise CtlError(_error_message(data, response))
+        if data is None:
+            raise CtlError(f"{method} {path}: the server's answer is not JSON")
+        if reply is None:
+            return data
+        try:
+            return from_json(data, reply)
+        except WireError as exc:
+            raise CtlError(f"{method} {path}: {exc} (is the server another llmgw version?)") from None
+
+
+def _error_message(data: Any, response: httpx.Response) -> str:
+    """The message of the server's :class:`~llmgw.wire.ErrorReply`, or what there is of one."""
+    try:
+        return from_json(data, ErrorReply).error.message
+    except WireError:
+        return response.text.strip() or f"the server answered {response.status_code}"

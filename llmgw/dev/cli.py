@@ -94,7 +94,7 @@ def dev(
         cluster.start(node_count)
         cluster.start_gateway(gateway_port)
         result = cluster.apply(catalog.read_text(), str(catalog))
-        click.echo(f"applied {catalog}: {result['summary']}")
+        click.echo(f"applied {catalog}: {result.summary}")
         cluster.wait(cluster.all_ready, "every replica of the sample catalog to be ready")
         cluster.wait(lambda: _gateway_serves(cluster), "the gateway to route to every model")
         _print_next_steps(cluster, ctl_dir, catalog)
@@ -133,10 +133,10 @@ def _gateway_serves(cluster: LocalCluster) -> bool:
 
 def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> None:
     data = cluster.replicas()
-    click.echo(f"llmgw dev: {len(data['replicas'])} replicas ready")
-    for r in data["replicas"]:
-        shards = ", ".join(f"{s['node']} {cluster.nodes[s['node']].address}:{s['port']}" for s in r["shards"])
-        click.echo(f"  {r['id']:<16} {shards}")
+    click.echo(f"llmgw dev: {len(data.replicas)} replicas ready")
+    for r in data.replicas:
+        shards = ", ".join(f"{s.node} {cluster.nodes[s.node].address}:{s.port}" for s in r.shards)
+        click.echo(f"  {r.id:<16} {shards}")
     body = json.dumps({"model": "llama-sim-8b", "messages": [{"role": "user", "content": "Hello!"}]})
     answer = httpx.post(
         f"{cluster.gateway_url}/v1/chat/completions",
@@ -154,8 +154,8 @@ def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> No
     click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")
     click.echo(f"  llmgw ctl{flag} replicas       # where each replica runs")
     click.echo(f"  llmgw ctl{flag} events         # what the server decided and why")
-    multi = {s["node"] for r in data["replicas"] if len(r["shards"]) > 1 for s in r["shards"]}
-    movable = sorted({r["shards"][0]["node"] for r in data["replicas"] if len(r["shards"]) == 1} - multi)
+    multi = {s.node for r in data.replicas if len(r.shards) > 1 for s in r.shards}
+    movable = sorted({r.shards[0].node for r in data.replicas if len(r.shards) == 1} - multi)
     if movable:  # a node holding a two-node replica may have nowhere to move it in a small dev cluster
         node = movable[0]
         click.echo(f"  llmgw ctl{flag} drain {node}   # move {node}'s replicas elsewhere, without an outage")

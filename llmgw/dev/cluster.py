@@ -26,6 +26,7 @@ from llmgw import pki
 from llmgw.ctl.client import AdminClient, ClientConfig
 from llmgw.errors import LlmgwError
 from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
+from llmgw.wire import ApplyCatalog, CatalogApplied, NodeList, ReplicaList
 
 __all__ = ["LocalCluster", "LocalNode", "ClusterError", "fabric_of", "program"]
 
@@ -276,25 +277,21 @@ class LocalCluster:
         return "\n".join(text.splitlines()[-lines:])
 
     def _nodes_up(self, count: int) -> bool:
-        nodes = self.client.request("GET", "/v1/admin/nodes")["nodes"]
-        return len([n for n in nodes if n["state"] == "ready" and n["engines"]]) >= count
+        nodes = self.client.request("GET", "/v1/admin/nodes", NodeList).nodes
+        return len([n for n in nodes if n.state == "ready" and n.engines]) >= count
 
-    def replicas(self) -> dict:
+    def replicas(self) -> ReplicaList:
         """``GET /v1/admin/replicas``: the replicas with their shards, and the unplaced ones."""
-        return self.client.request("GET", "/v1/admin/replicas")
+        return self.client.request("GET", "/v1/admin/replicas", ReplicaList)
 
     def all_ready(self) -> bool:
         """Whether there are replicas, none unplaced, and all of them ready."""
         data = self.replicas()
-        return (
-            bool(data["replicas"])
-            and not data["unplaced"]
-            and all(r["state"] == "ready" for r in data["replicas"])
-        )
+        return bool(data.replicas) and not data.unplaced and all(r.state == "ready" for r in data.replicas)
 
-    def apply(self, text: str, name: str = "catalog") -> dict:
-        """Apply a catalog through the admin API."""
-        return self.client.request("POST", "/v1/admin/catalog", json={"text": text, "name": name})
+    def apply(self, text: str, name: str = "catalog") -> CatalogApplied:
+        """Apply a catalog through the admin API; returns its revision and summary."""
+        return self.client.request("POST", "/v1/admin/catalog", CatalogApplied, body=ApplyCatalog(text, name))
 
     # -- stopping ----------------------------------------------------------
 

@@ -26,9 +26,9 @@ from collections.abc import Collection, Iterator, Mapping
 
 import attrs
 
-from llmgw.gateway.routes import Upstream
+from llmgw.wire import Route
 
-__all__ = ["BreakerState", "Breaker", "Replica", "Balancer"]
+__all__ = ["BreakerState", "Breaker", "Upstream", "Balancer"]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -101,26 +101,26 @@ class Breaker:
         return max(0.0, self.opened_at + self.open_for - now)
 
 
-class Replica:
-    """One ready replica as this gateway sees it: requests in flight and its breaker."""
+class Upstream:
+    """One ready replica as this gateway sees it: its route, requests in flight and its breaker."""
 
-    __slots__ = ("upstream", "in_flight", "breaker", "affinity_key")
+    __slots__ = ("route", "in_flight", "breaker", "affinity_key")
 
-    def __init__(self, upstream: Upstream, breaker: Breaker) -> None:
-        self.upstream = upstream
+    def __init__(self, route: Route, breaker: Breaker) -> None:
+        self.route = route
         self.in_flight = 0
         self.breaker = breaker
-        self.affinity_key = upstream.replica.encode()
+        self.affinity_key = route.replica.encode()
 
     @property
     def name(self) -> str:
         """The replica's id."""
-        return self.upstream.replica
+        return self.route.replica
 
     @property
     def url(self) -> str:
         """The base URL of the replica's rank 0."""
-        return self.upstream.url
+        return self.route.url
 
     def begin(self) -> None:
         """A request to this replica starts."""
@@ -153,7 +153,7 @@ class Replica:
         self.breaker.abandoned()
 
     def __repr__(self) -> str:
-        return f"<Replica {self.name} {self.url} in_flight={self.in_flight} {self.breaker.state.name}>"
+        return f"<Upstream {self.name} {self.url} in_flight={self.in_flight} {self.breaker.state.name}>"
 
 
 class Balancer:
@@ -173,40 +173,40 @@ class Balancer:
         self.breaker_failures = breaker_failures
         self.breaker_open_for = breaker_open_for
         self._rng = rng or random.Random()
-        self._models: dict[str, tuple[Replica, ...]] = {}
-        self._replicas: dict[Upstream, Replica] = {}
+        self._models: dict[str, tuple[Upstream, ...]] = {}
+        self._replicas: dict[Route, Upstream] = {}
 
-    def update(self, routes: Mapping[str, Collection[Upstream]]) -> None:
+    def update(self, routes: Mapping[str, Collection[Route]]) -> None:
         """Replace the routes; a replica that stays keeps its in-flight count and breaker.
 
         Requests in flight on a replica that left finish there; new ones no longer go to it.
         """
-        replicas: dict[Upstream, Replica] = {}
-        models: dict[str, tuple[Replica, ...]] = {}
-        for model, upstreams in routes.items():
+        replicas: dict[Route, Upstream] = {}
+        models: dict[str, tuple[Upstream, ...]] = {}
+        for model, entries in routes.items():
             chosen = []
-            for upstream in upstreams:
-                replica = replicas.get(upstream) or self._replicas.get(upstream)
+            for route in entries:
+                replica = replicas.get(route) or self._replicas.get(route)
                 if replica is None:
                     breaker = Breaker(failures_to_open=self.breaker_failures, open_for=self.breaker_open_for)
-                    replica = Replica(upstream, breaker)
-                replicas[upstream] = replica
+                    replica = Upstream(route, breaker)
+                replicas[route] = replica
                 chosen.append(replica)
             models[model] = tuple(chosen)
         self._replicas, self._models = replicas, models
 
-    def replicas(self, model: str | None = None) -> tuple[Replica, ...]:
+    def replicas(self, model: str | None = None) -> tuple[Upstream, ...]:
         """The current replicas of ``model``, or of every model."""
         if model is None:
             return tuple(self._replicas.values())
         return self._models.get(model, ())
 
-    def __iter__(self) -> Iterator[Replica]:
+    def __iter__(self) -> Iterator[Upstream]:
         return iter(self._replicas.values())
 
     def choose(
-        self, model: str, now: float, *, session: str | None = None, exclude: Collection[Replica] = ()
-    ) -> Replica | None:
+        self, model: str, now: float, *, session: str | None = None, exclude: Collection[Upstream] = ()
+    ) -> Upstream | None:
         """The replica for the next attempt of a request for ``model``; None when none is available.
 
         :param session: the client's session key: one session gets one replica while that one is available.

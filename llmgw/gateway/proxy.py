@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 import attrs
 import trio
 
-from llmgw.gateway.balancer import Balancer, Replica
+from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
@@ -76,7 +76,7 @@ class Call:
     #: trio time the request arrived
     start: float
     #: the replica that answered, once one did
-    replica: Replica | None = None
+    replica: Upstream | None = None
     #: called once the response to the client is over (:attr:`llmgw.net.server.Response.after`)
     after: Callable[[], object] | None = None
 
@@ -94,7 +94,7 @@ class Proxy:
 
     async def forward(self, call: Call) -> Response:
         """Answer ``call`` with a replica's response, or an OpenAI-shaped error when every attempt failed."""
-        tried: list[Replica] = []
+        tried: list[Upstream] = []
         failure: Response | None = None
         reasons: list[str] = []
         for attempt in range(1, self.settings.max_attempts + 1):
@@ -129,7 +129,7 @@ class Proxy:
         headers = (*error.headers, ("x-request-id", call.request_id))
         return Response(error.status, headers, error.body, call.after)
 
-    async def _attempt(self, call: Call, replica: Replica) -> Response | tuple[str, Response | None]:
+    async def _attempt(self, call: Call, replica: Upstream) -> Response | tuple[str, Response | None]:
         """One attempt: the client's response, or (why it failed, the replica's error response if any)."""
         headers = [
             ("content-type", "application/json"),
@@ -183,7 +183,7 @@ class Proxy:
                     upstream.close()
 
     def _failed(
-        self, replica: Replica, kind: str, reason: str, response: Response | None
+        self, replica: Upstream, kind: str, reason: str, response: Response | None
     ) -> tuple[str, Response | None]:
         replica.failed(trio.current_time(), reason)
         self.metrics.upstream_error(replica.name, kind)
@@ -236,7 +236,7 @@ class _Relay:
 
     __slots__ = ("replica", "upstream", "finished")
 
-    def __init__(self, replica: Replica, upstream: ClientResponse) -> None:
+    def __init__(self, replica: Upstream, upstream: ClientResponse) -> None:
         self.replica = replica
         self.upstream = upstream
         self.finished = False
@@ -259,7 +259,7 @@ class _Relay:
         return after
 
 
-def _headers(upstream: ClientResponse, replica: Replica | None, call: Call) -> tuple[tuple[str, str], ...]:
+def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> tuple[tuple[str, str], ...]:
     passed = tuple((name, value) for name, value in upstream.headers if name in _PASSED_HEADERS)
     if replica is not None:
         return (*passed, ("x-request-id", call.request_id), ("x-llmgw-replica", replica.name))

@@ -1,12 +1,13 @@
 """The gateway's routes: what the server's feed says, and the task that keeps watching it.
 
 The server answers ``GET /v1/routes?revision=N&wait=1`` when its routes
-revision differs from N, or after its poll timeout, with::
+revision differs from N, or after its poll timeout, with a
+:class:`~llmgw.wire.RouteTable`::
 
     {"revision": 7,
-     "models": ["llama", "embed"],                       # every served name in the catalog
+     "models": ["embed", "llama"],                       # every served name in the catalog
      "routes": {"llama": [{"replica": "llama-0", "url": "http://10.0.0.5:21000"}]},
-     "keys": {"<sha256 hex of an API key>": "<key name>"}}   # absent before keys exist
+     "keys": {"<sha256 hex of an API key>": "<key name>"}}   # null before keys exist
 
 :class:`RoutesWatcher` long-polls it for as long as the gateway runs. While the
 server cannot be reached, the last routes stay in force: the outage is logged
@@ -19,92 +20,20 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
-import attrs
 import trio
 
 from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.wire import RouteTable, WireError, from_json
 
-__all__ = ["Upstream", "RouteTable", "RoutesError", "RoutesWatcher"]
+__all__ = ["RoutesError", "RoutesWatcher"]
 
 log = logging.getLogger("llmgw.gateway")
 
 
 class RoutesError(ValueError):
-    """The routes feed answered something that is not a routes document."""
-
-
-@attrs.frozen
-class Upstream:
-    """One ready replica of a model: its id and the base URL of its rank 0."""
-
-    replica: str
-    url: str
-
-
-@attrs.frozen
-class RouteTable:
-    """One answer of the routes feed."""
-
-    revision: int
-    #: every served model name in the catalog, ready or not
-    models: frozenset[str]
-    #: served model name -> its ready replicas
-    routes: Mapping[str, tuple[Upstream, ...]]
-    #: sha256 hex of an API key -> the key's name; None when the feed has no keys at all
-    keys: Mapping[str, str] | None = None
-
-    @classmethod
-    def from_json(cls, data: Any) -> RouteTable:
-        """Build from the feed's JSON document.
-
-        :raises RoutesError: naming the first part that does not have the expected shape.
-        """
-        if not isinstance(data, dict):
-            raise RoutesError("expected a JSON object")
-        revision = data.get("revision")
-        if type(revision) is not int:
-            raise RoutesError("revision: expected an integer")
-        models = data.get("models", [])
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise RoutesError("models: expected a list of strings")
-        raw_routes = data.get("routes", {})
-        if not isinstance(raw_routes, dict):
-            raise RoutesError("routes: expected an object")
-        routes: dict[str, tuple[Upstream, ...]] = {}
-        for model, entries in raw_routes.items():
-            if not isinstance(entries, list):
-                raise RoutesError(f"routes.{model}: expected a list")
-            upstreams = []
-            for i, entry in enumerate(entries):
-                if not (
-                    isinstance(entry, dict)
-                    and isinstance(entry.get("replica"), str)
-                    and isinstance(entry.get("url"), str)
-                    and entry["url"].startswith(("http://", "https://"))
-                ):
-                    raise RoutesError(f"routes.{model}[{i}]: expected {{replica, url}} with an http(s) URL")
-                upstreams.append(Upstream(entry["replica"], entry["url"].rstrip("/")))
-            if upstreams:
-                routes[model] = tuple(upstreams)
-        keys = data.get("keys")
-        if keys is not None and not (
-            isinstance(keys, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in keys.items())
-        ):
-            raise RoutesError("keys: expected an object of sha256 hex -> key name")
-        return cls(
-            revision=revision,
-            models=frozenset(models) | frozenset(routes),
-            routes=routes,
-            keys={k.lower(): v for k, v in keys.items()} if keys is not None else None,
-        )
-
-    def summary(self) -> str:
-        """One line for the log: each model and how many replicas are ready."""
-        parts = [f"{model}: {len(self.routes.get(model, ()))} ready" for model in sorted(self.models)]
-        return ", ".join(parts) or "no models"
+    """The routes feed answered something other than a routes document (an error status, not JSON)."""
 
 
 class RoutesWatcher:
@@ -156,7 +85,7 @@ class RoutesWatcher:
         while True:
             try:
                 table = await self._poll(wait)
-            except (HttpClientError, RoutesError, trio.TooSlowError) as exc:
+            except (HttpClientError, RoutesError, WireError, trio.TooSlowError) as exc:
                 self._failed(exc)
                 wait = False  # after an outage, ask for the current table at once
                 await trio.sleep(self.retry_interval * random.uniform(0.8, 1.2))
@@ -175,7 +104,7 @@ class RoutesWatcher:
             data = response.json()
         except ValueError:
             raise RoutesError("the server's answer is not JSON") from None
-        return RouteTable.from_json(data)
+        return from_json(data, RouteTable)
 
     def _answered(self, table: RouteTable) -> None:
         now = trio.current_time()

@@ -24,11 +24,28 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
-from llmgw.scheduler import node_warnings
 from llmgw.server.cluster import Cluster
-from llmgw.server.persist import flush
+from llmgw.server.persist import add_api_key, flush, load_api_keys, recent_events, revoke_api_key
 from llmgw.server.store import Store
-from llmgw.wire import SyncReply, SyncRequest, WireError, from_json, shard_key, to_json
+from llmgw.wire import (
+    ApiKey,
+    ApplyCatalog,
+    CatalogApplied,
+    CatalogText,
+    CreatedKey,
+    CreateKey,
+    EngineInfo,
+    EngineList,
+    ErrorDetail,
+    ErrorReply,
+    KeyList,
+    RevokedKey,
+    SyncReply,
+    SyncRequest,
+    WireError,
+    from_json,
+    to_json,
+)
 
 __all__ = ["ServerApp"]
 
@@ -44,9 +61,19 @@ class _Refused(Exception):
         self.message = message
 
 
-def _error(status: int, message: str) -> Response:
-    kind = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found"}
-    return Response.json(status, {"error": {"message": message, "type": kind.get(status, "error")}})
+def _error(
+    status: int, message: str, *, kind: str | None = None, problems: list[str] | None = None
+) -> Response:
+    kinds = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found"}
+    detail = ErrorDetail(
+        message, kind or kinds.get(status, "error"), None if problems is None else tuple(problems)
+    )
+    return _answer(ErrorReply(detail), status)
+
+
+def _answer(record: Any, status: int = 200) -> Response:
+    """A record of :mod:`llmgw.wire` as the JSON answer."""
+    return Response.json(status, to_json(record))
 
 
 class ServerApp:
@@ -95,10 +122,7 @@ class ServerApp:
 
     async def load_keys(self) -> None:
         """Read the API keys from the store; called once at start."""
-        rows = await self.store.run(
-            lambda conn: conn.execute("SELECT name, sha256, created_at, revoked_at FROM api_keys").fetchall()
-        )
-        self.keys = {name: (sha, created, revoked) for name, sha, created, revoked in rows}
+        self.keys = await self.store.run(load_api_keys)
 
     def _route(self, method: str, pattern: str, roles: set[Role], handler: Handler) -> None:
         self._routes.append((method, re.compile(f"^{pattern}$"), frozenset(roles), handler))
@@ -200,11 +224,7 @@ class ServerApp:
             raise _Refused(403, message)
         async with self._lock:
             self.cluster.sync(sync, self.clock())
-            node = self.cluster.nodes[sync.node_id]
-            not_after = identity.not_after.timestamp()
-            if (node.cert_serial, node.cert_not_after) != (identity.serial, not_after):
-                node.cert_serial, node.cert_not_after = identity.serial, not_after
-                self.cluster.dirty_nodes.add(node.node_id)
+            self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
             await self.commit()
         if sync.wait:
             await self._wait_change(lambda: self.cluster.revision == sync.revision, self.poll_timeout)
@@ -214,76 +234,20 @@ class ServerApp:
             check_sources=self.cluster.sources_to_check(),
             lost_after=self.cluster.settings.lost_after,
         )
-        return Response.json(200, to_json(reply))
+        return _answer(reply)
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = _int(request.query.get("revision", "0"), "revision")
         if request.query.get("wait") == "1":
             await self._wait_change(lambda: self.cluster.routes_revision == known, self.poll_timeout)
-        routes = self.cluster.ready_routes()
-        models = sorted({self.cluster.catalog.served_name(m) for m in self.cluster.catalog.models})
         keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
-        return Response.json(
-            200,
-            {
-                "revision": self.cluster.routes_revision,
-                "models": models,
-                "keys": keys,
-                "routes": {
-                    name: [{"replica": r, "url": u} for r, u in entries] for name, entries in routes.items()
-                },
-            },
-        )
+        return _answer(self.cluster.route_table(keys))
 
     # -- admin ---------------------------------------------------------------
 
     async def _get_nodes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        now = self.clock()
-        nodes = []
-        for node in sorted(self.cluster.nodes.values(), key=lambda n: n.node_id):
-            replicas = sorted(
-                r.id for r in self.cluster.replicas.values() if node.node_id in r.placement.node_ids
-            )
-            used = sum(
-                len(s.gpus)
-                for r in self.cluster.replicas.values()
-                for s in r.placement.shards
-                if s.node_id == node.node_id
-            )
-            warnings = list(node_warnings(node.view(), self.cluster.catalog))
-            revoked = (
-                self.revocations is not None
-                and node.cert_serial is not None
-                and self.revocations.is_revoked(node.cert_serial)
-            )
-            if revoked:
-                warnings.insert(
-                    0, f"certificate {node.cert_serial:x} is revoked: the node can no longer sync"
-                )
-            elif node.cert_not_after is not None:
-                days = (node.cert_not_after - now) / 86400
-                if days < 30:
-                    warnings.insert(
-                        0,
-                        f"certificate expires in {days:.0f} days; issue a new one "
-                        f"(llmgw ca issue-node {node.node_id} --force)",
-                    )
-            nodes.append(
-                {
-                    "node_id": node.node_id,
-                    "address": node.address,
-                    "state": "revoked" if revoked else ("draining" if node.draining else node.state),
-                    "gpus_total": len(node.facts.gpus),
-                    "gpus_free": max(0, len(node.facts.gpus) - used),
-                    "fabrics": [f.name for f in node.facts.fabrics],
-                    "engines": dict(node.facts.engines),
-                    "agent_version": node.facts.agent_version,
-                    "replicas": replicas,
-                    "warnings": warnings,
-                    "last_sync_ago": round(now - node.last_seen, 1),
-                }
-            )
-        return Response.json(200, {"nodes": nodes})
+        revoked = self.revocations.is_revoked if self.revocations is not None else (lambda serial: False)
+        return _answer(self.cluster.node_list(self.clock(), revoked))
 
     async def _node_action(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         node_id, action = params["node"], params["action"]
@@ -291,10 +255,10 @@ class ServerApp:
             self._known_node(node_id)
             self.cluster.set_cordon(node_id, action != "uncordon", self.clock(), drain=action == "drain")
             await self.commit()
-        return Response.json(200, self._drain_status(node_id))
+        return _answer(self.cluster.drain_status(node_id))
 
     async def _get_drain(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
-        return Response.json(200, self._drain_status(self._known_node(params["node"])))
+        return _answer(self.cluster.drain_status(self._known_node(params["node"])))
 
     def _known_node(self, node_id: str) -> str:
         """``node_id``, or a 404 that lists the nodes there are."""
@@ -303,121 +267,47 @@ class ServerApp:
             raise _Refused(404, f"no node {node_id!r} (nodes: {known})")
         return node_id
 
-    def _drain_status(self, node_id: str) -> dict[str, Any]:
-        node = self.cluster.nodes[node_id]
-        remaining = sorted(
-            r.id
-            for r in self.cluster.replicas.values()
-            if node_id in r.placement.node_ids and not r.placement.replaces
-        )
-        moving = sorted(
-            r.placement.replaces for r in self.cluster.replicas.values() if r.placement.replaces in remaining
-        )
-        stuck = [f"{u.id}: {u.reason}" for u in self.cluster.unplaced if u.replaces in remaining]
-        return {
-            "node_id": node_id,
-            "state": "draining" if node.draining else node.state,
-            "remaining": remaining,
-            "moving": moving,
-            "stuck": stuck,
-        }
-
     async def _get_replicas(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        replicas = []
-        for record in sorted(self.cluster.replicas.values(), key=lambda r: r.id):
-            shards = []
-            for shard in record.placement.shards:
-                node = self.cluster.nodes.get(shard.node_id)
-                observed = None
-                if node is not None:
-                    observed = node.observed.get(shard_key(record.id, record.attempt, shard.rank))
-                shards.append(
-                    {
-                        "rank": shard.rank,
-                        "node": shard.node_id,
-                        "gpus": list(shard.gpus),
-                        "port": shard.port,
-                        "state": observed.state if observed else "pending",
-                        "pid": observed.pid if observed else None,
-                        "detail": observed.detail if observed else None,
-                    }
-                )
-            replicas.append(
-                {
-                    "id": record.id,
-                    "model": record.placement.model,
-                    "state": record.state,
-                    "attempt": record.attempt,
-                    "failures": record.failures,
-                    "reason": record.reason,
-                    "fabric": record.placement.fabric,
-                    "replaces": record.placement.replaces,
-                    "shards": shards,
-                }
-            )
-        unplaced = [
-            {"id": u.id, "model": u.model, "reason": u.reason, "replaces": u.replaces}
-            for u in self.cluster.unplaced
-        ]
-        return Response.json(200, {"replicas": replicas, "unplaced": unplaced})
+        return _answer(self.cluster.replica_list())
 
     async def _get_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        return Response.json(
-            200, {"revision": self.cluster.catalog_revision, "text": self.cluster.catalog_text}
-        )
+        return _answer(CatalogText(self.cluster.catalog_revision, self.cluster.catalog_text))
 
     async def _apply_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        body = request.json()
-        text = body.get("text") if isinstance(body, dict) else None
-        if not isinstance(text, str):
-            raise _Refused(400, "expected a JSON object with the catalog's YAML as 'text'")
-        source = str(body.get("name") or "catalog")
+        body = from_json(request.json(), ApplyCatalog)
         try:
-            catalog = parse_catalog(text, self.engines, source=source)
+            catalog = parse_catalog(body.text, self.engines, source=body.name or "catalog")
         except CatalogError as exc:
-            return Response.json(
-                400, {"error": {"message": str(exc), "type": "invalid_catalog", "problems": exc.problems}}
-            )
+            return _error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
         async with self._lock:
-            self.cluster.apply_catalog(catalog, text, self.clock())
+            self.cluster.apply_catalog(catalog, body.text, self.clock())
             await self.commit()
             revision = self.cluster.catalog_revision
-        return Response.json(200, {"revision": revision, "summary": catalog_summary(catalog)})
+        return _answer(CatalogApplied(revision, catalog_summary(catalog)))
 
     async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         since = _int(request.query.get("since", "0"), "since")
         limit = min(_int(request.query.get("limit", "200"), "limit"), 10_000)
-        rows = await self.store.run(
-            lambda conn: conn.execute(
-                "SELECT id, at, kind, subject, message FROM events WHERE id > ? ORDER BY id DESC LIMIT ?",
-                (since, limit),
-            ).fetchall()
-        )
-        events = [
-            dict(zip(("id", "at", "kind", "subject", "message"), row, strict=True)) for row in reversed(rows)
-        ]
-        return Response.json(200, {"events": events})
+        return _answer(await self.store.run(lambda conn: recent_events(conn, since, limit)))
 
     async def _get_engines(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        engines = [
-            {"name": name, "checked_versions": list(e.checked_versions), "multi_node": e.multi_node}
+        engines = tuple(
+            EngineInfo(name, tuple(e.checked_versions), e.multi_node)
             for name, e in sorted(self.engines.items())
-        ]
-        return Response.json(200, {"engines": engines})
+        )
+        return _answer(EngineList(engines))
 
     # -- API keys ----------------------------------------------------------
 
     async def _list_keys(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        keys = [
-            {"name": name, "created_at": created, "revoked_at": revoked}
-            for name, (_, created, revoked) in sorted(self.keys.items())
-        ]
-        return Response.json(200, {"keys": keys})
+        keys = tuple(
+            ApiKey(name, created, revoked) for name, (_, created, revoked) in sorted(self.keys.items())
+        )
+        return _answer(KeyList(keys))
 
     async def _create_key(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        body = request.json()
-        name = body.get("name") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not _KEY_NAME.match(name):
+        name = from_json(request.json(), CreateKey).name
+        if not _KEY_NAME.match(name):
             raise _Refused(
                 400, "name: expected 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
             )
@@ -428,18 +318,10 @@ class ServerApp:
             if name in self.keys:
                 state = "revoked" if self.keys[name][2] is not None else "in use"
                 raise _Refused(409, f"an API key named {name!r} exists ({state}); choose another name")
-            await self.store.write(
-                lambda conn: (
-                    conn.execute(
-                        "INSERT INTO api_keys (name, sha256, created_at) VALUES (?, ?, ?)",
-                        (name, digest, now),
-                    ),
-                    Store.add_event(conn, "key", name, f"API key created by {identity.name}", at=now),
-                )
-            )
+            await self.store.write(lambda conn: add_api_key(conn, name, digest, now, identity.name))
             self.keys[name] = (digest, now, None)
             self._routes_changed()
-        return Response.json(201, {"name": name, "secret": secret})
+        return _answer(CreatedKey(name, secret), 201)
 
     async def _revoke_key(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         name = params["name"]
@@ -450,15 +332,10 @@ class ServerApp:
                 raise _Refused(404, f"no API key named {name!r} (keys: {known})")
             digest, created, revoked = self.keys[name]
             if revoked is None:
-                await self.store.write(
-                    lambda conn: (
-                        conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ?", (now, name)),
-                        Store.add_event(conn, "key", name, f"API key revoked by {identity.name}", at=now),
-                    )
-                )
+                await self.store.write(lambda conn: revoke_api_key(conn, name, now, identity.name))
                 self.keys[name] = (digest, created, now)
                 self._routes_changed()
-        return Response.json(200, {"name": name, "revoked_at": self.keys[name][2]})
+        return _answer(RevokedKey(name, self.keys[name][2]))
 
     def _routes_changed(self) -> None:
         self.cluster.routes_revision += 1

@@ -5,125 +5,28 @@ what its agent last observed, every replica) and decides, in
 :meth:`Cluster.reconcile`, what each node should run. It does no I/O and
 reads no clock: callers pass ``now``, so tests drive it step by step. The
 server persists what changed (:attr:`Cluster.dirty`) and wakes long-polls
-when :attr:`Cluster.revision` moves.
+when :attr:`Cluster.revision` moves. What it shows (the shards each node
+should run, the routes feed, the admin API's status views) is in
+:mod:`llmgw.server.views`; the records it keeps are in :mod:`llmgw.server.records`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-
 import attrs
 
-from llmgw.models import Catalog, LaunchSpec, NodeFacts
-from llmgw.scheduler import NodeView, Replica, Unplaced, schedule
-from llmgw.wire import DesiredShard, ObservedShard, SyncRequest, shard_key
+from llmgw.models import Catalog
+from llmgw.scheduler import Unplaced, schedule
+from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.views import ClusterViews
+from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 
 __all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event"]
 
 
-@attrs.frozen
-class Settings:
-    """The reconciler's timings, in seconds."""
-
-    #: a node that has not synced for this long is lost
-    lost_after: float = 30.0
-    #: first wait before rebuilding a failed replica; doubles per consecutive failure
-    backoff_base: float = 1.0
-    backoff_max: float = 60.0
-    #: a replica ready this long has its consecutive-failure count reset
-    stable_after: float = 60.0
-    #: how long rank 0 may take to pass its health check
-    ready_timeout: float = 600.0
-    #: after a catalog change, how long placing waits for every node to say
-    #: which of its model sources it has (so replicas spread, not pile onto
-    #: the first node that answered)
-    source_wait: float = 10.0
-
-
-@attrs.frozen
-class Event:
-    """Something the server decided, and why: ``ctl events`` shows these."""
-
-    at: float
-    kind: str
-    subject: str
-    message: str
-
-
-@attrs.define
-class NodeRecord:
-    """One node as the server knows it."""
-
-    node_id: str
-    address: str
-    facts: NodeFacts
-    port_range: tuple[int, int]
-    first_seen: float
-    last_seen: float
-    cordoned: bool = False
-    lost: bool = False
-    draining: bool = False
-    #: the revision of the last reply the agent applied
-    agent_revision: int = 0
-    observed: dict[str, ObservedShard] = attrs.field(factory=dict)
-    #: whether the agent synced since this server started (``observed`` is known)
-    reported: bool = False
-    #: the model sources the agent checked for ``facts.model_sources``
-    checked_sources: frozenset[str] = frozenset()
-    #: the serial and expiry (UNIX time) of the certificate the node last synced with
-    cert_serial: int | None = None
-    cert_not_after: float | None = None
-
-    @property
-    def state(self) -> str:
-        """``lost``, ``cordoned`` (draining included) or ``ready``."""
-        if self.lost:
-            return "lost"
-        return "cordoned" if self.cordoned else "ready"
-
-    def view(self) -> NodeView:
-        """This node as the scheduler sees it."""
-        return NodeView(facts=self.facts, address=self.address, state=self.state, port_range=self.port_range)
-
-
-@attrs.define
-class ReplicaRecord:
-    """One replica: where it is placed and how its current attempt is doing."""
-
-    placement: Replica
-    #: a number never used before by any replica, new at every (re)build:
-    #: shards of older attempts are stopped, and a key is never reused
-    attempt: int = 0
-    #: failures in a row, for the backoff; reset once stable
-    consecutive_failures: int = 0
-    #: every failure of this replica, for the operator
-    failures: int = 0
-    #: ``starting``, ``ready`` or ``backoff``
-    state: str = "starting"
-    reason: str | None = None
-    #: when the current attempt's shards were first handed out (revision)
-    sent_revision: int = 0
-    started_at: float = 0.0
-    ready_since: float | None = None
-    #: in backoff, when the rebuild may start
-    not_before: float = 0.0
-
-    @property
-    def id(self) -> str:
-        """The replica's id."""
-        return self.placement.id
-
-    def shard_keys(self) -> list[tuple[str, str]]:
-        """(node id, shard key) of every shard of the current attempt."""
-        return [
-            (shard.node_id, shard_key(self.id, self.attempt, shard.rank)) for shard in self.placement.shards
-        ]
-
-
-class Cluster:
+class Cluster(ClusterViews):
     """What the server knows and decides; see the module docstring."""
 
-    def __init__(self, settings: Settings = Settings(), *, revision: int = 1) -> None:
+    def __init__(self, settings: Settings = DEFAULT_SETTINGS, *, revision: int = 1) -> None:
         self.settings = settings
         self.catalog = Catalog()
         self.catalog_text = ""
@@ -196,6 +99,13 @@ class Cluster:
         node.observed = {shard.key: shard for shard in request.observed}
         node.checked_sources = frozenset(request.checked_sources)
         node.reported = True
+
+    def record_certificate(self, node_id: str, serial: int, not_after: float) -> None:
+        """Remember the certificate a node synced with: ctl nodes warns when it expires or is revoked."""
+        node = self.nodes[node_id]
+        if (node.cert_serial, node.cert_not_after) != (serial, not_after):
+            node.cert_serial, node.cert_not_after = serial, not_after
+            self.dirty_nodes.add(node_id)
 
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
         """Cordon (no new replicas), uncordon, or start draining a node."""
@@ -405,92 +315,6 @@ class Cluster:
                     self.record_event(now, "replica", item.id, f"cannot be placed: {item.reason}")
             self.unplaced = result.unplaced
 
-    # -- outputs -------------------------------------------------------------
-
-    def desired(self) -> dict[str, tuple[DesiredShard, ...]]:
-        """Node id -> the shards it should run now."""
-        if self._desired_cache is None:
-            out: dict[str, list[DesiredShard]] = {node_id: [] for node_id in self.nodes}
-            for record in sorted(self.replicas.values(), key=lambda r: r.id):
-                if record.state == "backoff":
-                    continue
-                for shard in self._desired_shards(record):
-                    out.setdefault(shard.node_id, []).append(shard.desired)
-            self._desired_cache = {k: tuple(v) for k, v in out.items()}
-        return self._desired_cache
-
-    def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
-        """The shards ``node_id`` should run now."""
-        return self.desired().get(node_id, ())
-
-    def _desired_shards(self, record: ReplicaRecord) -> Iterable[_NodeShard]:
-        placement = record.placement
-        model = self.catalog.models.get(placement.model)
-        if model is None:
-            return []
-        profile = self.catalog.profiles[model.profile]
-        rank0 = placement.rank0
-        rank0_node = self.nodes.get(rank0.node_id)
-        if rank0_node is None:
-            return []
-        dist_init = f"{rank0_node.address}:{rank0.dist_init_port}" if len(placement.shards) > 1 else None
-        addresses = [
-            self.nodes[s.node_id].address if s.node_id in self.nodes else "" for s in placement.shards
-        ]
-        shards = []
-        for shard in placement.shards:
-            node = self.nodes.get(shard.node_id)
-            if node is None:
-                continue
-            adapters: tuple[str, ...] = ()
-            if placement.fabric is not None:
-                fabric = next((f for f in node.facts.fabrics if f.name == placement.fabric), None)
-                adapters = fabric.adapters if fabric else ()
-            spec = LaunchSpec(
-                model_source=model.source,
-                served_name=model.served_name or placement.model,
-                host=node.address,
-                port=shard.port,
-                gpus=shard.gpus,
-                rank=shard.rank,
-                nnodes=len(placement.shards),
-                dist_init_addr=dist_init,
-                peer_addrs=[f"{a}:{s.port}" for a, s in zip(addresses, placement.shards, strict=True)],
-                adapters=adapters,
-                extra_args=profile.args,
-            )
-            desired = DesiredShard(
-                replica_id=placement.id,
-                attempt=record.attempt,
-                rank=shard.rank,
-                model=placement.model,
-                engine=profile.engine,
-                spec=spec,
-                sidecars=profile.sidecars,
-                ready_timeout=self.settings.ready_timeout,
-            )
-            shards.append(_NodeShard(shard.node_id, desired))
-        return shards
-
-    def sources_to_check(self) -> tuple[str, ...]:
-        """Every model source in the catalog, for agents to report on."""
-        return tuple(sorted({m.source for m in self.catalog.models.values()}))
-
-    def ready_routes(self) -> Mapping[str, list[tuple[str, str]]]:
-        """Served model name -> [(replica id, base URL)] of its ready replicas."""
-        routes: dict[str, list[tuple[str, str]]] = {}
-        for record in sorted(self.replicas.values(), key=lambda r: r.id):
-            if record.state != "ready":
-                continue
-            model = self.catalog.models.get(record.placement.model)
-            node = self.nodes.get(record.placement.rank0.node_id)
-            if model is None or node is None:
-                continue
-            name = model.served_name or record.placement.model
-            url = f"http://{node.address}:{record.placement.rank0.port}"
-            routes.setdefault(name, []).append((record.id, url))
-        return routes
-
     def _ready_ids(self) -> frozenset[str]:
         return frozenset(r.id for r in self.replicas.values() if r.state == "ready")
 
@@ -502,9 +326,3 @@ class Cluster:
     def record_event(self, now: float, kind: str, subject: str, message: str) -> None:
         """Add an event for ``ctl events``; it is stored at the next flush."""
         self.events.append(Event(now, kind, subject, message))
-
-
-@attrs.frozen
-class _NodeShard:
-    node_id: str
-    desired: DesiredShard

@@ -1,4 +1,9 @@
-"""Saving the cluster to the store, and loading it back at start."""
+"""Every query the server runs: saving the cluster and loading it back at start, API keys, events.
+
+Each function takes the store's connection (through :meth:`Store.run` for
+reads, :meth:`Store.write` for writes); the API's request handlers run no SQL
+of their own.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,9 @@ from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.store import Store
-from llmgw.wire import from_json, to_json
+from llmgw.wire import EventEntry, EventList, from_json, to_json
 
-__all__ = ["load_cluster", "flush"]
+__all__ = ["load_cluster", "flush", "load_api_keys", "add_api_key", "revoke_api_key", "recent_events"]
 
 
 def load_cluster(
@@ -96,8 +101,8 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
     """Write what changed since the last flush, in the caller's transaction (``Store.write``)."""
     if cluster.dirty_catalog:
         conn.execute(
-            "INSERT OR REPLACE INTO catalog (revision, text, data, applied_at) VALUES (?, ?, ?, ?)",
-            (cluster.catalog_revision, cluster.catalog_text, json.dumps(to_json(cluster.catalog)), now),
+            "INSERT OR REPLACE INTO catalog (revision, text, applied_at) VALUES (?, ?, ?)",
+            (cluster.catalog_revision, cluster.catalog_text, now),
         )
     for node_id in sorted(cluster.dirty_nodes):
         node = cluster.nodes.get(node_id)
@@ -150,3 +155,36 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
     cluster.dirty_catalog = False
     cluster.dirty_nodes.clear()
     cluster.dirty_replicas.clear()
+
+
+# -- API keys ----------------------------------------------------------------
+
+
+def load_api_keys(conn: sqlite3.Connection) -> dict[str, tuple[str, float, float | None]]:
+    """API key name -> (sha256 hex of its secret, created at, revoked at or None); read once at start."""
+    rows = conn.execute("SELECT name, sha256, created_at, revoked_at FROM api_keys").fetchall()
+    return {name: (sha, created, revoked) for name, sha, created, revoked in rows}
+
+
+def add_api_key(conn: sqlite3.Connection, name: str, digest: str, now: float, by: str) -> None:
+    """Store a new API key's hash and say who created it (inside a ``Store.write``)."""
+    conn.execute("INSERT INTO api_keys (name, sha256, created_at) VALUES (?, ?, ?)", (name, digest, now))
+    Store.add_event(conn, "key", name, f"API key created by {by}", at=now)
+
+
+def revoke_api_key(conn: sqlite3.Connection, name: str, now: float, by: str) -> None:
+    """Mark an API key revoked at ``now`` and say who did it (inside a ``Store.write``)."""
+    conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ?", (now, name))
+    Store.add_event(conn, "key", name, f"API key revoked by {by}", at=now)
+
+
+# -- events ------------------------------------------------------------------
+
+
+def recent_events(conn: sqlite3.Connection, since: int, limit: int) -> EventList:
+    """The last ``limit`` events after id ``since``, oldest first (``ctl events``)."""
+    rows = conn.execute(
+        "SELECT id, at, kind, subject, message FROM events WHERE id > ? ORDER BY id DESC LIMIT ?",
+        (since, limit),
+    ).fetchall()
+    return EventList(tuple(EventEntry(*row) for row in reversed(rows)))

@@ -88,6 +88,12 @@ MIGRATIONS: tuple[str, ...] = (
         revoked_at REAL
     );
     """,
+    # Dead storage: observed shards are never stored (agents report them again
+    # after a restart), and the catalog is reloaded from its text.
+    """
+    DROP TABLE observed;
+    ALTER TABLE catalog DROP COLUMN data;
+    """,
 )
 
 

@@ -23,6 +23,7 @@ from llmgw.dev.cluster import program
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.net.client import ConnectionPool, HttpClientError
 from llmgw.net.server import HttpServer, Request, Response
+from llmgw.wire import Route, RouteTable, to_json
 
 if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
@@ -144,19 +145,17 @@ class FakeRoutesFeed:
         return self.revision
 
     def document(self) -> dict:
-        """The JSON the server's feed would answer now."""
-        document: dict = {
-            "revision": self.revision,
-            "models": self.models,
-            "routes": {
-                model: [{"replica": replica, "url": url} for replica, url in entries]
-                for model, entries in self.routes.items()
-                if entries
-            },
-        }
+        """The JSON the server's feed would answer now (a :class:`~llmgw.wire.RouteTable`)."""
+        keys = None
         if self.keys is not None:
-            document["keys"] = {hashlib.sha256(k.encode()).hexdigest(): v for k, v in self.keys.items()}
-        return document
+            keys = {hashlib.sha256(k.encode()).hexdigest(): v for k, v in self.keys.items()}
+        table = RouteTable(
+            revision=self.revision,
+            models=self.models,
+            routes={model: [Route(r, url) for r, url in entries] for model, entries in self.routes.items()},
+            keys=keys,
+        )
+        return to_json(table)
 
     async def handle(self, request: Request) -> Response:
         """The :class:`llmgw.net.server.HttpServer` handler."""

@@ -15,6 +15,7 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
 from llmgw.testing.processes import free_port, pid_alive
+from llmgw.wire import CatalogText, EventList, NodeList, ReplicaStatus
 
 CATALOG = """
 profiles:
@@ -55,24 +56,22 @@ def cluster(tmp_path: Path):
         local.stop_all()
 
 
-def replica(cluster: LocalCluster, replica_id: str) -> dict:
-    return next(r for r in cluster.replicas()["replicas"] if r["id"] == replica_id)
+def replica(cluster: LocalCluster, replica_id: str) -> ReplicaStatus:
+    return next(r for r in cluster.replicas().replicas if r.id == replica_id)
 
 
 def pids(cluster: LocalCluster, replica_id: str) -> list[int]:
-    return [s["pid"] for s in replica(cluster, replica_id)["shards"]]
+    return [s.pid for s in replica(cluster, replica_id).shards]
 
 
 def test_two_node_replica_is_on_one_fabric(cluster):
     """The two shards of the two-node replica run on two nodes of one fabric, never the island."""
     big = replica(cluster, "big-0")
-    nodes = [s["node"] for s in big["shards"]]
+    nodes = [s.node for s in big.shards]
     assert sorted(nodes) == ["node-1", "node-2"]
-    assert big["fabric"] == "ib-a"
-    assert all(s["state"] in ("ready", "running") for s in big["shards"])
-    small_nodes = {
-        s["node"] for r in cluster.replicas()["replicas"] if r["model"] == "small" for s in r["shards"]
-    }
+    assert big.fabric == "ib-a"
+    assert all(s.state in ("ready", "running") for s in big.shards)
+    small_nodes = {s.node for r in cluster.replicas().replicas if r.model == "small" for s in r.shards}
     assert len(small_nodes) == 2, "the two replicas of one model should be on two nodes"
 
 
@@ -81,49 +80,47 @@ def test_killing_one_shard_rebuilds_the_whole_replica(cluster):
     before = replica(cluster, "big-0")
     old_pids = pids(cluster, "big-0")
     os.kill(old_pids[1], signal.SIGKILL)
-    cluster.wait(
-        lambda: replica(cluster, "big-0")["failures"] >= 1, "the replica's failure to be noticed", 30
-    )
-    cluster.wait(lambda: replica(cluster, "big-0")["state"] == "ready", "the replica to be ready again", 60)
+    cluster.wait(lambda: replica(cluster, "big-0").failures >= 1, "the replica's failure to be noticed", 30)
+    cluster.wait(lambda: replica(cluster, "big-0").state == "ready", "the replica to be ready again", 60)
     after = replica(cluster, "big-0")
-    assert after["attempt"] != before["attempt"]
+    assert after.attempt != before.attempt
     new_pids = pids(cluster, "big-0")
     assert not set(new_pids) & set(old_pids), "a shard of the failed attempt was kept"
     assert not any(pid_alive(pid) for pid in old_pids), "a shard of the failed attempt is still running"
-    events = cluster.client.request("GET", "/v1/admin/events")["events"]
-    assert any(e["subject"] == "big-0" and "failed" in e["message"] for e in events)
+    events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+    assert any(e.subject == "big-0" and "failed" in e.message for e in events)
 
 
 def test_server_restart_adopts_running_replicas(cluster):
     """A server killed and restarted keeps the catalog and adopts running replicas without restarting them."""
-    before = {r["id"]: pids(cluster, r["id"]) for r in cluster.replicas()["replicas"]}
+    before = {r.id: pids(cluster, r.id) for r in cluster.replicas().replicas}
     cluster.stop(cluster.server, signal.SIGKILL)
     cluster.start_server()
 
     def adopted() -> bool:
-        shards = [s for r in cluster.replicas()["replicas"] for s in r["shards"]]
-        return cluster.all_ready() and all(s["pid"] and s["state"] in ("ready", "running") for s in shards)
+        shards = [s for r in cluster.replicas().replicas for s in r.shards]
+        return cluster.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
 
     cluster.wait(adopted, "every shard to be reported again after the restart", 60)
-    after = {r["id"]: pids(cluster, r["id"]) for r in cluster.replicas()["replicas"]}
+    after = {r.id: pids(cluster, r.id) for r in cluster.replicas().replicas}
     assert after == before
-    catalog = cluster.client.request("GET", "/v1/admin/catalog")
-    assert "big:" in catalog["text"]
+    catalog = cluster.client.request("GET", "/v1/admin/catalog", CatalogText)
+    assert "big:" in catalog.text
 
 
 def test_lost_node_replicas_come_back_elsewhere(cluster):
     """A node whose agent stops syncing is declared lost and its replicas are ready elsewhere."""
     by_model: dict[str, set[str]] = {}
-    for r in cluster.replicas()["replicas"]:
-        by_model.setdefault(r["model"], set()).update(s["node"] for s in r["shards"])
+    for r in cluster.replicas().replicas:
+        by_model.setdefault(r.model, set()).update(s.node for s in r.shards)
     # the two-node replica has no second ib-a pair to go to: lose a node it is not on
     victim = cluster.nodes[sorted(by_model["small"] - by_model["big"])[0]]
     os.kill(victim.process.pid, signal.SIGSTOP)
     try:
         cluster.wait(
             lambda: any(
-                n["node_id"] == victim.node_id and n["state"] == "lost"
-                for n in cluster.client.request("GET", "/v1/admin/nodes")["nodes"]
+                n.node_id == victim.node_id and n.state == "lost"
+                for n in cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes
             ),
             f"{victim.node_id} to be declared lost",
             30,
@@ -131,9 +128,7 @@ def test_lost_node_replicas_come_back_elsewhere(cluster):
         cluster.wait(
             lambda: (
                 cluster.all_ready()
-                and not any(
-                    s["node"] == victim.node_id for r in cluster.replicas()["replicas"] for s in r["shards"]
-                )
+                and not any(s.node == victim.node_id for r in cluster.replicas().replicas for s in r.shards)
             ),
             "every replica ready away from the lost node",
             60,
@@ -145,13 +140,13 @@ def test_lost_node_replicas_come_back_elsewhere(cluster):
 def test_agent_restart_leaves_no_orphan(cluster):
     """An agent killed with SIGKILL leaves no engine behind; a new agent gets its replicas running again."""
     node = cluster.nodes["node-4"]
-    on_node = [r for r in cluster.replicas()["replicas"] if any(s["node"] == "node-4" for s in r["shards"])]
+    on_node = [r for r in cluster.replicas().replicas if any(s.node == "node-4" for s in r.shards)]
     assert on_node, "the island should hold a single-node replica"
-    shard = on_node[0]["shards"][0]
+    shard = on_node[0].shards[0]
     cluster.stop(node.process, signal.SIGKILL)
-    cluster.wait(lambda: not pid_alive(shard["pid"]), "the engine of the killed agent to be gone", 15)
+    cluster.wait(lambda: not pid_alive(shard.pid), "the engine of the killed agent to be gone", 15)
     with socket.socket() as probe:
-        assert probe.connect_ex((node.address, shard["port"])) != 0, "the engine's port is still held"
+        assert probe.connect_ex((node.address, shard.port)) != 0, "the engine's port is still held"
     cluster.start_agent(node)
     cluster.wait(cluster.all_ready, "every replica to be ready again", 60)
 
@@ -161,14 +156,14 @@ def test_drain_moves_everything_without_losing_ready_replicas(cluster):
 
     def ready_counts() -> dict[str, int]:
         counts: dict[str, int] = {}
-        for r in cluster.replicas()["replicas"]:
-            if r["state"] == "ready":
-                counts[r["model"]] = counts.get(r["model"], 0) + 1
+        for r in cluster.replicas().replicas:
+            if r.state == "ready":
+                counts[r.model] = counts.get(r.model, 0) + 1
         return counts
 
     by_model: dict[str, set[str]] = {}
-    for r in cluster.replicas()["replicas"]:
-        by_model.setdefault(r["model"], set()).update(s["node"] for s in r["shards"])
+    for r in cluster.replicas().replicas:
+        by_model.setdefault(r.model, set()).update(s.node for s in r.shards)
     # the two-node replica has nowhere else to go (one ib-a pair), so drain a node it is not on
     target = sorted(by_model["small"] - by_model["big"])[0]
     baseline = ready_counts()
@@ -181,7 +176,7 @@ def test_drain_moves_everything_without_losing_ready_replicas(cluster):
             lowest[model] = min(lowest.get(model, count), count)
         for model in baseline:
             lowest[model] = min(lowest[model], counts.get(model, 0))
-        return not any(s["node"] == target for r in cluster.replicas()["replicas"] for s in r["shards"])
+        return not any(s.node == target for r in cluster.replicas().replicas for s in r.shards)
 
     cluster.wait(drained, f"{target} to be drained", 90)
     assert lowest == baseline, f"ready replicas dipped during the drain: {lowest} < {baseline}"
@@ -222,7 +217,7 @@ def test_ctl_against_the_running_cluster(cluster, tmp_path):
     applied = ctl("apply", str(bad))
     assert applied.returncode == 1
     assert "models.x.profile: no profile named 'nope'" in applied.stderr
-    assert cluster.client.request("GET", "/v1/admin/catalog")["revision"] == 1, (
+    assert cluster.client.request("GET", "/v1/admin/catalog", CatalogText).revision == 1, (
         "a bad catalog changed the state"
     )
     by_model: dict[str, set[str]] = {}

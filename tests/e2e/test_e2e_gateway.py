@@ -114,12 +114,12 @@ class Load:
 
 def test_drain_under_load_fails_no_request(cluster):
     """32 clients (half streaming) through the gateway for a whole drain: every request succeeds."""
-    target = next(s["node"] for r in cluster.replicas()["replicas"] for s in r["shards"])
+    target = next(s.node for r in cluster.replicas().replicas for s in r.shards)
     with Load(cluster.gateway_url, 32) as load:
         cluster.wait(lambda: load.ok >= 64, "the load to get going", 60)
         cluster.client.request("POST", f"/v1/admin/nodes/{target}/drain")
         cluster.wait(
-            lambda: not any(s["node"] == target for r in cluster.replicas()["replicas"] for s in r["shards"]),
+            lambda: not any(s.node == target for r in cluster.replicas().replicas for s in r.shards),
             f"{target} to be drained",
             120,
         )

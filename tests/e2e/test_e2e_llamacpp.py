@@ -19,6 +19,7 @@ import pytest
 from llmgw.dev.cluster import LocalCluster, program
 from llmgw.engine import Engine
 from llmgw.testing.processes import free_port
+from llmgw.wire import to_json
 
 gguf_module = pytest.importorskip("gguf", reason="the gguf package is a test dependency (pip install gguf)")
 openai = pytest.importorskip("openai", reason="the openai client is a test dependency")
@@ -82,8 +83,8 @@ def _routed(cluster: LocalCluster, model: str = "tiny") -> bool:
 
 
 def _replica(cluster: LocalCluster) -> dict:
-    (replica,) = cluster.replicas()["replicas"]
-    return replica
+    (replica,) = cluster.replicas().replicas
+    return to_json(replica)
 
 
 def _start(tmp_path: Path, nodes: int) -> LlamaCppCluster:

@@ -7,49 +7,53 @@ import random
 import pytest
 
 from llmgw.gateway.balancer import Balancer, Breaker, BreakerState
-from llmgw.gateway.routes import RoutesError, RouteTable, Upstream
+from llmgw.wire import Route, RouteTable, WireError, from_json
 
 
-def upstreams(*names: str) -> list[Upstream]:
-    return [Upstream(name, f"http://10.0.0.{i}:8000") for i, name in enumerate(names, 1)]
+def upstreams(*names: str) -> list[Route]:
+    return [Route(name, f"http://10.0.0.{i}:8000") for i, name in enumerate(names, 1)]
 
 
 class TestRouteTable:
-    """RouteTable.from_json reads the server's routes document."""
+    """from_json(data, RouteTable) reads the server's routes document."""
 
     def test_reads_routes_models_and_keys(self):
         """Replicas, the catalog's models and key hashes come through; models with routes count as known."""
-        table = RouteTable.from_json(
+        table = from_json(
             {
                 "revision": 4,
                 "models": ["a", "b"],
                 "routes": {"a": [{"replica": "a-0", "url": "http://h:1/"}], "b": [], "c": []},
                 "keys": {"ABCDEF": "alice"},
-            }
+            },
+            RouteTable,
         )
         assert table.revision == 4
-        assert table.models == {"a", "b"}
-        assert table.routes == {"a": (Upstream("a-0", "http://h:1"),)}
+        assert table.models == ("a", "b")
+        assert table.routes == {"a": (Route("a-0", "http://h:1"),)}
         assert table.keys == {"abcdef": "alice"}
 
     def test_absent_keys_means_no_keys(self):
         """A document without "keys" (a server that has none yet) gives keys=None."""
-        assert RouteTable.from_json({"revision": 1, "models": [], "routes": {}}).keys is None
+        assert from_json({"revision": 1, "models": [], "routes": {}}, RouteTable).keys is None
 
     @pytest.mark.parametrize(
         ("document", "message"),
         [
-            ([], "expected a JSON object"),
-            ({"revision": "1"}, "revision: expected an integer"),
-            ({"revision": 1, "models": "a"}, "models: expected a list"),
-            ({"revision": 1, "routes": {"a": [{"replica": "a-0", "url": "ftp://x"}]}}, r"routes\.a\[0\]"),
-            ({"revision": 1, "keys": ["x"]}, "keys: expected an object"),
+            ([], "malformed RouteTable"),
+            ({"revision": "1"}, r"expected an integer, got '1' @ RouteTable\.revision"),
+            ({"revision": 1, "models": "a"}, r"expected a list, got 'a' @ RouteTable\.models"),
+            (
+                {"revision": 1, "routes": {"a": [{"replica": "a-0", "url": "ftp://x"}]}},
+                r"url: expected an http\(s\) URL, got 'ftp://x' @ RouteTable\.routes\['a'\]\[0\]",
+            ),
+            ({"revision": 1, "keys": ["x"]}, r"expected a mapping, got \['x'\] @ RouteTable\.keys"),
         ],
     )
     def test_malformed_documents_name_the_part(self, document, message):
         """A document of the wrong shape is refused, naming where."""
-        with pytest.raises(RoutesError, match=message):
-            RouteTable.from_json(document)
+        with pytest.raises(WireError, match=message):
+            from_json(document, RouteTable)
 
 
 class TestBreaker:
@@ -166,7 +170,7 @@ class TestBalancer:
         a = balancer.replicas("m")[0]
         a.begin()
         a.failed(0, "x")
-        balancer.update({"m": upstreams("a"), "n": [Upstream("n-0", "http://n:1")]})
+        balancer.update({"m": upstreams("a"), "n": [Route("n-0", "http://n:1")]})
         assert balancer.replicas("m") == (a,)
         assert a.in_flight == 1 and a.breaker.state is BreakerState.OPEN
         assert [r.name for r in balancer.replicas()] == ["a", "n-0"]

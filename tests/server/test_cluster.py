@@ -11,7 +11,7 @@ from llmgw.models import GPU, Fabric, NodeFacts
 from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.persist import flush, load_cluster
 from llmgw.server.store import open_store
-from llmgw.wire import ObservedShard, SyncRequest
+from llmgw.wire import ObservedShard, Route, SyncRequest
 
 ENGINES = {"sim": SimEngine()}
 CATALOG = """
@@ -126,9 +126,9 @@ def test_places_and_becomes_ready():
     h.set_state(node, "small-0", "ready")
     h.sync(node)
     assert record.state == "ready"
-    assert h.cluster.ready_routes()["small"] == [
-        ("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}")
-    ]
+    assert h.cluster.route_table().routes["small"] == (
+        Route("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}"),
+    )
 
 
 def test_exited_shard_tears_down_and_rebuilds_with_backoff():
@@ -145,7 +145,7 @@ def test_exited_shard_tears_down_and_rebuilds_with_backoff():
     assert record.state == "backoff" and record.failures == 1
     assert "exited with code 1: CUDA error" in record.reason
     assert h.cluster.desired_for("node-1") == ()
-    assert "small" not in h.cluster.ready_routes()
+    assert "small" not in h.cluster.route_table().routes
     h.now += 1
     h.sync("node-1")
     assert record.state == "backoff", "rebuilt before the backoff passed"
@@ -241,7 +241,7 @@ def test_drain_keeps_the_ready_count():
     h.cluster.set_cordon(source, True, h.now, drain=True)
     h.cluster.reconcile(h.now)
     h.sync_all()
-    ready = lambda: len(h.cluster.ready_routes().get("small", []))  # noqa: E731
+    ready = lambda: len(h.cluster.route_table().routes.get("small", ()))  # noqa: E731
     assert ready() == 1
     replacement = next(r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0")
     assert source not in replacement.placement.node_ids
@@ -275,6 +275,55 @@ async def test_state_survives_a_restart(tmp_path):
     loaded.reconcile(later)
     assert not loaded.nodes["node-1"].lost
     assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
+
+
+async def test_state_dir_from_schema_2_is_migrated_and_loads(tmp_path):
+    """A state dir written before the dead storage was dropped (schema 2) migrates and still loads.
+
+    Schema 3 drops the ``observed`` table and ``catalog.data``: both were
+    written or created, never read.
+    """
+    import json
+    import sqlite3
+
+    from llmgw.server.store import MIGRATIONS, schema_version
+    from llmgw.wire import to_json
+
+    text = CATALOG.format(big=0)
+    old = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    for script in MIGRATIONS[:2]:
+        old.executescript(script)
+    old.execute("PRAGMA user_version = 2")
+    old.execute(
+        "INSERT INTO catalog (revision, text, data, applied_at) VALUES (3, ?, ?, 900)",
+        (text, json.dumps(to_json(parse_catalog(text, ENGINES)))),
+    )
+    old.execute(
+        "INSERT INTO nodes (node_id, address, facts, port_range, cordoned, first_seen, last_seen)"
+        " VALUES ('node-1', '127.0.0.2', ?, '[20000, 20999]', 1, 900, 950)",
+        (json.dumps(to_json(facts("node-1"))),),
+    )
+    old.execute("INSERT INTO observed VALUES ('node-1', 'small-0/1/r0', '{}', 950)")
+    old.close()
+
+    store = open_store(tmp_path)
+    try:
+        assert await store.run(schema_version) == len(MIGRATIONS)
+        tables = await store.run(
+            lambda conn: {
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        )
+        columns = await store.run(lambda conn: [row[1] for row in conn.execute("PRAGMA table_info(catalog)")])
+        loaded = await store.run(lambda conn: load_cluster(conn, Settings(), ENGINES, 1000.0))
+        assert "observed" not in tables
+        assert "data" not in columns
+        assert loaded.catalog_revision == 3 and loaded.catalog == parse_catalog(text, ENGINES)
+        assert loaded.nodes["node-1"].cordoned and loaded.nodes["node-1"].facts == facts("node-1")
+        loaded.apply_catalog(loaded.catalog, text, 1000.0)
+        await store.write(lambda conn: flush(conn, loaded, 1000.0))
+    finally:
+        store.close()
 
 
 def test_placement_waits_until_every_node_checked_the_sources():

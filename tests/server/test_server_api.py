@@ -156,7 +156,9 @@ async def test_invalid_catalog_changes_nothing(server, test_pki):
         bad = CATALOG.replace("gpus_per_node: 2", "gpus_per_node: two")
         response = await admin.post(f"{server}/v1/admin/catalog", json={"text": bad})
         assert response.status_code == 400
-        assert response.json()["error"]["problems"] == ["profiles.one.gpus_per_node: expected an integer"]
+        assert response.json()["error"]["problems"] == [
+            "profiles.one.gpus_per_node: expected an integer, got 'two'"
+        ]
         stored = (await admin.get(f"{server}/v1/admin/catalog")).json()
         assert stored["text"] == CATALOG and stored["revision"] == 1
 

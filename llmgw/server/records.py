@@ -1,0 +1,114 @@
+"""The records the control plane keeps: a node, a replica, the reconciler's timings, an event."""
+
+from __future__ import annotations
+
+import attrs
+
+from llmgw.models import NodeFacts
+from llmgw.scheduler import NodeView, Replica
+from llmgw.wire import ObservedShard, shard_key
+
+__all__ = ["Settings", "DEFAULT_SETTINGS", "Event", "NodeRecord", "ReplicaRecord"]
+
+
+@attrs.frozen
+class Settings:
+    """The reconciler's timings, in seconds."""
+
+    #: a node that has not synced for this long is lost
+    lost_after: float = 30.0
+    #: first wait before rebuilding a failed replica; doubles per consecutive failure
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    #: a replica ready this long has its consecutive-failure count reset
+    stable_after: float = 60.0
+    #: how long rank 0 may take to pass its health check
+    ready_timeout: float = 600.0
+    #: after a catalog change, how long placing waits for every node to say
+    #: which of its model sources it has (so replicas spread, not pile onto
+    #: the first node that answered)
+    source_wait: float = 10.0
+
+
+#: the timings ``llmgw server`` runs with unless told otherwise
+DEFAULT_SETTINGS = Settings()
+
+
+@attrs.frozen
+class Event:
+    """Something the server decided, and why: ``ctl events`` shows these."""
+
+    at: float
+    kind: str
+    subject: str
+    message: str
+
+
+@attrs.define
+class NodeRecord:
+    """One node as the server knows it."""
+
+    node_id: str
+    address: str
+    facts: NodeFacts
+    port_range: tuple[int, int]
+    first_seen: float
+    last_seen: float
+    cordoned: bool = False
+    lost: bool = False
+    draining: bool = False
+    #: the revision of the last reply the agent applied
+    agent_revision: int = 0
+    observed: dict[str, ObservedShard] = attrs.field(factory=dict)
+    #: whether the agent synced since this server started (``observed`` is known)
+    reported: bool = False
+    #: the model sources the agent checked for ``facts.model_sources``
+    checked_sources: frozenset[str] = frozenset()
+    #: the serial and expiry (UNIX time) of the certificate the node last synced with
+    cert_serial: int | None = None
+    cert_not_after: float | None = None
+
+    @property
+    def state(self) -> str:
+        """``lost``, ``cordoned`` (draining included) or ``ready``."""
+        if self.lost:
+            return "lost"
+        return "cordoned" if self.cordoned else "ready"
+
+    def view(self) -> NodeView:
+        """This node as the scheduler sees it."""
+        return NodeView(facts=self.facts, address=self.address, state=self.state, port_range=self.port_range)
+
+
+@attrs.define
+class ReplicaRecord:
+    """One replica: where it is placed and how its current attempt is doing."""
+
+    placement: Replica
+    #: a number never used before by any replica, new at every (re)build:
+    #: shards of older attempts are stopped, and a key is never reused
+    attempt: int = 0
+    #: failures in a row, for the backoff; reset once stable
+    consecutive_failures: int = 0
+    #: every failure of this replica, for the operator
+    failures: int = 0
+    #: ``starting``, ``ready`` or ``backoff``
+    state: str = "starting"
+    reason: str | None = None
+    #: when the current attempt's shards were first handed out (revision)
+    sent_revision: int = 0
+    started_at: float = 0.0
+    ready_since: float | None = None
+    #: in backoff, when the rebuild may start
+    not_before: float = 0.0
+
+    @property
+    def id(self) -> str:
+        """The replica's id."""
+        return self.placement.id
+
+    def shard_keys(self) -> list[tuple[str, str]]:
+        """(node id, shard key) of every shard of the current attempt."""
+        return [
+            (shard.node_id, shard_key(self.id, self.attempt, shard.rank)) for shard in self.placement.shards
+        ]

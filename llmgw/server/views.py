@@ -1,0 +1,255 @@
+"""What the cluster shows: the shards each node should run, the routes feed, the admin API's status views.
+
+:class:`ClusterViews` is the query half of :class:`~llmgw.server.cluster.Cluster`
+(which inherits it): every method reads the cluster's state and returns
+records of :mod:`llmgw.wire`, ready for ``to_json``; none changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from llmgw.models import Catalog, LaunchSpec
+from llmgw.scheduler import Unplaced, node_warnings
+from llmgw.server.records import NodeRecord, ReplicaRecord, Settings
+from llmgw.wire import (
+    DesiredShard,
+    DrainStatus,
+    NodeList,
+    NodeStatus,
+    ReplicaList,
+    ReplicaStatus,
+    Route,
+    RouteTable,
+    ShardStatus,
+    UnplacedStatus,
+    shard_key,
+)
+
+__all__ = ["ClusterViews", "EXPIRY_WARNING_DAYS"]
+
+#: a node certificate that expires within this many days gets a warning in ``ctl nodes``
+EXPIRY_WARNING_DAYS = 30
+
+
+class ClusterViews:
+    """The queries of :class:`~llmgw.server.cluster.Cluster`; see the module docstring."""
+
+    settings: Settings
+    catalog: Catalog
+    nodes: dict[str, NodeRecord]
+    replicas: dict[str, ReplicaRecord]
+    unplaced: tuple[Unplaced, ...]
+    routes_revision: int
+    _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
+
+    # -- what agents run ---------------------------------------------------
+
+    def desired(self) -> dict[str, tuple[DesiredShard, ...]]:
+        """Node id -> the shards it should run now."""
+        if self._desired_cache is None:
+            out: dict[str, list[DesiredShard]] = {node_id: [] for node_id in self.nodes}
+            for record in sorted(self.replicas.values(), key=lambda r: r.id):
+                if record.state == "backoff":
+                    continue
+                for shard in self._desired_shards(record):
+                    out.setdefault(shard.node_id, []).append(shard.desired)
+            self._desired_cache = {k: tuple(v) for k, v in out.items()}
+        return self._desired_cache
+
+    def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
+        """The shards ``node_id`` should run now."""
+        return self.desired().get(node_id, ())
+
+    def _desired_shards(self, record: ReplicaRecord) -> Iterable[_NodeShard]:
+        placement = record.placement
+        model = self.catalog.models.get(placement.model)
+        if model is None:
+            return []
+        profile = self.catalog.profiles[model.profile]
+        rank0 = placement.rank0
+        rank0_node = self.nodes.get(rank0.node_id)
+        if rank0_node is None:
+            return []
+        dist_init = f"{rank0_node.address}:{rank0.dist_init_port}" if len(placement.shards) > 1 else None
+        addresses = [
+            self.nodes[s.node_id].address if s.node_id in self.nodes else "" for s in placement.shards
+        ]
+        shards = []
+        for shard in placement.shards:
+            node = self.nodes.get(shard.node_id)
+            if node is None:
+                continue
+            adapters: tuple[str, ...] = ()
+            if placement.fabric is not None:
+                fabric = next((f for f in node.facts.fabrics if f.name == placement.fabric), None)
+                adapters = fabric.adapters if fabric else ()
+            spec = LaunchSpec(
+                model_source=model.source,
+                served_name=model.served_name or placement.model,
+                host=node.address,
+                port=shard.port,
+                gpus=shard.gpus,
+                rank=shard.rank,
+                nnodes=len(placement.shards),
+                dist_init_addr=dist_init,
+                peer_addrs=[f"{a}:{s.port}" for a, s in zip(addresses, placement.shards, strict=True)],
+                adapters=adapters,
+                extra_args=profile.args,
+            )
+            desired = DesiredShard(
+                replica_id=placement.id,
+                attempt=record.attempt,
+                rank=shard.rank,
+                model=placement.model,
+                engine=profile.engine,
+                spec=spec,
+                sidecars=profile.sidecars,
+                ready_timeout=self.settings.ready_timeout,
+            )
+            shards.append(_NodeShard(shard.node_id, desired))
+        return shards
+
+    def sources_to_check(self) -> tuple[str, ...]:
+        """Every model source in the catalog, for agents to report on."""
+        return tuple(sorted({m.source for m in self.catalog.models.values()}))
+
+    # -- the routes feed -----------------------------------------------------
+
+    def route_table(self, keys: Mapping[str, str] | None = None) -> RouteTable:
+        """The routes feed's answer: every served model, the ready replicas of each, and ``keys``.
+
+        Called for every ``GET /v1/routes``. ``keys`` maps the sha256 hex of
+        each API key in force to its name (None: the feed says nothing of keys).
+        """
+        routes: dict[str, list[Route]] = {}
+        for record in sorted(self.replicas.values(), key=lambda r: r.id):
+            if record.state != "ready":
+                continue
+            model = self.catalog.models.get(record.placement.model)
+            node = self.nodes.get(record.placement.rank0.node_id)
+            if model is None or node is None:
+                continue
+            name = model.served_name or record.placement.model
+            routes.setdefault(name, []).append(
+                Route(record.id, f"http://{node.address}:{record.placement.rank0.port}")
+            )
+        models = {self.catalog.served_name(m) for m in self.catalog.models}
+        return RouteTable(revision=self.routes_revision, models=models, routes=routes, keys=keys)
+
+    # -- the admin API's views ---------------------------------------------
+
+    def node_state(self, node: NodeRecord) -> str:
+        """``draining``, or the node's own state (``ready``, ``cordoned``, ``lost``)."""
+        return "draining" if node.draining else node.state
+
+    def node_list(self, now: float, revoked: Callable[[int], bool] = lambda serial: False) -> NodeList:
+        """Every node for ``ctl nodes``: GPUs free, replicas, warnings (certificate first).
+
+        :param revoked: whether a certificate serial is revoked (the server's revocation list).
+        """
+        return NodeList(
+            tuple(
+                self._node_status(node, now, revoked)
+                for node in sorted(self.nodes.values(), key=lambda n: n.node_id)
+            )
+        )
+
+    def _node_status(self, node: NodeRecord, now: float, revoked: Callable[[int], bool]) -> NodeStatus:
+        on_node = [r for r in self.replicas.values() if node.node_id in r.placement.node_ids]
+        used = sum(len(s.gpus) for r in on_node for s in r.placement.shards if s.node_id == node.node_id)
+        is_revoked = node.cert_serial is not None and revoked(node.cert_serial)
+        certificate = self.certificate_warning(node, now, is_revoked)
+        warnings = ([certificate] if certificate else []) + list(node_warnings(node.view(), self.catalog))
+        return NodeStatus(
+            node_id=node.node_id,
+            address=node.address,
+            state="revoked" if is_revoked else self.node_state(node),
+            gpus_total=len(node.facts.gpus),
+            gpus_free=max(0, len(node.facts.gpus) - used),
+            fabrics=tuple(f.name for f in node.facts.fabrics),
+            engines=dict(node.facts.engines),
+            agent_version=node.facts.agent_version,
+            replicas=tuple(sorted(r.id for r in on_node)),
+            warnings=tuple(warnings),
+            last_sync_ago=round(now - node.last_seen, 1),
+        )
+
+    @staticmethod
+    def certificate_warning(node: NodeRecord, now: float, revoked: bool) -> str | None:
+        """What to tell the operator about the node's certificate: revoked, or expiring soon; None if fine."""
+        if revoked:
+            return f"certificate {node.cert_serial:x} is revoked: the node can no longer sync"
+        if node.cert_not_after is None:
+            return None
+        days = (node.cert_not_after - now) / 86400
+        if days >= EXPIRY_WARNING_DAYS:
+            return None
+        return (
+            f"certificate expires in {days:.0f} days; issue a new one "
+            f"(llmgw ca issue-node {node.node_id} --force)"
+        )
+
+    def drain_status(self, node_id: str) -> DrainStatus:
+        """How draining ``node_id`` goes: replicas left on it, those moving, replacements stuck and why."""
+        node = self.nodes[node_id]
+        remaining = sorted(
+            r.id
+            for r in self.replicas.values()
+            if node_id in r.placement.node_ids and not r.placement.replaces
+        )
+        moving = sorted(
+            r.placement.replaces for r in self.replicas.values() if r.placement.replaces in remaining
+        )
+        stuck = [f"{u.id}: {u.reason}" for u in self.unplaced if u.replaces in remaining]
+        return DrainStatus(
+            node_id=node_id,
+            state=self.node_state(node),
+            remaining=tuple(remaining),
+            moving=tuple(moving),
+            stuck=tuple(stuck),
+        )
+
+    def replica_list(self) -> ReplicaList:
+        """Every replica, its shards as agents observe them, and what cannot be placed (``ctl replicas``)."""
+        replicas = tuple(self._replica_status(r) for r in sorted(self.replicas.values(), key=lambda r: r.id))
+        unplaced = tuple(UnplacedStatus(u.id, u.model, u.reason, u.replaces) for u in self.unplaced)
+        return ReplicaList(replicas=replicas, unplaced=unplaced)
+
+    def _replica_status(self, record: ReplicaRecord) -> ReplicaStatus:
+        shards = []
+        for shard in record.placement.shards:
+            node = self.nodes.get(shard.node_id)
+            observed = None
+            if node is not None:
+                observed = node.observed.get(shard_key(record.id, record.attempt, shard.rank))
+            shards.append(
+                ShardStatus(
+                    rank=shard.rank,
+                    node=shard.node_id,
+                    gpus=tuple(shard.gpus),
+                    port=shard.port,
+                    state=observed.state if observed else "pending",
+                    pid=observed.pid if observed else None,
+                    detail=observed.detail if observed else None,
+                )
+            )
+        return ReplicaStatus(
+            id=record.id,
+            model=record.placement.model,
+            state=record.state,
+            attempt=record.attempt,
+            failures=record.failures,
+            reason=record.reason,
+            fabric=record.placement.fabric,
+            replaces=record.placement.replaces,
+            shards=tuple(shards),
+        )
+
+
+@attrs.frozen
+class _NodeShard:
+    node_id: str
+    desired: DesiredShard

@@ -1,0 +1,449 @@
+"""Every JSON document that crosses a process boundary, and the one converter that reads and writes them.
+
+- The agent protocol (DESIGN.md, "Agent protocol"): the agent posts a
+  :class:`SyncRequest` to ``POST /v1/agent/sync`` and gets a :class:`SyncReply`.
+- The routes feed: ``GET /v1/routes`` answers a :class:`RouteTable`, built by
+  the server's cluster and handed as is to the gateway's balancer.
+- The admin API (``llmgw ctl``): one record per request and answer
+  (:class:`NodeList`, :class:`ReplicaList`, :class:`DrainStatus`, ...), and
+  :class:`ErrorReply` for every refusal.
+
+The domain records never see JSON: :func:`to_json` and :func:`from_json` go
+through :data:`converter`, the one cattrs converter of llmgw (the catalog and
+the agent's ``agent.toml`` use it too): strict about types (``"8000"``,
+``8000.9`` and ``true`` are not integers; a list is not a string), tolerant
+of keys a newer peer adds, except in documents people write (the catalog's
+profiles, models and sidecars refuse unknown keys, to catch typos).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, IterableValidationError
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.v import format_exception
+
+from llmgw.errors import LlmgwError
+from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar
+from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
+
+__all__ = [  # noqa: RUF022 - grouped by document, not sorted
+    "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
+    "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus", "UnplacedStatus",
+    "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "EventEntry", "EventList",
+    "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
+    "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
+    "from_json", "shard_key",
+]
+
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------
+# the agent protocol
+# ---------------------------------------------------------------------------
+
+#: What an agent reports for a shard:
+#: ``starting`` (sidecars or engine starting), ``running`` (process up; a
+#: worker stays here), ``ready`` (rank 0 passes its health check),
+#: ``unhealthy`` (was running, now fails its health check, or never became
+#: ready in time), ``exited`` (the process ended), ``stopping``.
+SHARD_STATES = ("starting", "running", "ready", "unhealthy", "exited", "stopping")
+
+
+def shard_key(replica_id: str, attempt: int, rank: int) -> str:
+    """The name of one shard of one attempt of a replica: ``llama-0/3/r1``."""
+    return f"{replica_id}/{attempt}/r{rank}"
+
+
+@attrs.frozen
+class ObservedShard:
+    """A shard as the agent running it sees it."""
+
+    replica_id: str
+    attempt: int
+    rank: int
+    state: str = attrs.field(validator=attrs.validators.in_(SHARD_STATES))
+    pid: int | None = None
+    port: int | None = None
+    exit_code: int | None = None
+    #: one line for the operator: why it is unhealthy, the log's last line...
+    detail: str | None = None
+    since: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """This shard's :func:`shard_key`."""
+        return shard_key(self.replica_id, self.attempt, self.rank)
+
+
+@attrs.frozen
+class DesiredShard:
+    """A shard the server wants a node to run."""
+
+    replica_id: str
+    attempt: int
+    rank: int
+    model: str
+    engine: str
+    #: the launch spec without ``executables``: the agent adds its own paths
+    spec: LaunchSpec
+    sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=())
+    #: seconds rank 0 may take to pass its health check after starting
+    ready_timeout: float = 600.0
+
+    @property
+    def key(self) -> str:
+        """This shard's :func:`shard_key`."""
+        return shard_key(self.replica_id, self.attempt, self.rank)
+
+
+@attrs.frozen
+class SyncRequest:
+    """What an agent posts: its facts, its shards, the revision it has applied."""
+
+    node_id: str
+    address: str
+    facts: NodeFacts
+    #: first and last port the server may give this node's shards
+    port_range: tuple[int, int]
+    observed: tuple[ObservedShard, ...] = attrs.field(converter=tuple, default=())
+    #: the revision of the last reply this agent applied; 0 after it starts
+    revision: int = 0
+    #: whether the server may hold the reply until something changes
+    wait: bool = True
+    #: the model sources ``facts.model_sources`` was checked against (the
+    #: server's ``check_sources``): a source not in here is not known missing
+    checked_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
+class SyncReply:
+    """The server's answer: the shards the node should run at ``revision``."""
+
+    revision: int
+    shards: tuple[DesiredShard, ...] = attrs.field(converter=tuple, default=())
+    #: model sources the agent should report on (exists on disk or not)
+    check_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: seconds without a sync after which the server declares the node lost
+    lost_after: float = 30.0
+
+
+# ---------------------------------------------------------------------------
+# the routes feed (server -> gateway)
+# ---------------------------------------------------------------------------
+
+
+def _http_url(_: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"{attribute.name}: expected an http(s) URL, got {value!r}")
+
+
+@attrs.frozen
+class Route:
+    """One ready replica of a served model: its id and the base URL of its rank 0."""
+
+    replica: str
+    url: str = attrs.field(converter=lambda url: url.rstrip("/"), validator=_http_url)
+
+
+def _routes(routes: Mapping[str, Any]) -> dict[str, tuple[Route, ...]]:
+    return {model: tuple(entries) for model, entries in routes.items() if entries}
+
+
+@attrs.frozen
+class RouteTable:
+    """One answer of the routes feed: ``GET /v1/routes?revision=N&wait=1``.
+
+    The server answers when its routes revision differs from N, or after its
+    poll timeout. A model with routes is always among :attr:`models`; a model
+    with no ready replica has no entry in :attr:`routes`.
+    """
+
+    revision: int
+    #: every served model name in the catalog, ready or not (sorted)
+    models: tuple[str, ...] = attrs.field(converter=lambda m: tuple(sorted(m)), default=())
+    #: served model name -> its ready replicas
+    routes: Mapping[str, tuple[Route, ...]] = attrs.field(converter=_routes, factory=dict)
+    #: sha256 hex (lowercase) of an API key -> the key's name; None when the feed has no keys at all
+    keys: Mapping[str, str] | None = attrs.field(
+        converter=lambda keys: None if keys is None else {k.lower(): v for k, v in keys.items()},
+        default=None,
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if not set(self.routes) <= set(self.models):
+            object.__setattr__(self, "models", tuple(sorted(set(self.models) | set(self.routes))))
+
+    def summary(self) -> str:
+        """One line for the log: each model and how many replicas are ready."""
+        parts = [f"{model}: {len(self.routes.get(model, ()))} ready" for model in self.models]
+        return ", ".join(parts) or "no models"
+
+
+# ---------------------------------------------------------------------------
+# the admin API (server <-> llmgw ctl); ``ctl ... -o json`` prints these as they are
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NodeStatus:
+    """One node in ``GET /v1/admin/nodes``."""
+
+    node_id: str
+    address: str
+    #: ``ready``, ``cordoned``, ``draining``, ``lost`` or ``revoked``
+    state: str
+    gpus_total: int
+    gpus_free: int
+    fabrics: tuple[str, ...]
+    #: engine name -> version found on the node
+    engines: Mapping[str, str]
+    agent_version: str
+    #: ids of the replicas with a shard on this node
+    replicas: tuple[str, ...]
+    #: one line each: revoked or expiring certificate, scheduler warnings
+    warnings: tuple[str, ...]
+    #: seconds since the node's agent last synced
+    last_sync_ago: float
+
+
+@attrs.frozen
+class NodeList:
+    """``GET /v1/admin/nodes``: every node, by id."""
+
+    nodes: tuple[NodeStatus, ...] = ()
+
+
+@attrs.frozen
+class DrainStatus:
+    """How a drain goes: the answer of ``POST /v1/admin/nodes/N/ACTION`` and ``GET .../N/drain``."""
+
+    node_id: str
+    state: str
+    #: replicas still on the node (replacements not counted)
+    remaining: tuple[str, ...] = ()
+    #: of those, the ones whose replacement is being built
+    moving: tuple[str, ...] = ()
+    #: ``id: reason`` of replacements that cannot be placed
+    stuck: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class ShardStatus:
+    """One shard of a replica, with what its agent last observed."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...]
+    port: int
+    #: the observed state (:data:`SHARD_STATES`), or ``pending`` before the agent reports it
+    state: str
+    pid: int | None = None
+    detail: str | None = None
+
+
+@attrs.frozen
+class ReplicaStatus:
+    """One replica in ``GET /v1/admin/replicas``."""
+
+    id: str
+    model: str
+    #: ``starting``, ``ready`` or ``backoff``
+    state: str
+    attempt: int
+    failures: int
+    reason: str | None
+    fabric: str | None
+    #: the replica this one replaces (a drain's move), if any
+    replaces: str | None
+    shards: tuple[ShardStatus, ...] = ()
+
+
+@attrs.frozen
+class UnplacedStatus:
+    """A replica the catalog asks for that cannot be placed, and why."""
+
+    id: str
+    model: str
+    reason: str
+    replaces: str | None = None
+
+
+@attrs.frozen
+class ReplicaList:
+    """``GET /v1/admin/replicas``."""
+
+    replicas: tuple[ReplicaStatus, ...] = ()
+    unplaced: tuple[UnplacedStatus, ...] = ()
+
+
+@attrs.frozen
+class CatalogText:
+    """``GET /v1/admin/catalog``: the catalog in force, as it was applied."""
+
+    revision: int
+    text: str
+
+
+@attrs.frozen
+class ApplyCatalog:
+    """``POST /v1/admin/catalog``: the catalog's YAML and where it came from (for error messages)."""
+
+    text: str
+    name: str = "catalog"
+
+
+@attrs.frozen
+class CatalogApplied:
+    """The answer to :class:`ApplyCatalog`: the new revision and a one-line summary."""
+
+    revision: int
+    summary: str
+
+
+@attrs.frozen
+class EventEntry:
+    """One entry of ``GET /v1/admin/events``: something the server decided, and why."""
+
+    id: int
+    at: float
+    kind: str
+    subject: str
+    message: str
+
+
+@attrs.frozen
+class EventList:
+    """``GET /v1/admin/events?since=ID&limit=N``: oldest first."""
+
+    events: tuple[EventEntry, ...] = ()
+
+
+@attrs.frozen
+class EngineInfo:
+    """An engine the server's plugins provide."""
+
+    name: str
+    checked_versions: tuple[str, ...]
+    multi_node: bool
+
+
+@attrs.frozen
+class EngineList:
+    """``GET /v1/admin/engines``."""
+
+    engines: tuple[EngineInfo, ...] = ()
+
+
+@attrs.frozen
+class ApiKey:
+    """An API key as listed: its name and dates (the secret is never stored)."""
+
+    name: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+@attrs.frozen
+class KeyList:
+    """``GET /v1/admin/keys``."""
+
+    keys: tuple[ApiKey, ...] = ()
+
+
+@attrs.frozen
+class CreateKey:
+    """``POST /v1/admin/keys``."""
+
+    name: str
+
+
+@attrs.frozen
+class CreatedKey:
+    """The answer to :class:`CreateKey`: the secret, shown this once."""
+
+    name: str
+    secret: str
+
+
+@attrs.frozen
+class RevokedKey:
+    """The answer to ``DELETE /v1/admin/keys/NAME``."""
+
+    name: str
+    revoked_at: float | None
+
+
+@attrs.frozen
+class ErrorDetail:
+    """What went wrong, for a person: every refusal of the server carries one."""
+
+    message: str
+    #: ``invalid_request``, ``unauthenticated``, ``forbidden``, ``not_found``, ``invalid_catalog``, ``error``
+    type: str = "error"
+    #: a refused catalog's problems, one line each (absent from the JSON otherwise)
+    problems: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class ErrorReply:
+    """The body of every 4xx answer: ``{"error": {"message": ..., "type": ...}}``."""
+
+    error: ErrorDetail
+
+
+class WireError(LlmgwError):
+    """A message that does not have the protocol's shape."""
+
+
+# ---------------------------------------------------------------------------
+# the converter
+# ---------------------------------------------------------------------------
+
+
+def _make_converter() -> cattrs.Converter:
+    made = cattrs.Converter(forbid_extra_keys=False)
+    register_strict_scalars(made)
+    register_strict_collections(made)
+    for written_by_people in (Profile, Model, Sidecar):
+        made.register_structure_hook(
+            written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)
+        )
+    made.register_unstructure_hook(
+        ErrorDetail, make_dict_unstructure_fn(ErrorDetail, made, problems=override(omit_if_default=True))
+    )
+    return made
+
+
+#: The one converter: wire documents, stored records, the catalog, ``agent.toml``.
+converter = _make_converter()
+
+
+def _reason(exc: BaseException, kind: type | None) -> str:
+    """Our own messages (``expected an integer``) as they are; cattrs' wording for the rest."""
+    if isinstance(exc, TypeError | ValueError) and not isinstance(exc, KeyError) and str(exc):
+        return str(exc)
+    return format_exception(exc, kind)
+
+
+def to_json(record: Any) -> Any:
+    """A record as JSON-ready data (dicts, lists, strings, numbers)."""
+    return converter.unstructure(record)
+
+
+def from_json(data: Any, kind: type[T]) -> T:
+    """Build a ``kind`` record from JSON data; called on every document received.
+
+    :raises WireError: naming each field that has the wrong shape.
+    """
+    try:
+        return converter.structure(data, kind)
+    except (ClassValidationError, IterableValidationError) as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path=kind.__name__, format_exception=_reason))
+        raise WireError(f"malformed {kind.__name__}: {problems}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise WireError(f"malformed {kind.__name__}: {exc}") from None

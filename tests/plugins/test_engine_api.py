@@ -14,6 +14,7 @@ from llmgw.enginecheck import check_engine, widest_commands
 from llmgw.errors import PluginError
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
+from llmgw.testing.pytest_plugin import HELP_DIR_ENV, find_engine_help_dir
 
 #: an engine written against llmgw 0.1: every fact a method
 OLD_ENGINE = """
@@ -210,3 +211,20 @@ def test_liveness_probe_is_a_value():
         liveness_probe = LivenessProbe("POST", "/completion", body={"n_predict": 1})
 
     assert Probed.liveness_probe.path == "/completion"
+
+
+class TestEngineHelpDir:
+    """Where the engine_help_dir fixture finds the real help texts."""
+
+    def test_nearest_shared_folder_above(self, tmp_path):
+        """shared/engine-help in the nearest folder above the tests' root (beside the repository)."""
+        (tmp_path / "shared" / "engine-help").mkdir(parents=True)
+        start = tmp_path / "repo" / "llmgw-engine-foo"
+        start.mkdir(parents=True)
+        assert find_engine_help_dir(start, environ={}) == tmp_path / "shared" / "engine-help"
+
+    def test_variable_wins_and_absent_is_none(self, tmp_path):
+        """LLMGW_ENGINE_HELP_DIR names the folder; a missing one, or none found, is None."""
+        assert find_engine_help_dir(tmp_path, environ={HELP_DIR_ENV: str(tmp_path)}) == tmp_path
+        assert find_engine_help_dir(tmp_path, environ={HELP_DIR_ENV: str(tmp_path / "no")}) is None
+        assert find_engine_help_dir(tmp_path, environ={}) is None

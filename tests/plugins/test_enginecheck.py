@@ -34,9 +34,11 @@ from llmgw.enginecheck import (
 from llmgw.enginecheck.cli import engine_check
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
+from llmgw.testing.pytest_plugin import find_engine_help_dir
 
 REPO = Path(__file__).resolve().parents[2]
-HELP_DIR = REPO.parent / "shared" / "engine-help"
+#: the real help texts, found as the engine distributions' engine_help_dir fixture finds them
+HELP_DIR = find_engine_help_dir(REPO) or REPO.parent / "shared" / "engine-help"
 
 SERVER_HELP = """\
 usage: toy-server [-h] --model MODEL [--host HOST] [--port PORT] [--workers WORKERS]

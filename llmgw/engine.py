@@ -17,7 +17,14 @@ import attrs
 
 from llmgw.models import Command, LaunchSpec
 
-__all__ = ["Engine", "LivenessProbe", "parse_argparse_flags"]
+__all__ = [
+    "Engine",
+    "HelpAndVersion",
+    "LivenessProbe",
+    "help_and_version_of",
+    "old_api_uses",
+    "parse_argparse_flags",
+]
 
 
 @attrs.frozen
@@ -36,36 +43,91 @@ class LivenessProbe:
     interval: float = 5.0
 
 
+@attrs.frozen
+class HelpAndVersion:
+    """How one of an engine's programs is made to print its full help and its version.
+
+    engine-check ``--binary`` and the agent run ``PATH *help_args`` with
+    ``help_env`` added to their own environment; the agent runs
+    ``PATH *version_args`` for the engine's first program at start.
+    """
+
+    #: the arguments after the program's path that print its whole help
+    help_args: tuple[str, ...] = attrs.field(converter=tuple, default=("--help",))
+    #: environment variables the help command needs, added to the caller's
+    help_env: Mapping[str, str] = attrs.field(factory=dict)
+    #: the arguments that print the engine's version (an interpreter, ``python -m ...``, asks the package)
+    version_args: tuple[str, ...] = attrs.field(converter=tuple, default=("--version",))
+
+
+def help_and_version_of(engine: Engine, program: str) -> HelpAndVersion:
+    """How ``program`` of ``engine`` prints its help and version: its entry, else ``--help``/``--version``.
+
+    Called by engine-check and the agent before they run one of the engine's programs.
+    """
+    return engine.help_and_version.get(program) or HelpAndVersion()
+
+
+#: Engine methods of llmgw 0.1 that are facts now: name -> what to write instead
+_OLD_METHODS = {
+    "help_argv": "help_argv(program) is now the class attribute "
+    "`help_and_version = {PROGRAM: HelpAndVersion(help_args=(...))}`",
+    "help_env": "help_env(program) is now the class attribute "
+    "`help_and_version = {PROGRAM: HelpAndVersion(help_env={...})}`",
+    "version_argv": "version_argv(program) is now the class attribute "
+    "`help_and_version = {PROGRAM: HelpAndVersion(version_args=(...))}`",
+    "flag_features": "flag_features() is now the class attribute `flag_features = {FLAG: FEATURE}`",
+    "liveness_probe": "liveness_probe(spec) is now the class attribute "
+    "`liveness_probe = LivenessProbe(...)` (or None)",
+}
+
+
+def old_api_uses(engine: object) -> list[str]:
+    """What ``engine`` still writes the llmgw 0.1 way, one sentence each saying what to write instead.
+
+    Called by the plugin manager when a plugin registers an engine: an engine
+    with any is not registered (``llmgw plugins`` lists its plugin as failed).
+    ``help_argv``, ``help_env`` and ``version_argv`` are no Engine names any
+    more; ``flag_features`` and ``liveness_probe`` are, as values, not methods.
+    """
+    return [advice for name, advice in _OLD_METHODS.items() if callable(getattr(type(engine), name, None))]
+
+
 class Engine(abc.ABC):
     """One inference engine llmgw can launch.
 
-    Subclasses set the class attributes and implement :meth:`build_command`
-    and :meth:`widest_spec`; :meth:`parse_help` has an argparse-style default.
+    :meth:`build_command` is the one method a subclass must write. The rest
+    are facts, set as class attributes (``name``, ``checked_versions`` and
+    ``programs`` have no default), and methods with defaults that fit an
+    argparse program printing its whole help for ``--help``.
     """
 
     #: the name profiles use in ``engine:``; unique across all plugins
     name: ClassVar[str]
     #: engine versions this plugin's commands were checked against
     checked_versions: ClassVar[tuple[str, ...]]
+    #: the programs this engine runs, by the name the agent's configuration
+    #: uses for their paths; the first runs rank 0
+    programs: ClassVar[tuple[str, ...]]
     #: whether one replica can span several nodes
     multi_node: ClassVar[bool] = False
     #: HTTP path on rank 0 that answers 200 once the replica serves
     health_path: ClassVar[str] = "/health"
-    #: the programs this engine runs, by the name the agent's configuration
-    #: uses for their paths; the first runs rank 0
-    programs: ClassVar[tuple[str, ...]]
     #: rank 0 dials the other ranks once, at start (llama.cpp's RPC): the
     #: agent starts rank 0 only once every other rank's address accepts TCP
     wait_for_workers: ClassVar[bool] = False
-
-    def liveness_probe(self, spec: LaunchSpec) -> LivenessProbe | None:
-        """The request that proves rank 0 still serves, beyond its health path.
-
-        Called by the agent once rank 0 of ``spec`` is ready. For engines whose
-        health path stays 200 while requests hang (llama.cpp with a hung RPC
-        worker). The default is None: the health path is enough.
-        """
-        return None
+    #: the request that proves rank 0 still serves, beyond its health path,
+    #: sent by the agent once rank 0 is ready: for engines whose health path
+    #: stays 200 while requests hang (llama.cpp with a hung RPC worker);
+    #: None: the health path is enough
+    liveness_probe: ClassVar[LivenessProbe | None] = None
+    #: program -> how it prints its help and version; a program not listed
+    #: answers ``--help`` and ``--version`` with no extra environment
+    help_and_version: ClassVar[Mapping[str, HelpAndVersion]] = {}
+    #: flag -> the llmgw feature that makes :meth:`build_command` emit it;
+    #: engine-check prints it next to each flag (``--nnodes``: "multi-node
+    #: rendezvous"), so an operator knows what a missing flag breaks
+    flag_features: ClassVar[Mapping[str, str]] = {}
 
     @abc.abstractmethod
     def build_command(self, spec: LaunchSpec) -> Command:
@@ -78,13 +140,31 @@ class Engine(abc.ABC):
         :returns: the argv, environment and working directory of the shard.
         """
 
-    @abc.abstractmethod
     def widest_spec(self) -> LaunchSpec:
         """A launch spec that makes :meth:`build_command` use every flag it ever emits.
 
         engine-check builds it (every rank) and checks each flag against the
-        engine's real ``--help``.
+        engine's real ``--help``. The default is one node with two GPUs, or,
+        for a :attr:`multi_node` engine, three such nodes on a fabric, with a
+        dist-init address and every rank's address in ``peer_addrs``; override
+        it when a flag needs more (profile args, say).
         """
+        if not self.multi_node:
+            return LaunchSpec(
+                model_source="/models/example", served_name="example", host="10.0.0.1", port=8000, gpus=(0, 1)
+            )
+        return LaunchSpec(
+            model_source="/models/example",
+            served_name="example",
+            host="10.0.0.1",
+            port=8000,
+            gpus=(0, 1),
+            rank=0,
+            nnodes=3,
+            dist_init_addr="10.0.0.1:29500",
+            peer_addrs=("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"),
+            adapters=("mlx5_0", "mlx5_1"),
+        )
 
     def parse_help(self, text: str) -> frozenset[str]:
         """Read the flags an engine's ``--help`` output documents.
@@ -97,20 +177,6 @@ class Engine(abc.ABC):
         """
         return parse_argparse_flags(text)
 
-    def program_path(self, spec: LaunchSpec, program: str) -> str:
-        """The path of ``program`` on the node: configured, or its bare name."""
-        return spec.executables.get(program, program)
-
-    def version_argv(self, program: str) -> tuple[str, ...]:
-        """The arguments that make ``program`` print the engine's version.
-
-        The agent runs ``PATH *version_argv(program)`` for the engine's first
-        program at start and reports the version. The default is
-        ``("--version",)``; an engine whose program is an interpreter
-        (``python -m ...``) asks the package instead.
-        """
-        return ("--version",)
-
     def parse_version(self, text: str) -> str | None:
         """The version in what the version command printed (stdout, else stderr).
 
@@ -122,6 +188,10 @@ class Engine(abc.ABC):
             if line.split():
                 return line.split()[-1]
         return None
+
+    def program_path(self, spec: LaunchSpec, program: str) -> str:
+        """The path of ``program`` on the node: configured, or its bare name."""
+        return spec.executables.get(program, program)
 
     def device_env(self, spec: LaunchSpec) -> dict[str, str]:
         """The environment that gives a shard its GPUs and its fabric's adapters.
@@ -136,10 +206,6 @@ class Engine(abc.ABC):
             env["NCCL_IB_HCA"] = "=" + ",".join(spec.adapters)
         return env
 
-    # -- engine-check ------------------------------------------------------
-    # The methods below have defaults that fit an argparse program printing
-    # its whole help for ``--help``; override the ones your engine differs in.
-
     def option_args(self, command: Command) -> tuple[str, ...]:
         """The part of ``command.argv`` that the program's ``--help`` speaks about.
 
@@ -148,21 +214,6 @@ class Engine(abc.ABC):
         with another program's arguments (``python -m sglang.launch_server``).
         """
         return tuple(command.argv[1:])
-
-    def help_argv(self, program: str) -> tuple[str, ...]:
-        """The arguments that make ``program`` print its full help.
-
-        engine-check ``--binary`` and the agent run ``PATH *help_argv``.
-        The default is ``("--help",)``.
-        """
-        return ("--help",)
-
-    def help_env(self, program: str) -> Mapping[str, str]:
-        """Environment variables the help command of ``program`` needs, added to the caller's.
-
-        The default adds none.
-        """
-        return {}
 
     def help_warnings(self, program: str, text: str) -> list[str]:
         """Signs, known to this engine, that ``text`` is not the full help of ``program``.
@@ -177,15 +228,6 @@ class Engine(abc.ABC):
             help with warnings are marked as possibly caused by them.
         """
         return []
-
-    def flag_features(self) -> Mapping[str, str]:
-        """Flag -> the llmgw feature that makes :meth:`build_command` emit it.
-
-        engine-check prints it next to each flag (``--nnodes``: "multi-node
-        rendezvous"), so an operator knows what a missing flag breaks. The
-        default labels none.
-        """
-        return {}
 
     def __repr__(self) -> str:
         return f"<Engine {self.name}>"

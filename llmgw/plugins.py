@@ -19,7 +19,7 @@ import attrs
 import pluggy
 
 from llmgw import hookspecs
-from llmgw.engine import Engine
+from llmgw.engine import Engine, old_api_uses
 from llmgw.errors import DuplicateEngineError, PluginError, UnknownEngineError
 from llmgw.provision import Provisioner
 
@@ -287,6 +287,10 @@ class Plugins:
                     )
                     continue
                 name = getattr(item, "name", None)
+                outdated = old_api_uses(item) if kind is Engine else []
+                if outdated:
+                    errors.append(_Problem(plugin, self._outdated_engine(plugin, name, outdated)))
+                    continue
                 if name in owner:
                     first, second = self._origin_label(owner[name]), self._origin_label(plugin)
                     errors.append(
@@ -301,6 +305,12 @@ class Plugins:
                 owner[name] = plugin
                 instances[name] = item
         return owner, errors, instances
+
+    def _outdated_engine(self, plugin_name: str, engine_name: str | None, outdated: list[str]) -> str:
+        """The error of an engine written against llmgw 0.1's Engine API: what to change, each."""
+        origin = self._origin_by_name(plugin_name)
+        dist = f" (dist {origin.distribution})" if origin and origin.distribution else ""
+        return f"engine {engine_name!r}{dist}: " + "; ".join(outdated) + "; see docs/plugins.md"
 
     def _origin_by_name(self, plugin_name: str) -> _Origin | None:
         plugin = self.pm.get_plugin(plugin_name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import attrs
@@ -18,7 +19,7 @@ import click
 
 import llmgw
 
-__all__ = ["BuildInfo", "build_info", "version_info", "version", "UNKNOWN"]
+__all__ = ["BuildInfo", "build_info", "distribution_version", "version_info", "version", "UNKNOWN"]
 
 #: The commit when neither a build record nor git can tell.
 UNKNOWN = "unknown"
@@ -58,6 +59,21 @@ def build_info() -> BuildInfo:
     except ImportError:
         return BuildInfo(llmgw.__version__, UNKNOWN, "unknown")
     return BuildInfo(llmgw.__version__, _build_info.COMMIT, "build")
+
+
+def distribution_version(distribution: str) -> str:
+    """The installed version of ``distribution``, for a plugin's ``__version__``.
+
+    Called once, at import, by each engine distribution
+    (``__version__ = distribution_version("llmgw-engine-foo")``).
+
+    :returns: the version its metadata records, or ``0.0.0+unknown`` for a
+        source tree that was never installed.
+    """
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
 
 
 def version_info() -> tuple[str, str]:

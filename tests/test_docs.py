@@ -57,3 +57,14 @@ def test_hook_has_a_test(name):
     sources = [p.read_text() for p in REPO.glob("tests/**/*.py")]
     sources += [p.read_text() for p in REPO.glob("llmgw-engine-*/tests/**/*.py")]
     assert any(pattern.search(s) for s in sources), f"write a test named test_hook_{name}"
+
+
+def test_every_engine_name_is_documented():
+    """docs/engines.md's table names every attribute and method an engine author may set or override."""
+    from llmgw.engine import Engine
+
+    names = {name for name in vars(Engine) if not name.startswith("_")} | set(Engine.__annotations__)
+    docs = (REPO / "docs" / "engines.md").read_text()
+    missing = sorted(name for name in names if f"`{name}" not in docs)
+    assert not missing, f"docs/engines.md does not document Engine.{', Engine.'.join(missing)}"
+    assert len(names) == 17, f"the Engine API has {len(names)} names; update docs/engines.md's count"

@@ -24,7 +24,10 @@ PUBLIC = {
         "LaunchSpec",
         "Command",
     ],
-    "llmgw.engine": ["Engine", "LivenessProbe", "parse_argparse_flags"],
+    "llmgw.engine": [
+        "Engine", "HelpAndVersion", "LivenessProbe", "help_and_version_of", "old_api_uses",
+        "parse_argparse_flags",
+    ],
     "llmgw.errors": [
         "LlmgwError",
         "CatalogError",
@@ -35,6 +38,7 @@ PUBLIC = {
     ],
     "llmgw.testing": ["make_adapters", "make_gpus", "write_fake_nvidia_smi", "write_ib_sysfs"],
     "llmgw.testing.contract": ["EngineContract", "flags_of", "command_program"],
+    "llmgw.testing.pytest_plugin": ["HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir"],
     "llmgw.provision": [
         "Provisioner", "MachineRequest", "Step", "CommandResult", "ExistingMachine", "StepFailure",
         "ProvisionError", "MachineExistsError",
@@ -44,7 +48,9 @@ PUBLIC = {
         "HelpCommandError", "HelpRun", "ProgramHelp", "check_engine", "check_installed", "collect_help",
         "completeness_warnings", "option_flags", "run_help", "widest_commands",
     ],
-    "llmgw.version": ["BuildInfo", "build_info", "version_info", "version", "UNKNOWN"],
+    "llmgw.version": [
+        "BuildInfo", "build_info", "distribution_version", "version_info", "version", "UNKNOWN",
+    ],
 }
 
 

@@ -6,19 +6,14 @@ launch specs. Replace what follows with what your engine's documentation says.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from importlib import metadata
-
 import llmgw
 from llmgw.engine import Engine
 from llmgw.models import Command, LaunchSpec
+from llmgw.version import distribution_version
 
 __all__ = ["MyEngine", "__version__"]
 
-try:
-    __version__ = metadata.version("llmgw-engine-myengine")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("llmgw-engine-myengine")
 
 SERVER = "myengine-server"
 
@@ -44,6 +39,15 @@ class MyEngine(Engine):
     health_path = "/health"
     #: program names; the agent's configuration maps each to a path on the node
     programs = (SERVER,)
+    #: what each flag is for, shown by engine-check next to it
+    flag_features = _FEATURES
+    # Set where your engine differs from an argparse program (the defaults are shown):
+    #   help_and_version = {
+    #       SERVER: HelpAndVersion(help_args=("--help",), help_env={}, version_args=("--version",)),
+    #   }
+    #   liveness_probe = None  # or LivenessProbe("POST", "/completion", body={...}): see docs/engines.md
+    #   wait_for_workers = False
+    # and override parse_help, parse_version, help_warnings, option_args or widest_spec likewise.
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the command of one shard: rank 0 serves HTTP and binds the dist-init address."""
@@ -70,24 +74,6 @@ class MyEngine(Engine):
         argv += spec.extra_args
         # CUDA_VISIBLE_DEVICES from spec.gpus; NCCL_IB_HCA=<exact names> from spec.adapters
         return Command(argv=argv, env=self.device_env(spec))
-
-    def widest_spec(self) -> LaunchSpec:
-        """A spec that makes build_command emit every flag it ever emits: engine-check builds it."""
-        return LaunchSpec(
-            model_source="/models/example",
-            served_name="example",
-            host="10.0.0.1",
-            port=8000,
-            gpus=(0, 1),
-            rank=0,
-            nnodes=2,
-            dist_init_addr="10.0.0.1:29500",
-            adapters=("mlx5_0", "mlx5_1"),
-        )
-
-    def flag_features(self) -> Mapping[str, str]:
-        """What each flag is for, shown by engine-check next to it."""
-        return _FEATURES
 
 
 @llmgw.hookimpl

@@ -21,29 +21,22 @@ answer, and either way the replica is torn down and rebuilt.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from importlib import metadata
-
-import attrs
 
 import llmgw
-from llmgw.engine import Engine
+from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec
+from llmgw.version import distribution_version
 from llmgw_engine_llamacpp.helptext import parse_llamacpp_help
 
 __all__ = [
     "LIVENESS_PROBE",
-    "LivenessProbe",
     "LlamaCppEngine",
     "__version__",
     "parse_llamacpp_help",
     "worker_addresses",
 ]
 
-try:
-    __version__ = metadata.version("llmgw-engine-llamacpp")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("llmgw-engine-llamacpp")
 
 SERVER = "llama-server"
 #: the RPC worker's role; the agent's configuration gives its path (rpc-server or ggml-rpc-server)
@@ -64,22 +57,6 @@ _FEATURES = {
 }
 _SECTION_END = "----- example-specific params -----"
 _WORKER_USAGE = re.compile(r"^Usage: \S*rpc-server", re.MULTILINE)
-
-
-try:  # llmgw with Engine.liveness_probe (the agent runs it)
-    from llmgw.engine import LivenessProbe
-except ImportError:  # an older llmgw: nothing runs it, but the engine still describes it
-
-    @attrs.frozen
-    class LivenessProbe:  # type: ignore[no-redef]
-        """An HTTP request whose answer within ``timeout`` seconds proves rank 0 can still decode."""
-
-        method: str
-        path: str
-        body: Mapping[str, object] | None = None
-        timeout: float = 10.0
-        #: seconds between two probes once the replica is ready
-        interval: float = 5.0
 
 
 #: a real decode, as cheap as one can be; any HTTP answer counts as alive
@@ -121,6 +98,7 @@ class LlamaCppEngine(Engine):
     multi_node = True
     health_path = "/health"
     programs = (SERVER, WORKER)
+    flag_features = _FEATURES
 
     def parse_version(self, text: str) -> str | None:
         """The commit ``llama-server --version`` prints is the version.
@@ -133,19 +111,15 @@ class LlamaCppEngine(Engine):
 
     #: rank 0 dials every worker once, at start, and aborts if one does not
     #: answer: the agent starts rank 0 only once every worker's port accepts
-    #: connections (see the agent patch of issue 7: Engine.wait_for_workers)
+    #: connections
     wait_for_workers = True
-
-    def liveness_probe(self, spec: LaunchSpec) -> LivenessProbe:
-        """A 1-token greedy completion on rank 0, run by the agent every few seconds once ready.
-
-        ``/health`` stays 200 when an RPC worker is lost (the head aborts at
-        its next decode) or hangs (requests, ``/metrics`` and ``/slots`` hang
-        too): only a real decode shows either. A lost worker turns the probe
-        into an immediate abort (the shard exits); a hung one into a probe
-        that times out.
-        """
-        return LIVENESS_PROBE
+    #: ``/health`` stays 200 when an RPC worker is lost (the head aborts at
+    #: its next decode) or hangs (requests, ``/metrics`` and ``/slots`` hang
+    #: too): only a real decode shows either, so the agent sends a 1-token
+    #: greedy completion every few seconds once rank 0 is ready. A lost worker
+    #: turns it into an immediate abort (the shard exits); a hung one into a
+    #: probe that times out.
+    liveness_probe = LIVENESS_PROBE
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the command of one shard.
@@ -180,21 +154,6 @@ class LlamaCppEngine(Engine):
         argv += spec.extra_args
         return Command(argv=argv, env=env)
 
-    def widest_spec(self) -> LaunchSpec:
-        """Rank 0 and two RPC workers, each on its own node."""
-        return LaunchSpec(
-            model_source="/models/example.gguf",
-            served_name="example",
-            host="10.0.0.1",
-            port=8080,
-            gpus=(0,),
-            rank=0,
-            nnodes=3,
-            dist_init_addr="10.0.0.1:29500",
-            peer_addrs=("10.0.0.1:8080", "10.0.0.2:50052", "10.0.0.3:50052"),
-            adapters=("mlx5_0", "mlx5_1"),
-        )
-
     def parse_help(self, text: str) -> frozenset[str]:
         """The flags a llama.cpp help documents (see :func:`parse_llamacpp_help`)."""
         return parse_llamacpp_help(text)
@@ -212,10 +171,6 @@ class LlamaCppEngine(Engine):
         elif "----- common params -----" in text:
             return ["it is llama-server's help, not the RPC worker's"]
         return []
-
-    def flag_features(self) -> Mapping[str, str]:
-        """What each flag this engine emits is for."""
-        return _FEATURES
 
 
 @llmgw.hookimpl

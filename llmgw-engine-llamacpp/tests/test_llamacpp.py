@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import attrs
-import llmgw_engine_llamacpp
 import pytest
 from llmgw_engine_llamacpp import LlamaCppEngine, parse_llamacpp_help, worker_addresses
 
 from llmgw.enginecheck import check_engine
 from llmgw.models import LaunchSpec
-from llmgw.plugins import get_plugin_manager
 from llmgw.testing.contract import EngineContract
 
 VERSIONS = LlamaCppEngine.checked_versions
 
 
-def help_files(help_dir, version: str) -> dict[str, str]:
+def help_files(engine_help_dir, version: str) -> dict[str, str]:
     """Program -> its saved help at one llama.cpp commit."""
     return {
-        "llama-server": (help_dir / f"llamacpp-{version}-llama-server.txt").read_text(),
-        "rpc-server": (help_dir / f"llamacpp-{version}-rpc-server.txt").read_text(),
+        "llama-server": (engine_help_dir / f"llamacpp-{version}-llama-server.txt").read_text(),
+        "rpc-server": (engine_help_dir / f"llamacpp-{version}-rpc-server.txt").read_text(),
     }
 
 
@@ -31,12 +27,14 @@ def version(request) -> str:
 
 
 @pytest.fixture
-def real_helps(help_dir, version) -> dict[str, str]:
-    return help_files(help_dir, version)
+def real_helps(engine_help_dir, version) -> dict[str, str]:
+    return help_files(engine_help_dir, version)
 
 
 class TestLlamaCppContract(EngineContract):
     """The llama.cpp engine passes the conformance suite against each checked commit's real help."""
+
+    distribution = "llmgw-engine-llamacpp"
 
     @pytest.fixture
     def engine(self):
@@ -190,19 +188,19 @@ class TestHelpParsing:
             real_helps["rpc-server"]
         )
 
-    def test_removed_flags_are_not_documented(self, help_dir):
+    def test_removed_flags_are_not_documented(self, engine_help_dir):
         """A flag listed with "the argument has been removed" is not documented; before that it was."""
-        old = parse_llamacpp_help(help_files(help_dir, "4227c9b")["llama-server"])
-        new_text = help_files(help_dir, "0c1e570")["llama-server"]
+        old = parse_llamacpp_help(help_files(engine_help_dir, "4227c9b")["llama-server"])
+        new_text = help_files(engine_help_dir, "0c1e570")["llama-server"]
         assert "--draft, --draft-n, --draft-max N       the argument has been removed" in new_text
         new = parse_llamacpp_help(new_text)
         assert {"--draft", "--draft-n", "--draft-max", "--draft-min"} <= old
         assert not {"--draft", "--draft-n", "--draft-max", "--draft-min", "--spec-ngram-size-n"} & new
 
-    def test_renames_between_the_checked_commits(self, help_dir):
+    def test_renames_between_the_checked_commits(self, engine_help_dir):
         """--no-mmap and --mlock gave way to --load-mode; the help's own record of the renames."""
-        old = parse_llamacpp_help(help_files(help_dir, "4227c9b")["llama-server"])
-        new = parse_llamacpp_help(help_files(help_dir, "0c1e570")["llama-server"])
+        old = parse_llamacpp_help(help_files(engine_help_dir, "4227c9b")["llama-server"])
+        new = parse_llamacpp_help(help_files(engine_help_dir, "0c1e570")["llama-server"])
         assert {"--no-mmap", "--mlock"} <= old and not {"--no-mmap", "--mlock"} & new
         assert "--load-mode" in new and "--load-mode" not in old
 
@@ -264,19 +262,6 @@ class TestEngineCheck:
         assert report.missing and all(f.possibly_truncated for f in report.missing)
 
 
-def test_registered_through_the_entry_point():
-    """The installed distribution's entry point registers the llama.cpp engine."""
-    record = get_plugin_manager().engines()["llamacpp"]
-    assert record.distribution == "llmgw-engine-llamacpp"
-    assert isinstance(record.engine, LlamaCppEngine)
-    assert record.engine.programs == ("llama-server", "rpc-server")
-
-
-def test_version():
-    """__version__ matches the installed distribution's metadata."""
-    assert llmgw_engine_llamacpp.__version__ == metadata.version("llmgw-engine-llamacpp")
-
-
 def test_version_is_the_commit():
     """The version llama-server prints is read as its commit, the spelling checked_versions uses."""
     engine = LlamaCppEngine()
@@ -294,7 +279,7 @@ class TestFailureDetection:
 
     def test_liveness_probe_is_a_real_one_token_decode(self):
         """/health stays 200 with a lost or hung worker: the probe is a 1-token completion with a timeout."""
-        probe = LlamaCppEngine().liveness_probe(SPEC)
+        probe = LlamaCppEngine.liveness_probe
         assert (probe.method, probe.path) == ("POST", "/completion")
         assert probe.body["n_predict"] == 1
         assert 0 < probe.timeout <= 30 and 0 < probe.interval <= 30

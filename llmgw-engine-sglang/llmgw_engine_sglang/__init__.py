@@ -9,19 +9,14 @@ command on each node with ``--nnodes``, ``--node-rank`` and rank 0's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from importlib import metadata
-
 import llmgw
-from llmgw.engine import Engine
+from llmgw.engine import Engine, HelpAndVersion
 from llmgw.models import Command, LaunchSpec
+from llmgw.version import distribution_version
 
 __all__ = ["SglangEngine", "__version__"]
 
-try:
-    __version__ = metadata.version("llmgw-engine-sglang")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("llmgw-engine-sglang")
 
 #: the interpreter's arguments before SGLang's own: the entry point of every checked
 #: version (0.5.23 recommends ``sglang serve`` and warns about this one, which still works)
@@ -51,10 +46,13 @@ class SglangEngine(Engine):
     health_path = "/health"
     #: the Python interpreter of SGLang's environment
     programs = ("python",)
-
-    def version_argv(self, program: str) -> tuple[str, ...]:
-        """``python --version`` would be Python's: ask the sglang package."""
-        return ("-c", "import sglang; print(sglang.__version__)")
+    #: the help is the module's; ``python --version`` would be Python's: ask the sglang package
+    help_and_version = {
+        "python": HelpAndVersion(
+            help_args=(*MODULE, "--help"), version_args=("-c", "import sglang; print(sglang.__version__)")
+        )
+    }
+    flag_features = _FEATURES
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``sglang.launch_server`` command of one shard.
@@ -93,31 +91,9 @@ class SglangEngine(Engine):
         argv += spec.extra_args
         return Command(argv=argv, env=self.device_env(spec))
 
-    def widest_spec(self) -> LaunchSpec:
-        """Three nodes of two GPUs on a fabric: every flag this engine emits."""
-        return LaunchSpec(
-            model_source="/models/example",
-            served_name="example",
-            host="10.0.0.1",
-            port=30000,
-            gpus=(0, 1),
-            rank=0,
-            nnodes=3,
-            dist_init_addr="10.0.0.1:20000",
-            adapters=("mlx5_0", "mlx5_1"),
-        )
-
     def option_args(self, command: Command) -> tuple[str, ...]:
         """The arguments after ``python -m sglang.launch_server``: the ones SGLang's help documents."""
         return tuple(command.argv[1 + len(MODULE) :])
-
-    def help_argv(self, program: str) -> tuple[str, ...]:
-        """``python -m sglang.launch_server --help``."""
-        return (*MODULE, "--help")
-
-    def flag_features(self) -> Mapping[str, str]:
-        """What each flag this engine emits is for."""
-        return _FEATURES
 
 
 @llmgw.hookimpl

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import attrs
-import llmgw_engine_sglang
 import pytest
 from llmgw_engine_sglang import SglangEngine
 
+from llmgw.engine import help_and_version_of
 from llmgw.enginecheck import check_engine, option_flags
 from llmgw.models import LaunchSpec
-from llmgw.plugins import get_plugin_manager
 from llmgw.testing.contract import EngineContract
 
 VERSIONS = SglangEngine.checked_versions
@@ -23,13 +20,15 @@ def version(request) -> str:
 
 
 @pytest.fixture
-def real_help(help_dir, version) -> str:
+def real_help(engine_help_dir, version) -> str:
     """``python -m sglang.launch_server --help`` of one checked version."""
-    return (help_dir / f"sglang-{version}-launch_server.txt").read_text()
+    return (engine_help_dir / f"sglang-{version}-launch_server.txt").read_text()
 
 
 class TestSglangContract(EngineContract):
     """The SGLang engine passes the conformance suite against each checked version's real help."""
+
+    distribution = "llmgw-engine-sglang"
 
     @pytest.fixture
     def engine(self):
@@ -190,19 +189,7 @@ class TestEngineCheck:
         assert all(f.possibly_truncated for f in report.missing)
 
 
-def test_registered_through_the_entry_point():
-    """The installed distribution's entry point registers the SGLang engine."""
-    record = get_plugin_manager().engines()["sglang"]
-    assert record.distribution == "llmgw-engine-sglang"
-    assert isinstance(record.engine, SglangEngine)
-
-
-def test_version():
-    """__version__ matches the installed distribution's metadata."""
-    assert llmgw_engine_sglang.__version__ == metadata.version("llmgw-engine-sglang")
-
-
 def test_version_asks_the_package_not_python():
     """The agent asks the sglang package for its version: python --version would be Python's."""
-    argv = SglangEngine().version_argv("python")
+    argv = help_and_version_of(SglangEngine(), "python").version_args
     assert argv[0] == "-c" and "sglang.__version__" in argv[1]

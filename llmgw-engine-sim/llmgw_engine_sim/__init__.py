@@ -8,18 +8,14 @@ which builds ``llmgw-sim`` command lines from launch specs.
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import llmgw
 from llmgw.engine import Engine
 from llmgw.models import Command, LaunchSpec
+from llmgw.version import distribution_version
 
 __all__ = ["SimEngine", "__version__"]
 
-try:
-    __version__ = metadata.version("llmgw-engine-sim")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("llmgw-engine-sim")
 
 
 class SimEngine(Engine):

@@ -10,19 +10,15 @@ parallelism spans the GPUs of one node and each node is a pipeline stage.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from importlib import metadata
 
 import llmgw
-from llmgw.engine import Engine, parse_argparse_flags
+from llmgw.engine import Engine, HelpAndVersion, parse_argparse_flags
 from llmgw.models import Command, LaunchSpec
+from llmgw.version import distribution_version
 
 __all__ = ["VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
 
-try:
-    __version__ = metadata.version("llmgw-engine-vllm")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("llmgw-engine-vllm")
 
 #: ``vllm serve --help=all`` ends with this note on JSON arguments, whose
 #: example lines (``   --json-arg.key1 value1``) are not option definitions.
@@ -73,6 +69,12 @@ class VllmEngine(Engine):
     #: 200 once the engine serves; vLLM's API server binds it only after the model loaded
     health_path = "/health"
     programs = ("vllm",)
+    #: plain ``--help`` prints only a summary of the groups; without
+    #: ``VLLM_TARGET_DEVICE=cpu`` the help exits 1 on a machine with no GPU
+    help_and_version = {
+        "vllm": HelpAndVersion(help_args=("serve", "--help=all"), help_env={"VLLM_TARGET_DEVICE": "cpu"})
+    }
+    flag_features = _FEATURES
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``vllm serve`` command of one shard.
@@ -109,31 +111,9 @@ class VllmEngine(Engine):
         argv += spec.extra_args
         return Command(argv=argv, env=self.device_env(spec))
 
-    def widest_spec(self) -> LaunchSpec:
-        """Three nodes of two GPUs on a fabric: rank 0 and two headless workers."""
-        return LaunchSpec(
-            model_source="/models/example",
-            served_name="example",
-            host="10.0.0.1",
-            port=8000,
-            gpus=(0, 1),
-            rank=0,
-            nnodes=3,
-            dist_init_addr="10.0.0.1:29500",
-            adapters=("mlx5_0", "mlx5_1"),
-        )
-
     def parse_help(self, text: str) -> frozenset[str]:
         """The flags ``vllm serve --help=all`` documents (see :func:`parse_vllm_help`)."""
         return parse_vllm_help(text)
-
-    def help_argv(self, program: str) -> tuple[str, ...]:
-        """``vllm serve --help=all``: plain ``--help`` prints only a summary of the groups."""
-        return ("serve", "--help=all")
-
-    def help_env(self, program: str) -> Mapping[str, str]:
-        """``VLLM_TARGET_DEVICE=cpu``: without it vLLM's help exits 1 on a machine with no GPU."""
-        return {"VLLM_TARGET_DEVICE": "cpu"}
 
     def help_warnings(self, program: str, text: str) -> list[str]:
         """The summary of plain ``--help``, or a ``--help=all`` without its closing note."""
@@ -145,10 +125,6 @@ class VllmEngine(Engine):
                 "so it looks cut short"
             ]
         return []
-
-    def flag_features(self) -> Mapping[str, str]:
-        """What each flag this engine emits is for."""
-        return _FEATURES
 
 
 @llmgw.hookimpl

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import attrs
-import llmgw_engine_vllm
 import pytest
 from llmgw_engine_vllm import VllmEngine, split_host_port
 
 from llmgw.enginecheck import check_engine
 from llmgw.models import LaunchSpec
-from llmgw.plugins import get_plugin_manager
 from llmgw.testing.contract import EngineContract
 
 VERSIONS = VllmEngine.checked_versions
 
 
-def read_help(help_dir, name: str) -> str:
+def read_help(engine_help_dir, name: str) -> str:
     """One saved help text, by file name (``vllm-0.34.0-serve.txt``, ``lacking/...``)."""
-    return (help_dir / name).read_text()
+    return (engine_help_dir / name).read_text()
 
 
 @pytest.fixture(params=VERSIONS)
@@ -28,13 +24,15 @@ def version(request) -> str:
 
 
 @pytest.fixture
-def real_help(help_dir, version) -> str:
+def real_help(engine_help_dir, version) -> str:
     """``vllm serve --help=all`` of one checked version."""
-    return read_help(help_dir, f"vllm-{version}-serve.txt")
+    return read_help(engine_help_dir, f"vllm-{version}-serve.txt")
 
 
 class TestVllmContract(EngineContract):
     """The vLLM engine passes the conformance suite against each checked version's real help."""
+
+    distribution = "llmgw-engine-vllm"
 
     @pytest.fixture
     def engine(self):
@@ -187,9 +185,11 @@ class TestHelpParsing:
         assert "   --json-arg.key1 value1" in real_help
         assert not {f for f in VllmEngine().parse_help(real_help) if f.startswith("--json-arg")}
 
-    def test_newer_release_only_adds_flags(self, help_dir):
+    def test_newer_release_only_adds_flags(self, engine_help_dir):
         """0.34.0 documents every flag 0.33.0 does (the README says it adds 9, removes none)."""
-        old, new = (VllmEngine().parse_help(read_help(help_dir, f"vllm-{v}-serve.txt")) for v in VERSIONS)
+        old, new = (
+            VllmEngine().parse_help(read_help(engine_help_dir, f"vllm-{v}-serve.txt")) for v in VERSIONS
+        )
         assert old <= new
 
 
@@ -202,9 +202,10 @@ class TestEngineCheck:
         assert report.ok and not report.warnings
         assert {f.flag for f in report.flags} >= {"--nnodes", "--headless", "--master-port"}
 
-    def test_vllm_0_11_0_lacks_multi_node_without_ray(self, help_dir):
+    def test_vllm_0_11_0_lacks_multi_node_without_ray(self, engine_help_dir):
         """0.11.0 (before 0.11.1) lacks --nnodes, --node-rank, --master-addr, --master-port: named missing."""
-        report = check_engine(VllmEngine(), {"vllm": read_help(help_dir, "lacking/vllm-0.11.0-serve.txt")})
+        lacking = read_help(engine_help_dir, "lacking/vllm-0.11.0-serve.txt")
+        report = check_engine(VllmEngine(), {"vllm": lacking})
         assert not report.ok
         assert [f.flag for f in report.missing] == [
             "--nnodes",
@@ -216,10 +217,10 @@ class TestEngineCheck:
         assert not any(f.possibly_truncated for f in report.missing)
         assert {f.feature for f in report.missing} == {"multi-node rendezvous"}
 
-    def test_plain_help_is_not_the_full_help(self, help_dir):
+    def test_plain_help_is_not_the_full_help(self, engine_help_dir):
         """``vllm serve --help`` (a summary naming --help=all) draws a not-the-full-help warning."""
         report = check_engine(
-            VllmEngine(), {"vllm": read_help(help_dir, "lacking/vllm-0.34.0-serve-plain-help.txt")}
+            VllmEngine(), {"vllm": read_help(engine_help_dir, "lacking/vllm-0.34.0-serve-plain-help.txt")}
         )
         assert any("defines no --help option" in w for w in report.warnings)
         assert any("not `vllm serve --help=all`" in w for w in report.warnings)
@@ -246,16 +247,3 @@ class TestEngineCheck:
         assert all(f.possibly_truncated for f in report.missing)
         if half == "second":
             assert {"--served-model-name", "--host", "--port"} <= {f.flag for f in report.missing}
-
-
-def test_registered_through_the_entry_point():
-    """The installed distribution's entry point registers the vLLM engine."""
-    record = get_plugin_manager().engines()["vllm"]
-    assert record.distribution == "llmgw-engine-vllm"
-    assert isinstance(record.engine, VllmEngine)
-    assert record.checked_versions == ("0.33.0", "0.34.0")
-
-
-def test_version():
-    """__version__ matches the installed distribution's metadata."""
-    assert llmgw_engine_vllm.__version__ == metadata.version("llmgw-engine-vllm")

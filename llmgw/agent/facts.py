@@ -22,7 +22,7 @@ import trio
 
 import llmgw
 from llmgw.agent.config import AgentConfig
-from llmgw.engine import Engine
+from llmgw.engine import Engine, help_and_version_of
 from llmgw.models import NodeFacts
 from llmgw.node.discovery import discover_node
 
@@ -38,8 +38,8 @@ def parse_version(output: str) -> str | None:
     """The version in what ``PROGRAM --version`` printed: the last word of its first non-empty line.
 
     ``llmgw-sim 0.1.0`` gives ``0.1.0``; ``0.6.3`` gives ``0.6.3``. An engine
-    may define ``version_argv(program) -> tuple`` (the arguments after the
-    program's path, like ``help_argv``; default ``("--version",)``) and
+    sets ``version_args`` in its ``help_and_version`` fact (the arguments after
+    the program's path; default ``("--version",)``) and overrides
     ``parse_version(text) -> str | None`` to ask and read its own way (an
     engine whose program is ``python`` must: ``python --version`` is Python's).
     """
@@ -68,7 +68,7 @@ async def _kill_group(process: trio.Process) -> None:
 
 async def _version_of(name: str, engine: Engine, path: str) -> tuple[str | None, str | None]:
     """(version, None) or (None, problem) for one engine's program at ``path``."""
-    argv = [path, *engine.version_argv(engine.programs[0])]
+    argv = [path, *help_and_version_of(engine, engine.programs[0]).version_args]
     shown = " ".join(argv)
     with trio.move_on_after(VERSION_TIMEOUT):
         try:

@@ -337,7 +337,7 @@ class ShardSupervisor:
                 self._update(state="unhealthy", detail=f"not ready within {timeout:g} s: GET {url}: {last}")
                 return
             self._update(state="ready", detail=None)
-            probe = self.engine.liveness_probe(spec)
+            probe = self.engine.liveness_probe
             async with trio.open_nursery() as checks:
                 if probe is not None:
                     checks.start_soon(self._liveness, client, probe)

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from llmgw.engine import Engine
+from llmgw.engine import Engine, help_and_version_of
 from llmgw.errors import LlmgwError, PluginError
 from llmgw.models import Command, LaunchSpec
 
@@ -234,7 +234,7 @@ def completeness_warnings(engine: Engine, program: str, text: str, documented: f
     """
     warnings = []
     if not {"--help", "-h"} & documented:
-        command = shlex.join([program, *engine.help_argv(program)])
+        command = shlex.join([program, *help_and_version_of(engine, program).help_args])
         warnings.append(
             f"{program}: the help defines no --help option, so it looks truncated or is not the "
             f"full help (engine-check reads what `{command}` prints)"
@@ -322,7 +322,7 @@ def check_engine(
     truncated = {p.program for p in programs if p.warnings}
     commands = widest_commands(engine, extra_args)
     profile_flags = set(option_flags(commands[0][0].extra_args))
-    features = engine.flag_features()
+    features = engine.flag_features
     seen: dict[tuple[str, str], list[int]] = {}
     for spec, program, command in commands:
         for flag in option_flags(engine.option_args(command)):
@@ -350,8 +350,9 @@ def run_help(engine: Engine, program: str, path: str, *, timeout: float) -> Help
         time, or printed no option definition; the message holds its exit
         code and the tail of its stderr.
     """
-    argv = [path, *engine.help_argv(program)]
-    extra_env = dict(engine.help_env(program))
+    asked = help_and_version_of(engine, program)
+    argv = [path, *asked.help_args]
+    extra_env = dict(asked.help_env)
     shown = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in extra_env.items()), shlex.join(argv)])
     try:
         process = subprocess.Popen(

@@ -5,6 +5,8 @@
 - :func:`write_ib_sysfs`, :func:`make_adapters`: a sysfs-shaped InfiniBand tree.
 - :mod:`llmgw.testing.contract`: ``EngineContract``, the conformance suite an
   engine distribution's tests subclass (needs pytest).
+- :mod:`llmgw.testing.pytest_plugin`: fixtures engine distributions share
+  (``engine_help_dir``), loaded by pytest wherever llmgw is installed.
 - :mod:`llmgw.testing.processes`: run processes in tests and always end their
   whole process group; wait on conditions with deadlines (needs pytest).
 """

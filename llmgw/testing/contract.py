@@ -1,13 +1,17 @@
 """The engine conformance suite every engine distribution runs.
 
-Subclass :class:`EngineContract` in your distribution's ``tests/`` and supply
-two fixtures: ``engine`` (your Engine instance) and ``help_texts`` (program
-name -> that program's real ``--help`` output). The inherited tests check
-what llmgw relies on; each failure message says how to fix it::
+Subclass :class:`EngineContract` in your distribution's ``tests/``, set
+``distribution`` to your distribution's name and supply two fixtures:
+``engine`` (your Engine instance) and ``help_texts`` (program name -> that
+program's real ``--help`` output). The inherited tests check what llmgw
+relies on, your ``__version__`` and your entry point included; each failure
+message says how to fix it::
 
     from llmgw.testing.contract import EngineContract
 
     class TestMyEngine(EngineContract):
+        distribution = "llmgw-engine-my"
+
         @pytest.fixture
         def engine(self):
             return MyEngine()
@@ -15,19 +19,26 @@ what llmgw relies on; each failure message says how to fix it::
         @pytest.fixture
         def help_texts(self):
             return {"my-server": Path("my-server-help.txt").read_text()}
+
+The ``engine_help_dir`` fixture (from :mod:`llmgw.testing.pytest_plugin`,
+loaded by pytest wherever llmgw is installed) is the folder of real help texts
+the engines in the llmgw repository keep beside it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+from importlib import metadata
 
 import attrs
 import pytest
 
-from llmgw.engine import Engine
+from llmgw.engine import Engine, HelpAndVersion, LivenessProbe, help_and_version_of, old_api_uses
 from llmgw.enginecheck import check_engine, option_flags, widest_commands
 from llmgw.models import Command, LaunchSpec
+from llmgw.plugins import get_plugin_manager
 
 __all__ = ["EngineContract", "flags_of", "command_program"]
 
@@ -53,7 +64,13 @@ def command_program(engine: Engine, spec: LaunchSpec, command: Command) -> str:
 
 
 class EngineContract:
-    """Tests every engine distribution inherits; supply ``engine`` and ``help_texts``."""
+    """Tests every engine distribution inherits.
+
+    Set ``distribution``; supply the ``engine`` and ``help_texts`` fixtures.
+    """
+
+    #: the name of the distribution that registers the engine (``llmgw-engine-foo``)
+    distribution: str | None = None
 
     @pytest.fixture
     def engine(self) -> Engine:
@@ -84,6 +101,37 @@ class EngineContract:
             "set Engine.checked_versions to the engine versions your commands were checked against"
         )
         assert engine.programs, "set Engine.programs to the program names your commands run"
+
+    def test_version(self, engine: Engine) -> None:
+        """The engine's package has a ``__version__``, the installed distribution's version."""
+        assert self.distribution, (
+            f"set `distribution = 'llmgw-engine-{engine.name}'` (your distribution's name) "
+            f"on {type(self).__name__}"
+        )
+        package = importlib.import_module(type(engine).__module__.split(".")[0])
+        assert getattr(package, "__version__", None) == metadata.version(self.distribution), (
+            f"{package.__name__}.__version__ must be the installed version of {self.distribution}: "
+            f'__version__ = llmgw.version.distribution_version("{self.distribution}")'
+        )
+
+    def test_registered_through_the_entry_point(self, engine: Engine) -> None:
+        """The installed distribution's ``llmgw`` entry point registers this engine under its name."""
+        assert self.distribution, f"set `distribution` on {type(self).__name__}"
+        engines = get_plugin_manager().engines()
+        assert engine.name in engines, (
+            f"no installed plugin registers engine {engine.name!r}: add "
+            f'[project.entry-points.llmgw] {engine.name} = "{type(engine).__module__}" to pyproject.toml '
+            "and reinstall"
+        )
+        record = engines[engine.name]
+        assert record.distribution == self.distribution, (
+            f"engine {engine.name!r} is registered by {record.distribution}, not {self.distribution}"
+        )
+        assert type(record.engine) is type(engine)
+
+    def test_uses_the_current_engine_api(self, engine: Engine) -> None:
+        """No method of llmgw 0.1's Engine API that is a fact now (the plugin manager refuses those)."""
+        assert not old_api_uses(engine), "; ".join(old_api_uses(engine))
 
     def test_health_path(self, engine: Engine) -> None:
         """The health path is an absolute HTTP path."""
@@ -238,19 +286,37 @@ class EngineContract:
             assert all(f.possibly_truncated for f in report.missing if f.program == program)
 
     def test_help_command(self, engine: Engine) -> None:
-        """Each program names the arguments and environment that make it print its full help."""
+        """Each program names the arguments and environment that make it print its full help and version."""
+        assert set(engine.help_and_version) <= set(engine.programs), (
+            "help_and_version names programs the engine does not run: "
+            f"{sorted(set(engine.help_and_version) - set(engine.programs))}; "
+            f"Engine.programs is {engine.programs}"
+        )
         for program in engine.programs:
-            argv = engine.help_argv(program)
-            assert argv and all(isinstance(a, str) for a in argv), (
-                f"help_argv({program!r}) must be a non-empty tuple of strings, e.g. ('--help',)"
+            asked = help_and_version_of(engine, program)
+            assert isinstance(asked, HelpAndVersion), (
+                f"help_and_version[{program!r}] must be a llmgw.engine.HelpAndVersion"
             )
-            env = engine.help_env(program)
-            assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()), (
-                f"help_env({program!r}) must map strings to strings"
+            for field in ("help_args", "version_args"):
+                args = getattr(asked, field)
+                assert args and all(isinstance(a, str) for a in args), (
+                    f"help_and_version[{program!r}].{field} must be a non-empty tuple of strings"
+                )
+            assert all(isinstance(k, str) and isinstance(v, str) for k, v in asked.help_env.items()), (
+                f"help_and_version[{program!r}].help_env must map strings to strings"
             )
+
+    def test_liveness_probe(self, engine: Engine) -> None:
+        """The liveness probe, if any, is a LivenessProbe on an absolute path with positive times."""
+        probe = engine.liveness_probe
+        if probe is None:
+            return
+        assert isinstance(probe, LivenessProbe), "Engine.liveness_probe must be a LivenessProbe or None"
+        assert probe.path.startswith("/"), f"liveness_probe.path {probe.path!r} must start with '/'"
+        assert probe.timeout > 0 and probe.interval > 0, "liveness_probe timeout and interval must be > 0"
 
     def test_flag_features_name_emitted_flags(self, engine: Engine) -> None:
         """Every flag flag_features labels is one the widest command emits (no stale labels)."""
         emitted = {flag for _, flag in self.checked_flags(engine)}
-        stale = sorted(set(engine.flag_features()) - emitted)
+        stale = sorted(set(engine.flag_features) - emitted)
         assert not stale, f"flag_features labels flags the widest command never emits: {stale}"

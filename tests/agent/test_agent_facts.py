@@ -9,7 +9,7 @@ from llmgw_engine_sim import SimEngine
 
 import llmgw
 from llmgw.agent.facts import check_engines, gather_facts, parse_version, present_sources
-from llmgw.engine import Engine
+from llmgw.engine import Engine, HelpAndVersion
 from llmgw.models import Command, DiscoverySettings, LaunchSpec
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
@@ -89,7 +89,7 @@ async def test_gather_facts_with_fake_gpus_and_a_missing_nvidia_smi(tmp_path):
     config = agent_config(tmp_path, discovery=settings, engines={"sim": {"llmgw-sim": SIM}})
     engines = {"sim": SimEngine()}
     facts = await gather_facts(config, plugins, engines, check_sources=["tiny/model", "/no/such/weights"])
-    assert (len(facts.gpus), facts.engines, facts.problems) == (4, {"sim": "0.1.0"}, ())
+    assert (len(facts.gpus), facts.engines, facts.problems) == (4, {"sim": llmgw_engine_sim.__version__}, ())
     assert facts.model_sources == ("tiny/model",)
     assert facts.agent_version == llmgw.__version__ and facts.node_id == "node-1"
 
@@ -104,10 +104,10 @@ class Pythonic(Other):
 
     name = "pythonic"
     programs = ("python",)
-
-    def version_argv(self, program: str) -> tuple[str, ...]:
-        """Ask the package, not the interpreter."""
-        return ("-c", "print('pythonic version: 0.5.23 (build 7)')")
+    #: ask the package, not the interpreter
+    help_and_version = {
+        "python": HelpAndVersion(version_args=("-c", "print('pythonic version: 0.5.23 (build 7)')"))
+    }
 
     def parse_version(self, text: str) -> str | None:
         """The word after ``version:``."""
@@ -115,7 +115,7 @@ class Pythonic(Other):
 
 
 async def test_engine_version_hooks(tmp_path):
-    """An engine's version_argv and parse_version, when it has them, decide how its version is read."""
+    """An engine's version_args and parse_version, when it has them, decide how its version is read."""
     config = agent_config(tmp_path, engines={"pythonic": {"python": sys.executable}})
     installed, problems = await check_engines(config, {"pythonic": Pythonic()})
     assert installed == {"pythonic": "0.5.23"}

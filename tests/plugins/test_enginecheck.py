@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 import llmgw
 import llmgw.enginecheck.cli
-from llmgw.engine import Engine
+from llmgw.engine import Engine, HelpAndVersion
 from llmgw.enginecheck import (
     ACCEPTED,
     MISSING,
@@ -34,9 +34,11 @@ from llmgw.enginecheck import (
 from llmgw.enginecheck.cli import engine_check
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
+from llmgw.testing.pytest_plugin import find_engine_help_dir
 
 REPO = Path(__file__).resolve().parents[2]
-HELP_DIR = REPO.parent / "shared" / "engine-help"
+#: the real help texts, found as the engine distributions' engine_help_dir fixture finds them
+HELP_DIR = find_engine_help_dir(REPO) or REPO.parent / "shared" / "engine-help"
 
 SERVER_HELP = """\
 usage: toy-server [-h] --model MODEL [--host HOST] [--port PORT] [--workers WORKERS]
@@ -90,8 +92,7 @@ class ToyEngine(Engine):
             peer_addrs=("10.0.0.1:9000", "10.0.0.2:9000", "10.0.0.3:9000"),
         )
 
-    def flag_features(self):
-        return {"--workers": "multi-node workers"}
+    flag_features = {"--workers": "multi-node workers"}
 
 
 class ToyPlugin:
@@ -298,7 +299,8 @@ class TestRunHelp:
     def test_help_env(self, tmp_path, monkeypatch):
         """The engine's help environment is added to the caller's."""
         exe = script(tmp_path / "s", f'[ "$TOY_DEVICE" = cpu ] || exit 1\ncat <<"EOF"\n{SERVER_HELP}EOF\n')
-        monkeypatch.setattr(ToyEngine, "help_env", lambda self, program: {"TOY_DEVICE": "cpu"}, raising=False)
+        asked = {"toy-server": HelpAndVersion(help_env={"TOY_DEVICE": "cpu"})}
+        monkeypatch.setattr(ToyEngine, "help_and_version", asked)
         assert run_help(ToyEngine(), "toy-server", exe, timeout=10).command == f"TOY_DEVICE=cpu {exe} --help"
 
 

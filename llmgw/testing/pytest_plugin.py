@@ -1,0 +1,50 @@
+"""The pytest plugin llmgw installs (entry point ``pytest11``): fixtures engine distributions share.
+
+pytest loads it in every run where llmgw is installed, so an engine
+distribution's tests use these fixtures without a ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+__all__ = ["HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir"]
+
+#: points at the folder of real engine help texts, instead of ``shared/engine-help`` beside the repository
+HELP_DIR_ENV = "LLMGW_ENGINE_HELP_DIR"
+
+
+def find_engine_help_dir(start: Path, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The folder of real ``--help`` texts: ``$LLMGW_ENGINE_HELP_DIR``, else ``shared/engine-help``
+    in ``start`` or the nearest folder above it that has one.
+
+    :returns: the folder, or None when there is none (or the variable names a missing one).
+    """
+    if environ.get(HELP_DIR_ENV):
+        path = Path(environ[HELP_DIR_ENV])
+        return path if path.is_dir() else None
+    for folder in (start, *start.parents):
+        candidate = folder / "shared" / "engine-help"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="session")
+def engine_help_dir(request: pytest.FixtureRequest) -> Path:
+    """The folder of real engine help texts (``engine-0.34.0-serve.txt`` ...); the test is skipped without it.
+
+    Searched from the pytest root folder (an engine distribution) upwards: the
+    engines in the llmgw repository read ``../shared/engine-help/`` beside it.
+    """
+    found = find_engine_help_dir(Path(request.config.rootpath).resolve())
+    if found is None:
+        pytest.skip(
+            f"the real engine help texts are not here: no shared/engine-help above {request.config.rootpath} "
+            f"(they live in ../shared/engine-help beside the repository; set {HELP_DIR_ENV})"
+        )
+    return found

@@ -2,11 +2,19 @@
 
 How tests are written here (after trio-websocket's rules):
 
-- Tests are trio tests (pytest-trio ``trio_mode``); trio fixtures are function-scoped.
-- Nothing sleeps and hopes: wait on a condition with a deadline
-  (``llmgw.testing.processes``), ``trio.testing.wait_all_tasks_blocked()`` or
-  memory streams, and fail loudly, with the process's stderr, when it passes.
-- Heartbeat and timeout logic runs under ``autojump_clock``.
+- Tests are trio tests (pytest-trio ``trio_mode``); trio fixtures are function-scoped, and work
+  that outlives a call runs in the ``nursery`` fixture (or a nursery the fixture owns).
+- Nothing sleeps and hopes: wait on a condition by a deadline the caller owns,
+  ``with trio.fail_after(10): await wait_for(ready, "the replica to be ready", processes)``
+  (``llmgw.testing.processes``; it fails naming the condition, with the processes' stderr),
+  ``trio.testing.wait_all_tasks_blocked()`` or memory streams. Test helpers take no ``timeout=``;
+  plain (non-trio) code, which has no cancel scope, passes ``wait_until`` its seconds.
+- A test may wait a fixed time only to show that something does NOT happen in that window,
+  and its docstring says so.
+- Time-driven logic (breaker, backoff, long-polls, lost nodes, health and ready timeouts) runs
+  under ``autojump_clock``, with an in-memory stand-in where a socket would be (see the
+  ``*_clock.py`` tests); the code reads trio's clock or takes one. Tests with real processes
+  or sockets keep the real clock.
 - Servers bind port 0 on 127.0.0.x and report the port they got.
 - Every test that starts a process ends its whole process group, even when it fails.
 - pytest-timeout gives every test an absolute deadline (pyproject: ``timeout``).

@@ -25,7 +25,7 @@ from llmgw.models import Command, DiscoverySettings, LaunchSpec, Sidecar
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
-from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_until_trio
+from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_for
 from llmgw.wire import DesiredShard
 
 SIM = program("llmgw-sim")
@@ -210,13 +210,16 @@ def kill_group(pgid: int | None) -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
-async def wait_state(states: list, wanted: set[str], timeout: float, what: str = ""):  # noqa: ASYNC109
-    """Wait until the last reported observed state is in ``wanted``; return that ObservedShard."""
+async def wait_state(states: list, wanted: set[str], what: str = ""):
+    """Wait, by the caller's deadline (``trio.fail_after``), until the last reported state is in ``wanted``.
+
+    :returns: that ObservedShard; at the deadline, fails naming the states wanted and those seen.
+    """
 
     def last():
         return states[-1] if states and states[-1].state in wanted else None
 
-    return await wait_until_trio(last, timeout, what or f"shard state in {sorted(wanted)} (seen {states})")
+    return await wait_for(last, what or f"shard state in {sorted(wanted)} (seen {states})")
 
 
 CATALOG = """

@@ -3,12 +3,21 @@
 :func:`start` runs a command in its own session (so its whole process group
 can be signalled), with stdout and stderr captured to files; the
 :func:`running` context manager and the :func:`processes` fixture end every
-group they started. :func:`wait_until` and :func:`wait_until_trio` poll a
-condition against a deadline and fail loudly, with the captured stderr of
-the processes involved, when it does not come true.
+group they started. :func:`wait_for` (trio) and :func:`wait_until` (plain
+code) poll a condition until a deadline and fail loudly, naming the
+condition, with the captured stderr of the processes involved, when it does
+not come true.
 
-The waits take their own ``timeout`` (rather than the caller's
-``trio.fail_after``) because the deadline is part of what they report.
+In trio tests the caller owns the deadline::
+
+    with trio.fail_after(10):
+        await wait_for(ready, "the replica to be ready", processes)
+
+:func:`wait_for` reads the deadline of the enclosing cancel scope and fails
+with :class:`WaitTimeout` just before it, so the failure says what did not
+happen rather than a bare ``TooSlowError``. Plain (non-trio) code has no
+cancel scope to carry a deadline, so :func:`wait_until` takes it as
+``timeout`` seconds from now.
 
 Use the fixture from a ``conftest.py``::
 
@@ -43,6 +52,7 @@ __all__ = [
     "processes",
     "running",
     "start",
+    "wait_for",
     "wait_until",
     "wait_until_trio",
 ]
@@ -112,19 +122,21 @@ class ManagedProcess:
         wait_until(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
         return self.popen.returncode
 
-    async def wait_exit_trio(self, timeout: float) -> int:  # noqa: ASYNC109
-        """:meth:`wait_exit` for trio tests: other tasks run while it waits."""
-        await wait_until_trio(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
+    async def wait_exit_trio(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        """:meth:`wait_exit` for trio tests, by the caller's deadline (``trio.fail_after`` around it).
+
+        ``timeout`` is the older form of that deadline, kept for existing callers.
+        """
+        await _wait(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
         return self.popen.returncode
 
     def wait_for_stderr(self, text: str, timeout: float) -> str:
         """Wait until a line of stderr contains ``text``, and return that line."""
         return wait_until(lambda: self._line_with(text), timeout, f"{self.name} to log {text!r}", self)
 
-    async def wait_for_stderr_trio(self, text: str, timeout: float) -> str:  # noqa: ASYNC109
-        """:meth:`wait_for_stderr` for trio tests."""
-        what = f"{self.name} to log {text!r}"
-        return await wait_until_trio(lambda: self._line_with(text), timeout, what, self)
+    async def wait_for_stderr_trio(self, text: str, timeout: float | None = None) -> str:  # noqa: ASYNC109
+        """:meth:`wait_for_stderr` for trio tests, by the caller's deadline (``timeout``: the older form)."""
+        return await _wait(lambda: self._line_with(text), timeout, f"{self.name} to log {text!r}", self)
 
     def _line_with(self, text: str) -> str | None:
         return next((line for line in self.stderr().splitlines() if text in line), None)
@@ -276,26 +288,57 @@ def wait_until(
         time.sleep(POLL_INTERVAL)
 
 
-async def wait_until_trio(
+async def wait_for(
     predicate: Callable[[], T | Awaitable[T]],
-    timeout: float,  # noqa: ASYNC109 - the deadline is what the failure message reports
     what: str,
     processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None = None,
 ) -> T:
-    """:func:`wait_until` for trio tests; ``predicate`` may also be an async function."""
-    deadline = trio.current_time() + timeout
-    while True:
-        try:
-            result, error = predicate(), None
-            if isinstance(result, Awaitable):
-                result = await result
-        except Exception as exc:
-            result, error = None, exc
-        if result:
-            return result
-        if trio.current_time() >= deadline:
-            raise WaitTimeout(_timeout_message(what, timeout, error, _involved(processes)))
-        await trio.sleep(POLL_INTERVAL)
+    """Poll ``predicate`` (a plain or async function) until it returns something truthy, and return that.
+
+    Called inside the caller's ``trio.fail_after``: an exception from
+    ``predicate`` counts as "not yet", and just before the caller's deadline
+    it raises :class:`WaitTimeout` naming ``what``, the last exception, and
+    the stderr tail of each of ``processes``. With no deadline it waits
+    until pytest-timeout ends the test.
+    """
+    started = trio.current_time()
+    error: Exception | None = None
+    # end one poll early, so that this scope (not the caller's) sees the deadline and can say what failed
+    with trio.move_on_at(trio.current_effective_deadline() - POLL_INTERVAL):
+        while True:
+            try:
+                result, error = predicate(), None
+                if isinstance(result, Awaitable):
+                    result = await result
+            except Exception as exc:
+                result, error = None, exc
+            if result:
+                return result
+            await trio.sleep(POLL_INTERVAL)
+    waited = round(trio.current_time() - started + POLL_INTERVAL, 2)
+    raise WaitTimeout(_timeout_message(what, waited, error, _involved(processes)))
+
+
+async def wait_until_trio(
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout: float,  # noqa: ASYNC109 - the older form, kept while callers move to wait_for
+    what: str,
+    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None = None,
+) -> T:
+    """:func:`wait_for` with its deadline ``timeout`` seconds from now; new code wraps :func:`wait_for`."""
+    return await _wait(predicate, timeout, what, processes)
+
+
+async def _wait(
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout: float | None,  # noqa: ASYNC109
+    what: str,
+    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None,
+) -> T:
+    if timeout is None:
+        return await wait_for(predicate, what, processes)
+    with trio.fail_after(timeout + POLL_INTERVAL):
+        return await wait_for(predicate, what, processes)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

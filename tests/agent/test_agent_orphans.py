@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
 from llmgw.testing.agent import ADDRESS, SIM, Server, group_alive, kill_group, port_free
-from llmgw.testing.processes import ProcessSet, free_port, wait_until_trio
+from llmgw.testing.processes import ProcessSet, free_port, wait_for
 
 #: runs the click command directly, so these tests do not depend on where `agent` is registered
 RUNNER = "import sys; from llmgw.agent.cli import agent; agent(sys.argv[1:], prog_name='llmgw agent')"
@@ -87,7 +88,7 @@ def start_agent(procs: ProcessSet, config: Path):
 
 
 async def ready_replica(server: Server, procs: ProcessSet, *, not_attempt: int | None = None) -> dict:
-    """Wait until the replica is ready with its shard reported ready (by a new attempt, if asked)."""
+    """Wait, by the caller's deadline, for the replica and its shard ready (by a new attempt, if asked)."""
 
     async def ready():
         replicas = (await server.get("/v1/admin/replicas"))["replicas"]
@@ -98,7 +99,7 @@ async def ready_replica(server: Server, procs: ProcessSet, *, not_attempt: int |
         shard_ready = replica["shards"][0]["state"] == "ready"
         return replica if fresh and replica["state"] == "ready" and shard_ready else None
 
-    return await wait_until_trio(ready, 30, "the replica to be ready", procs)
+    return await wait_for(ready, "the replica to be ready", procs)
 
 
 def pgid_of(pid: int) -> int:
@@ -111,20 +112,26 @@ async def test_kill_9_of_the_agent_leaves_no_orphan(server, procs, agent_files):
     config, state = agent_files
     agent = start_agent(procs, config)
     await server.apply(replicas=1)
-    first = await ready_replica(server, procs)
+    with trio.fail_after(30):
+        first = await ready_replica(server, procs)
     shard = first["shards"][0]
     pgid = pgid_of(shard["pid"])
     assert pgid != agent.pid and group_alive(pgid) and not port_free(ADDRESS, shard["port"])
 
     agent.signal(signal.SIGKILL)
-    await agent.wait_exit_trio(5)
-    await wait_until_trio(lambda: not group_alive(pgid), 10, "the engine's process group to end", procs)
-    await wait_until_trio(lambda: port_free(ADDRESS, shard["port"]), 5, "the engine's port to be free")
+    with trio.fail_after(5):
+        await agent.wait_exit_trio()
+    with trio.fail_after(10):
+        await wait_for(lambda: not group_alive(pgid), "the engine's process group to end", procs)
+    with trio.fail_after(5):
+        await wait_for(lambda: port_free(ADDRESS, shard["port"]), "the engine's port to be free")
 
     again = start_agent(procs, config)
-    second = await ready_replica(server, procs, not_attempt=first["attempt"])
+    with trio.fail_after(30):
+        second = await ready_replica(server, procs, not_attempt=first["attempt"])
     assert second["shards"][0]["pid"] != shard["pid"]
-    await again.wait_for_stderr_trio("was running under the previous agent: reporting it exited", 5)
+    with trio.fail_after(5):
+        await again.wait_for_stderr_trio("was running under the previous agent: reporting it exited")
     # the new agent reported the model sources from its first sync: the replica was rebuilt in place
     messages = [e["message"] for e in (await server.get("/v1/admin/events"))["events"]]
     assert "rebuilding after 1 failures" in messages and not any("removed" in m for m in messages)
@@ -132,7 +139,8 @@ async def test_kill_9_of_the_agent_leaves_no_orphan(server, procs, agent_files):
     # and a clean stop: SIGTERM stops every shard and exits 0
     new_pgid = pgid_of(second["shards"][0]["pid"])
     again.signal(signal.SIGTERM)
-    assert await again.wait_exit_trio(15) == 0
+    with trio.fail_after(15):
+        assert await again.wait_exit_trio() == 0
     assert not group_alive(new_pgid)
     assert "ended by SIGTERM" in again.stderr()
 
@@ -142,17 +150,21 @@ async def test_new_agent_ends_groups_its_launchers_did_not(server, procs, agent_
     config, state = agent_files
     agent = start_agent(procs, config)
     await server.apply(replicas=1)
-    first = await ready_replica(server, procs)
+    with trio.fail_after(30):
+        first = await ready_replica(server, procs)
     shard = first["shards"][0]
     pgid = pgid_of(shard["pid"])
 
     agent.signal(signal.SIGKILL)
     os.kill(pgid, signal.SIGKILL)  # the launcher leads the group; its engine lives on, orphaned
-    await agent.wait_exit_trio(5)
+    with trio.fail_after(5):
+        await agent.wait_exit_trio()
     assert group_alive(pgid) and not port_free(ADDRESS, shard["port"])
 
     again = start_agent(procs, config)
-    await again.wait_for_stderr_trio("left by an earlier agent: process group", 10)
+    with trio.fail_after(10):
+        await again.wait_for_stderr_trio("left by an earlier agent: process group")
     assert not group_alive(pgid) and port_free(ADDRESS, shard["port"])
-    second = await ready_replica(server, procs, not_attempt=first["attempt"])
+    with trio.fail_after(30):
+        second = await ready_replica(server, procs, not_attempt=first["attempt"])
     assert second["shards"][0]["pid"] != shard["pid"]

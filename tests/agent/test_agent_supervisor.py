@@ -26,7 +26,7 @@ from llmgw.testing.agent import (
     wait_state,
     write_scripts,
 )
-from llmgw.testing.processes import free_port, wait_until_trio
+from llmgw.testing.processes import free_port, wait_for
 from llmgw.wire import SyncReply
 
 
@@ -67,11 +67,11 @@ async def harness(nursery, tmp_path):
         h.cleanup()
 
 
-async def stopped(supervisor: ShardSupervisor, timeout: float = 10) -> None:  # noqa: ASYNC109
-    """Stop a supervisor and wait until every one of its processes is gone."""
+async def stopped(supervisor: ShardSupervisor) -> None:
+    """Stop a supervisor and wait until every one of its processes is gone (by a 10 s deadline)."""
     supervisor.stop()
     children = [c for c in [supervisor.engine_child, *supervisor.sidecars] if c is not None]
-    with trio.fail_after(timeout):
+    with trio.fail_after(10):
         for child in children:
             await child.exited.wait()
 
@@ -83,7 +83,8 @@ class TestEngine:
         """A sim shard goes starting → running → ready, reports the engine's pid, and logs to its file."""
         port = free_port("127.0.0.1")
         supervisor, states = harness.start(desired("sim", port))
-        ready = await wait_state(states, {"ready", "exited", "unhealthy"}, 15)
+        with trio.fail_after(15):
+            ready = await wait_state(states, {"ready", "exited", "unhealthy"})
         assert ready.state == "ready", ready
         assert [s.state for s in states][:2] == ["running", "ready"]
         assert ready.pid == supervisor.engine_child.pid and pid_alive(ready.pid)
@@ -97,7 +98,8 @@ class TestEngine:
         """Stopping a shard ends its engine's whole process group with SIGTERM, and its port is free."""
         port = free_port("127.0.0.1")
         supervisor, states = harness.start(desired("sim", port))
-        await wait_state(states, {"ready"}, 15)
+        with trio.fail_after(15):
+            await wait_state(states, {"ready"})
         child = supervisor.engine_child
         await stopped(supervisor)
         assert states[-1].state == "stopping"
@@ -110,7 +112,8 @@ class TestEngine:
         port = free_port("127.0.0.1")
         shard = desired("script", port, extra_args=["--ignore-sigterm"])
         supervisor, states = harness.start(shard, stop_grace=0.5)
-        await wait_state(states, {"ready"}, 10)
+        with trio.fail_after(10):
+            await wait_state(states, {"ready"})
         pgid = supervisor.engine_child.pgid
         start = trio.current_time()
         await stopped(supervisor)
@@ -122,11 +125,13 @@ class TestEngine:
         """An engine that exits is reported `exited` with its exit code and its log's last line."""
         port = free_port("127.0.0.1")
         supervisor, states = harness.start(desired("sim", port, extra_args=["--exit-after-requests", "1"]))
-        await wait_state(states, {"ready"}, 15)
+        with trio.fail_after(15):
+            await wait_state(states, {"ready"})
         async with httpx.AsyncClient(timeout=10) as client:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
-        exited = await wait_state(states, {"exited"}, 10)
+        with trio.fail_after(10):
+            exited = await wait_state(states, {"exited"})
         assert exited.exit_code == 1
         log = shard_log_path(harness.tmp_path / "agent" / "logs", supervisor.desired).read_text()
         last = [line for line in log.splitlines() if line.strip() and "[llmgw-launcher]" not in line][-1]
@@ -138,7 +143,8 @@ class TestEngine:
         """An engine program that does not exist gives `exited` with code 127 and says which path."""
         shard = desired("sim", free_port("127.0.0.1"))
         supervisor, states = harness.start(shard, engines={"sim": {"llmgw-sim": str(tmp_path / "nope")}})
-        exited = await wait_state(states, {"exited"}, 10)
+        with trio.fail_after(10):
+            exited = await wait_state(states, {"exited"})
         assert exited.exit_code == 127
         assert "nope" in exited.detail and "No such file" in exited.detail
 
@@ -152,13 +158,16 @@ class TestMultiNode:
         common = dict(nnodes=2, dist_init_addr=f"127.0.0.1:{dist}", extra_args=["--peer-timeout", "0.5"])
         rank0, states0 = harness.start(desired("sim", port, rank=0, **common))
         rank1, states1 = harness.start(desired("sim", free_port("127.0.0.1"), rank=1, **common))
-        assert (await wait_state(states0, {"ready", "exited"}, 15)).state == "ready"
+        with trio.fail_after(15):
+            assert (await wait_state(states0, {"ready", "exited"})).state == "ready"
         assert states1[-1].state == "running" and rank1.log_path.name == "m-0-1-r1.log"
 
         os.killpg(rank1.engine_child.pgid, signal.SIGKILL)
-        exited1 = await wait_state(states1, {"exited"}, 10)
+        with trio.fail_after(10):
+            exited1 = await wait_state(states1, {"exited"})
         assert exited1.exit_code == -signal.SIGKILL and exited1.detail is not None
-        exited0 = await wait_state(states0, {"exited"}, 10)
+        with trio.fail_after(10):
+            exited0 = await wait_state(states0, {"exited"})
         assert exited0.exit_code == 1
         assert not group_alive(rank0.engine_child.pgid)
 
@@ -170,8 +179,10 @@ class TestHealth:
         """Rank 0 whose health check stops answering after it was ready goes `unhealthy` after 3 failures."""
         port = free_port("127.0.0.1")
         supervisor, states = harness.start(desired("script", port, extra_args=["--healthy", "3"]))
-        await wait_state(states, {"ready"}, 10)
-        unhealthy = await wait_state(states, {"unhealthy"}, 10)
+        with trio.fail_after(10):
+            await wait_state(states, {"ready"})
+        with trio.fail_after(10):
+            unhealthy = await wait_state(states, {"unhealthy"})
         assert "health check failed 3 times in a row" in unhealthy.detail
         assert f":{port}/health" in unhealthy.detail
         assert pid_alive(unhealthy.pid)  # the agent reports; the server decides to tear it down
@@ -181,7 +192,8 @@ class TestHealth:
         port = free_port("127.0.0.1")
         shard = desired("script", port, extra_args=["--status", "503"], ready_timeout=1.0)
         supervisor, states = harness.start(shard)
-        unhealthy = await wait_state(states, {"unhealthy", "ready"}, 10)
+        with trio.fail_after(10):
+            unhealthy = await wait_state(states, {"unhealthy", "ready"})
         assert unhealthy.state == "unhealthy"
         assert unhealthy.detail.startswith("not ready within 1 s") and "HTTP 503" in unhealthy.detail
 
@@ -200,7 +212,8 @@ class TestSidecars:
         )
         shard = desired("script", port, extra_args=["--need-port", str(side_port)], sidecars=[sidecar])
         supervisor, states = harness.start(shard)
-        result = await wait_state(states, {"ready", "exited", "unhealthy"}, 15)
+        with trio.fail_after(15):
+            result = await wait_state(states, {"ready", "exited", "unhealthy"})
         assert result.state == "ready", result
         engine_log = shard_log_path(harness.tmp_path / "agent" / "logs", shard).read_text()
         assert f"sidecar port {side_port} is listening" in engine_log
@@ -218,7 +231,8 @@ class TestSidecars:
         )
         shard = desired("script", port, extra_args=["--need-port", str(side_port)], sidecars=[sidecar])
         supervisor, states = harness.start(shard)
-        assert (await wait_state(states, {"ready", "exited", "unhealthy"}, 15)).state == "ready"
+        with trio.fail_after(15):
+            assert (await wait_state(states, {"ready", "exited", "unhealthy"})).state == "ready"
         assert shard_log_path(harness.tmp_path / "agent" / "logs", shard, "web").exists()
 
     async def test_sidecar_not_ready_in_time_makes_the_shard_unhealthy(self, harness):
@@ -230,7 +244,8 @@ class TestSidecars:
             ready=f"tcp:{side_port}",
         )
         supervisor, states = harness.start(desired("script", port, sidecars=[sidecar]), sidecar_timeout=0.5)
-        unhealthy = await wait_state(states, {"unhealthy", "running", "ready"}, 10)
+        with trio.fail_after(10):
+            unhealthy = await wait_state(states, {"unhealthy", "running", "ready"})
         assert unhealthy.state == "unhealthy"
         assert unhealthy.detail.startswith("sidecar slow not ready within 0.5 s")
         assert supervisor.engine_child is None
@@ -244,8 +259,10 @@ class TestSidecars:
             ready=f"tcp:{side_port}",
         )
         supervisor, states = harness.start(desired("script", port, sidecars=[sidecar]))
-        await wait_state(states, {"ready"}, 10)
-        unhealthy = await wait_state(states, {"unhealthy"}, 10)
+        with trio.fail_after(10):
+            await wait_state(states, {"ready"})
+        with trio.fail_after(10):
+            unhealthy = await wait_state(states, {"unhealthy"})
         assert unhealthy.detail == "sidecar flaky exited with code 3 while the shard ran: sidecar giving up"
 
 
@@ -270,13 +287,15 @@ class TestApply:
         new = desired("script", port, replica="b-0")
         try:
             agent.apply(SyncReply(revision=1, shards=[old]))
-            await wait_until_trio(lambda: agent.observed[old.key].state == "ready", 10, "the old shard ready")
+            with trio.fail_after(10):
+                await wait_for(lambda: agent.observed[old.key].state == "ready", "the old shard ready")
             old_group = agent.supervisors[old.key].engine_child.pgid
             agent.apply(SyncReply(revision=2, shards=[new]))
             assert agent.observed[new.key].state == "starting" and agent.observed[old.key].state == "stopping"
-            await wait_until_trio(
-                lambda: agent.observed[new.key].state in ("ready", "exited"), 10, "the new shard to start"
-            )
+            with trio.fail_after(10):
+                await wait_for(
+                    lambda: agent.observed[new.key].state in ("ready", "exited"), "the new shard to start"
+                )
             assert agent.observed[new.key].state == "ready", agent.observed[new.key]
             assert old.key not in agent.observed and not group_alive(old_group)
             assert pid_alive(agent.observed[new.key].pid)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+import trio
 
-from llmgw.testing.processes import WaitTimeout, group_alive, pid_alive, start, wait_until
+from llmgw.testing.processes import WaitTimeout, group_alive, pid_alive, start, wait_for, wait_until
 
 GRANDCHILD = """
 import subprocess, sys, time
@@ -43,3 +44,29 @@ def test_wait_timeout_names_the_condition_and_shows_stderr(tmp_path):
         assert "CUDA out of memory" in str(info.value)
     finally:
         process.kill_group()
+
+
+async def test_wait_for_returns_what_the_condition_gave(autojump_clock):
+    """wait_for returns the predicate's first truthy value, an async predicate's included."""
+    ready_at = trio.current_time() + 3
+
+    async def ready():
+        return "ready" if trio.current_time() >= ready_at else None
+
+    with trio.fail_after(10):
+        assert await wait_for(ready, "the engine to be ready") == "ready"
+    assert trio.current_time() >= ready_at
+
+
+async def test_wait_for_fails_at_the_callers_deadline_naming_the_condition(autojump_clock):
+    """At the caller's deadline wait_for fails naming what it waited for and the last error."""
+    started = trio.current_time()
+
+    def refused():
+        raise ConnectionRefusedError("port 8000")
+
+    with pytest.raises(WaitTimeout, match=r"after 5s waiting for the engine to be ready") as info:
+        with trio.fail_after(5):
+            await wait_for(refused, "the engine to be ready")
+    assert "ConnectionRefusedError('port 8000')" in str(info.value)
+    assert trio.current_time() - started == pytest.approx(5, abs=0.05)

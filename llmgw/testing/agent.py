@@ -191,8 +191,14 @@ def desired(
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be bound right now (nothing holds it)."""
+    """Whether a server could listen on ``host:port`` right now: no process holds it.
+
+    Binds with ``SO_REUSEADDR``, as every engine's server does: a connection
+    the engine closed first lingers in TIME_WAIT for a minute without
+    holding the port for a new listener.
+    """
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

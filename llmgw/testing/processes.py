@@ -54,7 +54,6 @@ __all__ = [
     "start",
     "wait_for",
     "wait_until",
-    "wait_until_trio",
 ]
 
 T = TypeVar("T")
@@ -122,21 +121,18 @@ class ManagedProcess:
         wait_until(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
         return self.popen.returncode
 
-    async def wait_exit_trio(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
-        """:meth:`wait_exit` for trio tests, by the caller's deadline (``trio.fail_after`` around it).
-
-        ``timeout`` is the older form of that deadline, kept for existing callers.
-        """
-        await _wait(lambda: self.returncode is not None, timeout, f"{self.name} to exit", self)
+    async def wait_exit_trio(self) -> int:
+        """:meth:`wait_exit` for trio tests, by the caller's deadline (``trio.fail_after`` around it)."""
+        await wait_for(lambda: self.returncode is not None, f"{self.name} to exit", self)
         return self.popen.returncode
 
     def wait_for_stderr(self, text: str, timeout: float) -> str:
         """Wait until a line of stderr contains ``text``, and return that line."""
         return wait_until(lambda: self._line_with(text), timeout, f"{self.name} to log {text!r}", self)
 
-    async def wait_for_stderr_trio(self, text: str, timeout: float | None = None) -> str:  # noqa: ASYNC109
-        """:meth:`wait_for_stderr` for trio tests, by the caller's deadline (``timeout``: the older form)."""
-        return await _wait(lambda: self._line_with(text), timeout, f"{self.name} to log {text!r}", self)
+    async def wait_for_stderr_trio(self, text: str) -> str:
+        """:meth:`wait_for_stderr` for trio tests, by the caller's deadline (``trio.fail_after``)."""
+        return await wait_for(lambda: self._line_with(text), f"{self.name} to log {text!r}", self)
 
     def _line_with(self, text: str) -> str | None:
         return next((line for line in self.stderr().splitlines() if text in line), None)
@@ -317,28 +313,6 @@ async def wait_for(
             await trio.sleep(POLL_INTERVAL)
     waited = round(trio.current_time() - started + POLL_INTERVAL, 2)
     raise WaitTimeout(_timeout_message(what, waited, error, _involved(processes)))
-
-
-async def wait_until_trio(
-    predicate: Callable[[], T | Awaitable[T]],
-    timeout: float,  # noqa: ASYNC109 - the older form, kept while callers move to wait_for
-    what: str,
-    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None = None,
-) -> T:
-    """:func:`wait_for` with its deadline ``timeout`` seconds from now; new code wraps :func:`wait_for`."""
-    return await _wait(predicate, timeout, what, processes)
-
-
-async def _wait(
-    predicate: Callable[[], T | Awaitable[T]],
-    timeout: float | None,  # noqa: ASYNC109
-    what: str,
-    processes: ManagedProcess | ProcessSet | Iterable[ManagedProcess] | None,
-) -> T:
-    if timeout is None:
-        return await wait_for(predicate, what, processes)
-    with trio.fail_after(timeout + POLL_INTERVAL):
-        return await wait_for(predicate, what, processes)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -7,6 +7,7 @@ import logging
 import httpx
 import llmgw_engine_sim
 import pytest
+import trio
 from llmgw_engine_sim import SimEngine
 
 import llmgw
@@ -22,7 +23,7 @@ from llmgw.testing.agent import (
     port_free,
     replica_ready,
 )
-from llmgw.testing.processes import wait_until_trio
+from llmgw.testing.processes import wait_for
 
 
 @pytest.fixture
@@ -60,14 +61,16 @@ class TestSync:
             nodes = (await server.get("/v1/admin/nodes"))["nodes"]
             return nodes[0] if nodes else None
 
-        node = await wait_until_trio(registered, 10, "node-1 to register")
+        with trio.fail_after(10):
+            node = await wait_for(registered, "node-1 to register")
         assert node["node_id"] == "node-1" and node["address"] == ADDRESS
         assert (node["gpus_total"], node["engines"]) == (8, {"sim": SimEngine.checked_versions[0]})
         assert node["agent_version"] == llmgw.__version__
         assert node["warnings"] == []
 
         await server.apply(replicas=1)
-        replica = await wait_until_trio(lambda: replica_ready(server), 20, "the replica to be ready")
+        with trio.fail_after(20):
+            replica = await wait_for(lambda: replica_ready(server), "the replica to be ready")
         shard = replica["shards"][0]
         cleanup_groups.append(agent.supervisors[next(iter(agent.supervisors))].engine_child.pgid)
         assert shard["state"] == "ready" and shard["node"] == "node-1" and pid_alive(shard["pid"])
@@ -78,7 +81,8 @@ class TestSync:
 
         engine = next(iter(agent.supervisors.values())).engine_child
         await server.apply(replicas=0)
-        await wait_until_trio(lambda: not agent.observed, 10, "the shard to be stopped and forgotten")
+        with trio.fail_after(10):
+            await wait_for(lambda: not agent.observed, "the shard to be stopped and forgotten")
         assert not group_alive(engine.pgid) and port_free(ADDRESS, shard["port"])
         assert engine.stopped_by == "SIGTERM"
 
@@ -89,28 +93,32 @@ class TestSync:
         caplog.set_level(logging.DEBUG, logger="llmgw.agent")
         agent = await nursery.start(serve_agent, make_config(tmp_path, test_pki, server), sim_plugins())
         await server.apply(replicas=1)
-        ready = await wait_until_trio(lambda: replica_ready(server), 20, "the replica to be ready")
+        with trio.fail_after(20):
+            ready = await wait_for(lambda: replica_ready(server), "the replica to be ready")
         before = ready["shards"][0]
         cleanup_groups.append(next(iter(agent.supervisors.values())).engine_child.pgid)
 
         stopped_at = len(caplog.records)
         await server.stop()
-        await wait_until_trio(
-            lambda: any("still unreachable (try 4)" in r.message for r in caplog.records), 10,
-            "the agent to fail 4 tries",
-        )
+        with trio.fail_after(10):
+            await wait_for(
+                lambda: any("still unreachable (try 4)" in r.message for r in caplog.records),
+                "the agent to fail 4 tries",
+            )
         key, observed = next(iter(agent.observed.items()))
         assert observed.state == "ready" and observed.pid == before["pid"] and pid_alive(before["pid"])
 
         await server.start()
-        after = await wait_until_trio(lambda: replica_ready(server), 20, "the replica to be ready again")
+        with trio.fail_after(20):
+            after = await wait_for(lambda: replica_ready(server), "the replica to be ready again")
         assert after["shards"][0]["pid"] == before["pid"]
         assert (after["attempt"], after["failures"]) == (ready["attempt"], 0)
         assert list(agent.observed) == [key]
         assert pid_alive(before["pid"])
-        await wait_until_trio(
-            lambda: any("reachable again" in r.message for r in caplog.records), 10, "the agent to log it"
-        )
+        with trio.fail_after(10):
+            await wait_for(
+                lambda: any("reachable again" in r.message for r in caplog.records), "the agent to log it"
+            )
         during = caplog.records[stopped_at:]
         outages = [r for r in during if "unreachable" in r.message and r.levelno == logging.WARNING]
         assert len(outages) == 1, [r.message for r in outages]  # once per outage, not once per try
@@ -129,7 +137,8 @@ class TestSync:
             errors = [r for r in caplog.records if r.levelno == logging.ERROR and "refused" in r.message]
             return errors[0] if errors else None
 
-        record = await wait_until_trio(refusal, 10, "the agent to log the refusal")
+        with trio.fail_after(10):
+            record = await wait_for(refusal, "the agent to log the refusal")
         assert "node certificate for 'node-x' cannot sync as node 'node-1'" in record.message
         assert "HTTP 403" in record.message
         assert (await server.get("/v1/admin/nodes"))["nodes"] == []

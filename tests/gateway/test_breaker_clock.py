@@ -15,8 +15,8 @@ from llmgw.gateway import proxy as proxy_module
 from llmgw.gateway.balancer import Balancer, BreakerState
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Call, Proxy, ProxySettings
-from llmgw.gateway.routes import Upstream
 from llmgw.net.client import ConnectError
+from llmgw.wire import Route
 
 
 class Answer:
@@ -54,7 +54,7 @@ class Pool:
 def gateway(names: tuple[str, ...], *, failures: int, open_for: float, **settings) -> tuple[Proxy, Pool]:
     """A proxy over replicas ``names`` of model ``m`` (``http://NAME``), and its pool."""
     balancer = Balancer(breaker_failures=failures, breaker_open_for=open_for)
-    balancer.update({"m": [Upstream(name, f"http://{name}") for name in names]})
+    balancer.update({"m": [Route(name, f"http://{name}") for name in names]})
     pool = Pool()
     proxy = Proxy(pool, balancer, GatewayMetrics(balancer, lambda: None), ProxySettings(**settings))
     return proxy, pool

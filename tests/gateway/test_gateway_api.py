@@ -389,7 +389,8 @@ class TestCommand:
             ],
             name="gateway",
         )
-        line = await gateway.wait_for_stderr_trio("WITHOUT API keys", 15)
+        with trio.fail_after(15):
+            line = await gateway.wait_for_stderr_trio("WITHOUT API keys")
         assert f"127.0.0.1:{port}" in line
         with trio.fail_after(10):
             await wait_healthy([f"http://127.0.0.1:{port}"])
@@ -397,4 +398,5 @@ class TestCommand:
             response = await http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
         assert response.status_code == 200
         gateway.signal(signal.SIGTERM)
-        assert await gateway.wait_exit_trio(10) == 0
+        with trio.fail_after(10):
+            assert await gateway.wait_exit_trio() == 0

@@ -13,7 +13,7 @@ import trio
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
-from llmgw.testing.processes import free_port, processes, wait_until_trio  # noqa: F401
+from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 BODY = {"model": "m", "messages": MESSAGES, "max_tokens": 4}
@@ -153,7 +153,8 @@ class TestBreaker:
                 await request()
                 return await state() == 2
 
-            await wait_until_trio(opened, 10, "the dead replica's breaker to open")
+            with trio.fail_after(10):
+                await wait_for(opened, "the dead replica's breaker to open")
             errors = sample(
                 await metrics(url), "llmgw_gateway_upstream_errors_total", replica="dead", kind="connect"
             )
@@ -167,7 +168,8 @@ class TestBreaker:
                 await request()
                 return await state() == 0
 
-            await wait_until_trio(closed, 10, "the revived replica's breaker to close")
+            with trio.fail_after(10):
+                await wait_for(closed, "the revived replica's breaker to close")
             assert "dead" in {await request() for _ in range(20)}
 
 
@@ -246,9 +248,8 @@ class TestStreams:
                 await response.aiter_bytes().__anext__()
         with trio.fail_after(5):
             await stopped.wait()
-        await wait_until_trio(
-            lambda: gateway.balancer.replicas("m")[0].in_flight == 0, 5, "in-flight to drop"
-        )
+        with trio.fail_after(5):
+            await wait_for(lambda: gateway.balancer.replicas("m")[0].in_flight == 0, "in-flight to drop")
         assert gateway.upstreams.idle_count() == 0
 
     async def test_client_leaving_closes_the_sim_connection(self, nursery, processes):  # noqa: F811
@@ -263,12 +264,12 @@ class TestStreams:
             async with http.stream("POST", "/v1/chat/completions", json=long) as response:
                 await response.aiter_bytes().__anext__()
                 assert ESTABLISHED in connections_to(sim.port)
-        await wait_until_trio(
-            lambda: not {ESTABLISHED, CLOSE_WAIT} & set(connections_to(sim.port)),
-            5,
-            "the engine's side of the connection to close",
-            sim.process,
-        )
+        with trio.fail_after(5):
+            await wait_for(
+                lambda: not {ESTABLISHED, CLOSE_WAIT} & set(connections_to(sim.port)),
+                "the engine's side of the connection to close",
+                sim.process,
+            )
 
     async def test_stream_on_a_dying_replica_ends_with_an_error_event(self, nursery, processes):  # noqa: F811
         """Killing the engine mid-stream ends the client's stream with an OpenAI error event, not a hang."""
@@ -331,13 +332,13 @@ class TestRouteChanges:
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.post("/v1/completions", json=body)).status_code == 503
             feed.set(routes={"late": [("late-0", sim.url)]})
-            await wait_until_trio(
-                lambda: _status(http, "/v1/completions", body, 200), 5.0, "the new replica to serve"
-            )
+            with trio.fail_after(5.0):
+                await wait_for(
+                    lambda: _status(http, "/v1/completions", body, 200), "the new replica to serve"
+                )
             feed.set(routes={})
-            await wait_until_trio(
-                lambda: _status(http, "/v1/completions", body, 503), 5.0, "the replica to go"
-            )
+            with trio.fail_after(5.0):
+                await wait_for(lambda: _status(http, "/v1/completions", body, 503), "the replica to go")
             listed = (await http.get("/v1/models")).json()["data"]
         assert listed == []
 
@@ -361,8 +362,10 @@ class TestRouteChanges:
         gateway, url = await start_gateway(nursery, feed_url, require_keys=False, routes_retry_interval=0.1)
         feed_scope.cancel()
         async with httpx.AsyncClient(base_url=url) as http:
-            await wait_until_trio(lambda: not gateway.watcher.up, 5, "the gateway to notice the outage")
-            await wait_until_trio(lambda: gateway.watcher.age() > 0.5, 5, "some time without the feed")
+            with trio.fail_after(5):
+                await wait_for(lambda: not gateway.watcher.up, "the gateway to notice the outage")
+            with trio.fail_after(5):
+                await wait_for(lambda: gateway.watcher.age() > 0.5, "some time without the feed")
             for _ in range(5):
                 assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
             text = await metrics(url)
@@ -372,9 +375,10 @@ class TestRouteChanges:
             assert len(outage_logs) == 1 and "serving from the last routes" in outage_logs[0].getMessage()
             feed.set(routes={"m": [("a", a.url), ("b", b.url)]})
             await nursery.start(feed.serve, "127.0.0.1", port)
-            await wait_until_trio(
-                lambda: len(gateway.balancer.replicas("m")) == 2, 5.0, "the new replica after the outage"
-            )
+            with trio.fail_after(5.0):
+                await wait_for(
+                    lambda: len(gateway.balancer.replicas("m")) == 2, "the new replica after the outage"
+                )
         assert any("answers again" in r.getMessage() for r in caplog.records)
 
 

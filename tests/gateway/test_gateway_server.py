@@ -20,7 +20,7 @@ from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.testing import make_gpus
 from llmgw.testing.gateway import start_gateway, start_sim, wait_healthy
-from llmgw.testing.processes import free_port, processes, wait_until_trio  # noqa: F401
+from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 from llmgw.wire import ObservedShard, SyncReply, SyncRequest, from_json, to_json
 
 CATALOG = """
@@ -155,7 +155,8 @@ async def test_gateway_follows_ready_replicas_of_the_real_server(nursery, cluste
     replica = await cluster.run_replica(processes, "node-1")
 
     await cluster.sync("node-1", "ready")
-    await wait_until_trio(lambda: len(gateway.balancer.replicas("small")) == 1, 5.0, "the route to appear")
+    with trio.fail_after(5.0):
+        await wait_for(lambda: len(gateway.balancer.replicas("small")) == 1, "the route to appear")
     assert await status_of(url) == 200
 
     def use() -> list[str]:
@@ -172,7 +173,8 @@ async def test_gateway_follows_ready_replicas_of_the_real_server(nursery, cluste
         assert [m["id"] for m in (await http.get("/v1/models")).json()["data"]] == ["small"]
 
     await cluster.sync("node-1", "exited")
-    await wait_until_trio(lambda: not gateway.balancer.replicas("small"), 5.0, "the route to go")
+    with trio.fail_after(5.0):
+        await wait_for(lambda: not gateway.balancer.replicas("small"), "the route to go")
     assert await status_of(url) == 503
     assert replica == "small-0"
 
@@ -184,10 +186,12 @@ async def test_server_outage_keeps_routes_and_new_replicas_follow(nursery, clust
     gateway, url = await gateway_for(nursery, cluster)
     await cluster.run_replica(processes, "node-1")
     await cluster.sync("node-1", "ready")
-    await wait_until_trio(lambda: gateway.balancer.replicas("small"), 5.0, "the first route")
+    with trio.fail_after(5.0):
+        await wait_for(lambda: gateway.balancer.replicas("small"), "the first route")
 
     cluster.stop()
-    await wait_until_trio(lambda: not gateway.watcher.up, 5, "the gateway to notice the outage")
+    with trio.fail_after(5):
+        await wait_for(lambda: not gateway.watcher.up, "the gateway to notice the outage")
     assert [await status_of(url) for _ in range(5)] == [200] * 5
     assert sum("cannot read routes" in r.getMessage() for r in caplog.records) == 1
 
@@ -196,9 +200,10 @@ async def test_server_outage_keeps_routes_and_new_replicas_follow(nursery, clust
     await cluster.sync("node-1", "ready")
     await cluster.run_replica(processes, "node-2")
     await cluster.sync("node-2", "ready")
-    await wait_until_trio(
-        lambda: len(gateway.balancer.replicas("small")) == 2, 5.0, "the new replica after the outage"
-    )
+    with trio.fail_after(5.0):
+        await wait_for(
+            lambda: len(gateway.balancer.replicas("small")) == 2, "the new replica after the outage"
+        )
     assert gateway.watcher.up
 
 
@@ -219,9 +224,10 @@ async def test_node_certificate_cannot_read_routes(nursery, cluster, caplog):
         )
     )
     host, port = await nursery.start(gateway.serve)
-    await wait_until_trio(
-        lambda: any("answered 403" in r.getMessage() for r in caplog.records), 5, "the refusal in the log"
-    )
+    with trio.fail_after(5):
+        await wait_for(
+            lambda: any("answered 403" in r.getMessage() for r in caplog.records), "the refusal in the log"
+        )
     async with httpx.AsyncClient() as http:
         health = await http.get(f"http://{host}:{port}/health")
     assert health.status_code == 503

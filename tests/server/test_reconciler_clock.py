@@ -11,6 +11,7 @@ import ssl
 
 import pytest
 import trio
+import trio.testing
 from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
@@ -24,6 +25,17 @@ from llmgw.wire import SyncRequest, to_json
 
 LOST_AFTER = 30.0
 POLL_TIMEOUT = 20.0
+
+
+@pytest.fixture
+def autojump_clock():
+    """trio's mock clock, jumping only after 20 ms of real idleness.
+
+    The store runs sqlite in a worker thread: with the default threshold (0)
+    the clock jumps while a store call is still running, since no trio task
+    is runnable then, and a timer fires early or late by a tick.
+    """
+    return trio.testing.MockClock(autojump_threshold=0.02)
 
 
 @pytest.fixture

@@ -15,15 +15,15 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
+from llmgw.cli import Command
 from llmgw.engine import Engine
 from llmgw.enginecheck import ACCEPTED, MISSING, CheckReport, check_engine, collect_help
-from llmgw.errors import LlmgwError
 from llmgw.plugins import EngineRecord, get_plugin_manager
 
 __all__ = ["engine_check", "render_report"]
 
 
-@click.command("engine-check")
+@click.command("engine-check", cls=Command)
 @click.argument("engine_name", metavar="ENGINE")
 @click.option(
     "--help-output",
@@ -83,22 +83,18 @@ def engine_check(
     error. A help that looks cut short, or is not the full help, draws a
     warning, and flags missing from it are marked as possibly caused by that.
     """
-    try:
-        record = _engine_record(engine_name)
-        engine = record.engine
-        texts, sources, paths = _gather(engine, help_outputs, help_files, binaries)
-        collected = collect_help(engine, paths, timeout=timeout)
-        report = check_engine(
-            engine,
-            {**texts, **collected.texts},
-            failures=collected.failures,
-            sources={**sources, **collected.sources},
-            notes=collected.notes,
-            extra_args=shlex.split(extra_args) if extra_args is not None else None,
-        )
-    except LlmgwError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    record = _engine_record(engine_name)
+    engine = record.engine
+    texts, sources, paths = _gather(engine, help_outputs, help_files, binaries)
+    collected = collect_help(engine, paths, timeout=timeout)
+    report = check_engine(
+        engine,
+        {**texts, **collected.texts},
+        failures=collected.failures,
+        sources={**sources, **collected.sources},
+        notes=collected.notes,
+        extra_args=shlex.split(extra_args) if extra_args is not None else None,
+    )
     if as_json:
         payload = {"distribution": record.distribution, "version": record.version, **report.to_json()}
         click.echo(json.dumps(payload, indent=2))

@@ -330,43 +330,46 @@ def _wait_for_node(
 ) -> None:
     """Poll the node list until the node syncs (after the restart, if there was one); fail with the reason."""
     from llmgw.ctl.client import CtlError
+    from llmgw.wire import EventList, NodeList
 
     node = settings.node
     echo(f"server: waiting up to {settings.wait:.0f} s for {node} to sync with {settings.server}")
     deadline = time.monotonic() + settings.wait
     try:
-        seen = admin.request("GET", "/v1/admin/events", params={"limit": 1})["events"]
-        since = seen[-1]["id"] if seen else 0
+        seen = admin.request("GET", "/v1/admin/events", EventList, params={"limit": 1}).events
+        since = seen[-1].id if seen else 0
     except CtlError as exc:
         raise OnboardError(f"cannot read the server's node list to wait for {node}: {exc}") from None
     last_error = None
     while True:
         try:
-            nodes = admin.request("GET", "/v1/admin/nodes")["nodes"]
-            record = next((n for n in nodes if n["node_id"] == node), None)
-            events = admin.request("GET", "/v1/admin/events", params={"since": since, "limit": 200})["events"]
+            nodes = admin.request("GET", "/v1/admin/nodes", NodeList).nodes
+            record = next((n for n in nodes if n.node_id == node), None)
+            events = admin.request(
+                "GET", "/v1/admin/events", EventList, params={"since": since, "limit": 200}
+            ).events
         except CtlError as exc:
-            record, events, last_error = None, [], exc
-        refusals = [e for e in events if e["kind"] == "refusal" and e["subject"] == node]
+            record, events, last_error = None, (), exc
+        refusals = [e for e in events if e.kind == "refusal" and e.subject == node]
         if refusals:
-            raise OnboardError(f"the server refused {node}: {refusals[-1]['message']}\n" + _agent_log(ssh))
+            raise OnboardError(f"the server refused {node}: {refusals[-1].message}\n" + _agent_log(ssh))
         if record is not None:
-            if record["state"] == "revoked":
+            if record.state == "revoked":
                 raise OnboardError(
-                    f"the server says {node}'s certificate is revoked: {'; '.join(record['warnings'])}"
+                    f"the server says {node}'s certificate is revoked: {'; '.join(record.warnings)}"
                 )
             # a sync after the (re)start: the old agent's last one is older than the restart
             # (last_sync_ago is rounded to 0.1 s, hence the 0.05)
-            fresh = since_restart is None or record["last_sync_ago"] + 0.05 < time.monotonic() - since_restart
-            if fresh and record["state"] != "lost":
-                engines = ", ".join(f"{k} {v}" for k, v in sorted(record["engines"].items())) or "none"
+            fresh = since_restart is None or record.last_sync_ago + 0.05 < time.monotonic() - since_restart
+            if fresh and record.state != "lost":
+                engines = ", ".join(f"{k} {v}" for k, v in sorted(record.engines.items())) or "none"
                 echo(
-                    f"server: {node} is {record['state']} (agent {record['agent_version']}, "
-                    f"{record['gpus_total']} GPUs, "
-                    f"fabrics {', '.join(record['fabrics']) or 'none (island)'}, "
+                    f"server: {node} is {record.state} (agent {record.agent_version}, "
+                    f"{record.gpus_total} GPUs, "
+                    f"fabrics {', '.join(record.fabrics) or 'none (island)'}, "
                     f"engines {engines})"
                 )
-                for warning in record["warnings"]:
+                for warning in record.warnings:
                     echo(f"server: warning: {node}: {warning}")
                 return
         if time.monotonic() > deadline:

@@ -673,8 +673,12 @@ class TestWaitForNode:
         def __init__(self, nodes, events):
             self.nodes, self.events = nodes, events
 
-        def request(self, method, path, **kwargs):
-            return {"nodes": self.nodes} if path.endswith("/nodes") else {"events": self.events}
+        def request(self, method, path, reply, **kwargs):
+            """Answer as the admin API does: the JSON of a node or event list, read as ``reply``."""
+            from llmgw.wire import from_json
+
+            data = {"nodes": self.nodes} if path.endswith("/nodes") else {"events": self.events}
+            return from_json(data, reply)
 
     class Ssh:
         target = "root@gpu-7:22"
@@ -701,7 +705,13 @@ class TestWaitForNode:
         from llmgw.onboard.node import _wait_for_node
 
         events = [
-            {"id": 9, "kind": "refusal", "subject": NODE, "message": "sync refused: certificate is for 'x'"}
+            {
+                "id": 9,
+                "at": 0.0,
+                "kind": "refusal",
+                "subject": NODE,
+                "message": "sync refused: certificate is for 'x'",
+            }
         ]
         with pytest.raises(OnboardError) as caught:
             _wait_for_node(

@@ -8,6 +8,8 @@ which builds ``llmgw-sim`` command lines from launch specs.
 
 from __future__ import annotations
 
+import attrs
+
 import llmgw
 from llmgw.engine import Engine
 from llmgw.models import Command, LaunchSpec
@@ -58,19 +60,8 @@ class SimEngine(Engine):
         return Command(argv=argv, env=self.device_env(spec))
 
     def widest_spec(self) -> LaunchSpec:
-        """A two-node spec on a fabric with profile args: every flag llmgw emits."""
-        return LaunchSpec(
-            model_source="/models/example",
-            served_name="example",
-            host="127.0.0.1",
-            port=8000,
-            gpus=(0, 1),
-            rank=0,
-            nnodes=2,
-            dist_init_addr="127.0.0.1:29500",
-            adapters=("mlx5_0", "mlx5_1"),
-            extra_args=("--time-to-first-token", "0.01"),
-        )
+        """The default multi-node widest spec, with profile args: every flag llmgw emits."""
+        return attrs.evolve(super().widest_spec(), extra_args=("--time-to-first-token", "0.01"))
 
 
 @llmgw.hookimpl

@@ -24,7 +24,7 @@ from llmgw.errors import CatalogError
 from llmgw.models import Catalog, Model, Profile
 from llmgw.wire import converter
 
-__all__ = ["load_catalog", "parse_catalog", "catalog_summary"]
+__all__ = ["MAX_CATALOG_DEPTH", "load_catalog", "parse_catalog", "catalog_summary"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 
@@ -88,13 +88,35 @@ def _dotted(path: tuple[str, ...]) -> str:
 # ---------------------------------------------------------------------------
 
 
+#: how deep a catalog may nest (a real one is about 5 levels deep: models.NAME.sidecars[0].argv[0])
+MAX_CATALOG_DEPTH = 32
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a key given twice instead of keeping the last."""
+    """A YAML loader that refuses a key given twice, a key that is not a plain value, and deep nesting."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_CATALOG_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_CATALOG_DEPTH} levels", self.peek_event().start_mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, yaml.Mark] = {}
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a name, not {kind}", key_node.start_mark
+            )
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(

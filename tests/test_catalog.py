@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmgw.catalog import load_catalog, parse_catalog
+from llmgw.catalog import MAX_CATALOG_DEPTH, load_catalog, parse_catalog
 from llmgw.cli import cli
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
@@ -146,6 +146,19 @@ class TestValidateCommand:
         assert code == 1
         assert "key 'replicas' appears twice (first at line 14)" in output
         assert "line 15" in output
+
+    @pytest.mark.parametrize("key, kind", [("[a, b]", "a list"), ("{a: 1}", "a mapping")])
+    def test_key_that_is_not_a_name(self, tmp_path, key, kind):
+        """A YAML complex key (`? [a, b]`) is an error with its line, not a crash in the duplicate check."""
+        code, output = validate(tmp_path, f"models:\n  ? {key}\n  : 1\n")
+        assert code == 1
+        assert f"line 2, column 5: invalid YAML: a key must be a name, not {kind}" in output
+
+    def test_nesting_past_the_limit(self, tmp_path):
+        """A catalog nested 600 levels deep is refused naming the depth limit, not with a RecursionError."""
+        code, output = validate(tmp_path, "models:" + " [" * 600 + "]" * 600 + "\n")
+        assert code == 1
+        assert f"invalid YAML: nested deeper than {MAX_CATALOG_DEPTH} levels" in output
 
     def test_invalid_yaml(self, tmp_path):
         """Broken YAML is reported with its line and column."""

@@ -88,7 +88,7 @@ class Request:
         """
         try:
             return jsonlib.loads(self.body)
-        except (UnicodeDecodeError, jsonlib.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # also bad UTF-8, too deep, an int over 4,300 digits
             raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
 
 

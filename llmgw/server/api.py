@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import re
 import secrets
 import time
@@ -351,6 +350,10 @@ def _int(text: str, name: str) -> int:
         value = int(text)
     except ValueError:
         raise _Refused(400, f"query parameter {name}: expected an integer, got {text!r}") from None
-    if value < 0 or not math.isfinite(value):
-        raise _Refused(400, f"query parameter {name}: expected an integer >= 0")
+    if not 0 <= value <= _MAX_QUERY_INT:
+        raise _Refused(400, f"query parameter {name}: expected an integer from 0 to {_MAX_QUERY_INT}")
     return value
+
+
+#: the largest integer sqlite stores (a signed 64-bit integer)
+_MAX_QUERY_INT = 2**63 - 1

@@ -101,6 +101,13 @@ class DesiredShard:
         return shard_key(self.replica_id, self.attempt, self.rank)
 
 
+def _ports(attribute: attrs.Attribute, value: tuple[int, int]) -> None:
+    first, last = value
+    if not 1 <= first <= last <= 65535:
+        expected = "expected [FIRST, LAST] with 1 <= FIRST <= LAST <= 65535"
+        raise ValueError(f"{attribute.name}: {expected}, got [{first}, {last}]")
+
+
 @attrs.frozen
 class SyncRequest:
     """What an agent posts: its facts, its shards, the revision it has applied."""
@@ -109,7 +116,7 @@ class SyncRequest:
     address: str
     facts: NodeFacts
     #: first and last port the server may give this node's shards
-    port_range: tuple[int, int]
+    port_range: tuple[int, int] = attrs.field(validator=lambda _, attribute, value: _ports(attribute, value))
     observed: tuple[ObservedShard, ...] = attrs.field(converter=tuple, default=())
     #: the revision of the last reply this agent applied; 0 after it starts
     revision: int = 0

@@ -230,3 +230,54 @@ async def test_drain_status_of_an_unknown_node_lists_the_nodes(server, test_pki)
         assert response.json()["error"]["message"] == "no node 'node-9' (nodes: node-1)"
         status = (await admin.get(f"{server}/v1/admin/nodes/node-1/drain")).json()
         assert status == {"node_id": "node-1", "state": "ready", "remaining": [], "moving": [], "stuck": []}
+
+
+class TestHostileInput:
+    """Bodies and queries a node or an admin could send: a 400 naming what is wrong, the server unharmed."""
+
+    @pytest.mark.parametrize("port_range", [[30000, 20000], [0, 70000], [20000, 65536]])
+    async def test_bad_port_range_is_refused_and_the_node_keeps_its_state(self, server, test_pki, port_range):
+        """A port range inverted or out of 1..65535 is a 400 naming port_range; nothing changes."""
+        async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
+            await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
+            good = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+            assert good.status_code == 200, good.text
+            before = (await admin.get(f"{server}/v1/admin/nodes")).json()
+            bad = await node.post(
+                f"{server}/v1/agent/sync", json={**sync_body("node-1"), "port_range": port_range}
+            )
+            assert bad.status_code == 400, bad.text
+            assert "port_range" in bad.json()["error"]["message"]
+            assert f"got [{port_range[0]}, {port_range[1]}]" in bad.json()["error"]["message"]
+            again = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+            assert again.status_code == 200, "the server stopped answering after the bad sync"
+            after = (await admin.get(f"{server}/v1/admin/nodes")).json()
+            assert [n["gpus_free"] for n in after["nodes"]] == [n["gpus_free"] for n in before["nodes"]]
+            replica = from_json(again.json(), SyncReply).shards[0]
+            assert 21000 <= replica.spec.port <= 21099
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-100000-deep"),
+            pytest.param(b'{"revision": ' + b"7" * 5000 + b"}", id="5000-digit-integer"),
+            pytest.param(b"\xff\xfe not utf-8", id="not-utf-8"),
+        ],
+    )
+    async def test_unreadable_json_is_a_400(self, server, test_pki, body):
+        """A body Python's JSON reader cannot take gets a 400 saying so, on the agent and the admin API."""
+        async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
+            for http, path in ((node, "/v1/agent/sync"), (admin, "/v1/admin/catalog")):
+                response = await http.post(f"{server}{path}", content=body)
+                assert response.status_code == 400, response.text
+                assert "request body is not valid JSON" in response.json()["error"]["message"]
+            assert (await admin.get(f"{server}/v1/admin/nodes")).status_code == 200
+
+    @pytest.mark.parametrize("since", ["1" * 30, "-1", "x"])
+    async def test_event_query_out_of_range_is_a_400(self, server, test_pki, since):
+        """`events?since=` past a 64-bit integer, negative or not a number is a 400 naming since."""
+        async with client(test_pki, "admin", "ops") as admin:
+            response = await admin.get(f"{server}/v1/admin/events", params={"since": since})
+            assert response.status_code == 400, response.text
+            assert "query parameter since" in response.json()["error"]["message"]
+            assert (await admin.get(f"{server}/v1/admin/events")).status_code == 200

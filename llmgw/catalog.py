@@ -24,7 +24,7 @@ from llmgw.errors import CatalogError
 from llmgw.models import Catalog, Model, Profile
 from llmgw.wire import converter
 
-__all__ = ["MAX_CATALOG_DEPTH", "load_catalog", "parse_catalog", "catalog_summary"]
+__all__ = ["MAX_CATALOG_DEPTH", "load_catalog", "parse_catalog", "read_catalog_text", "catalog_summary"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 
@@ -143,14 +143,20 @@ def load_catalog(path: str | Path, engines: Mapping[str, Engine]) -> Catalog:
     :returns: the validated :class:`~llmgw.models.Catalog`.
     :raises CatalogError: with every problem found, each naming its path.
     """
-    path = Path(path)
+    return parse_catalog(read_catalog_text(path), engines, source=str(path))
+
+
+def read_catalog_text(path: str | Path) -> str:
+    """The text of a catalog file, as ``ctl validate`` and ``ctl apply`` read it.
+
+    :raises CatalogError: the file cannot be read, or is not UTF-8 (naming the byte).
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError(str(path), [f"cannot read the file: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise CatalogError(str(path), [f"not UTF-8 text: {exc.reason} at byte {exc.start}"]) from None
-    return parse_catalog(text, engines, source=str(path))
 
 
 def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<catalog>") -> Catalog:

@@ -160,6 +160,14 @@ class TestValidateCommand:
         assert code == 1
         assert f"invalid YAML: nested deeper than {MAX_CATALOG_DEPTH} levels" in output
 
+    def test_apply_of_a_file_that_is_not_utf8(self, tmp_path):
+        """`ctl apply` reads the file as validate does: not UTF-8 is an error before any server is asked."""
+        path = tmp_path / "catalog.yaml"
+        path.write_bytes(b"models: \xff\n")
+        result = CliRunner().invoke(cli, ["ctl", "--server", "https://127.0.0.1:1", "apply", str(path)])
+        assert result.exit_code == 1
+        assert f"{path}: 1 error\n  not UTF-8 text: invalid start byte at byte 8" in result.output
+
     def test_invalid_yaml(self, tmp_path):
         """Broken YAML is reported with its line and column."""
         code, output = validate(tmp_path, "models:\n  a: [unclosed\n")

@@ -16,7 +16,7 @@ from typing import Any
 import click
 from tabulate import tabulate
 
-from llmgw.catalog import catalog_summary, load_catalog
+from llmgw.catalog import catalog_summary, load_catalog, read_catalog_text
 from llmgw.cli import Group
 from llmgw.ctl.client import AdminClient, ClientConfig, CtlError
 from llmgw.enginecheck.cli import engine_check
@@ -135,13 +135,15 @@ def replicas(ctx: click.Context, output: str) -> None:
 @click.pass_context
 def apply(ctx: click.Context, catalog: Path, wait: bool, timeout: float) -> None:
     """Make CATALOG the desired state: all of it, or nothing if any part is invalid."""
+    try:
+        text = read_catalog_text(catalog)
+    except CatalogError as exc:
+        click.echo(str(exc), err=True)
+        ctx.exit(1)
     client = _client(ctx)
     try:
         result = client.request(
-            "POST",
-            "/v1/admin/catalog",
-            CatalogApplied,
-            body=ApplyCatalog(text=catalog.read_text(), name=str(catalog)),
+            "POST", "/v1/admin/catalog", CatalogApplied, body=ApplyCatalog(text=text, name=str(catalog))
         )
     except CtlError as exc:
         click.echo(str(exc), err=True)

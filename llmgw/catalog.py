@@ -70,7 +70,7 @@ def _plain(exc: BaseException) -> str:
     text = str(exc)
     if text.startswith("expected"):
         return text
-    match = re.match(r"(\w+) must be (>= \d+), got (.*)", text)
+    match = re.match(r"(\w+) must be (>= \d+|at most \d+ \(llmgw's limit\)), got (.*)", text)
     if match:
         return f"expected an integer {match.group(2)}, got {match.group(3)}"
     return text

@@ -7,7 +7,7 @@ invariants only; parsing from YAML, JSON or the wire lives in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -37,6 +37,20 @@ def _non_negative(instance: object, attribute: attrs.Attribute, value: int) -> N
 def _positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
     if value < 1:
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+#: llmgw's limits on what a catalog may ask for, so that no catalog costs more than the fleet can hold
+MAX_REPLICAS = 10_000
+MAX_NODES_PER_REPLICA = 64
+MAX_GPUS_PER_NODE = 64
+
+
+def _at_most(limit: int) -> Callable[[object, attrs.Attribute, int], None]:
+    def check(instance: object, attribute: attrs.Attribute, value: int) -> None:
+        if value > limit:
+            raise ValueError(f"{attribute.name} must be at most {limit} (llmgw's limit), got {value}")
+
+    return check
 
 
 def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -174,8 +188,8 @@ class Profile:
     """How to run one replica: which engine, on how many nodes and GPUs."""
 
     engine: str
-    nodes: int = attrs.field(default=1, validator=_positive)
-    gpus_per_node: int = attrs.field(default=1, validator=_non_negative)
+    nodes: int = attrs.field(default=1, validator=[_positive, _at_most(MAX_NODES_PER_REPLICA)])
+    gpus_per_node: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_GPUS_PER_NODE)])
     args: tuple[str, ...] = attrs.field(converter=tuple, default=())
     min_gpu_memory_mib: int | None = None
     sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=())
@@ -187,7 +201,7 @@ class Model:
 
     source: str
     profile: str
-    replicas: int = attrs.field(default=1, validator=_non_negative)
+    replicas: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_REPLICAS)])
     #: name clients send as ``model``; the catalog key when not given
     served_name: str | None = None
 

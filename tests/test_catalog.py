@@ -79,6 +79,28 @@ class TestValidateCommand:
         assert code == 1
         assert "models.llama-70b.replicas: expected an integer >= 0, got -1" in output
 
+    @pytest.mark.parametrize(
+        "line, new, message",
+        [
+            (
+                "replicas: 2",
+                "replicas: 1000000",
+                "models.llama-70b.replicas: expected an integer at most 10000",
+            ),
+            ("nodes: 2", "nodes: 65", "profiles.tp2x2.nodes: expected an integer at most 64"),
+            (
+                "gpus_per_node: 2",
+                "gpus_per_node: 65",
+                "profiles.tp2x2.gpus_per_node: expected an integer at most 64",
+            ),
+        ],
+    )
+    def test_absurd_sizes_are_refused_naming_the_limit(self, tmp_path, line, new, message):
+        """A catalog asking for more than llmgw's limits is refused naming the limit, before it is stored."""
+        code, output = validate(tmp_path, edit(**{line: new}))
+        assert code == 1
+        assert f"{message} (llmgw's limit), got " in output
+
     def test_zero_nodes(self, tmp_path):
         """A profile on zero nodes is refused."""
         code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 0"}))

@@ -281,3 +281,15 @@ class TestHostileInput:
             assert response.status_code == 400, response.text
             assert "query parameter since" in response.json()["error"]["message"]
             assert (await admin.get(f"{server}/v1/admin/events")).status_code == 200
+
+    async def test_absurd_replica_count_is_refused_by_the_server(self, server, test_pki):
+        """`replicas: 1000000` sent past ctl is a 400 naming the limit; the stored catalog is unchanged."""
+        async with client(test_pki, "admin", "ops") as admin:
+            await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
+            huge = CATALOG.replace("profile: one", "profile: one\n    replicas: 1000000")
+            response = await admin.post(f"{server}/v1/admin/catalog", json={"text": huge})
+            assert response.status_code == 400, response.text
+            message = response.json()["error"]["message"]
+            assert "models.small.replicas: expected an integer at most 10000 (llmgw's limit)" in message
+            stored = (await admin.get(f"{server}/v1/admin/catalog")).json()
+            assert stored["text"] == CATALOG and stored["revision"] == 1

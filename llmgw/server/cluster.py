@@ -310,10 +310,21 @@ class Cluster(ClusterViews):
             )
             self.record_event(now, "replica", placement.id, f"{what} on {where}")
         if result.unplaced != self.unplaced:
-            for item in result.unplaced:
-                if item not in self.unplaced:
-                    self.record_event(now, "replica", item.id, f"cannot be placed: {item.reason}")
+            self._record_unplaced(now, [item for item in result.unplaced if item not in self.unplaced])
             self.unplaced = result.unplaced
+
+    def _record_unplaced(self, now: float, new: list[Unplaced]) -> None:
+        """One event per model and reason for replicas that newly cannot be placed, however many they are."""
+        groups: dict[tuple[str, str], list[Unplaced]] = {}
+        for item in new:
+            groups.setdefault((item.model, item.reason), []).append(item)
+        for (model, reason), items in groups.items():
+            if len(items) == 1:
+                self.record_event(now, "replica", items[0].id, f"cannot be placed: {reason}")
+            else:
+                first, last = items[0].id, items[-1].id
+                message = f"{len(items)} replicas ({first} … {last}) cannot be placed: {reason}"
+                self.record_event(now, "model", model, message)
 
     def _ready_ids(self) -> frozenset[str]:
         return frozenset(r.id for r in self.replicas.values() if r.state == "ready")

@@ -351,6 +351,24 @@ def test_unplaceable_replica_has_a_reason():
     assert "island" in h.cluster.unplaced[0].reason
 
 
+def test_many_unplaceable_replicas_are_one_event():
+    """500 replicas no node can take are one event for their model, with the count; one alone keeps its id."""
+    h = Harness()
+    h.join("island")
+    h.cluster.take_events()
+    h.apply(big=500)
+    unplaced = [e for e in h.cluster.take_events() if "cannot be placed" in e.message]
+    assert len(h.cluster.unplaced) == 500
+    assert [(e.kind, e.subject) for e in unplaced] == [("model", "big")]
+    assert unplaced[0].message.startswith("500 replicas (big-0 … big-499) cannot be placed: ")
+    h.apply(big=1)
+    h.cluster.take_events()
+    h.apply(big=2)
+    assert [(e.kind, e.subject) for e in h.cluster.take_events() if "cannot be placed" in e.message] == [
+        ("replica", "big-1")
+    ]
+
+
 @pytest.mark.parametrize("state", ["exited", "unhealthy"])
 def test_worker_failure_takes_down_every_shard(state):
     """A failing worker shard stops the whole replica: no node keeps a shard of it."""

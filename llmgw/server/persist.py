@@ -148,8 +148,11 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
                 now,
             ),
         )
-    for event in cluster.take_events():
+    events = cluster.take_events()
+    for event in events:
         Store.add_event(conn, event.kind, event.subject, event.message, at=event.at)
+    if events:
+        _trim_events(conn)
     Store.set_setting(conn, "revision", cluster.revision)
     Store.set_setting(conn, "next_attempt", cluster.next_attempt)
     cluster.dirty_catalog = False
@@ -179,6 +182,15 @@ def revoke_api_key(conn: sqlite3.Connection, name: str, now: float, by: str) -> 
 
 
 # -- events ------------------------------------------------------------------
+
+
+#: events kept for ``ctl events``: the newest this many; older ones are deleted as new ones arrive
+MAX_EVENTS = 100_000
+
+
+def _trim_events(conn: sqlite3.Connection) -> None:
+    # ids only grow, so the newest MAX_EVENTS are those above max(id) - MAX_EVENTS: no scan
+    conn.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (MAX_EVENTS,))
 
 
 def recent_events(conn: sqlite3.Connection, since: int, limit: int) -> EventList:

@@ -8,6 +8,7 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, Fabric, NodeFacts
+from llmgw.server import persist
 from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.persist import flush, load_cluster
 from llmgw.server.store import open_store
@@ -275,6 +276,21 @@ async def test_state_survives_a_restart(tmp_path):
     loaded.reconcile(later)
     assert not loaded.nodes["node-1"].lost
     assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
+
+
+async def test_events_are_bounded_to_the_newest(tmp_path, monkeypatch):
+    """The store keeps the newest MAX_EVENTS events; older ones go as new ones are flushed."""
+    monkeypatch.setattr(persist, "MAX_EVENTS", 5)
+    h = Harness()
+    store = open_store(tmp_path)
+    try:
+        for i in range(12):
+            h.cluster.record_event(h.now, "node", f"node-{i}", "registered")
+            await store.write(lambda conn: flush(conn, h.cluster, h.now))
+        listed = await store.run(lambda conn: persist.recent_events(conn, 0, 100))
+    finally:
+        store.close()
+    assert [e.subject for e in listed.events] == [f"node-{i}" for i in range(7, 12)]
 
 
 async def test_state_dir_from_schema_2_is_migrated_and_loads(tmp_path):

@@ -24,9 +24,19 @@ from llmgw.errors import CatalogError
 from llmgw.models import Catalog, Model, Profile
 from llmgw.wire import converter
 
-__all__ = ["MAX_CATALOG_DEPTH", "load_catalog", "parse_catalog", "read_catalog_text", "catalog_summary"]
+__all__ = [
+    "MAX_CATALOG_BYTES",
+    "MAX_CATALOG_DEPTH",
+    "load_catalog",
+    "parse_catalog",
+    "read_catalog_text",
+    "catalog_summary",
+]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
+_BAD_NAME = "invalid name; use letters, digits, '.', '_' and '-', at most 63 characters"
+#: the largest catalog llmgw reads, in bytes of UTF-8
+MAX_CATALOG_BYTES = 1024 * 1024
 
 
 # ---------------------------------------------------------------------------
@@ -161,6 +171,11 @@ def read_catalog_text(path: str | Path) -> str:
 
 def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<catalog>") -> Catalog:
     """Validate catalog YAML given as text; see :func:`load_catalog`."""
+    size = len(text.encode())
+    if size > MAX_CATALOG_BYTES:
+        raise CatalogError(
+            source, [f"{size} bytes: a catalog is at most {MAX_CATALOG_BYTES} bytes (llmgw's limit)"]
+        )
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -255,7 +270,7 @@ def _check_references(
     for name, profile in profiles.items():
         where = f"profiles.{name}"
         if not _NAME.match(name):
-            problems.append(f"{where}: invalid name; use letters, digits, '.', '_' and '-'")
+            problems.append(f"{where}: {_BAD_NAME}")
         engine = engines.get(profile.engine)
         if engine is None:
             problems.append(
@@ -283,7 +298,7 @@ def _check_references(
     for name, model in models.items():
         where = f"models.{name}"
         if not _NAME.match(name):
-            problems.append(f"{where}: invalid name; use letters, digits, '.', '_' and '-'")
+            problems.append(f"{where}: {_BAD_NAME}")
         if model.profile not in profile_names:
             defined = ", ".join(sorted(profile_names)) or "none defined"
             problems.append(f"{where}.profile: no profile named {model.profile!r} (profiles: {defined})")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmgw.catalog import MAX_CATALOG_DEPTH, load_catalog, parse_catalog
+from llmgw.catalog import MAX_CATALOG_BYTES, MAX_CATALOG_DEPTH, load_catalog, parse_catalog
 from llmgw.cli import cli
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
@@ -100,6 +100,19 @@ class TestValidateCommand:
         code, output = validate(tmp_path, edit(**{line: new}))
         assert code == 1
         assert f"{message} (llmgw's limit), got " in output
+
+    def test_catalog_over_the_size_limit(self, tmp_path):
+        """A catalog file over 1 MiB is refused by its size before it is parsed."""
+        code, output = validate(tmp_path, GOOD + "#" * MAX_CATALOG_BYTES + "\n")
+        assert code == 1
+        assert f"bytes: a catalog is at most {MAX_CATALOG_BYTES} bytes (llmgw's limit)" in output
+
+    def test_name_over_63_characters(self, tmp_path):
+        """A model name longer than 63 characters is an invalid name, naming the limit."""
+        code, output = validate(tmp_path, edit(**{"small:": "s" * 64 + ":"}))
+        assert code == 1
+        assert f"models.{'s' * 64}: invalid name; use letters, digits" in output
+        assert "at most 63 characters" in output
 
     def test_zero_nodes(self, tmp_path):
         """A profile on zero nodes is refused."""

@@ -14,12 +14,13 @@ long-running ``llmgw server``, ``agent`` and ``gateway``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import click
@@ -80,17 +81,24 @@ def show_error(error: BaseException) -> int | None:
     return leaves[0].exit_code  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def _door() -> Iterator[None]:
+    """llmgw errors raised inside leave through :func:`show_error`, as :class:`SystemExit` with their code."""
+    try:
+        yield
+    except (LlmgwError, BaseExceptionGroup) as exc:
+        code = show_error(exc)
+        if code is None:
+            raise
+        raise SystemExit(code) from None
+
+
 class _Door:
-    """What :class:`Group` and :class:`Command` share: llmgw errors leave through :func:`show_error`."""
+    """What :class:`Group` and :class:`Command` share: their commands run inside :func:`_door`."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with _door():
             return super().invoke(ctx)  # type: ignore[misc]
-        except (LlmgwError, BaseExceptionGroup) as exc:
-            code = show_error(exc)
-            if code is None:
-                raise
-            ctx.exit(code)
 
 
 class Group(_Door, click.Group):
@@ -152,13 +160,8 @@ def serve_until_signalled(
                         log.warning("%s while stopping: %s", name, stopping_again)
                         serving.cancel()
 
-    try:
+    with _door():
         trio.run(run)
-    except (LlmgwError, BaseExceptionGroup) as exc:
-        code = show_error(exc)
-        if code is None:
-            raise
-        raise SystemExit(code) from None
 
 
 class _RootGroup(Group):

@@ -50,7 +50,7 @@ from cattrs.gen import make_dict_structure_fn
 from llmgw.errors import LlmgwError
 from llmgw.models import DiscoverySettings
 from llmgw.node.fabric import parse_fabric_option
-from llmgw.wire import converter
+from llmgw.wire import SHARD_PORTS, converter, valid_port_range
 
 __all__ = [
     "AgentConfig",
@@ -194,8 +194,9 @@ def parse_port_range(text: str, where: str = "--port-range") -> tuple[int, int]:
 
 
 def _check_range(lo: int, hi: int, where: str) -> tuple[int, int]:
-    if not 1024 <= lo <= hi <= 65535:
-        raise AgentConfigError(f"{where} {lo}-{hi}: expected 1024 <= LO <= HI <= 65535, e.g. 20000-20999")
+    if not valid_port_range(lo, hi):
+        low, high = SHARD_PORTS
+        raise AgentConfigError(f"{where} {lo}-{hi}: expected {low} <= LO <= HI <= {high}, e.g. 20000-20999")
     return lo, hi
 
 

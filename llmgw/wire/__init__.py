@@ -37,7 +37,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "EventEntry", "EventList",
     "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
     "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
-    "from_json", "shard_key",
+    "from_json", "shard_key", "SHARD_PORTS", "valid_port_range",
 ]
 
 T = TypeVar("T")
@@ -101,11 +101,19 @@ class DesiredShard:
         return shard_key(self.replica_id, self.attempt, self.rank)
 
 
+#: the ports a node may offer its shards: unprivileged, so an agent never needs root to bind them
+SHARD_PORTS = (1024, 65535)
+
+
+def valid_port_range(first: int, last: int) -> bool:
+    """Whether ``first..last`` is a port range a node may offer (within :data:`SHARD_PORTS`, in order)."""
+    return SHARD_PORTS[0] <= first <= last <= SHARD_PORTS[1]
+
+
 def _ports(attribute: attrs.Attribute, value: tuple[int, int]) -> None:
-    first, last = value
-    if not 1 <= first <= last <= 65535:
-        expected = "expected [FIRST, LAST] with 1 <= FIRST <= LAST <= 65535"
-        raise ValueError(f"{attribute.name}: {expected}, got [{first}, {last}]")
+    if not valid_port_range(*value):
+        expected = f"expected [FIRST, LAST] with {SHARD_PORTS[0]} <= FIRST <= LAST <= {SHARD_PORTS[1]}"
+        raise ValueError(f"{attribute.name}: {expected}, got [{value[0]}, {value[1]}]")
 
 
 @attrs.frozen

@@ -149,17 +149,13 @@ class Engine(abc.ABC):
         dist-init address and every rank's address in ``peer_addrs``; override
         it when a flag needs more (profile args, say).
         """
+        one_node = LaunchSpec(
+            model_source="/models/example", served_name="example", host="10.0.0.1", port=8000, gpus=(0, 1)
+        )
         if not self.multi_node:
-            return LaunchSpec(
-                model_source="/models/example", served_name="example", host="10.0.0.1", port=8000, gpus=(0, 1)
-            )
-        return LaunchSpec(
-            model_source="/models/example",
-            served_name="example",
-            host="10.0.0.1",
-            port=8000,
-            gpus=(0, 1),
-            rank=0,
+            return one_node
+        return attrs.evolve(
+            one_node,
             nnodes=3,
             dist_init_addr="10.0.0.1:29500",
             peer_addrs=("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"),

@@ -18,7 +18,7 @@ import attrs
 import httpx
 
 from llmgw.errors import LlmgwError
-from llmgw.wire import ErrorReply, WireError, from_json, to_json
+from llmgw.wire import WireError, error_message, from_json, to_json
 
 T = TypeVar("T")
 
@@ -161,7 +161,4 @@ class AdminClient:
 
 def _error_message(data: Any, response: httpx.Response) -> str:
     """The message of the server's :class:`~llmgw.wire.ErrorReply`, or what there is of one."""
-    try:
-        return from_json(data, ErrorReply).error.message
-    except WireError:
-        return response.text.strip() or f"the server answered {response.status_code}"
+    return error_message(data) or response.text.strip() or f"the server answered {response.status_code}"

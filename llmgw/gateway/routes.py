@@ -25,7 +25,7 @@ from collections.abc import Callable
 import trio
 
 from llmgw.net.client import ConnectionPool, HttpClientError
-from llmgw.wire import RouteTable, WireError, from_json
+from llmgw.wire import RouteTable, WireError, error_message, from_json
 
 __all__ = ["RoutesError", "RoutesWatcher"]
 
@@ -145,6 +145,7 @@ class RoutesWatcher:
 
 def _error_message(body: bytes | None) -> str:
     try:
-        return str(json.loads(body or b"")["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return (body or b"").decode(errors="replace")[:200]
+        message = error_message(json.loads(body or b""))
+    except ValueError:
+        message = None
+    return message or (body or b"").decode(errors="replace")[:200]

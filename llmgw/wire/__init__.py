@@ -37,7 +37,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "EventEntry", "EventList",
     "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
     "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
-    "from_json", "shard_key", "SHARD_PORTS", "valid_port_range",
+    "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
 ]
 
 T = TypeVar("T")
@@ -462,3 +462,14 @@ def from_json(data: Any, kind: type[T]) -> T:
         raise WireError(f"malformed {kind.__name__}: {problems}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise WireError(f"malformed {kind.__name__}: {exc}") from None
+
+
+def error_message(data: Any) -> str | None:
+    """The message of an :class:`ErrorReply` in JSON ``data``; None when ``data`` is not one.
+
+    Called by every client of the server (ctl, the gateway's routes feed) on a refusal.
+    """
+    try:
+        return from_json(data, ErrorReply).error.message
+    except WireError:
+        return None

@@ -14,12 +14,12 @@ import logging
 import os
 import signal
 import sys
-from importlib import metadata
 from typing import Any, NoReturn
 
 import trio
 
 from llmgw.net.server import HttpServer
+from llmgw_engine_sim import __version__
 from llmgw_engine_sim.rendezvous import Coordinator, join_replica
 from llmgw_engine_sim.server import ServeOptions, SimApp, reported_env
 
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "output, real multi-node rendezvous and fault injection. No GPU needed.",
     )
     add = parser.add_argument
-    add("--version", action="version", version=f"%(prog)s {_version()}")
+    add("--version", action="version", version=f"%(prog)s {__version__}")
     add("--model", required=True, help="model to load: a local path (must exist) or a hub-style name")
     add(
         "--served-model-name",
@@ -159,13 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--disable-log-requests", action="store_true", help="do not log one line per HTTP request")
     return parser
-
-
-def _version() -> str:
-    try:
-        return metadata.version("llmgw-engine-sim")
-    except metadata.PackageNotFoundError:
-        return "0.0.0+unknown"
 
 
 class _Lifecycle:
@@ -357,7 +350,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(1)
     log.info(
         "starting llmgw-sim %s: model %s, rank %d of %d, pid %d",
-        _version(),
+        __version__,
         args.model,
         args.node_rank,
         args.nnodes,

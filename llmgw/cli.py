@@ -116,8 +116,11 @@ def serve_until_signalled(
     stop: Callable[[], object] | None = None,
     stopping: str = "stopping",
     stopping_again: str = "stopping now",
+    log_level: int = logging.INFO,
 ) -> None:
     """Run ``serve()`` under trio until it returns, or until SIGTERM or SIGINT (Ctrl-C) stops it.
+
+    Logging goes to stderr from ``log_level`` up, one format for every llmgw process.
 
     Called by ``llmgw server``, ``llmgw agent`` and ``llmgw gateway`` once
     their configuration is read. On the first signal (logged with
@@ -160,6 +163,7 @@ def serve_until_signalled(
                         log.warning("%s while stopping: %s", name, stopping_again)
                         serving.cancel()
 
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with _door():
         trio.run(run)
 

@@ -116,10 +116,6 @@ def agent(
         "stop_grace": stop_grace,
     }
     config = load_agent_config(flags, config_file)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
     if not verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)
     serve_until_signalled(
@@ -127,4 +123,5 @@ def agent(
         log=log,
         stopping="stopping every shard, then exiting",
         stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
+        log_level=logging.DEBUG if verbose else logging.INFO,
     )

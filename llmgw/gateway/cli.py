@@ -141,7 +141,6 @@ def gateway_command(
         connect_timeout=connect_timeout,
         limits=Limits(max_body_bytes=max_body_bytes, idle_timeout=60.0),
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     gateway = Gateway(config)
     serve_until_signalled(
         gateway.serve,

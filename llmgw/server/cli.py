@@ -89,7 +89,6 @@ def server_command(
         settings=Settings(lost_after=lost_after),
         poll_timeout=poll_timeout,
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     serve_until_signalled(
         lambda: serve_server(config), log=log, stopping="stopping, then closing the state database"
     )

@@ -24,7 +24,8 @@ from llmgw.errors import CatalogError
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
 from llmgw.server.cluster import Cluster
-from llmgw.server.persist import add_api_key, flush, load_api_keys, recent_events, revoke_api_key
+from llmgw.server.persist import add_api_key, load_api_keys, recent_events, revoke_api_key
+from llmgw.server.reconciler import Reconciler
 from llmgw.server.store import Store
 from llmgw.wire import (
     ApiKey,
@@ -94,8 +95,8 @@ class ServerApp:
         self.revocations = revocations
         self.poll_timeout = poll_timeout
         self.clock = clock
-        self._lock = trio.Lock()
-        self._changed = trio.Event()
+        self.reconciler = Reconciler(cluster, store, clock=clock)
+        self._lock = self.reconciler.lock
         self._routes: list[tuple[str, re.Pattern[str], frozenset[Role], Handler]] = []
         self._route("POST", r"/v1/agent/sync", {Role.NODE}, self._sync)
         self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
@@ -129,39 +130,16 @@ class ServerApp:
     # -- the reconciler loop -----------------------------------------------
 
     async def commit(self) -> None:
-        """Reconcile, persist what changed, and wake waiters. Call with the lock held.
-
-        Shielded: a client that drops its request must not leave the cluster
-        reconciled in memory but not stored.
-        """
-        with trio.CancelScope(shield=True):
-            await self._commit()
-
-    async def _commit(self) -> None:
-        now = self.clock()
-        revision, routes = self.cluster.revision, self.cluster.routes_revision
-        self.cluster.reconcile(now)
-        await self.store.write(lambda conn: flush(conn, self.cluster, now))
-        if (revision, routes) != (self.cluster.revision, self.cluster.routes_revision):
-            self._changed.set()
-            self._changed = trio.Event()
+        """Reconcile now, persist what changed, and wake waiters. Call with the lock held."""
+        await self.reconciler.reconcile()
 
     async def run_reconciler(self, interval: float = 1.0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Reconcile every ``interval`` seconds (lost nodes, backoff); runs until cancelled."""
-        async with self._lock:
-            await self.commit()
-        task_status.started()
-        while True:
-            await trio.sleep(interval)
-            async with self._lock:
-                await self.commit()
-            if self.revocations is not None and self.revocations.refresh():
-                log.info("revocation list reloaded: %d revoked", len(self.revocations.serials))
+        """Reconcile when asked and every ``interval`` seconds (lost nodes, backoff); runs until cancelled."""
+        await self.reconciler.run(interval, on_tick=self._reload_revocations, task_status=task_status)
 
-    async def _wait_change(self, still_same: Callable[[], bool], seconds: float) -> None:
-        with trio.move_on_after(seconds):
-            while still_same():
-                await self._changed.wait()
+    def _reload_revocations(self) -> None:
+        if self.revocations is not None and self.revocations.refresh():
+            log.info("revocation list reloaded: %d revoked", len(self.revocations.serials))
 
     # -- dispatch ------------------------------------------------------------
 
@@ -212,21 +190,20 @@ class ServerApp:
                 "a node syncs under the id its certificate was issued for"
             )
             log.warning("refused sync: certificate CN %r claims node id %r", identity.name, sync.node_id)
+            self.cluster.record_event(
+                self.clock(),
+                "refusal",
+                sync.node_id,
+                f"sync refused: certificate is for {identity.name!r}",
+            )
             async with self._lock:
-                self.cluster.record_event(
-                    self.clock(),
-                    "refusal",
-                    sync.node_id,
-                    f"sync refused: certificate is for {identity.name!r}",
-                )
-                await self.commit()
+                await self.reconciler.save()
             raise _Refused(403, message)
-        async with self._lock:
-            self.cluster.sync(sync, self.clock())
-            self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
-            await self.commit()
+        if self.cluster.sync(sync, self.clock()):
+            self.reconciler.request()
+        self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
         if sync.wait:
-            await self._wait_change(lambda: self.cluster.revision == sync.revision, self.poll_timeout)
+            await self.reconciler.wait_node(sync.node_id, sync.revision, self.poll_timeout)
         reply = SyncReply(
             revision=self.cluster.revision,
             shards=self.cluster.desired_for(sync.node_id),
@@ -238,7 +215,7 @@ class ServerApp:
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = _int(request.query.get("revision", "0"), "revision")
         if request.query.get("wait") == "1":
-            await self._wait_change(lambda: self.cluster.routes_revision == known, self.poll_timeout)
+            await self.reconciler.wait_routes(known, self.poll_timeout)
         keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
         return _answer(self.cluster.route_table(keys))
 
@@ -338,8 +315,7 @@ class ServerApp:
 
     def _routes_changed(self) -> None:
         self.cluster.routes_revision += 1
-        self._changed.set()
-        self._changed = trio.Event()
+        self.reconciler.routes_changed()
 
 
 _KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")

@@ -14,13 +14,31 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw.models import Catalog
-from llmgw.scheduler import Unplaced, schedule
+from llmgw.models import Catalog, NodeFacts
+from llmgw.scheduler import NodeView, Replica, ScheduleResult, Unplaced, schedule
 from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.views import ClusterViews
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 
-__all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event"]
+__all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event", "SchedulePlan"]
+
+
+@attrs.frozen
+class SchedulePlan:
+    """What one scheduling run needs, copied out of the cluster so it can run off the event loop.
+
+    Every field is immutable: the server runs :meth:`run` in a worker thread
+    while syncs go on changing the cluster's nodes.
+    """
+
+    nodes: tuple[NodeView, ...]
+    catalog: Catalog
+    placements: tuple[Replica, ...]
+    replace: tuple[str, ...]
+
+    def run(self) -> ScheduleResult:
+        """Schedule (a pure function of the plan); called once, in any thread."""
+        return schedule(list(self.nodes), self.catalog, list(self.placements), replace=list(self.replace))
 
 
 class Cluster(ClusterViews):
@@ -46,6 +64,15 @@ class Cluster(ClusterViews):
         self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
         #: the next attempt number; persisted so a restart never reuses one
         self.next_attempt = 1
+        #: whether something the scheduler reads changed since its last run
+        self.schedule_wanted = True
+        #: node id -> the revision at which what it should run last changed
+        self.node_revisions: dict[str, int] = {}
+        #: the revision at which the sources agents must check last changed (wakes every node)
+        self.sources_revision = revision
+        #: the settings rows as last stored (only changed ones are written)
+        self.saved_settings: dict[str, int] = {}
+        self._before: tuple[dict[str, tuple[DesiredShard, ...]], frozenset[str]] | None = None
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -61,13 +88,24 @@ class Cluster(ClusterViews):
         self.catalog_revision += 1
         self.catalog_applied_at = now
         self.dirty_catalog = True
+        self.schedule_wanted = True
         # wake every long-poll: agents must learn the new sources to check
         self.revision += 1
+        self.sources_revision = self.revision
         self.record_event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
 
-    def sync(self, request: SyncRequest, now: float) -> None:
-        """Record what a node's agent reported: facts, observed shards, revision."""
+    def sync(self, request: SyncRequest, now: float) -> bool:
+        """Record what a node's agent reported: facts, observed shards, revision.
+
+        Called for every agent sync; costs O(the node's own shards) and
+        schedules nothing.
+
+        :returns: whether the reconciler should look at the cluster again (the
+            node is new or back, what the scheduler reads of it changed, or a
+            shard of it changed state); False for a plain heartbeat.
+        """
         node = self.nodes.get(request.node_id)
+        wanted = False
         if node is None:
             node = NodeRecord(
                 node_id=request.node_id,
@@ -79,6 +117,7 @@ class Cluster(ClusterViews):
             )
             self.nodes[node.node_id] = node
             self.dirty_nodes.add(node.node_id)
+            self.schedule_wanted = wanted = True
             self.record_event(now, "node", node.node_id, f"registered from {request.address}")
         elif node.lost:
             self.record_event(now, "node", node.node_id, "is back after being lost")
@@ -88,6 +127,12 @@ class Cluster(ClusterViews):
             request.port_range,
         ):
             self.dirty_nodes.add(node.node_id)
+            if (node.address, node.port_range, _placement_facts(node.facts)) != (
+                request.address,
+                request.port_range,
+                _placement_facts(request.facts),
+            ):
+                self.schedule_wanted = wanted = True
         node.address = request.address
         node.facts = request.facts
         node.port_range = request.port_range
@@ -95,10 +140,18 @@ class Cluster(ClusterViews):
         if node.lost:
             node.lost = False
             self.dirty_nodes.add(node.node_id)
+            self.schedule_wanted = wanted = True
+        checked = frozenset(request.checked_sources)
+        if checked != node.checked_sources:
+            node.checked_sources = checked
+            wanted = True
+        observed = {shard.key: shard for shard in request.observed}
+        if not node.reported or _states(observed) != _states(node.observed):
+            wanted = True
         node.agent_revision = request.revision
-        node.observed = {shard.key: shard for shard in request.observed}
-        node.checked_sources = frozenset(request.checked_sources)
+        node.observed = observed
         node.reported = True
+        return wanted
 
     def record_certificate(self, node_id: str, serial: int, not_after: float) -> None:
         """Remember the certificate a node synced with: ctl nodes warns when it expires or is revoked."""
@@ -113,33 +166,74 @@ class Cluster(ClusterViews):
         node.cordoned = cordoned or drain
         node.draining = drain or (node.draining and cordoned)
         self.dirty_nodes.add(node_id)
+        self.schedule_wanted = True
         action = "drain started" if drain else ("cordoned" if cordoned else "uncordoned")
         self.record_event(now, "node", node_id, action)
 
     # -- the reconciler ------------------------------------------------------
 
     def reconcile(self, now: float) -> bool:
-        """Move the cluster one step toward the catalog.
+        """Move the cluster one step toward the catalog: :meth:`begin`, the schedule, :meth:`finish`.
 
-        Called after every sync, catalog change and admin action, and on a
-        timer (lost nodes, backoff). Declares lost nodes, judges each
-        replica's current attempt from what agents observed, tears down and
-        schedules rebuilds, advances drains, and places what the catalog
-        asks for.
+        The server runs the three steps itself (the schedule off the event
+        loop); tests and tools call this.
 
         :returns: whether what some node should run changed (the revision moved).
         """
-        before = self.desired()
-        ready_before = self._ready_ids()
+        plan = self.begin(now)
+        return bool(self.finish(now, plan.run() if plan is not None else None))
+
+    def begin(self, now: float) -> SchedulePlan | None:
+        """The first step of a reconcile: judge what agents observed; say whether to schedule.
+
+        Declares lost nodes, judges each replica's current attempt (ready,
+        failed, rebuilt after backoff), advances drains. Costs O(nodes +
+        replicas); never schedules.
+
+        :returns: the schedule to run before :meth:`finish`, or None when
+            nothing the scheduler reads changed (or placing waits for agents
+            to check the catalog's sources).
+        """
+        self._before = (self.desired(), self._ready_ids())
         self._detect_lost(now)
         for record in list(self.replicas.values()):
             self._judge(record, now)
-        if not self._waiting_for_sources(now):
-            self._schedule(now, self._drain_moves(now))
+        if self._waiting_for_sources(now):
+            return None
+        moves = self._drain_moves(now)
+        if not (self.schedule_wanted or moves):
+            return None
+        self.schedule_wanted = False
+        return SchedulePlan(
+            nodes=tuple(node.view() for node in self.nodes.values()),
+            catalog=self.catalog,
+            placements=tuple(record.placement for record in self.replicas.values()),
+            replace=tuple(moves),
+        )
+
+    def finish(self, now: float, result: ScheduleResult | None = None) -> frozenset[str]:
+        """The last step of a reconcile: apply the schedule's ``result`` (if any) and publish.
+
+        Moves :attr:`revision` when what some node should run changed, and
+        :attr:`routes_revision` when the set of ready replicas changed.
+
+        :returns: the ids of the nodes whose shards changed (their long-polls wake).
+        """
+        if result is not None:
+            self._apply_schedule(now, result)
+        before, ready_before = self._before if self._before is not None else ({}, frozenset())
+        self._before = None
         self._desired_cache = None
-        changed = self.desired() != before
+        after = self.desired()
+        changed = frozenset(
+            node_id
+            for node_id in before.keys() | after.keys()
+            if before.get(node_id, ()) != after.get(node_id, ())
+        )
         if changed:
             self.revision += 1
+            for node_id in changed:
+                self.node_revisions[node_id] = self.revision
             for record in self.replicas.values():
                 if record.sent_revision == 0:
                     record.sent_revision = self.revision
@@ -147,6 +241,10 @@ class Cluster(ClusterViews):
         if self._ready_ids() != ready_before:
             self.routes_revision += 1
         return changed
+
+    def node_revision(self, node_id: str) -> int:
+        """The revision at which what ``node_id`` should run (or check) last changed."""
+        return max(self.node_revisions.get(node_id, 0), self.sources_revision)
 
     def _waiting_for_sources(self, now: float) -> bool:
         """Whether placing should wait: a live node has not yet checked the catalog's sources."""
@@ -162,6 +260,7 @@ class Cluster(ClusterViews):
         for node in self.nodes.values():
             if not node.lost and now - node.last_seen > self.settings.lost_after:
                 node.lost = True
+                self.schedule_wanted = True
                 self.dirty_nodes.add(node.node_id)
                 self.record_event(
                     now,
@@ -275,13 +374,7 @@ class Cluster(ClusterViews):
             now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original"
         )
 
-    def _schedule(self, now: float, moves: list[str]) -> None:
-        result = schedule(
-            [node.view() for node in self.nodes.values()],
-            self.catalog,
-            [record.placement for record in self.replicas.values()],
-            replace=moves,
-        )
+    def _apply_schedule(self, now: float, result: ScheduleResult) -> None:
         for removal in result.removed:
             if removal.replica.id in self.replicas:
                 del self.replicas[removal.replica.id]
@@ -337,3 +430,13 @@ class Cluster(ClusterViews):
     def record_event(self, now: float, kind: str, subject: str, message: str) -> None:
         """Add an event for ``ctl events``; it is stored at the next flush."""
         self.events.append(Event(now, kind, subject, message))
+
+
+def _placement_facts(facts: NodeFacts) -> tuple[object, ...]:
+    """What the scheduler reads of a node's facts: not the GPUs' free memory, which moves all the time."""
+    gpus = tuple((g.index, g.uuid, g.memory_total_mib) for g in facts.gpus)
+    return (gpus, facts.fabrics, facts.engines, facts.model_sources, facts.problems)
+
+
+def _states(observed: dict[str, ObservedShard]) -> dict[str, tuple[object, ...]]:
+    return {key: (shard.state, shard.exit_code, shard.detail) for key, shard in observed.items()}

@@ -11,13 +11,14 @@ import trio
 
 from llmgw.engine import Engine
 from llmgw.errors import LlmgwError
-from llmgw.net.server import HttpServer
+from llmgw.net.server import HttpServer, Request, Response
 from llmgw.pki import RevocationList, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
 from llmgw.server.persist import load_cluster
 from llmgw.server.store import open_store
+from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 __all__ = ["ServerConfig", "ServerError", "serve_server"]
 
@@ -55,9 +56,10 @@ async def serve_server(
 ) -> None:
     """Run the control plane until cancelled.
 
-    Opens the state database, loads the cluster, starts the reconciler, and
-    serves HTTPS with mutual TLS. Calls ``task_status.started((host, port))``
-    once listening.
+    Opens the state database, listens (HTTPS with mutual TLS), then loads
+    the cluster and starts the reconciler: until the state is loaded, every
+    request gets a 503 saying the server is starting. Calls
+    ``task_status.started((host, port))`` once listening.
 
     :param engines: the engines catalogs may use; default: installed plugins'.
     :raises ServerError: when the listening address cannot be bound.
@@ -67,13 +69,10 @@ async def serve_server(
     ssl_context = server_ssl_context(config.cert, config.key, config.ca)
     revocations = RevocationList(config.crl, config.ca) if config.crl else None
     store = open_store(config.state_dir)
+    front = _Starting(f"loading the cluster's state from {store.path}")
     try:
-        cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
-        app = ServerApp(cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout)
-        await app.load_keys()
         async with trio.open_nursery() as nursery:
-            await nursery.start(app.run_reconciler, config.tick)
-            server = HttpServer(app.handle, ssl_context=ssl_context)
+            server = HttpServer(front.handle, ssl_context=ssl_context)
             try:
                 address = await nursery.start(server.serve, config.host, config.port)
             except OSError as exc:
@@ -82,5 +81,36 @@ async def serve_server(
                 ) from None
             log.info("llmgw server listening on https://%s:%s (state in %s)", *address, config.state_dir)
             task_status.started(address)
+            started = time.monotonic()
+            cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
+            app = ServerApp(
+                cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout
+            )
+            await app.load_keys()
+            front.detail = "placing the stored catalog's replicas"
+            await nursery.start(app.run_reconciler, config.tick)
+            front.app = app
+            log.info(
+                "state loaded in %.1f s: %d nodes, %d replicas, catalog revision %d",
+                time.monotonic() - started,
+                len(cluster.nodes),
+                len(cluster.replicas),
+                cluster.catalog_revision,
+            )
     finally:
         store.close()
+
+
+class _Starting:
+    """The server's handler while it loads its state: every request gets a 503 that says so."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        self.app: ServerApp | None = None
+
+    async def handle(self, request: Request) -> Response:
+        """The app's answer once it runs; until then a 503 with kind ``starting``."""
+        if self.app is not None:
+            return await self.app.handle(request)
+        message = f"the server is starting ({self.detail}); try again in a few seconds"
+        return Response.json(503, to_json(ErrorReply(ErrorDetail(message, "starting"))))

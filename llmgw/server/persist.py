@@ -11,16 +11,29 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
+import attrs
+
 from llmgw.catalog import parse_catalog
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
-from llmgw.server.cluster import Cluster, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.cluster import Cluster, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.store import Store
 from llmgw.wire import EventEntry, EventList, from_json, to_json
 
-__all__ = ["load_cluster", "flush", "load_api_keys", "add_api_key", "revoke_api_key", "recent_events"]
+__all__ = [
+    "load_cluster",
+    "flush",
+    "Changes",
+    "take_changes",
+    "write_changes",
+    "restore_changes",
+    "load_api_keys",
+    "add_api_key",
+    "revoke_api_key",
+    "recent_events",
+]
 
 
 def load_cluster(
@@ -97,21 +110,40 @@ def load_cluster(
     return cluster
 
 
-def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
-    """Write what changed since the last flush, in the caller's transaction (``Store.write``)."""
-    if cluster.dirty_catalog:
-        conn.execute(
-            "INSERT OR REPLACE INTO catalog (revision, text, applied_at) VALUES (?, ?, ?)",
-            (cluster.catalog_revision, cluster.catalog_text, now),
-        )
+@attrs.frozen
+class Changes:
+    """What changed in the cluster since the last flush, as rows: taken on the loop, written in a thread."""
+
+    catalog: tuple[int, str] | None
+    #: node rows to write, and node ids to delete
+    nodes: tuple[tuple[object, ...], ...]
+    gone_nodes: tuple[str, ...]
+    replicas: tuple[tuple[object, ...], ...]
+    gone_replicas: tuple[str, ...]
+    events: tuple[Event, ...]
+    settings: tuple[tuple[str, int], ...]
+    now: float
+
+    def __bool__(self) -> bool:
+        rows = (self.nodes, self.gone_nodes, self.replicas, self.gone_replicas, self.events, self.settings)
+        return self.catalog is not None or any(rows)
+
+
+def take_changes(cluster: Cluster, now: float) -> Changes:
+    """Everything :func:`write_changes` must store, taken out of ``cluster`` (its dirty marks are cleared).
+
+    Called on the event loop, so the rows are a consistent snapshot while
+    syncs go on changing the cluster; cheap (only what changed). A failed
+    write hands the changes back with :func:`restore_changes`.
+    """
+    catalog = (cluster.catalog_revision, cluster.catalog_text) if cluster.dirty_catalog else None
+    nodes, gone_nodes = [], []
     for node_id in sorted(cluster.dirty_nodes):
         node = cluster.nodes.get(node_id)
         if node is None:
-            conn.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+            gone_nodes.append(node_id)
             continue
-        conn.execute(
-            "INSERT OR REPLACE INTO nodes (node_id, address, facts, port_range, cordoned, draining, lost,"
-            " cert_serial, cert_not_after, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        nodes.append(
             (
                 node.node_id,
                 node.address,
@@ -124,17 +156,15 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
                 node.cert_not_after,
                 node.first_seen,
                 node.last_seen,
-            ),
+            )
         )
+    replicas, gone_replicas = [], []
     for replica_id in sorted(cluster.dirty_replicas):
         record = cluster.replicas.get(replica_id)
         if record is None:
-            conn.execute("DELETE FROM replicas WHERE replica_id = ?", (replica_id,))
+            gone_replicas.append(replica_id)
             continue
-        conn.execute(
-            "INSERT OR REPLACE INTO replicas (replica_id, model, placement, attempt, failures,"
-            " consecutive_failures, sent_revision, state, reason, changed_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        replicas.append(
             (
                 record.id,
                 record.placement.model,
@@ -146,18 +176,74 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
                 record.state,
                 record.reason,
                 now,
-            ),
+            )
         )
-    events = cluster.take_events()
-    for event in events:
-        Store.add_event(conn, event.kind, event.subject, event.message, at=event.at)
-    if events:
-        _trim_events(conn)
-    Store.set_setting(conn, "revision", cluster.revision)
-    Store.set_setting(conn, "next_attempt", cluster.next_attempt)
+    settings = {"revision": cluster.revision, "next_attempt": cluster.next_attempt}
+    changed_settings = tuple((k, v) for k, v in settings.items() if cluster.saved_settings.get(k) != v)
+    cluster.saved_settings.update(settings)
+    changes = Changes(
+        catalog=catalog,
+        nodes=tuple(nodes),
+        gone_nodes=tuple(gone_nodes),
+        replicas=tuple(replicas),
+        gone_replicas=tuple(gone_replicas),
+        events=tuple(cluster.take_events()),
+        settings=changed_settings,
+        now=now,
+    )
     cluster.dirty_catalog = False
     cluster.dirty_nodes.clear()
     cluster.dirty_replicas.clear()
+    return changes
+
+
+def restore_changes(cluster: Cluster, changes: Changes) -> None:
+    """Mark what ``changes`` held dirty again, after its write failed: the next flush retries it."""
+    cluster.dirty_catalog = cluster.dirty_catalog or changes.catalog is not None
+    cluster.dirty_nodes.update(row[0] for row in changes.nodes)
+    cluster.dirty_nodes.update(changes.gone_nodes)
+    cluster.dirty_replicas.update(row[0] for row in changes.replicas)
+    cluster.dirty_replicas.update(changes.gone_replicas)
+    cluster.events[:0] = changes.events
+    for key, _ in changes.settings:
+        cluster.saved_settings.pop(key, None)
+
+
+def write_changes(conn: sqlite3.Connection, changes: Changes) -> None:
+    """Store ``changes`` in the caller's transaction (``Store.write``); runs in the store's thread."""
+    if changes.catalog is not None:
+        conn.execute(
+            "INSERT OR REPLACE INTO catalog (revision, text, applied_at) VALUES (?, ?, ?)",
+            (*changes.catalog, changes.now),
+        )
+    conn.executemany("DELETE FROM nodes WHERE node_id = ?", [(n,) for n in changes.gone_nodes])
+    conn.executemany(
+        "INSERT OR REPLACE INTO nodes (node_id, address, facts, port_range, cordoned, draining, lost,"
+        " cert_serial, cert_not_after, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        changes.nodes,
+    )
+    conn.executemany("DELETE FROM replicas WHERE replica_id = ?", [(r,) for r in changes.gone_replicas])
+    conn.executemany(
+        "INSERT OR REPLACE INTO replicas (replica_id, model, placement, attempt, failures,"
+        " consecutive_failures, sent_revision, state, reason, changed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        changes.replicas,
+    )
+    for event in changes.events:
+        Store.add_event(conn, event.kind, event.subject, event.message, at=event.at)
+    if changes.events:
+        _trim_events(conn, changes.now)
+    for key, value in changes.settings:
+        Store.set_setting(conn, key, value)
+
+
+def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
+    """Write what changed since the last flush, in the caller's transaction (``Store.write``).
+
+    For tools and tests that own the cluster; the server takes the changes
+    on its event loop and writes them in the store's thread.
+    """
+    write_changes(conn, take_changes(cluster, now))
 
 
 # -- API keys ----------------------------------------------------------------
@@ -186,11 +272,18 @@ def revoke_api_key(conn: sqlite3.Connection, name: str, now: float, by: str) -> 
 
 #: events kept for ``ctl events``: the newest this many; older ones are deleted as new ones arrive
 MAX_EVENTS = 100_000
+#: and none older than this many seconds (30 days)
+MAX_EVENT_AGE = 30 * 86400.0
 
 
-def _trim_events(conn: sqlite3.Connection) -> None:
+def _trim_events(conn: sqlite3.Connection, now: float) -> None:
     # ids only grow, so the newest MAX_EVENTS are those above max(id) - MAX_EVENTS: no scan
     conn.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (MAX_EVENTS,))
+    # events are stored in time order: the old ones are the lowest ids, found from the start of the index
+    conn.execute(
+        "DELETE FROM events WHERE id < (SELECT id FROM events WHERE at >= ? ORDER BY id LIMIT 1)",
+        (now - MAX_EVENT_AGE,),
+    )
 
 
 def recent_events(conn: sqlite3.Connection, since: int, limit: int) -> EventList:

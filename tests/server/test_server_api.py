@@ -71,13 +71,22 @@ def sync_body(node_id: str, revision: int = 0) -> dict:
 
 
 async def test_node_syncs_and_gets_its_shards(server, test_pki):
-    """A node that syncs is listed by the admin API, and gets the catalog's replica to run."""
+    """A node that syncs is listed by the admin API, and its next long-poll gets the catalog's replica.
+
+    A sync only records what the agent reports; the reconciler places the
+    replica right after, and wakes the node's long-poll with it.
+    """
     async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
         applied = await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
         assert applied.status_code == 200, applied.text
         first = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
         assert first.status_code == 200, first.text
-        reply = from_json(first.json(), SyncReply)
+        known = from_json(first.json(), SyncReply).revision
+        with trio.fail_after(5):
+            second = await node.post(
+                f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True}
+            )
+        reply = from_json(second.json(), SyncReply)
         assert [s.replica_id for s in reply.shards] == ["small-0"]
         assert reply.shards[0].spec.host == "127.0.0.5"
         assert 21000 <= reply.shards[0].spec.port <= 21099
@@ -242,6 +251,11 @@ class TestHostileInput:
             await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
             good = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
             assert good.status_code == 200, good.text
+            known = from_json(good.json(), SyncReply).revision
+            with trio.fail_after(5):
+                placed = await node.post(
+                    f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True}
+                )
             before = (await admin.get(f"{server}/v1/admin/nodes")).json()
             bad = await node.post(
                 f"{server}/v1/agent/sync", json={**sync_body("node-1"), "port_range": port_range}
@@ -249,7 +263,10 @@ class TestHostileInput:
             assert bad.status_code == 400, bad.text
             assert "port_range" in bad.json()["error"]["message"]
             assert f"got [{port_range[0]}, {port_range[1]}]" in bad.json()["error"]["message"]
-            again = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+            again = await node.post(
+                f"{server}/v1/agent/sync",
+                json=sync_body("node-1", from_json(placed.json(), SyncReply).revision),
+            )
             assert again.status_code == 200, "the server stopped answering after the bad sync"
             after = (await admin.get(f"{server}/v1/admin/nodes")).json()
             assert [n["gpus_free"] for n in after["nodes"]] == [n["gpus_free"] for n in before["nodes"]]

@@ -1,0 +1,164 @@
+"""The reconciler's loop: when the cluster is reconciled, persisted, and who is woken after.
+
+Syncs only record what agents report (:meth:`Cluster.sync`); when that
+matters, they :meth:`Reconciler.request` a run. Requests are coalesced (many
+changes, one run), and the loop also runs on a timer (lost nodes, backoff,
+timeouts). A run judges replicas on the event loop (cheap), computes a
+schedule, when one is needed, in a worker thread (the admin API, the routes
+feed and syncs keep answering meanwhile), applies it, writes what changed
+to the store, and wakes only the long-polls whose answer changed: a node's
+sync when its own shards changed, the routes feed when the routes did.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+
+from llmgw.server.cluster import Cluster
+from llmgw.server.persist import restore_changes, take_changes, write_changes
+from llmgw.server.store import Store
+
+__all__ = ["Reconciler"]
+
+log = logging.getLogger("llmgw.server")
+
+
+class Reconciler:
+    """Runs :class:`Cluster`'s reconcile for the server; see the module docstring."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        min_gap: float = 0.05,
+    ) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.clock = clock
+        #: the shortest time between two runs asked for by requests (they coalesce meanwhile)
+        self.min_gap = min_gap
+        #: held by whoever changes the cluster's desired state and reconciles it (admin actions, runs)
+        self.lock = trio.Lock()
+        self._wanted = trio.Event()
+        self._node_waiters: dict[str, trio.Event] = {}
+        self._routes_waiter = trio.Event()
+        # what the long-polls were last woken for
+        self._sources_seen = cluster.sources_revision
+        self._routes_seen = cluster.routes_revision
+        #: how many runs finished
+        self.runs = 0
+
+    def request(self) -> None:
+        """Ask for a run soon (coalesced with every other request until it starts)."""
+        self._wanted.set()
+
+    async def reconcile(self) -> None:
+        """Run once now: judge, schedule (in a thread, when needed), persist, wake. Hold :attr:`lock`.
+
+        Shielded: a client that drops its request must not leave the cluster
+        reconciled in memory but not stored.
+        """
+        with trio.CancelScope(shield=True):
+            now = self.clock()
+            plan = self.cluster.begin(now)
+            result = None
+            if plan is not None:
+                started = time.perf_counter()
+                result = await trio.to_thread.run_sync(plan.run)
+                log.debug(
+                    "scheduled %d nodes, %d replicas in %.1f ms",
+                    len(plan.nodes),
+                    len(plan.placements),
+                    (time.perf_counter() - started) * 1000,
+                )
+            changed = self.cluster.finish(now, result)
+            await self.save()
+            if self.cluster.sources_revision != self._sources_seen:
+                self._sources_seen = self.cluster.sources_revision
+                self.wake_all_nodes()
+            for node_id in changed:
+                self._wake_node(node_id)
+            if self.cluster.routes_revision != self._routes_seen:
+                self.routes_changed()
+            self.runs += 1
+
+    async def save(self) -> None:
+        """Write what changed in the cluster to the store (nothing when nothing changed)."""
+        changes = take_changes(self.cluster, self.clock())
+        if not changes:
+            return
+        try:
+            await self.store.write(lambda conn: write_changes(conn, changes))
+        except BaseException:
+            restore_changes(self.cluster, changes)
+            raise
+
+    async def run(
+        self,
+        interval: float = 1.0,
+        *,
+        on_tick: Callable[[], None] | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Reconcile when asked and every ``interval`` seconds; runs until cancelled.
+
+        ``on_tick`` is called after each timed run (the server reloads its
+        revocation list there). Calls ``task_status.started()`` after the
+        first run.
+        """
+        async with self.lock:
+            await self.reconcile()
+        task_status.started()
+        next_tick = trio.current_time() + interval
+        while True:
+            with trio.move_on_at(next_tick):
+                await self._wanted.wait()
+                await trio.sleep(self.min_gap)
+            self._wanted = trio.Event()
+            async with self.lock:
+                await self.reconcile()
+            if trio.current_time() >= next_tick:
+                next_tick = trio.current_time() + interval
+                if on_tick is not None:
+                    on_tick()
+
+    # -- long-polls ----------------------------------------------------------
+
+    async def wait_node(self, node_id: str, known: int, seconds: float) -> None:
+        """Wait up to ``seconds`` until what ``node_id`` should run changed after revision ``known``."""
+        cluster = self.cluster
+        with trio.move_on_after(seconds):
+            while known <= cluster.revision and cluster.node_revision(node_id) <= known:
+                waiter = self._node_waiters.get(node_id)
+                if waiter is None:
+                    waiter = self._node_waiters[node_id] = trio.Event()
+                await waiter.wait()
+
+    async def wait_routes(self, known: int, seconds: float) -> None:
+        """Wait up to ``seconds`` until the routes feed moved past revision ``known``."""
+        with trio.move_on_after(seconds):
+            while self.cluster.routes_revision == known:
+                await self._routes_waiter.wait()
+
+    def routes_changed(self) -> None:
+        """Wake the routes feed's long-polls (after the routes or the API keys changed)."""
+        self._routes_seen = self.cluster.routes_revision
+        self._routes_waiter.set()
+        self._routes_waiter = trio.Event()
+
+    def _wake_node(self, node_id: str) -> None:
+        waiter = self._node_waiters.pop(node_id, None)
+        if waiter is not None:
+            waiter.set()
+
+    def wake_all_nodes(self) -> None:
+        """Wake every node's long-poll (the sources to check changed)."""
+        waiters, self._node_waiters = self._node_waiters, {}
+        for waiter in waiters.values():
+            waiter.set()

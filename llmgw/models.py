@@ -8,6 +8,7 @@ invariants only; parsing from YAML, JSON or the wire lives in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -43,12 +44,40 @@ def _positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
 MAX_REPLICAS = 10_000
 MAX_NODES_PER_REPLICA = 64
 MAX_GPUS_PER_NODE = 64
+#: ... and on the size of what catalogs and agents send: one string (a source, an argument, a line)
+MAX_TEXT = 4096
+#: one list (a profile's args, a node's model sources, a node's GPUs...)
+MAX_ITEMS = 1024
 
 
 def _at_most(limit: int) -> Callable[[object, attrs.Attribute, int], None]:
     def check(instance: object, attribute: attrs.Attribute, value: int) -> None:
         if value > limit:
             raise ValueError(f"{attribute.name} must be at most {limit} (llmgw's limit), got {value}")
+
+    return check
+
+
+def bounded(items: int = MAX_ITEMS, text: int = MAX_TEXT) -> Callable[[object, attrs.Attribute, Any], None]:
+    """A validator: a string of at most ``text`` characters, or a collection of at most ``items``
+    entries whose strings (keys and values of a mapping) are at most ``text`` characters each."""
+
+    def check(instance: object, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, str):
+            if len(value) > text:
+                limit = f"at most {text} characters (llmgw's limit)"
+                raise ValueError(f"{attribute.name}: {limit}, got {len(value)}")
+            return
+        if len(value) > items:
+            raise ValueError(f"{attribute.name}: at most {items} entries (llmgw's limit), got {len(value)}")
+        strings = [*value, *value.values()] if isinstance(value, Mapping) else value
+        longest = max((len(s) for s in strings if isinstance(s, str)), default=0)
+        if longest > text:
+            raise ValueError(
+                f"{attribute.name}: each entry at most {text} characters (llmgw's limit), got {longest}"
+            )
 
     return check
 
@@ -161,16 +190,16 @@ class AdapterReport:
 class NodeFacts:
     """Everything an agent reports about its node."""
 
-    node_id: str
-    agent_version: str
-    gpus: tuple[GPU, ...] = attrs.field(converter=tuple, default=())
-    fabrics: tuple[Fabric, ...] = attrs.field(converter=tuple, default=())
+    node_id: str = attrs.field(validator=bounded())
+    agent_version: str = attrs.field(validator=bounded())
+    gpus: tuple[GPU, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
+    fabrics: tuple[Fabric, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
     #: engine name -> version string the installed engine reported
-    engines: Mapping[str, str] = attrs.field(converter=_frozen_mapping, factory=dict)
+    engines: Mapping[str, str] = attrs.field(converter=_frozen_mapping, factory=dict, validator=bounded())
     #: model sources that exist on this node's disk
-    model_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    model_sources: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded(10_000))
     #: discovery problems, one line each (``nvidia-smi failed: ...``)
-    problems: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    problems: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
 
 
 @attrs.frozen
@@ -178,7 +207,7 @@ class Sidecar:
     """A helper process started before a shard's engine, ready before it starts."""
 
     name: str
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=tuple, validator=bounded())
     #: ``tcp:PORT`` (a port accepts connections) or ``http:PORT/PATH`` (answers 200)
     ready: str | None = None
 
@@ -190,16 +219,16 @@ class Profile:
     engine: str
     nodes: int = attrs.field(default=1, validator=[_positive, _at_most(MAX_NODES_PER_REPLICA)])
     gpus_per_node: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_GPUS_PER_NODE)])
-    args: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    args: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
     min_gpu_memory_mib: int | None = None
-    sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=())
+    sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=(), validator=bounded(16))
 
 
 @attrs.frozen
 class Model:
     """A model the operator wants served, and how many replicas of it."""
 
-    source: str
+    source: str = attrs.field(validator=bounded())
     profile: str
     replicas: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_REPLICAS)])
     #: name clients send as ``model``; the catalog key when not given

@@ -93,7 +93,18 @@ class TestValidateCommand:
                 "gpus_per_node: 65",
                 "profiles.tp2x2.gpus_per_node: expected an integer at most 64",
             ),
+            (
+                "source: /models/small",
+                "source: /models/" + "x" * 5000,
+                "models.small: source: at most 4096 characters",
+            ),
+            (
+                'args: ["--time-to-first-token", "0.05"]',
+                "args: [" + ", ".join(['"--x"'] * 2000) + "]",
+                "profiles.tp2x2: args: at most 1024 entries",
+            ),
         ],
+        ids=["replicas", "nodes", "gpus_per_node", "source", "args"],
     )
     def test_absurd_sizes_are_refused_naming_the_limit(self, tmp_path, line, new, message):
         """A catalog asking for more than llmgw's limits is refused naming the limit, before it is stored."""

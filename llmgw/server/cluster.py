@@ -16,6 +16,7 @@ import attrs
 
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import NodeView, Replica, ScheduleResult, Unplaced, schedule
+from llmgw.server.events import EventLog
 from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.views import ClusterViews
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
@@ -57,7 +58,7 @@ class Cluster(ClusterViews):
         self.revision = revision
         #: moves with every change of which replicas are ready (the gateway's routes)
         self.routes_revision = 1
-        self.events: list[Event] = []
+        self.event_log = EventLog()
         self.dirty_nodes: set[str] = set()
         self.dirty_replicas: set[str] = set()
         self.dirty_catalog = False
@@ -424,12 +425,11 @@ class Cluster(ClusterViews):
 
     def take_events(self) -> list[Event]:
         """The events recorded since the last call (for the server to persist)."""
-        events, self.events = self.events, []
-        return events
+        return self.event_log.take()
 
     def record_event(self, now: float, kind: str, subject: str, message: str) -> None:
-        """Add an event for ``ctl events``; it is stored at the next flush."""
-        self.events.append(Event(now, kind, subject, message))
+        """Add an event for ``ctl events``; it is stored at the next flush (see :class:`EventLog`)."""
+        self.event_log.record(Event(now, kind, subject, message))
 
 
 def _placement_facts(facts: NodeFacts) -> tuple[object, ...]:

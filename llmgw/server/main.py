@@ -52,6 +52,7 @@ async def serve_server(
     config: ServerConfig,
     engines: dict[str, Engine] | None = None,
     *,
+    loaded: trio.Event | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the control plane until cancelled.
@@ -62,6 +63,7 @@ async def serve_server(
     ``task_status.started((host, port))`` once listening.
 
     :param engines: the engines catalogs may use; default: installed plugins'.
+    :param loaded: set once the state is loaded and requests are answered (tests wait on it).
     :raises ServerError: when the listening address cannot be bound.
     """
     if engines is None:
@@ -90,6 +92,8 @@ async def serve_server(
             front.detail = "placing the stored catalog's replicas"
             await nursery.start(app.run_reconciler, config.tick)
             front.app = app
+            if loaded is not None:
+                loaded.set()
             log.info(
                 "state loaded in %.1f s: %d nodes, %d replicas, catalog revision %d",
                 time.monotonic() - started,

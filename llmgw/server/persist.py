@@ -204,7 +204,7 @@ def restore_changes(cluster: Cluster, changes: Changes) -> None:
     cluster.dirty_nodes.update(changes.gone_nodes)
     cluster.dirty_replicas.update(row[0] for row in changes.replicas)
     cluster.dirty_replicas.update(changes.gone_replicas)
-    cluster.events[:0] = changes.events
+    cluster.event_log.put_back(changes.events)
     for key, _ in changes.settings:
         cluster.saved_settings.pop(key, None)
 

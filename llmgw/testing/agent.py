@@ -269,16 +269,18 @@ class Server:
             tick=0.2,
         )
         self.scope, self.done = trio.CancelScope(), trio.Event()
-        scope, done = self.scope, self.done
+        scope, done, loaded = self.scope, self.done, trio.Event()
 
         async def run(task_status: trio.TaskStatus) -> None:
             try:
                 with scope:
-                    await serve_server(config, {"sim": SimEngine()}, task_status=task_status)
+                    await serve_server(config, {"sim": SimEngine()}, loaded=loaded, task_status=task_status)
             finally:
                 done.set()
 
         _, self.port = await self.nursery.start(run)
+        with trio.fail_after(10):
+            await loaded.wait()
 
     async def stop(self) -> None:
         assert self.scope is not None

@@ -28,7 +28,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
-from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar
+from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar, bounded
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
@@ -63,7 +63,7 @@ def shard_key(replica_id: str, attempt: int, rank: int) -> str:
 class ObservedShard:
     """A shard as the agent running it sees it."""
 
-    replica_id: str
+    replica_id: str = attrs.field(validator=bounded())
     attempt: int
     rank: int
     state: str = attrs.field(validator=attrs.validators.in_(SHARD_STATES))
@@ -71,7 +71,7 @@ class ObservedShard:
     port: int | None = None
     exit_code: int | None = None
     #: one line for the operator: why it is unhealthy, the log's last line...
-    detail: str | None = None
+    detail: str | None = attrs.field(default=None, validator=bounded())
     since: float = 0.0
 
     @property
@@ -120,19 +120,19 @@ def _ports(attribute: attrs.Attribute, value: tuple[int, int]) -> None:
 class SyncRequest:
     """What an agent posts: its facts, its shards, the revision it has applied."""
 
-    node_id: str
-    address: str
+    node_id: str = attrs.field(validator=bounded(text=253))
+    address: str = attrs.field(validator=bounded(text=253))
     facts: NodeFacts
     #: first and last port the server may give this node's shards
     port_range: tuple[int, int] = attrs.field(validator=lambda _, attribute, value: _ports(attribute, value))
-    observed: tuple[ObservedShard, ...] = attrs.field(converter=tuple, default=())
+    observed: tuple[ObservedShard, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
     #: the revision of the last reply this agent applied; 0 after it starts
     revision: int = 0
     #: whether the server may hold the reply until something changes
     wait: bool = True
     #: the model sources ``facts.model_sources`` was checked against (the
     #: server's ``check_sources``): a source not in here is not known missing
-    checked_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    checked_sources: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded(10_000))
 
 
 @attrs.frozen

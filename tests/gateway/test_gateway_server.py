@@ -57,15 +57,17 @@ class Cluster:
         self.nodes: dict[str, tuple[int, SyncReply | None]] = {}
 
     async def start(self) -> None:
-        """Start (or restart) the server; returns once it listens."""
+        """Start (or restart) the server; returns once it listens and has loaded its state."""
         self.scope = trio.CancelScope()
-        scope = self.scope
+        scope, loaded = self.scope, trio.Event()
 
         async def run(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
             with scope:
-                await serve_server(self.config, {"sim": SimEngine()}, task_status=task_status)
+                await serve_server(self.config, {"sim": SimEngine()}, loaded=loaded, task_status=task_status)
 
         await self.nursery.start(run)
+        with trio.fail_after(10):
+            await loaded.wait()
 
     def stop(self) -> None:
         """Take the server down (connections refused until :meth:`start`)."""
@@ -79,8 +81,11 @@ class Cluster:
             response = await admin.post("/v1/admin/catalog", json={"text": CATALOG.format(replicas=replicas)})
             assert response.status_code == 200, response.text
 
-    async def sync(self, node_id: str, state: str | None = None) -> SyncReply:
-        """Sync as ``node_id``'s agent, reporting its shards in ``state`` (None: none running)."""
+    async def sync(self, node_id: str, state: str | None = None, *, wait: bool = False) -> SyncReply:
+        """Sync as ``node_id``'s agent, reporting its shards in ``state`` (None: none running).
+
+        ``wait``: long-poll, as agents do, until what the node should run changes.
+        """
         port, last = self.nodes.setdefault(node_id, (free_port(), None))
         observed = []
         if state is not None and last is not None:
@@ -102,10 +107,11 @@ class Cluster:
             checked_sources=facts.model_sources,
             observed=observed,
             revision=last.revision if last else 0,
-            wait=False,
+            wait=wait,
         )
         async with self.client("node", node_id) as node:
-            response = await node.post("/v1/agent/sync", json=to_json(request))
+            with trio.fail_after(10):
+                response = await node.post("/v1/agent/sync", json=to_json(request))
             assert response.status_code == 200, response.text
         reply = from_json(response.json(), SyncReply)
         self.nodes[node_id] = (port, reply)
@@ -114,6 +120,8 @@ class Cluster:
     async def run_replica(self, processes, node_id: str) -> str:  # noqa: F811
         """Sync ``node_id``, start the sim its shard asks for; return the replica id (not reported yet)."""
         reply = await self.sync(node_id)
+        if not reply.shards:  # registered just now: the reconciler places the replica, then wakes the poll
+            reply = await self.sync(node_id, wait=True)
         (shard,) = reply.shards
         sim = start_sim(processes, model="small", port=shard.spec.port)
         with trio.fail_after(10):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from functools import partial
 
 import httpx
 import pytest
@@ -42,7 +43,10 @@ async def server(nursery, test_pki, tmp_path):
         settings=Settings(lost_after=30),
         poll_timeout=0.5,
     )
-    host, port = await nursery.start(serve_server, config, {"sim": SimEngine()})
+    loaded = trio.Event()
+    host, port = await nursery.start(partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded))
+    with trio.fail_after(10):
+        await loaded.wait()
     return f"https://{host}:{port}"
 
 

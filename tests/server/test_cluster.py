@@ -398,3 +398,60 @@ def test_worker_failure_takes_down_every_shard(state):
     h.set_state(worker, "big-0", state)
     h.sync(worker)
     assert all(not any(s.replica_id == "big-0" for s in h.cluster.desired_for(n)) for n in ("a1", "a2"))
+
+
+def test_a_heartbeat_asks_for_no_reconcile_and_steady_state_schedules_nothing():
+    """Syncs that change nothing cost no reconcile; a reconcile with nothing new runs no schedule."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    h.run_all("small-0")
+    request = SyncRequest(
+        node_id="node-1",
+        address=h._addresses["node-1"],
+        facts=facts("node-1"),
+        port_range=(20000, 20999),
+        observed=list(h.states["node-1"].values()),
+        revision=h.revisions["node-1"],
+        checked_sources=h.cluster.sources_to_check(),
+    )
+    assert h.cluster.sync(request, h.now + 1) is False, "a plain heartbeat asked for a reconcile"
+    assert h.cluster.begin(h.now + 1) is None, "nothing changed, yet the reconciler would schedule"
+    assert h.cluster.finish(h.now + 1) == frozenset()
+    gpus = [attrs.evolve(g, memory_free_mib=1) for g in facts("node-1").gpus]
+    fresher = attrs.evolve(facts("node-1"), gpus=gpus)
+    assert h.cluster.sync(attrs.evolve(request, facts=fresher), h.now + 2) is False, "free memory moved"
+    stopped = [attrs.evolve(s, state="exited", exit_code=1) for s in request.observed]
+    assert h.cluster.sync(attrs.evolve(request, observed=stopped), h.now + 3) is True
+
+
+def test_repeated_refusals_are_one_event_with_a_count():
+    """A node retrying a refused sync every 30 s makes one event per 10 minutes, saying how many it folds."""
+    cluster = Cluster()
+    for second in range(0, 1200, 30):
+        message = "sync refused: certificate is for 'node-1'"
+        cluster.record_event(1000.0 + second, "refusal", "node-9", message)
+    cluster.record_event(1000.0, "node", "node-1", "cordoned")
+    cluster.record_event(1001.0, "node", "node-1", "cordoned")
+    events = cluster.take_events()
+    refusals = [e.message for e in events if e.kind == "refusal"]
+    assert len(refusals) == 2
+    assert refusals[1].startswith("sync refused: certificate is for 'node-1' (19 more since ")
+    operator = [e.message for e in events if e.kind == "node"]
+    assert operator == ["cordoned", "cordoned"], "operator actions are never folded"
+
+
+async def test_events_older_than_the_retention_are_deleted(tmp_path):
+    """Events past persist.MAX_EVENT_AGE are deleted at the next flush that stores an event."""
+    store = open_store(tmp_path / "state")
+    try:
+        cluster = Cluster()
+        cluster.record_event(1000.0, "node", "node-1", "old")
+        await store.write(lambda conn: flush(conn, cluster, 1000.0))
+        later = 1000.0 + persist.MAX_EVENT_AGE + 1
+        cluster.record_event(later, "node", "node-1", "new")
+        await store.write(lambda conn: flush(conn, cluster, later))
+        events = await store.run(lambda conn: persist.recent_events(conn, 0, 100))
+        assert [e.message for e in events.events] == ["new"]
+    finally:
+        store.close()

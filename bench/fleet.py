@@ -58,6 +58,7 @@ def run_agents(args: argparse.Namespace) -> None:
     url = f"{args.server}/v1/agent/sync"
     beyond: list[tuple[float, float]] = []
     syncs: list[float] = []
+    connections = [0]
     errors: list[tuple[float, str]] = []
 
     async def agent(number: int) -> None:
@@ -80,44 +81,47 @@ def run_agents(args: argparse.Namespace) -> None:
         built_for: tuple[int, int] | None = None
         await trio.sleep(random.uniform(0, args.stagger))
         async with ConnectionPool(ssl_context=context, read_timeout=POLL_TIMEOUT + 30) as pool:
-            while True:
-                if built_for != (revision, len(observed)):
-                    request = SyncRequest(
-                        node_id=node_id,
-                        address=f"10.{number // 250}.{number % 250}.1",
-                        facts=facts,
-                        port_range=(20000, 20999),
-                        observed=observed,
-                        revision=revision,
-                        wait=True,
-                        checked_sources=facts.model_sources,
+            try:
+                while True:
+                    if built_for != (revision, len(observed)):
+                        request = SyncRequest(
+                            node_id=node_id,
+                            address=f"10.{number // 250}.{number % 250}.1",
+                            facts=facts,
+                            port_range=(20000, 20999),
+                            observed=observed,
+                            revision=revision,
+                            wait=True,
+                            checked_sources=facts.model_sources,
+                        )
+                        body = json.dumps(to_json(request)).encode()
+                        built_for = (revision, len(observed))
+                    started = trio.current_time()
+                    try:
+                        response = await pool.request(
+                            "POST", url, headers=[("content-type", "application/json")], body=body
+                        )
+                    except Exception as exc:  # noqa: BLE001 - counted and retried, as an agent does
+                        errors.append((time.time(), type(exc).__name__))
+                        await trio.sleep(random.uniform(0.5, 1.5))
+                        continue
+                    elapsed = trio.current_time() - started
+                    syncs.append(time.time())
+                    if response.status != 200:
+                        errors.append((time.time(), f"HTTP {response.status}"))
+                        await trio.sleep(random.uniform(0.5, 1.5))
+                        continue
+                    reply = response.json()
+                    if reply["revision"] == revision:
+                        beyond.append((time.time(), max(0.0, elapsed - POLL_TIMEOUT)))
+                        continue
+                    revision = reply["revision"]
+                    observed = tuple(
+                        ObservedShard(s["replica_id"], s["attempt"], s["rank"], "ready", pid=1, port=20000)
+                        for s in reply["shards"]
                     )
-                    body = json.dumps(to_json(request)).encode()
-                    built_for = (revision, len(observed))
-                started = trio.current_time()
-                try:
-                    response = await pool.request(
-                        "POST", url, headers=[("content-type", "application/json")], body=body
-                    )
-                except Exception as exc:  # noqa: BLE001 - counted and retried, as an agent does
-                    errors.append((time.time(), type(exc).__name__))
-                    await trio.sleep(random.uniform(0.5, 1.5))
-                    continue
-                elapsed = trio.current_time() - started
-                syncs.append(time.time())
-                if response.status != 200:
-                    errors.append((time.time(), f"HTTP {response.status}"))
-                    await trio.sleep(random.uniform(0.5, 1.5))
-                    continue
-                reply = response.json()
-                if reply["revision"] == revision:
-                    beyond.append((time.time(), max(0.0, elapsed - POLL_TIMEOUT)))
-                    continue
-                revision = reply["revision"]
-                observed = tuple(
-                    ObservedShard(s["replica_id"], s["attempt"], s["rank"], "ready", pid=1, port=20000)
-                    for s in reply["shards"]
-                )
+            finally:
+                connections[0] += pool.connections_opened
 
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGTERM) as signals:
@@ -129,7 +133,8 @@ def run_agents(args: argparse.Namespace) -> None:
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
-    Path(args.out).write_text(json.dumps({"beyond": beyond, "syncs": syncs, "errors": errors}))
+    figures = {"beyond": beyond, "syncs": syncs, "errors": errors, "connections": connections[0]}
+    Path(args.out).write_text(json.dumps(figures))
 
 
 # -- the coordinator --------------------------------------------------------------------------------
@@ -345,7 +350,7 @@ def run_size(root: Path, certs: Path, size: int, args: argparse.Namespace) -> di
     finally:
         fleet.stop()
     beyond: list[float] = []
-    syncs = errors = 0
+    syncs = errors = connections = 0
     for _, out in fleet.agents:
         if not out.exists():
             continue
@@ -353,10 +358,12 @@ def run_size(root: Path, certs: Path, size: int, args: argparse.Namespace) -> di
         beyond += [b for at, b in data["beyond"] if steady_from <= at <= steady_to]
         syncs += sum(1 for at in data["syncs"] if steady_from <= at <= steady_to)
         errors += sum(1 for at, _ in data["errors"] if steady_from <= at <= steady_to)
+        connections += data["connections"]
     figures["syncs_per_s"] = syncs / max(1e-9, steady_to - steady_from)
     figures["rtt_p50_ms"] = 1000 * statistics.median(beyond) if beyond else None
     figures["rtt_p99_ms"] = 1000 * _quantile(beyond, 0.99) if beyond else None
     figures["agent_errors"] = errors
+    figures["connections"] = connections
     latency = fleet.admin_latency
     figures["admin_p50_ms"] = 1000 * statistics.median(latency)
     figures["admin_max_ms"] = 1000 * max(latency)

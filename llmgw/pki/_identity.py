@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import re
 from pathlib import Path
 
@@ -162,6 +163,13 @@ def peer_identity(der: bytes | None) -> Identity:
     """
     if not der:
         raise IdentityError("the peer sent no client certificate")
+    return _identity_of_der(der)
+
+
+@functools.lru_cache(maxsize=8192)
+def _identity_of_der(der: bytes) -> Identity:
+    # Every request of a connection carries the same certificate: parse each one once
+    # (a fleet's syncs would otherwise spend most of their CPU here). Refusals are not cached.
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError as exc:

@@ -43,7 +43,10 @@ class ClusterViews:
     replicas: dict[str, ReplicaRecord]
     unplaced: tuple[Unplaced, ...]
     routes_revision: int
+    catalog_revision: int
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
+    #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
+    _shards_memo: dict[str, tuple[tuple, list[_NodeShard]]]
 
     # -- what agents run ---------------------------------------------------
 
@@ -51,13 +54,28 @@ class ClusterViews:
         """Node id -> the shards it should run now."""
         if self._desired_cache is None:
             out: dict[str, list[DesiredShard]] = {node_id: [] for node_id in self.nodes}
+            old, memo = getattr(self, "_shards_memo", {}), {}
             for record in sorted(self.replicas.values(), key=lambda r: r.id):
                 if record.state == "backoff":
                     continue
-                for shard in self._desired_shards(record):
+                key = self._shards_key(record)
+                built = old.get(record.id)
+                if built is None or built[0] != key:
+                    built = (key, list(self._desired_shards(record)))
+                memo[record.id] = built
+                for shard in built[1]:
                     out.setdefault(shard.node_id, []).append(shard.desired)
+            self._shards_memo = memo
             self._desired_cache = {k: tuple(v) for k, v in out.items()}
         return self._desired_cache
+
+    def _shards_key(self, record: ReplicaRecord) -> tuple:
+        """Everything :meth:`_desired_shards` reads for ``record``: when equal, its shards are too."""
+        nodes = tuple(
+            (node.address, node.facts.fabrics) if node is not None else None
+            for node in (self.nodes.get(node_id) for node_id in record.placement.node_ids)
+        )
+        return (record.attempt, record.placement, self.catalog_revision, id(self.catalog), nodes)
 
     def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
         """The shards ``node_id`` should run now."""

@@ -16,11 +16,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import attrs
 import trio
 
 from llmgw.catalog import catalog_summary, parse_catalog
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
+from llmgw.models import NodeFacts
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
 from llmgw.server.cluster import Cluster
@@ -117,6 +119,10 @@ class ServerApp:
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
         self._route("POST", r"/v1/admin/keys", admin, self._create_key)
         self._route("DELETE", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._revoke_key)
+        #: node id -> (the facts it last sent, as JSON and as read): see _read_sync
+        self._facts: dict[str, tuple[Any, NodeFacts]] = {}
+        #: node id -> (what its last sync answer was made from, the answer)
+        self._replies: dict[str, tuple[tuple, Response]] = {}
         #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
         self.keys: dict[str, tuple[str, float, float | None]] = {}
 
@@ -183,7 +189,7 @@ class ServerApp:
     # -- agents --------------------------------------------------------------
 
     async def _sync(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        sync = from_json(request.json(), SyncRequest)
+        sync = self._read_sync(request.json(), identity.name)
         if sync.node_id != identity.name:
             message = (
                 f"node certificate for {identity.name!r} cannot sync as node {sync.node_id!r}; "
@@ -204,13 +210,39 @@ class ServerApp:
         self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
         if sync.wait:
             await self.reconciler.wait_node(sync.node_id, sync.revision, self.poll_timeout)
+        return self._sync_reply(sync.node_id)
+
+    def _read_sync(self, data: Any, node: str) -> SyncRequest:
+        """The sync request in ``data``, its facts reused when they are the ones ``node`` sent last.
+
+        Facts change rarely and are most of a sync's body: structuring them
+        again for every heartbeat would be most of a sync's cost.
+        """
+        facts = data.get("facts") if isinstance(data, dict) else None
+        known = self._facts.get(node)
+        if known is None or facts != known[0]:
+            sync = from_json(data, SyncRequest)
+            self._facts[node] = (facts, sync.facts)
+            return sync
+        sync = from_json({**data, "facts": {"node_id": node, "agent_version": ""}}, SyncRequest)
+        return attrs.evolve(sync, facts=known[1])
+
+    def _sync_reply(self, node_id: str) -> Response:
+        """The sync answer for ``node_id``, encoded once per revision of what it says."""
+        shards = self.cluster.desired_for(node_id)
+        key = (self.cluster.revision, self.cluster.sources_revision, shards)
+        cached = self._replies.get(node_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         reply = SyncReply(
             revision=self.cluster.revision,
-            shards=self.cluster.desired_for(sync.node_id),
+            shards=shards,
             check_sources=self.cluster.sources_to_check(),
             lost_after=self.cluster.settings.lost_after,
         )
-        return _answer(reply)
+        response = _answer(reply)
+        self._replies[node_id] = (key, response)
+        return response
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = _int(request.query.get("revision", "0"), "revision")

@@ -251,3 +251,47 @@ async def test_the_server_answers_starting_while_it_loads(nursery, test_pki, tmp
             assert (await admin.get(f"https://{host}:{port}/v1/admin/replicas")).status_code == 200
     finally:
         release.set()
+
+
+async def test_a_server_restarted_on_a_large_state_answers_ctl(tmp_path, test_pki, processes, llmgw_exe):  # noqa: F811
+    """1,000 nodes and 2,000 replicas in state.db: a new server process lists them all to ctl."""
+    from llmgw.catalog import parse_catalog
+    from llmgw.server.cluster import Cluster
+    from llmgw.server.persist import flush
+    from llmgw.server.store import open_store
+    from llmgw.wire import SyncRequest
+
+    cluster = Cluster()
+    for number in range(1000):
+        body = sync_body(f"node-{number:04}")
+        cluster.sync(from_json({**body, "checked_sources": ["tiny/model"]}, SyncRequest), 1000.0)
+    catalog = CATALOG.replace("profile: one", "profile: one\n    replicas: 2000")
+    cluster.apply_catalog(parse_catalog(catalog, {"sim": SimEngine()}), catalog, 1000.0)
+    cluster.reconcile(1000.0 + 11)  # past the wait for sources, before lost-after
+    assert len(cluster.replicas) == 2000
+    store = open_store(tmp_path / "state")
+    try:
+        await store.write(lambda conn: flush(conn, cluster, 1000.0))
+    finally:
+        store.close()
+
+    port = free_port()
+    argv = [llmgw_exe, "server", "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"]
+    argv += ["--cert", str(test_pki.server.cert_path), "--key", str(test_pki.server.key_path)]
+    argv += ["--ca", str(test_pki.ca.cert_path)]
+    process = processes.start(argv, name="server")
+    answers: list[int] = []
+
+    def listed() -> int:
+        with httpx.Client(verify=test_pki.context("admin", "ops"), timeout=5) as admin:
+            response = admin.get(f"https://127.0.0.1:{port}/v1/admin/replicas")
+        answers.append(response.status_code)
+        assert response.status_code in (200, 503), response.text
+        if response.status_code == 503:
+            assert response.json()["error"]["type"] == "starting"
+            return 0
+        return len(response.json()["replicas"])
+
+    count = await trio.to_thread.run_sync(lambda: wait_until(listed, 30, "ctl replicas to list", process))
+    assert count == 2000
+    assert process.returncode is None, process.stderr_tail()

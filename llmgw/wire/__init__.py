@@ -309,7 +309,7 @@ class ApplyCatalog:
     """``POST /v1/admin/catalog``: the catalog's YAML and where it came from (for error messages)."""
 
     text: str
-    name: str = "catalog"
+    name: str = attrs.field(default="catalog", validator=bounded())
 
 
 @attrs.frozen
@@ -374,7 +374,7 @@ class KeyList:
 class CreateKey:
     """``POST /v1/admin/keys``."""
 
-    name: str
+    name: str = attrs.field(validator=bounded(text=253))
 
 
 @attrs.frozen

@@ -94,6 +94,12 @@ class ShardSupervisor:
         """The shard's key (``replica/attempt/rRANK``)."""
         return self.desired.key
 
+    @property
+    def stop_grace(self) -> float:
+        """Seconds between SIGTERM and SIGKILL: the profile's (sent by the server), else the agent's."""
+        grace = self.desired.stop_grace
+        return self.config.stop_grace if grace is None else grace
+
     def stop(self) -> None:
         """Report ``stopping`` and cancel :meth:`run`, which returns once every process is gone."""
         self._update(state="stopping", detail=None)
@@ -154,7 +160,7 @@ class ShardSupervisor:
                 await run_child(
                     child,
                     command,
-                    grace=self.config.stop_grace,
+                    grace=self.stop_grace,
                     stop_after=stop_after,
                     on_spawn=spawned,
                     task_status=task_status,

@@ -116,6 +116,12 @@ class AdminClient:
         context = client_ssl_context(config.cert, config.key, config.ca)
         self._http = httpx.Client(base_url=config.server, verify=context, timeout=30)
 
+    @classmethod
+    def for_command(cls, ctx: Any) -> AdminClient:
+        """The client a ``ctl`` command uses: the ``ctl`` group's connection options (a click context's)."""
+        options = ctx.find_root().meta.get("ctl_options", {})
+        return cls(ClientConfig.resolve(**options))
+
     def close(self) -> None:
         """Close the client's connections."""
         self._http.close()

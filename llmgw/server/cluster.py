@@ -32,6 +32,8 @@ class Cluster(ClusterViews):
         self.catalog_text = ""
         self.catalog_revision = 0
         self.catalog_applied_at = 0.0
+        #: the admin certificate's name that applied the catalog in force (stored with its revision)
+        self.catalog_author = ""
         self.nodes: dict[str, NodeRecord] = {}
         self.replicas: dict[str, ReplicaRecord] = {}
         self.unplaced: tuple[Unplaced, ...] = ()
@@ -54,16 +56,18 @@ class Cluster(ClusterViews):
 
     # -- inputs --------------------------------------------------------------
 
-    def apply_catalog(self, catalog: Catalog, text: str, now: float) -> None:
-        """Make ``catalog`` the desired state (already validated)."""
+    def apply_catalog(self, catalog: Catalog, text: str, now: float, author: str = "") -> None:
+        """Make ``catalog`` the desired state (already validated); ``author`` applied it."""
         self.catalog = catalog
         self.catalog_text = text
+        self.catalog_author = author
         self.catalog_revision += 1
         self.catalog_applied_at = now
         self.dirty_catalog = True
         # wake every long-poll: agents must learn the new sources to check
         self.revision += 1
-        self.record_event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
+        by = f" by {author}" if author else ""
+        self.record_event(now, "catalog", f"revision {self.catalog_revision}", f"catalog applied{by}")
 
     def sync(self, request: SyncRequest, now: float) -> None:
         """Record what a node's agent reported: facts, observed shards, revision."""
@@ -213,8 +217,8 @@ class Cluster(ClusterViews):
             record.reason = None
             self.dirty_replicas.add(record.id)
             self.record_event(now, "replica", record.id, f"ready on {', '.join(record.placement.node_ids)}")
-        elif now - record.started_at > self.settings.ready_timeout:
-            self._fail(record, now, f"not ready within {self.settings.ready_timeout:.0f} s")
+        elif now - record.started_at > (timeout := self.ready_timeout_of(record)):
+            self._fail(record, now, f"not ready within {timeout:.0f} s")
 
     def _fail(self, record: ReplicaRecord, now: float, reason: str) -> None:
         record.failures += 1

@@ -18,9 +18,26 @@ from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.store import Store
-from llmgw.wire import EventEntry, EventList, from_json, to_json
+from llmgw.wire import (
+    CatalogHistory,
+    CatalogRevision,
+    CatalogText,
+    EventEntry,
+    EventList,
+    from_json,
+    to_json,
+)
 
-__all__ = ["load_cluster", "flush", "load_api_keys", "add_api_key", "revoke_api_key", "recent_events"]
+__all__ = [
+    "load_cluster",
+    "flush",
+    "load_api_keys",
+    "add_api_key",
+    "revoke_api_key",
+    "recent_events",
+    "catalog_revision",
+    "catalog_history",
+]
 
 
 def load_cluster(
@@ -101,8 +118,8 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
     """Write what changed since the last flush, in the caller's transaction (``Store.write``)."""
     if cluster.dirty_catalog:
         conn.execute(
-            "INSERT OR REPLACE INTO catalog (revision, text, applied_at) VALUES (?, ?, ?)",
-            (cluster.catalog_revision, cluster.catalog_text, now),
+            "INSERT OR REPLACE INTO catalog (revision, text, applied_at, author) VALUES (?, ?, ?, ?)",
+            (cluster.catalog_revision, cluster.catalog_text, now, cluster.catalog_author),
         )
     for node_id in sorted(cluster.dirty_nodes):
         node = cluster.nodes.get(node_id)
@@ -158,6 +175,25 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
     cluster.dirty_catalog = False
     cluster.dirty_nodes.clear()
     cluster.dirty_replicas.clear()
+
+
+# -- catalog revisions -------------------------------------------------------
+
+
+def catalog_revision(conn: sqlite3.Connection, revision: int) -> CatalogText | None:
+    """Stored catalog revision ``revision`` (``ctl catalog --revision N``); None when there is none."""
+    row = conn.execute(
+        "SELECT revision, text, applied_at, author FROM catalog WHERE revision = ?", (revision,)
+    ).fetchone()
+    return CatalogText(*row) if row else None
+
+
+def catalog_history(conn: sqlite3.Connection, limit: int) -> CatalogHistory:
+    """The last ``limit`` stored catalog revisions, oldest first (``ctl catalog history``)."""
+    rows = conn.execute(
+        "SELECT revision, applied_at, author FROM catalog ORDER BY revision DESC LIMIT ?", (limit,)
+    ).fetchall()
+    return CatalogHistory(tuple(CatalogRevision(*row) for row in reversed(rows)))
 
 
 # -- API keys ----------------------------------------------------------------

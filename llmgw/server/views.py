@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from llmgw.models import Catalog, LaunchSpec
+from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
 from llmgw.server.records import NodeRecord, ReplicaRecord, Settings
 from llmgw.wire import (
@@ -43,6 +43,7 @@ class ClusterViews:
     replicas: dict[str, ReplicaRecord]
     unplaced: tuple[Unplaced, ...]
     routes_revision: int
+    catalog_revision: int
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
 
     # -- what agents run ---------------------------------------------------
@@ -107,10 +108,17 @@ class ClusterViews:
                 engine=profile.engine,
                 spec=spec,
                 sidecars=profile.sidecars,
-                ready_timeout=self.settings.ready_timeout,
+                ready_timeout=profile.ready_timeout or self.settings.ready_timeout,
+                stop_grace=DEFAULT_STOP_GRACE if profile.stop_grace is None else profile.stop_grace,
             )
             shards.append(_NodeShard(shard.node_id, desired))
         return shards
+
+    def ready_timeout_of(self, record: ReplicaRecord) -> float:
+        """Seconds ``record``'s rank 0 may take to be ready: its profile's, or the server's setting."""
+        model = self.catalog.models.get(record.placement.model)
+        profile = self.catalog.profiles.get(model.profile) if model is not None else None
+        return (profile.ready_timeout if profile is not None else None) or self.settings.ready_timeout
 
     def sources_to_check(self) -> tuple[str, ...]:
         """Every model source in the catalog, for agents to report on."""
@@ -216,7 +224,15 @@ class ClusterViews:
         """Every replica, its shards as agents observe them, and what cannot be placed (``ctl replicas``)."""
         replicas = tuple(self._replica_status(r) for r in sorted(self.replicas.values(), key=lambda r: r.id))
         unplaced = tuple(UnplacedStatus(u.id, u.model, u.reason, u.replaces) for u in self.unplaced)
-        return ReplicaList(replicas=replicas, unplaced=unplaced)
+        return ReplicaList(replicas=replicas, unplaced=unplaced, catalog_revision=self.catalog_revision)
+
+    def replica_counts(self) -> dict[str, int]:
+        """Model -> its replicas that exist (placed; a drain's replacements not counted), for ``ctl diff``."""
+        counts: dict[str, int] = {}
+        for record in self.replicas.values():
+            if not record.placement.replaces:
+                counts[record.placement.model] = counts.get(record.placement.model, 0) + 1
+        return counts
 
     def _replica_status(self, record: ReplicaRecord) -> ReplicaStatus:
         shards = []

@@ -29,12 +29,22 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar
+from llmgw.wire._catalog import (
+    ApplyCatalog,
+    CatalogApplied,
+    CatalogChange,
+    CatalogDiff,
+    CatalogHistory,
+    CatalogRevision,
+    CatalogText,
+)
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
     "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus", "UnplacedStatus",
-    "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "EventEntry", "EventList",
+    "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange", "CatalogDiff",
+    "CatalogRevision", "CatalogHistory", "EventEntry", "EventList",
     "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
     "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
     "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
@@ -94,6 +104,8 @@ class DesiredShard:
     sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=())
     #: seconds rank 0 may take to pass its health check after starting
     ready_timeout: float = 600.0
+    #: seconds between SIGTERM and SIGKILL when the shard is stopped; None: the agent's own setting
+    stop_grace: float | None = None
 
     @property
     def key(self) -> str:
@@ -294,30 +306,8 @@ class ReplicaList:
 
     replicas: tuple[ReplicaStatus, ...] = ()
     unplaced: tuple[UnplacedStatus, ...] = ()
-
-
-@attrs.frozen
-class CatalogText:
-    """``GET /v1/admin/catalog``: the catalog in force, as it was applied."""
-
-    revision: int
-    text: str
-
-
-@attrs.frozen
-class ApplyCatalog:
-    """``POST /v1/admin/catalog``: the catalog's YAML and where it came from (for error messages)."""
-
-    text: str
-    name: str = "catalog"
-
-
-@attrs.frozen
-class CatalogApplied:
-    """The answer to :class:`ApplyCatalog`: the new revision and a one-line summary."""
-
-    revision: int
-    summary: str
+    #: the catalog revision in force
+    catalog_revision: int = 0
 
 
 @attrs.frozen

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -120,6 +121,18 @@ class TestEngine:
         assert supervisor.engine_child.stopped_by in ("SIGKILL", "SIGKILL (agent)")
         assert trio.current_time() - start >= 0.5
         assert not group_alive(pgid)
+
+    async def test_the_profiles_stop_grace_wins_over_the_agents(self, harness):
+        """A shard sent with stop_grace 0.5 is SIGKILLed 0.5 s after SIGTERM (the agent says 30 s)."""
+        port = free_port("127.0.0.1")
+        shard = attrs.evolve(desired("script", port, extra_args=["--ignore-sigterm"]), stop_grace=0.5)
+        supervisor, states = harness.start(shard, stop_grace=30.0)
+        with trio.fail_after(10):
+            await wait_state(states, {"ready"})
+        start = trio.current_time()
+        await stopped(supervisor)
+        assert supervisor.engine_child.stopped_by in ("SIGKILL", "SIGKILL (agent)")
+        assert 0.5 <= trio.current_time() - start < 10
 
     async def test_exit_reports_code_and_last_log_line(self, harness):
         """An engine that exits is reported `exited` with its exit code and its log's last line."""

@@ -171,7 +171,7 @@ def wait_for_revision(
     timeout: float,
     echo: Callable[[str], object],
 ) -> None:
-    """Return once every replica catalog ``revision`` asks for is ready; print progress lines as they change.
+    """Return once every replica of catalog ``revision`` is ready; print each model's progress as it moves.
 
     :raises CtlError: ``timeout`` seconds passed first (naming what is not
         ready and why), or another catalog revision was applied meanwhile.
@@ -186,10 +186,10 @@ def wait_for_revision(
                 f"{revision}; stopped waiting (see ctl catalog history)"
             )
         lines, waiting = replica_progress(data, wanted)
-        if lines != last:
-            for line in lines:
+        for line in lines:
+            if line not in last:  # only the models whose progress moved
                 echo(line)
-            last = lines
+        last = lines
         if not waiting:
             total = sum(wanted.values())
             echo(f"revision {revision}: all {_plural(total, 'replica')} ready")

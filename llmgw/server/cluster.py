@@ -17,6 +17,7 @@ import attrs
 from llmgw.models import Catalog
 from llmgw.scheduler import Unplaced, schedule
 from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.stopping import StopOrder
 from llmgw.server.views import ClusterViews
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 
@@ -46,6 +47,8 @@ class Cluster(ClusterViews):
         self.dirty_replicas: set[str] = set()
         self.dirty_catalog = False
         self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
+        #: workers of stopping multi-node replicas, held until their rank 0 is gone
+        self.stopping = StopOrder()
         #: the next attempt number; persisted so a restart never reuses one
         self.next_attempt = 1
 
@@ -140,6 +143,7 @@ class Cluster(ClusterViews):
             self._judge(record, now)
         if not self._waiting_for_sources(now):
             self._schedule(now, self._drain_moves(now))
+        self._order_stops(before, now)
         self._desired_cache = None
         changed = self.desired() != before
         if changed:
@@ -151,6 +155,12 @@ class Cluster(ClusterViews):
         if self._ready_ids() != ready_before:
             self.routes_revision += 1
         return changed
+
+    def _order_stops(self, before: dict[str, tuple[DesiredShard, ...]], now: float) -> None:
+        """Hold the workers of multi-node replicas just retired; release those whose rank 0 is gone."""
+        self.stopping.note(before, self.replicas, self.revision, now)
+        for replica_id, message in self.stopping.settle(self.nodes, now):
+            self.record_event(now, "replica", replica_id, message)
 
     def _waiting_for_sources(self, now: float) -> bool:
         """Whether placing should wait: a live node has not yet checked the catalog's sources."""

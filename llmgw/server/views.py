@@ -14,6 +14,7 @@ import attrs
 from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
 from llmgw.server.records import NodeRecord, ReplicaRecord, Settings
+from llmgw.server.stopping import StopOrder
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
@@ -44,6 +45,7 @@ class ClusterViews:
     unplaced: tuple[Unplaced, ...]
     routes_revision: int
     catalog_revision: int
+    stopping: StopOrder
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
 
     # -- what agents run ---------------------------------------------------
@@ -57,6 +59,8 @@ class ClusterViews:
                     continue
                 for shard in self._desired_shards(record):
                     out.setdefault(shard.node_id, []).append(shard.desired)
+            for node_id, held in self.stopping.shards():
+                out.setdefault(node_id, []).append(held)
             self._desired_cache = {k: tuple(v) for k, v in out.items()}
         return self._desired_cache
 

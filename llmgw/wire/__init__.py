@@ -106,6 +106,9 @@ class DesiredShard:
     ready_timeout: float = 600.0
     #: seconds between SIGTERM and SIGKILL when the shard is stopped; None: the agent's own setting
     stop_grace: float | None = None
+    #: the replica is stopping: keep this worker running until the server drops it (once its rank 0
+    #: is gone), and never start it anew
+    stop_after_rank0: bool = False
 
     @property
     def key(self) -> str:

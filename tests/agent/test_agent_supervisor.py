@@ -318,3 +318,37 @@ class TestApply:
                 for child in [supervisor.engine_child, *supervisor.sidecars]:
                     if child is not None:
                         kill_group(child.pgid)
+
+    async def test_a_held_worker_runs_on_until_dropped_and_is_never_started(self, nursery, tmp_path):
+        """A held shard runs on (one on its port waits); a held shard not running is never started."""
+        engine_script, _ = write_scripts(tmp_path / "scripts")
+        config = agent_config(tmp_path, stop_grace=1.0)
+        facts = NodeFacts(node_id="node-1", agent_version="0")
+        agent = Agent(
+            config, {"script": ScriptEngine(engine_script)}, facts, ProcessRecords(config.runtime_dir), None
+        )
+        agent.shards_nursery = nursery
+        port = free_port("127.0.0.1")
+        worker = desired("script", port, replica="a-0")
+        new = desired("script", port, replica="b-0")
+        never = attrs.evolve(desired("script", free_port("127.0.0.1"), replica="c-0"), stop_after_rank0=True)
+        try:
+            agent.apply(SyncReply(revision=1, shards=[worker]))
+            with trio.fail_after(10):
+                await wait_for(lambda: agent.observed[worker.key].state == "ready", "the worker ready")
+            pid = agent.observed[worker.key].pid
+            held = attrs.evolve(worker, stop_after_rank0=True)
+            agent.apply(SyncReply(revision=2, shards=[held, new, never]))
+            assert agent.observed[worker.key].state == "ready" and pid_alive(pid)
+            assert agent.observed[new.key].state == "starting"
+            assert never.key not in agent.observed and never.key not in agent.supervisors
+            agent.apply(SyncReply(revision=3, shards=[new]))
+            with trio.fail_after(10):
+                await wait_for(lambda: agent.observed.get(new.key).state == "ready", "the new shard to start")
+            assert worker.key not in agent.observed and not pid_alive(pid)
+        finally:
+            for supervisor in list(agent.supervisors.values()):
+                supervisor.cancel_scope.cancel()
+                for child in [supervisor.engine_child, *supervisor.sidecars]:
+                    if child is not None:
+                        kill_group(child.pgid)

@@ -164,6 +164,7 @@ class Agent:
                 lambda observed, key=key: self._report(key, observed),
                 on_spawn=lambda child, key=key: self._on_spawn(key, child),
                 on_gone=self._on_gone,
+                engine_version=self.facts.engines.get(shard.engine),
             )
             self.supervisors[key] = supervisor
             self.observed[key] = supervisor.observed

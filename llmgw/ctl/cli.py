@@ -20,6 +20,7 @@ from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
 from llmgw.ctl.catalog import apply, catalog, diff
 from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.ctl.replicas import describe, replicas
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
@@ -30,7 +31,6 @@ from llmgw.wire import (
     EventList,
     KeyList,
     NodeList,
-    ReplicaList,
     RevokedKey,
     to_json,
 )
@@ -103,27 +103,6 @@ def nodes(ctx: click.Context, output: str) -> None:
     for n in data.nodes:
         for warning in n.warnings:
             click.echo(f"warning: {n.node_id}: {warning}")
-
-
-@click.command()
-@output_option
-@click.pass_context
-def replicas(ctx: click.Context, output: str) -> None:
-    """List replicas with their shards, and those that cannot be placed, with why."""
-    data = _client(ctx).request("GET", "/v1/admin/replicas", ReplicaList)
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
-    rows = []
-    for r in data.replicas:
-        shards = "; ".join(
-            f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "") for s in r.shards
-        )
-        note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")
-        rows.append([r.id, r.model, r.state, r.failures, shards, note])
-    click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
-    for u in data.unplaced:
-        click.echo(f"unplaced: {u.id}: {u.reason}")
 
 
 @click.command()
@@ -273,6 +252,7 @@ for _command in (
     engine_check,
     nodes,
     replicas,
+    describe,
     apply,
     diff,
     catalog,

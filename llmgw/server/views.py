@@ -254,6 +254,10 @@ class ClusterViews:
                     state=observed.state if observed else "pending",
                     pid=observed.pid if observed else None,
                     detail=observed.detail if observed else None,
+                    argv=observed.argv if observed else (),
+                    env=observed.env if observed else {},
+                    log_path=observed.log_path if observed else None,
+                    engine_version=observed.engine_version if observed else None,
                 )
             )
         return ReplicaStatus(

@@ -83,6 +83,12 @@ class ObservedShard:
     #: one line for the operator: why it is unhealthy, the log's last line...
     detail: str | None = None
     since: float = 0.0
+    #: the engine's command line, and the environment llmgw set for it (not the agent's own), once built
+    argv: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    env: Mapping[str, str] = attrs.field(converter=dict, factory=dict)
+    #: the shard's log file on its node, and the engine's version as the node found it
+    log_path: str | None = None
+    engine_version: str | None = None
 
     @property
     def key(self) -> str:
@@ -274,6 +280,11 @@ class ShardStatus:
     state: str
     pid: int | None = None
     detail: str | None = None
+    #: as the agent reported them (:class:`ObservedShard`); empty before it does
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    log_path: str | None = None
+    engine_version: str | None = None
 
 
 @attrs.frozen

@@ -95,6 +95,25 @@ class TestEngine:
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200
 
+    async def test_the_command_environment_log_and_engine_version_are_reported(self, harness):
+        """What the shard runs is reported with it: argv, the environment llmgw set, its log, the version."""
+        port = free_port("127.0.0.1")
+        shard = attrs.evolve(desired("sim", port), spec=attrs.evolve(desired("sim", port).spec, gpus=(2, 3)))
+        config = agent_config(harness.tmp_path)
+        states: list = []
+        supervisor = ShardSupervisor(
+            shard, SimEngine(), config, states.append, on_spawn=lambda c: harness.groups.append(c.pgid),
+            engine_version="0.2.0",
+        )
+        assert supervisor.observed.log_path == str(shard_log_path(config.logs_dir, shard))
+        harness.nursery.start_soon(supervisor.run)
+        with trio.fail_after(15):
+            ready = await wait_state(states, {"ready", "exited"})
+        assert ready.state == "ready", ready
+        assert ready.argv[1:3] == ("--model", "tiny/model") and ready.argv[0].endswith("llmgw-sim")
+        assert ready.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+        assert ready.engine_version == "0.2.0" and ready.log_path == str(supervisor.log_path)
+
     async def test_stop_ends_the_whole_group_and_frees_the_port(self, harness):
         """Stopping a shard ends its engine's whole process group with SIGTERM, and its port is free."""
         port = free_port("127.0.0.1")

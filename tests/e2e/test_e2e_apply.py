@@ -87,6 +87,19 @@ def test_apply_wait_returns_once_a_new_model_serves(cluster, tmp_path):
     ready = [r for r in cluster.replicas().replicas if r.model == "fresh" and r.state == "ready"]
     assert len(ready) == 2
 
+    wide = ctl("replicas", "--wide")
+    assert wide.returncode == 0, wide.stderr
+    row = next(line for line in wide.stdout.splitlines() if line.startswith("fresh-0 "))
+    assert f"--model {models}/fresh" in row and "CUDA_VISIBLE_DEVICES=" in row and ".log" in row
+    described = ctl("describe", "replica", "fresh-0")
+    assert described.returncode == 0, described.stderr
+    log = next(line.split()[-1] for line in described.stdout.splitlines() if line.startswith("  log "))
+    assert Path(log).exists(), described.stdout
+    engine = next(line.split()[-1] for line in described.stdout.splitlines() if line.startswith("  engine "))
+    assert engine != "-", described.stdout
+    missing = ctl("describe", "replica", "nope-0")
+    assert missing.returncode == 1 and "no replica 'nope-0' (replicas: " in missing.stderr
+
     catalog.write_text((PROFILES + FRESH + NOWHERE).format(models=models))
     stuck = ctl("apply", "--wait", "--timeout", "3", str(catalog))
     assert stuck.returncode == 1

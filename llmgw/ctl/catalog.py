@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from pathlib import Path
 
 import click
@@ -118,7 +119,13 @@ def apply(ctx: click.Context, catalog: Path, prune: bool, wait: bool, timeout: f
     text = _read(catalog)
     client = _client(ctx)
     body = ApplyCatalog(text=text, name=str(catalog), prune=prune)
-    result = client.request("POST", "/v1/admin/catalog", CatalogApplied, body=body)
+    try:
+        result = client.request("POST", "/v1/admin/catalog", CatalogApplied, body=body)
+    except CtlError as refused:
+        if refused.status == HTTPStatus.CONFLICT:  # it removes models: show every change it would make
+            for line in diff_lines(client.request("POST", "/v1/admin/catalog/diff", CatalogDiff, body=body)):
+                click.echo(line)
+        raise
     if result.diff is not None:
         for line in diff_lines(result.diff):
             click.echo(line)

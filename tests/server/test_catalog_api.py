@@ -159,6 +159,7 @@ async def test_ctl_diff_apply_and_catalog(server, test_pki, tmp_path):
     ]
     refused = await run("apply", str(second))
     assert refused.exit_code == 1
+    assert refused.stdout == diff.stdout, "a refused apply shows what it would change"
     assert "removes 1 model" in refused.stderr and "apply with --prune" in refused.stderr
     pruned = await run("apply", "--prune", str(second))
     assert pruned.exit_code == 0, pruned.output

@@ -83,7 +83,8 @@ def _plain(exc: BaseException) -> str:
     match = re.match(r"(\w+) must be (>= \d+|at most \d+ \(llmgw's limit\)), got (.*)", text)
     if match:
         return f"expected an integer {match.group(2)}, got {match.group(3)}"
-    return text
+    match = re.match(r"\w+ must be: (expected .*)", text)
+    return match.group(1) if match else text
 
 
 def _dotted(path: tuple[str, ...]) -> str:

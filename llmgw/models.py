@@ -82,6 +82,31 @@ def bounded(items: int = MAX_ITEMS, text: int = MAX_TEXT) -> Callable[[object, a
     return check
 
 
+#: the longest ready timeout and stop grace a profile may ask for, in seconds
+MAX_READY_TIMEOUT = 86_400.0
+MAX_STOP_GRACE = 3_600.0
+#: what a profile that sets none gets
+DEFAULT_READY_TIMEOUT = 600.0
+DEFAULT_STOP_GRACE = 30.0
+
+
+def _seconds(
+    low: float, high: float, *, above: bool
+) -> Callable[[object, attrs.Attribute, float | None], None]:
+    """A validator: None, or seconds in ``(low, high]`` (``above``) or ``[low, high]``."""
+    bound = f"above {low:g}" if above else f"from {low:g}"
+
+    def check(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+        if value is None:
+            return
+        if not (low < value if above else low <= value) or value > high:
+            raise ValueError(
+                f"{attribute.name} must be: expected a number of seconds {bound} to {high:g}, got {value:g}"
+            )
+
+    return check
+
+
 def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
     return dict(value or {})
 
@@ -222,6 +247,13 @@ class Profile:
     args: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
     min_gpu_memory_mib: int | None = None
     sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=(), validator=bounded(16))
+    #: seconds rank 0 may take to pass its health check; None: :data:`DEFAULT_READY_TIMEOUT`
+    ready_timeout: float | None = attrs.field(
+        default=None, validator=_seconds(0, MAX_READY_TIMEOUT, above=True)
+    )
+    #: seconds a stopping shard has between SIGTERM and SIGKILL to finish in-flight
+    #: requests; None: :data:`DEFAULT_STOP_GRACE`
+    stop_grace: float | None = attrs.field(default=None, validator=_seconds(0, MAX_STOP_GRACE, above=False))
 
 
 @attrs.frozen

@@ -112,6 +112,37 @@ class TestValidateCommand:
         assert code == 1
         assert f"{message} (llmgw's limit), got " in output
 
+    @pytest.mark.parametrize(
+        "value, message",
+        [
+            ("ready_timeout: 0", "ready_timeout: expected a number of seconds above 0 to 86400, got 0"),
+            (
+                "ready_timeout: 90000",
+                "ready_timeout: expected a number of seconds above 0 to 86400, got 90000",
+            ),
+            ("ready_timeout: '600'", "ready_timeout: expected a number, got '600'"),
+            ("stop_grace: -1", "stop_grace: expected a number of seconds from 0 to 3600, got -1"),
+            ("stop_grace: true", "stop_grace: expected a number, got True"),
+        ],
+    )
+    def test_bad_profile_timings_name_the_field_and_the_range(self, tmp_path, value, message):
+        """ready_timeout and stop_grace outside their ranges, or not numbers, are refused with the range."""
+        code, output = validate(tmp_path, edit(**{"engine: sim": f"engine: sim\n{value}"}))
+        assert code == 1
+        assert f"profiles.tp2x2.{message}" in output
+
+    def test_profile_timings_are_read(self, tmp_path):
+        """ready_timeout and stop_grace (integers or decimals) are kept as seconds; absent, None."""
+        from llmgw_engine_sim import SimEngine
+
+        text = edit(**{"engine: sim": "engine: sim\nready_timeout: 1800\nstop_grace: 2.5"})
+        catalog = parse_catalog(text, {"sim": SimEngine()})
+        assert (catalog.profiles["tp2x2"].ready_timeout, catalog.profiles["tp2x2"].stop_grace) == (
+            1800.0,
+            2.5,
+        )
+        assert parse_catalog(GOOD, {"sim": SimEngine()}).profiles["single"].ready_timeout is None
+
     def test_catalog_over_the_size_limit(self, tmp_path):
         """A catalog file over 1 MiB is refused by its size before it is parsed."""
         code, output = validate(tmp_path, GOOD + "#" * MAX_CATALOG_BYTES + "\n")

@@ -60,10 +60,12 @@ class ShardSupervisor:
         *,
         on_spawn: Callable[[Child], None] | None = None,
         on_gone: Callable[[Child], None] | None = None,
+        engine_version: str | None = None,
     ) -> None:
         """Prepare (not start) the shard ``desired`` with ``engine`` (None: no plugin provides it).
 
         :param report: called with the new observed state at every change.
+        :param engine_version: the engine's version as this node found it (reported with the shard).
         :param on_spawn: called when a process group starts (to record it).
         :param on_gone: called when a process group is gone.
         """
@@ -73,6 +75,7 @@ class ShardSupervisor:
         self._report = report
         self._on_spawn = on_spawn
         self._on_gone = on_gone
+        self.log_path = shard_log_path(config.logs_dir, desired)
         self.observed = ObservedShard(
             replica_id=desired.replica_id,
             attempt=desired.attempt,
@@ -80,8 +83,9 @@ class ShardSupervisor:
             state="starting",
             port=desired.spec.port,
             since=time.time(),
+            log_path=str(self.log_path),
+            engine_version=engine_version,
         )
-        self.log_path = shard_log_path(config.logs_dir, desired)
         self.engine_child: Child | None = None
         self.sidecars: list[Child] = []
         #: cancel this scope to stop the shard (see :meth:`stop`)
@@ -93,6 +97,12 @@ class ShardSupervisor:
     def key(self) -> str:
         """The shard's key (``replica/attempt/rRANK``)."""
         return self.desired.key
+
+    @property
+    def stop_grace(self) -> float:
+        """Seconds between SIGTERM and SIGKILL: the profile's (sent by the server), else the agent's."""
+        grace = self.desired.stop_grace
+        return self.config.stop_grace if grace is None else grace
 
     def stop(self) -> None:
         """Report ``stopping`` and cancel :meth:`run`, which returns once every process is gone."""
@@ -154,7 +164,7 @@ class ShardSupervisor:
                 await run_child(
                     child,
                     command,
-                    grace=self.config.stop_grace,
+                    grace=self.stop_grace,
                     stop_after=stop_after,
                     on_spawn=spawned,
                     task_status=task_status,
@@ -183,6 +193,8 @@ class ShardSupervisor:
             detail = f"engine {self.engine.name} could not build its command: {exc}"
             self._update(state="exited", detail=detail)
             await trio.sleep_forever()
+        # reported with the next change of state
+        self.observed = attrs.evolve(self.observed, argv=command.argv, env=command.env)
         if self.desired.rank == 0 and spec.nnodes > 1 and self.engine.wait_for_workers:
             problem = await self._wait_for_workers(spec)
             if problem is not None:

@@ -3,7 +3,9 @@
 One call carries it all (DESIGN.md, "Agent protocol"): :class:`Agent` posts a
 :class:`~llmgw.wire.SyncRequest` and applies the :class:`~llmgw.wire.SyncReply`
 whenever its revision moved: a supervisor starts for every desired shard not
-running, every running shard no longer desired is stopped.
+running, every running shard no longer desired is stopped. A desired shard
+marked ``stop_after_rank0`` (a worker of a replica whose rank 0 is stopping
+with its grace) is left running as it is, and never started.
 
 What the server relies on: after a reply is applied, every shard it names
 is in ``observed`` (``starting`` at least) until the server stops wanting it;
@@ -153,8 +155,8 @@ class Agent:
                 log.info("stopping shard %s: the server no longer wants it", key)
                 supervisor.stop()
         for key, shard in desired.items():
-            if key in self.observed:
-                continue
+            if key in self.observed or shard.stop_after_rank0:
+                continue  # running, or a worker of a stopping replica: never started anew
             supervisor = ShardSupervisor(
                 shard,
                 self.engines.get(shard.engine),
@@ -162,6 +164,7 @@ class Agent:
                 lambda observed, key=key: self._report(key, observed),
                 on_spawn=lambda child, key=key: self._on_spawn(key, child),
                 on_gone=self._on_gone,
+                engine_version=self.facts.engines.get(shard.engine),
             )
             self.supervisors[key] = supervisor
             self.observed[key] = supervisor.observed
@@ -175,12 +178,12 @@ class Agent:
                     "agent_pid": os.getpid(),
                 },
             )
-            # a shard being stopped may still hold a port this one binds: start once it is gone
+            # a shard being stopped (or held) may still hold a port or GPU of this one: start once it is gone
             blockers = [
                 other.done for other in self.supervisors.values()
-                if other.observed.state == "stopping" and _ports(other.desired) & _ports(shard)
+                if _on_the_way_out(other, desired) and _shares_resources(other.desired, shard)
             ]
-            wait = f" once {len(blockers)} stopping shards free its ports" if blockers else ""
+            wait = f" once {len(blockers)} stopping shards free its ports and GPUs" if blockers else ""
             log.info(
                 "starting shard %s (%s, engine %s, port %d)%s",
                 key, shard.model, shard.engine, shard.spec.port, wait,
@@ -344,6 +347,17 @@ class Agent:
                 continue
             self.sources_checked = asked
             self.set_facts(facts)
+
+
+def _on_the_way_out(supervisor: ShardSupervisor, desired: Mapping[str, DesiredShard]) -> bool:
+    """Whether a shard is stopping, or is a worker held until its replica's rank 0 is gone."""
+    held = desired.get(supervisor.key)
+    return supervisor.observed.state == "stopping" or (held is not None and held.stop_after_rank0)
+
+
+def _shares_resources(a: DesiredShard, b: DesiredShard) -> bool:
+    """Whether two shards of this node bind a port in common, or use a GPU in common."""
+    return bool(_ports(a) & _ports(b) or set(a.spec.gpus) & set(b.spec.gpus))
 
 
 def _ports(shard: DesiredShard) -> set[int]:

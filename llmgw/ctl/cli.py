@@ -16,22 +16,21 @@ from typing import Any
 import click
 from tabulate import tabulate
 
-from llmgw.catalog import catalog_summary, load_catalog, read_catalog_text
+from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
-from llmgw.ctl.client import AdminClient, ClientConfig, CtlError
+from llmgw.ctl.catalog import apply, catalog, diff
+from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.ctl.replicas import describe, replicas
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
 from llmgw.wire import (
-    ApplyCatalog,
-    CatalogApplied,
     CreatedKey,
     CreateKey,
     DrainStatus,
     EventList,
     KeyList,
     NodeList,
-    ReplicaList,
     RevokedKey,
     to_json,
 )
@@ -69,8 +68,7 @@ output_option = click.option(
 
 
 def _client(ctx: click.Context) -> AdminClient:
-    options = ctx.find_root().meta.get("ctl_options", {})
-    return AdminClient(ClientConfig.resolve(**options))
+    return AdminClient.for_command(ctx)
 
 
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
@@ -105,75 +103,6 @@ def nodes(ctx: click.Context, output: str) -> None:
     for n in data.nodes:
         for warning in n.warnings:
             click.echo(f"warning: {n.node_id}: {warning}")
-
-
-@click.command()
-@output_option
-@click.pass_context
-def replicas(ctx: click.Context, output: str) -> None:
-    """List replicas with their shards, and those that cannot be placed, with why."""
-    data = _client(ctx).request("GET", "/v1/admin/replicas", ReplicaList)
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
-    rows = []
-    for r in data.replicas:
-        shards = "; ".join(
-            f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "") for s in r.shards
-        )
-        note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")
-        rows.append([r.id, r.model, r.state, r.failures, shards, note])
-    click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
-    for u in data.unplaced:
-        click.echo(f"unplaced: {u.id}: {u.reason}")
-
-
-@click.command()
-@click.argument("catalog", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--wait", is_flag=True, help="Wait until every replica of the catalog is ready.")
-@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds --wait waits at most.")
-@click.pass_context
-def apply(ctx: click.Context, catalog: Path, wait: bool, timeout: float) -> None:
-    """Make CATALOG the desired state: all of it, or nothing if any part is invalid."""
-    try:
-        text = read_catalog_text(catalog)
-    except CatalogError as exc:
-        click.echo(str(exc), err=True)
-        ctx.exit(1)
-    client = _client(ctx)
-    try:
-        result = client.request(
-            "POST", "/v1/admin/catalog", CatalogApplied, body=ApplyCatalog(text=text, name=str(catalog))
-        )
-    except CtlError as exc:
-        click.echo(str(exc), err=True)
-        ctx.exit(1)
-    click.echo(f"applied {catalog} as revision {result.revision}: {result.summary}")
-    if wait:
-        _wait_ready(client, timeout)
-
-
-def _wait_ready(client: AdminClient, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        data = client.request("GET", "/v1/admin/replicas", ReplicaList)
-        states = [r.state for r in data.replicas if not r.replaces]
-        ready = states.count("ready")
-        status = f"{ready}/{len(states) + len(data.unplaced)} replicas ready"
-        if status != last:
-            click.echo(status)
-            last = status
-        if ready == len(states) and not data.unplaced:
-            return
-        if time.monotonic() > deadline:
-            for u in data.unplaced:
-                click.echo(f"unplaced: {u.id}: {u.reason}", err=True)
-            for r in data.replicas:
-                if r.state != "ready" and r.reason:
-                    click.echo(f"{r.id}: {r.reason}", err=True)
-            raise CtlError(f"not every replica was ready within {timeout:.0f} s ({status}); see ctl replicas")
-        time.sleep(0.5)
 
 
 @click.command()
@@ -323,7 +252,10 @@ for _command in (
     engine_check,
     nodes,
     replicas,
+    describe,
     apply,
+    diff,
+    catalog,
     events,
     cordon,
     uncordon,

@@ -26,7 +26,11 @@ __all__ = ["AdminClient", "ClientConfig", "CtlError", "config_dir", "write_clien
 
 
 class CtlError(LlmgwError):
-    """The admin API could not be reached, or refused the request."""
+    """The admin API could not be reached, or refused the request (``status``: its HTTP status if it did)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def config_dir() -> Path:
@@ -116,6 +120,12 @@ class AdminClient:
         context = client_ssl_context(config.cert, config.key, config.ca)
         self._http = httpx.Client(base_url=config.server, verify=context, timeout=30)
 
+    @classmethod
+    def for_command(cls, ctx: Any) -> AdminClient:
+        """The client a ``ctl`` command uses: the ``ctl`` group's connection options (a click context's)."""
+        options = ctx.find_root().meta.get("ctl_options", {})
+        return cls(ClientConfig.resolve(**options))
+
     def close(self) -> None:
         """Close the client's connections."""
         self._http.close()
@@ -148,7 +158,7 @@ class AdminClient:
         except ValueError:
             data = None
         if response.status_code >= 400:
-            raise CtlError(_error_message(data, response))
+            raise CtlError(_error_message(data, response), response.status_code)
         if data is None:
             raise CtlError(f"{method} {path}: the server's answer is not JSON")
         if reply is None:

@@ -93,7 +93,8 @@ def dev(
         click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
         cluster.start(node_count)
         cluster.start_gateway(gateway_port)
-        result = cluster.apply(catalog.read_text(), str(catalog))
+        # the sample is what dev runs, also over a state dir where another catalog was applied
+        result = cluster.apply(catalog.read_text(), str(catalog), prune=True)
         click.echo(f"applied {catalog}: {result.summary}")
         cluster.wait(cluster.all_ready, "every replica of the sample catalog to be ready")
         cluster.wait(lambda: _gateway_serves(cluster), "the gateway to route to every model")

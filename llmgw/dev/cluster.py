@@ -289,9 +289,10 @@ class LocalCluster:
         data = self.replicas()
         return bool(data.replicas) and not data.unplaced and all(r.state == "ready" for r in data.replicas)
 
-    def apply(self, text: str, name: str = "catalog") -> CatalogApplied:
-        """Apply a catalog through the admin API; returns its revision and summary."""
-        return self.client.request("POST", "/v1/admin/catalog", CatalogApplied, body=ApplyCatalog(text, name))
+    def apply(self, text: str, name: str = "catalog", *, prune: bool = False) -> CatalogApplied:
+        """Apply a catalog through the admin API (``prune``: it may remove models); returns its revision."""
+        body = ApplyCatalog(text, name, prune=prune)
+        return self.client.request("POST", "/v1/admin/catalog", CatalogApplied, body=body)
 
     # -- stopping ----------------------------------------------------------
 

@@ -22,17 +22,26 @@ import trio
 from llmgw.catalog import catalog_summary, parse_catalog
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
-from llmgw.models import NodeFacts
+from llmgw.models import Catalog, NodeFacts
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
+from llmgw.server.catalog_diff import catalog_diff
 from llmgw.server.cluster import Cluster
-from llmgw.server.persist import add_api_key, load_api_keys, recent_events, revoke_api_key
+from llmgw.server.persist import (
+    add_api_key,
+    catalog_history,
+    catalog_revision,
+    load_api_keys,
+    recent_events,
+    revoke_api_key,
+)
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.store import Store
 from llmgw.wire import (
     ApiKey,
     ApplyCatalog,
     CatalogApplied,
+    CatalogDiff,
     CatalogText,
     CreatedKey,
     CreateKey,
@@ -61,6 +70,23 @@ class _Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class _InvalidCatalog(Exception):
+    def __init__(self, error: CatalogError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _prune_refusal(name: str, diff: CatalogDiff) -> str:
+    """Why a catalog that removes models was refused, and how to apply it anyway."""
+    removed = [c for c in diff.changes if c.section == "model" and c.change == "removed"]
+    listed = ", ".join(f"{c.name} ({c.stop} replica{'s' if c.stop != 1 else ''})" for c in removed)
+    return (
+        f"{name} removes {len(removed)} model{'s' if len(removed) != 1 else ''} that the catalog in force "
+        f"(revision {diff.revision}) has: {listed}; nothing changed. To remove them and stop their replicas, "
+        f'apply with --prune ("prune": true in the API); `llmgw ctl diff {name}` shows every change'
+    )
 
 
 def _error(
@@ -114,6 +140,8 @@ class ServerApp:
         self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
         self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
+        self._route("POST", r"/v1/admin/catalog/diff", admin, self._diff_catalog)
+        self._route("GET", r"/v1/admin/catalog/history", admin, self._catalog_history)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
@@ -182,6 +210,9 @@ class ServerApp:
                 return _error(refused.status, refused.message)
             except (InvalidJSON, WireError) as exc:
                 return _error(400, str(exc))
+            except _InvalidCatalog as invalid:
+                exc = invalid.error
+                return _error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
         if path_matched:
             return _error(405, f"{request.method} is not allowed on {request.path}")
         return _error(404, f"no such endpoint: {request.path}")
@@ -279,19 +310,48 @@ class ServerApp:
         return _answer(self.cluster.replica_list())
 
     async def _get_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        return _answer(CatalogText(self.cluster.catalog_revision, self.cluster.catalog_text))
+        current = self.cluster.catalog_revision
+        revision = _int(request.query.get("revision", str(current)), "revision")
+        stored = await self.store.run(lambda conn: catalog_revision(conn, revision))
+        if stored is not None:
+            return _answer(stored)
+        if revision == current:  # nothing applied yet
+            return _answer(CatalogText(current, self.cluster.catalog_text))
+        raise _Refused(
+            404, f"no catalog revision {revision} (the latest is {current}; see ctl catalog history)"
+        )
+
+    async def _catalog_history(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        limit = min(_int(request.query.get("limit", "100"), "limit"), 10_000)
+        return _answer(await self.store.run(lambda conn: catalog_history(conn, limit)))
+
+    def _parse_catalog(self, body: ApplyCatalog) -> Catalog:
+        try:
+            return parse_catalog(body.text, self.engines, source=body.name or "catalog")
+        except CatalogError as exc:
+            raise _InvalidCatalog(exc) from None
+
+    def _diff_against_stored(self, catalog: Catalog) -> CatalogDiff:
+        return catalog_diff(
+            self.cluster.catalog, catalog, self.cluster.replica_counts(), self.cluster.catalog_revision
+        )
+
+    async def _diff_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        catalog = self._parse_catalog(from_json(request.json(), ApplyCatalog))
+        return _answer(self._diff_against_stored(catalog))
 
     async def _apply_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         body = from_json(request.json(), ApplyCatalog)
-        try:
-            catalog = parse_catalog(body.text, self.engines, source=body.name or "catalog")
-        except CatalogError as exc:
-            return _error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
+        catalog = self._parse_catalog(body)
         async with self._lock:
-            self.cluster.apply_catalog(catalog, body.text, self.clock())
+            diff = self._diff_against_stored(catalog)
+            if diff.removed_models and not body.prune:
+                raise _Refused(409, _prune_refusal(body.name or "catalog", diff))
+            self.cluster.apply_catalog(catalog, body.text, self.clock(), identity.name)
             await self.commit()
             revision = self.cluster.catalog_revision
-        return _answer(CatalogApplied(revision, catalog_summary(catalog)))
+        wanted = {name: model.replicas for name, model in catalog.models.items()}
+        return _answer(CatalogApplied(revision, catalog_summary(catalog), diff, wanted))
 
     async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         since = _int(request.query.get("since", "0"), "since")

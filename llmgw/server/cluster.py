@@ -18,6 +18,7 @@ from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import NodeView, Replica, ScheduleResult, Unplaced, schedule
 from llmgw.server.events import EventLog
 from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.stopping import StopOrder
 from llmgw.server.views import ClusterViews
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 
@@ -51,6 +52,8 @@ class Cluster(ClusterViews):
         self.catalog_text = ""
         self.catalog_revision = 0
         self.catalog_applied_at = 0.0
+        #: the admin certificate's name that applied the catalog in force (stored with its revision)
+        self.catalog_author = ""
         self.nodes: dict[str, NodeRecord] = {}
         self.replicas: dict[str, ReplicaRecord] = {}
         self.unplaced: tuple[Unplaced, ...] = ()
@@ -63,6 +66,8 @@ class Cluster(ClusterViews):
         self.dirty_replicas: set[str] = set()
         self.dirty_catalog = False
         self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
+        #: workers of stopping multi-node replicas, held until their rank 0 is gone
+        self.stopping = StopOrder()
         #: the next attempt number; persisted so a restart never reuses one
         self.next_attempt = 1
         #: whether something the scheduler reads changed since its last run
@@ -82,10 +87,11 @@ class Cluster(ClusterViews):
 
     # -- inputs --------------------------------------------------------------
 
-    def apply_catalog(self, catalog: Catalog, text: str, now: float) -> None:
-        """Make ``catalog`` the desired state (already validated)."""
+    def apply_catalog(self, catalog: Catalog, text: str, now: float, author: str = "") -> None:
+        """Make ``catalog`` the desired state (already validated); ``author`` applied it."""
         self.catalog = catalog
         self.catalog_text = text
+        self.catalog_author = author
         self.catalog_revision += 1
         self.catalog_applied_at = now
         self.dirty_catalog = True
@@ -93,7 +99,8 @@ class Cluster(ClusterViews):
         # wake every long-poll: agents must learn the new sources to check
         self.revision += 1
         self.sources_revision = self.revision
-        self.record_event(now, "catalog", f"revision {self.catalog_revision}", "catalog applied")
+        by = f" by {author}" if author else ""
+        self.record_event(now, "catalog", f"revision {self.catalog_revision}", f"catalog applied{by}")
 
     def sync(self, request: SyncRequest, now: float) -> bool:
         """Record what a node's agent reported: facts, observed shards, revision.
@@ -224,6 +231,7 @@ class Cluster(ClusterViews):
             self._apply_schedule(now, result)
         before, ready_before = self._before if self._before is not None else ({}, frozenset())
         self._before = None
+        self._order_stops(before, now)
         self._desired_cache = None
         after = self.desired()
         changed = frozenset(
@@ -246,6 +254,12 @@ class Cluster(ClusterViews):
     def node_revision(self, node_id: str) -> int:
         """The revision at which what ``node_id`` should run (or check) last changed."""
         return max(self.node_revisions.get(node_id, 0), self.sources_revision)
+
+    def _order_stops(self, before: dict[str, tuple[DesiredShard, ...]], now: float) -> None:
+        """Hold the workers of multi-node replicas just retired; release those whose rank 0 is gone."""
+        self.stopping.note(before, self.replicas, self.revision, now)
+        for replica_id, message in self.stopping.settle(self.nodes, now):
+            self.record_event(now, "replica", replica_id, message)
 
     def _waiting_for_sources(self, now: float) -> bool:
         """Whether placing should wait: a live node has not yet checked the catalog's sources."""
@@ -313,8 +327,8 @@ class Cluster(ClusterViews):
             record.reason = None
             self.dirty_replicas.add(record.id)
             self.record_event(now, "replica", record.id, f"ready on {', '.join(record.placement.node_ids)}")
-        elif now - record.started_at > self.settings.ready_timeout:
-            self._fail(record, now, f"not ready within {self.settings.ready_timeout:.0f} s")
+        elif now - record.started_at > (timeout := self.ready_timeout_of(record)):
+            self._fail(record, now, f"not ready within {timeout:.0f} s")
 
     def _fail(self, record: ReplicaRecord, now: float, reason: str) -> None:
         record.failures += 1

@@ -20,7 +20,15 @@ from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.store import Store
-from llmgw.wire import EventEntry, EventList, from_json, to_json
+from llmgw.wire import (
+    CatalogHistory,
+    CatalogRevision,
+    CatalogText,
+    EventEntry,
+    EventList,
+    from_json,
+    to_json,
+)
 
 __all__ = [
     "load_cluster",
@@ -33,6 +41,8 @@ __all__ = [
     "add_api_key",
     "revoke_api_key",
     "recent_events",
+    "catalog_revision",
+    "catalog_history",
 ]
 
 
@@ -114,7 +124,8 @@ def load_cluster(
 class Changes:
     """What changed in the cluster since the last flush, as rows: taken on the loop, written in a thread."""
 
-    catalog: tuple[int, str] | None
+    #: revision, text, author
+    catalog: tuple[int, str, str | None] | None
     #: node rows to write, and node ids to delete
     nodes: tuple[tuple[object, ...], ...]
     gone_nodes: tuple[str, ...]
@@ -136,7 +147,9 @@ def take_changes(cluster: Cluster, now: float) -> Changes:
     syncs go on changing the cluster; cheap (only what changed). A failed
     write hands the changes back with :func:`restore_changes`.
     """
-    catalog = (cluster.catalog_revision, cluster.catalog_text) if cluster.dirty_catalog else None
+    catalog = None
+    if cluster.dirty_catalog:
+        catalog = (cluster.catalog_revision, cluster.catalog_text, cluster.catalog_author)
     nodes, gone_nodes = [], []
     for node_id in sorted(cluster.dirty_nodes):
         node = cluster.nodes.get(node_id)
@@ -213,7 +226,7 @@ def write_changes(conn: sqlite3.Connection, changes: Changes) -> None:
     """Store ``changes`` in the caller's transaction (``Store.write``); runs in the store's thread."""
     if changes.catalog is not None:
         conn.execute(
-            "INSERT OR REPLACE INTO catalog (revision, text, applied_at) VALUES (?, ?, ?)",
+            "INSERT OR REPLACE INTO catalog (revision, text, author, applied_at) VALUES (?, ?, ?, ?)",
             (*changes.catalog, changes.now),
         )
     conn.executemany("DELETE FROM nodes WHERE node_id = ?", [(n,) for n in changes.gone_nodes])
@@ -244,6 +257,25 @@ def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
     on its event loop and writes them in the store's thread.
     """
     write_changes(conn, take_changes(cluster, now))
+
+
+# -- catalog revisions -------------------------------------------------------
+
+
+def catalog_revision(conn: sqlite3.Connection, revision: int) -> CatalogText | None:
+    """Stored catalog revision ``revision`` (``ctl catalog --revision N``); None when there is none."""
+    row = conn.execute(
+        "SELECT revision, text, applied_at, author FROM catalog WHERE revision = ?", (revision,)
+    ).fetchone()
+    return CatalogText(*row) if row else None
+
+
+def catalog_history(conn: sqlite3.Connection, limit: int) -> CatalogHistory:
+    """The last ``limit`` stored catalog revisions, oldest first (``ctl catalog history``)."""
+    rows = conn.execute(
+        "SELECT revision, applied_at, author FROM catalog ORDER BY revision DESC LIMIT ?", (limit,)
+    ).fetchall()
+    return CatalogHistory(tuple(CatalogRevision(*row) for row in reversed(rows)))
 
 
 # -- API keys ----------------------------------------------------------------

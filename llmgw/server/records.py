@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw.models import NodeFacts
+from llmgw.models import DEFAULT_READY_TIMEOUT, NodeFacts
 from llmgw.scheduler import NodeView, Replica
 from llmgw.wire import ObservedShard, shard_key
 
@@ -23,7 +23,7 @@ class Settings:
     #: a replica ready this long has its consecutive-failure count reset
     stable_after: float = 60.0
     #: how long rank 0 may take to pass its health check
-    ready_timeout: float = 600.0
+    ready_timeout: float = DEFAULT_READY_TIMEOUT
     #: after a catalog change, how long placing waits for every node to say
     #: which of its model sources it has (so replicas spread, not pile onto
     #: the first node that answered)

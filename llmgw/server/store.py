@@ -94,6 +94,10 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE observed;
     ALTER TABLE catalog DROP COLUMN data;
     """,
+    # Who applied each catalog revision: the admin certificate's name.
+    """
+    ALTER TABLE catalog ADD COLUMN author TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

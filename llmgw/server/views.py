@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from llmgw.models import Catalog, LaunchSpec
+from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
 from llmgw.server.records import NodeRecord, ReplicaRecord, Settings
+from llmgw.server.stopping import StopOrder
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
@@ -44,6 +45,7 @@ class ClusterViews:
     unplaced: tuple[Unplaced, ...]
     routes_revision: int
     catalog_revision: int
+    stopping: StopOrder
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
     #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
     _shards_memo: dict[str, tuple[tuple, list[_NodeShard]]]
@@ -66,6 +68,8 @@ class ClusterViews:
                 for shard in built[1]:
                     out.setdefault(shard.node_id, []).append(shard.desired)
             self._shards_memo = memo
+            for node_id, held in self.stopping.shards():
+                out.setdefault(node_id, []).append(held)
             self._desired_cache = {k: tuple(v) for k, v in out.items()}
         return self._desired_cache
 
@@ -125,10 +129,17 @@ class ClusterViews:
                 engine=profile.engine,
                 spec=spec,
                 sidecars=profile.sidecars,
-                ready_timeout=self.settings.ready_timeout,
+                ready_timeout=profile.ready_timeout or self.settings.ready_timeout,
+                stop_grace=DEFAULT_STOP_GRACE if profile.stop_grace is None else profile.stop_grace,
             )
             shards.append(_NodeShard(shard.node_id, desired))
         return shards
+
+    def ready_timeout_of(self, record: ReplicaRecord) -> float:
+        """Seconds ``record``'s rank 0 may take to be ready: its profile's, or the server's setting."""
+        model = self.catalog.models.get(record.placement.model)
+        profile = self.catalog.profiles.get(model.profile) if model is not None else None
+        return (profile.ready_timeout if profile is not None else None) or self.settings.ready_timeout
 
     def sources_to_check(self) -> tuple[str, ...]:
         """Every model source in the catalog, for agents to report on."""
@@ -234,7 +245,15 @@ class ClusterViews:
         """Every replica, its shards as agents observe them, and what cannot be placed (``ctl replicas``)."""
         replicas = tuple(self._replica_status(r) for r in sorted(self.replicas.values(), key=lambda r: r.id))
         unplaced = tuple(UnplacedStatus(u.id, u.model, u.reason, u.replaces) for u in self.unplaced)
-        return ReplicaList(replicas=replicas, unplaced=unplaced)
+        return ReplicaList(replicas=replicas, unplaced=unplaced, catalog_revision=self.catalog_revision)
+
+    def replica_counts(self) -> dict[str, int]:
+        """Model -> its replicas that exist (placed; a drain's replacements not counted), for ``ctl diff``."""
+        counts: dict[str, int] = {}
+        for record in self.replicas.values():
+            if not record.placement.replaces:
+                counts[record.placement.model] = counts.get(record.placement.model, 0) + 1
+        return counts
 
     def _replica_status(self, record: ReplicaRecord) -> ReplicaStatus:
         shards = []
@@ -252,6 +271,10 @@ class ClusterViews:
                     state=observed.state if observed else "pending",
                     pid=observed.pid if observed else None,
                     detail=observed.detail if observed else None,
+                    argv=observed.argv if observed else (),
+                    env=observed.env if observed else {},
+                    log_path=observed.log_path if observed else None,
+                    engine_version=observed.engine_version if observed else None,
                 )
             )
         return ReplicaStatus(

@@ -29,12 +29,22 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar, bounded
+from llmgw.wire._catalog import (
+    ApplyCatalog,
+    CatalogApplied,
+    CatalogChange,
+    CatalogDiff,
+    CatalogHistory,
+    CatalogRevision,
+    CatalogText,
+)
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
     "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus", "UnplacedStatus",
-    "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "EventEntry", "EventList",
+    "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange", "CatalogDiff",
+    "CatalogRevision", "CatalogHistory", "EventEntry", "EventList",
     "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
     "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
     "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
@@ -73,6 +83,12 @@ class ObservedShard:
     #: one line for the operator: why it is unhealthy, the log's last line...
     detail: str | None = attrs.field(default=None, validator=bounded())
     since: float = 0.0
+    #: the engine's command line, and the environment llmgw set for it (not the agent's own), once built
+    argv: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    env: Mapping[str, str] = attrs.field(converter=dict, factory=dict)
+    #: the shard's log file on its node, and the engine's version as the node found it
+    log_path: str | None = None
+    engine_version: str | None = None
 
     @property
     def key(self) -> str:
@@ -94,6 +110,11 @@ class DesiredShard:
     sidecars: tuple[Sidecar, ...] = attrs.field(converter=tuple, default=())
     #: seconds rank 0 may take to pass its health check after starting
     ready_timeout: float = 600.0
+    #: seconds between SIGTERM and SIGKILL when the shard is stopped; None: the agent's own setting
+    stop_grace: float | None = None
+    #: the replica is stopping: keep this worker running until the server drops it (once its rank 0
+    #: is gone), and never start it anew
+    stop_after_rank0: bool = False
 
     @property
     def key(self) -> str:
@@ -259,6 +280,11 @@ class ShardStatus:
     state: str
     pid: int | None = None
     detail: str | None = None
+    #: as the agent reported them (:class:`ObservedShard`); empty before it does
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    log_path: str | None = None
+    engine_version: str | None = None
 
 
 @attrs.frozen
@@ -294,30 +320,8 @@ class ReplicaList:
 
     replicas: tuple[ReplicaStatus, ...] = ()
     unplaced: tuple[UnplacedStatus, ...] = ()
-
-
-@attrs.frozen
-class CatalogText:
-    """``GET /v1/admin/catalog``: the catalog in force, as it was applied."""
-
-    revision: int
-    text: str
-
-
-@attrs.frozen
-class ApplyCatalog:
-    """``POST /v1/admin/catalog``: the catalog's YAML and where it came from (for error messages)."""
-
-    text: str
-    name: str = attrs.field(default="catalog", validator=bounded())
-
-
-@attrs.frozen
-class CatalogApplied:
-    """The answer to :class:`ApplyCatalog`: the new revision and a one-line summary."""
-
-    revision: int
-    summary: str
+    #: the catalog revision in force
+    catalog_revision: int = 0
 
 
 @attrs.frozen

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -94,6 +95,25 @@ class TestEngine:
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200
 
+    async def test_the_command_environment_log_and_engine_version_are_reported(self, harness):
+        """What the shard runs is reported with it: argv, the environment llmgw set, its log, the version."""
+        port = free_port("127.0.0.1")
+        shard = attrs.evolve(desired("sim", port), spec=attrs.evolve(desired("sim", port).spec, gpus=(2, 3)))
+        config = agent_config(harness.tmp_path)
+        states: list = []
+        supervisor = ShardSupervisor(
+            shard, SimEngine(), config, states.append, on_spawn=lambda c: harness.groups.append(c.pgid),
+            engine_version="0.2.0",
+        )
+        assert supervisor.observed.log_path == str(shard_log_path(config.logs_dir, shard))
+        harness.nursery.start_soon(supervisor.run)
+        with trio.fail_after(15):
+            ready = await wait_state(states, {"ready", "exited"})
+        assert ready.state == "ready", ready
+        assert ready.argv[1:3] == ("--model", "tiny/model") and ready.argv[0].endswith("llmgw-sim")
+        assert ready.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+        assert ready.engine_version == "0.2.0" and ready.log_path == str(supervisor.log_path)
+
     async def test_stop_ends_the_whole_group_and_frees_the_port(self, harness):
         """Stopping a shard ends its engine's whole process group with SIGTERM, and its port is free."""
         port = free_port("127.0.0.1")
@@ -120,6 +140,18 @@ class TestEngine:
         assert supervisor.engine_child.stopped_by in ("SIGKILL", "SIGKILL (agent)")
         assert trio.current_time() - start >= 0.5
         assert not group_alive(pgid)
+
+    async def test_the_profiles_stop_grace_wins_over_the_agents(self, harness):
+        """A shard sent with stop_grace 0.5 is SIGKILLed 0.5 s after SIGTERM (the agent says 30 s)."""
+        port = free_port("127.0.0.1")
+        shard = attrs.evolve(desired("script", port, extra_args=["--ignore-sigterm"]), stop_grace=0.5)
+        supervisor, states = harness.start(shard, stop_grace=30.0)
+        with trio.fail_after(10):
+            await wait_state(states, {"ready"})
+        start = trio.current_time()
+        await stopped(supervisor)
+        assert supervisor.engine_child.stopped_by in ("SIGKILL", "SIGKILL (agent)")
+        assert 0.5 <= trio.current_time() - start < 10
 
     async def test_exit_reports_code_and_last_log_line(self, harness):
         """An engine that exits is reported `exited` with its exit code and its log's last line."""
@@ -299,6 +331,40 @@ class TestApply:
             assert agent.observed[new.key].state == "ready", agent.observed[new.key]
             assert old.key not in agent.observed and not group_alive(old_group)
             assert pid_alive(agent.observed[new.key].pid)
+        finally:
+            for supervisor in list(agent.supervisors.values()):
+                supervisor.cancel_scope.cancel()
+                for child in [supervisor.engine_child, *supervisor.sidecars]:
+                    if child is not None:
+                        kill_group(child.pgid)
+
+    async def test_a_held_worker_runs_on_until_dropped_and_is_never_started(self, nursery, tmp_path):
+        """A held shard runs on (one on its port waits); a held shard not running is never started."""
+        engine_script, _ = write_scripts(tmp_path / "scripts")
+        config = agent_config(tmp_path, stop_grace=1.0)
+        facts = NodeFacts(node_id="node-1", agent_version="0")
+        agent = Agent(
+            config, {"script": ScriptEngine(engine_script)}, facts, ProcessRecords(config.runtime_dir), None
+        )
+        agent.shards_nursery = nursery
+        port = free_port("127.0.0.1")
+        worker = desired("script", port, replica="a-0")
+        new = desired("script", port, replica="b-0")
+        never = attrs.evolve(desired("script", free_port("127.0.0.1"), replica="c-0"), stop_after_rank0=True)
+        try:
+            agent.apply(SyncReply(revision=1, shards=[worker]))
+            with trio.fail_after(10):
+                await wait_for(lambda: agent.observed[worker.key].state == "ready", "the worker ready")
+            pid = agent.observed[worker.key].pid
+            held = attrs.evolve(worker, stop_after_rank0=True)
+            agent.apply(SyncReply(revision=2, shards=[held, new, never]))
+            assert agent.observed[worker.key].state == "ready" and pid_alive(pid)
+            assert agent.observed[new.key].state == "starting"
+            assert never.key not in agent.observed and never.key not in agent.supervisors
+            agent.apply(SyncReply(revision=3, shards=[new]))
+            with trio.fail_after(10):
+                await wait_for(lambda: agent.observed.get(new.key).state == "ready", "the new shard to start")
+            assert worker.key not in agent.observed and not pid_alive(pid)
         finally:
             for supervisor in list(agent.supervisors.values()):
                 supervisor.cancel_scope.cancel()

@@ -455,3 +455,31 @@ async def test_events_older_than_the_retention_are_deleted(tmp_path):
         assert [e.message for e in events.events] == ["new"]
     finally:
         store.close()
+def test_profile_timings_reach_the_agent_and_the_ready_deadline():
+    """A profile's ready_timeout and stop_grace go out with its shards; its replica fails at that timeout."""
+    h = Harness()
+    h.join("node-1")
+    text = CATALOG.format(big=0).replace(
+        "gpus_per_node: 2", "gpus_per_node: 2\n    ready_timeout: 90\n    stop_grace: 7"
+    )
+    h.cluster.apply_catalog(parse_catalog(text, ENGINES), text, h.now)
+    h.cluster.reconcile(h.now)
+    h.sync_all()
+    [shard] = h.cluster.desired_for("node-1")
+    assert (shard.ready_timeout, shard.stop_grace) == (90.0, 7.0)
+    h.now += 89
+    h.sync_all()
+    assert h.cluster.replicas["small-0"].state == "starting"
+    h.now += 2
+    h.sync_all()
+    record = h.cluster.replicas["small-0"]
+    assert record.state == "backoff" and record.reason == "not ready within 90 s"
+
+
+def test_profile_without_timings_gets_the_defaults():
+    """A profile that sets neither gets the server's ready timeout (600 s) and a 30 s stop grace."""
+    h = Harness()
+    h.join("node-1")
+    h.apply()
+    [shard] = h.cluster.desired_for("node-1")
+    assert (shard.ready_timeout, shard.stop_grace) == (600.0, 30.0)

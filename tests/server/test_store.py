@@ -73,3 +73,20 @@ async def test_concurrent_writes_all_land(tmp_path):
         assert count == 50
     finally:
         store.close()
+
+
+async def test_catalog_revisions_stored_before_authors_migrate_with_no_author(tmp_path):
+    """A catalog stored by an llmgw that did not record authors keeps its text, with an empty author."""
+    conn = sqlite3.connect(tmp_path / "state.db")
+    for script in MIGRATIONS[:3]:
+        conn.executescript(script)
+    conn.execute("INSERT INTO catalog (revision, text, applied_at) VALUES (1, 'models: {}', 5.0)")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    store = open_store(tmp_path)
+    try:
+        rows = await store.run(lambda c: c.execute("SELECT revision, text, author FROM catalog").fetchall())
+        assert rows == [(1, "models: {}", "")]
+    finally:
+        store.close()

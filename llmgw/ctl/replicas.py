@@ -1,0 +1,127 @@
+"""``llmgw ctl replicas`` and ``ctl describe replica ID``: replicas, their shards, and what each shard runs.
+
+``--wide`` and ``describe`` show per shard what its agent reported: the
+command line, the environment llmgw set for it, its node, its log file and
+the engine version the node found; no need to run ``ps`` on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import click
+from tabulate import tabulate
+
+from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.wire import ReplicaList, ReplicaStatus, ShardStatus, to_json
+
+__all__ = ["replicas", "describe", "command_line", "describe_lines"]
+
+_OUTPUT = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON for scripts.",
+)
+
+
+def _table(rows: list[list[object]], headers: list[str]) -> str:
+    return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
+
+
+def command_line(shard: ShardStatus) -> str:
+    """The shard's command as a shell line: the variables llmgw set, then the argv; ``-`` until reported."""
+    if not shard.argv:
+        return "-"
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(shard.env.items())]
+    return " ".join([*assignments, shlex.join(shard.argv)])
+
+
+@click.command()
+@click.option("--wide", is_flag=True, help="One row per shard, with its engine version, log and command.")
+@_OUTPUT
+@click.pass_context
+def replicas(ctx: click.Context, wide: bool, output: str) -> None:
+    """List replicas with their shards, and those that cannot be placed, with why."""
+    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/replicas", ReplicaList)
+    if output == "json":
+        click.echo(json.dumps(to_json(data), indent=2))
+        return
+    if wide:
+        rows = [
+            [r.id, r.model, r.state, f"r{s.rank}", s.node, s.port, s.state, s.pid or "-"]
+            + [s.engine_version or "-", s.log_path or "-", command_line(s)]
+            for r in data.replicas
+            for s in r.shards
+        ]
+        headers = ["replica", "model", "state", "rank", "node", "port", "shard", "pid", "engine", "log"]
+        click.echo(_table(rows, [*headers, "command"]))
+    else:
+        rows = []
+        for r in data.replicas:
+            shards = "; ".join(
+                f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "")
+                for s in r.shards
+            )
+            note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")
+            rows.append([r.id, r.model, r.state, r.failures, shards, note])
+        click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
+    for u in data.unplaced:
+        click.echo(f"unplaced: {u.id}: {u.reason}")
+
+
+def describe_lines(replica: ReplicaStatus) -> list[str]:
+    """What ``ctl describe replica`` prints: the replica, then each shard with what its agent reported."""
+    lines = [
+        f"replica   {replica.id}",
+        f"model     {replica.model}",
+        f"state     {replica.state} (attempt {replica.attempt}, {replica.failures} failures)",
+        f"fabric    {replica.fabric or '-'}",
+    ]
+    if replica.replaces:
+        lines.append(f"replaces  {replica.replaces}")
+    if replica.reason:
+        lines.append(f"reason    {replica.reason}")
+    for s in replica.shards:
+        gpus = ",".join(map(str, s.gpus)) or "-"
+        pid = f", pid {s.pid}" if s.pid else ""
+        lines.append(f"shard r{s.rank} on {s.node}, port {s.port}, GPUs {gpus}: {s.state}{pid}")
+        if s.detail:
+            lines.append(f"  detail   {s.detail}")
+        lines.append(f"  engine   {s.engine_version or '-'}")
+        lines.append(f"  log      {s.log_path or '-'}")
+        env = [f"{name}={value}" for name, value in sorted(s.env.items())] or ["-"]
+        lines.append(f"  env      {env[0]}")
+        lines.extend(f"           {line}" for line in env[1:])
+        lines.append(f"  argv     {shlex.join(s.argv) if s.argv else '- (not built yet)'}")
+    return lines
+
+
+@click.group()
+def describe() -> None:
+    """Show one thing in detail."""
+
+
+@describe.command("replica")
+@click.argument("replica_id", metavar="ID")
+@_OUTPUT
+@click.pass_context
+def describe_replica(ctx: click.Context, replica_id: str, output: str) -> None:
+    """Show replica ID: its state, and per shard the node, the command line, the environment llmgw set,
+    the log file and the engine version the node reported."""
+    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/replicas", ReplicaList)
+    found = next((r for r in data.replicas if r.id == replica_id), None)
+    if found is None:
+        unplaced = next((u for u in data.unplaced if u.id == replica_id), None)
+        if unplaced is not None:
+            raise CtlError(f"replica {replica_id} is not placed: {unplaced.reason}")
+        known = ", ".join(r.id for r in data.replicas) or "none"
+        raise CtlError(f"no replica {replica_id!r} (replicas: {known})")
+    if output == "json":
+        click.echo(json.dumps(to_json(found), indent=2))
+        return
+    for line in describe_lines(found):
+        click.echo(line)

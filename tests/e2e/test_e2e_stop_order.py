@@ -1,0 +1,84 @@
+"""A two-node replica stopped under a stream in flight: rank 0 finishes it, the worker stops after rank 0."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.processes import free_port, pid_alive
+from llmgw.wire import EventList
+
+CATALOG = """
+profiles:
+  tp2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 2
+    args: ["--tokens-per-second", "20", "--shutdown-grace", "20"]
+    stop_grace: 25
+models:
+  big:
+    source: {models}/big
+    profile: tp2
+    replicas: {replicas}
+"""
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """Server and 2 agents on fabric ib-a; a two-node replica ready."""
+    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
+    try:
+        (tmp_path / "models" / "big").mkdir(parents=True)
+        local.start(2)
+        local.apply(CATALOG.format(models=tmp_path / "models", replicas=1))
+        local.wait(local.all_ready, "the two-node replica to be ready")
+        yield local
+    finally:
+        local.stop_all()
+
+
+def test_scale_down_lets_rank_0_finish_its_stream_before_the_worker_stops(cluster, tmp_path):
+    """A 60-token stream (3 s) in flight as its replica is scaled away ends whole: the worker outlives it."""
+    [replica] = cluster.replicas().replicas
+    rank0, worker = replica.shards
+    address = cluster.nodes[rank0.node].address
+    url = f"http://{address}:{rank0.port}"
+    body = {"model": "big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "stream": True}
+    body["seed"] = 23  # the sim's answer to "hi" with this seed is 60 tokens long
+    first_token, outcome = threading.Event(), {}
+
+    def stream() -> None:
+        tokens, done = 0, False
+        try:
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+                for line in response.iter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: "):
+                        tokens += bool(json.loads(line[6:])["choices"][0]["delta"].get("content"))
+                        first_token.set()
+        except httpx.HTTPError as exc:
+            outcome["error"] = repr(exc)
+        outcome.update(tokens=tokens, done=done)
+        first_token.set()
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert first_token.wait(30), "no token arrived"
+    cluster.apply(CATALOG.format(models=tmp_path / "models", replicas=0))
+    reader.join(60)
+    assert outcome.get("done") and "error" not in outcome, outcome
+    assert outcome["tokens"] == 60, outcome
+    cluster.wait(lambda: not cluster.replicas().replicas, "the replica to be gone")
+    cluster.wait(lambda: not pid_alive(worker.pid) and not pid_alive(rank0.pid), "both shards to exit", 60)
+    events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+    released = [e.message for e in events if e.subject == "big-0" and "stopping its workers" in e.message]
+    assert released and ("rank 0 stopped" in released[0] or "rank 0 exited" in released[0]), released

@@ -1,0 +1,94 @@
+"""What `ctl diff` and `ctl apply` say a catalog changes: from two catalogs and the replicas that exist."""
+
+from __future__ import annotations
+
+from llmgw.models import Catalog, Model, Profile, Sidecar
+from llmgw.server.catalog_diff import catalog_diff
+
+
+def catalog(**models: Model) -> Catalog:
+    profiles = {"one": Profile(engine="sim"), "two": Profile(engine="sim", nodes=2, args=("--x", "1"))}
+    return Catalog(profiles=profiles, models=models)
+
+
+class TestCatalogDiff:
+    """catalog_diff: one change per model or profile, with replicas to place, stop, and left outdated."""
+
+    def test_same_catalog_has_no_change(self):
+        """Applying the catalog in force again changes nothing."""
+        same = catalog(a=Model(source="/a", profile="one"))
+        assert catalog_diff(same, same, {"a": 1}, revision=3).changes == ()
+
+    def test_added_model_places_its_replicas(self):
+        """A new model is `added` with every replica to place."""
+        diff = catalog_diff(catalog(), catalog(a=Model(source="/a", profile="one", replicas=3)), {})
+        [change] = diff.changes
+        assert (change.section, change.name, change.change, change.add, change.stop) == (
+            "model",
+            "a",
+            "added",
+            3,
+            0,
+        )
+
+    def test_removed_model_stops_the_replicas_that_exist(self):
+        """A removed model stops the replicas that exist, whatever the old catalog asked for."""
+        old = catalog(a=Model(source="/a", profile="one", replicas=3))
+        diff = catalog_diff(old, catalog(), {"a": 2}, revision=7)
+        assert diff.removed_models == ("a",)
+        assert diff.changes[0].stop == 2 and diff.revision == 7
+
+    def test_scaling_names_the_field_and_the_replicas(self):
+        """replicas 2 -> 4 with 2 running: two to place, none outdated (the command is the same)."""
+        old = catalog(a=Model(source="/a", profile="one", replicas=2))
+        new = catalog(a=Model(source="/a", profile="one", replicas=4))
+        [change] = catalog_diff(old, new, {"a": 2}).changes
+        assert change.fields == ("replicas: 2 -> 4",)
+        assert (change.add, change.stop, change.outdated) == (2, 0, 0)
+
+    def test_scaling_down_stops_the_surplus(self):
+        """replicas 3 -> 1 with 3 running: two to stop."""
+        old = catalog(a=Model(source="/a", profile="one", replicas=3))
+        new = catalog(a=Model(source="/a", profile="one", replicas=1))
+        assert catalog_diff(old, new, {"a": 3}).changes[0].stop == 2
+
+    def test_a_new_source_leaves_running_replicas_outdated(self):
+        """A changed source changes the command: the running replicas are outdated."""
+        old = catalog(a=Model(source="/a", profile="one", replicas=2))
+        new = catalog(a=Model(source="/a2", profile="one", replicas=2))
+        [change] = catalog_diff(old, new, {"a": 2}).changes
+        assert change.fields == ("source: /a -> /a2",) and change.outdated == 2
+
+    def test_profile_args_show_under_every_model_using_it(self):
+        """Changed profile args are listed for the profile and for each model on it, as outdated."""
+        old = catalog(b=Model(source="/b", profile="two"))
+        changed = Catalog(
+            profiles={**old.profiles, "two": Profile(engine="sim", nodes=2, args=("--x", "2"))},
+            models=old.models,
+        )
+        model, profile = catalog_diff(old, changed, {"b": 1}).changes
+        assert model.fields == ("profile two: args: [--x, 1] -> [--x, 2]",) and model.outdated == 1
+        assert (profile.section, profile.name, profile.fields) == (
+            "profile",
+            "two",
+            ("args: [--x, 1] -> [--x, 2]",),
+        )
+
+    def test_timings_do_not_outdate_replicas(self):
+        """A new ready_timeout or stop_grace is a change, but no replica's command changes."""
+        old = catalog(a=Model(source="/a", profile="one"))
+        new = Catalog(
+            profiles={**old.profiles, "one": Profile(engine="sim", stop_grace=5)}, models=old.models
+        )
+        model = catalog_diff(old, new, {"a": 1}).changes[0]
+        assert model.fields == ("profile one: stop_grace: (default) -> 5",) and model.outdated == 0
+
+    def test_long_values_are_cut(self):
+        """A sidecar list is shown as fields, cut at 80 characters."""
+        old = catalog(a=Model(source="/a", profile="one"))
+        sidecar = Sidecar(name="proxy", argv=("x" * 100,))
+        new = Catalog(
+            profiles={**old.profiles, "one": Profile(engine="sim", sidecars=(sidecar,))}, models=old.models
+        )
+        [line] = catalog_diff(old, new, {"a": 1}).changes[0].fields
+        assert line.startswith("profile one: sidecars: [] -> [{name: proxy") and line.endswith("...")

@@ -11,7 +11,7 @@ import trio
 
 from llmgw.engine import Engine
 from llmgw.errors import LlmgwError
-from llmgw.net.server import HttpServer, Request, Response
+from llmgw.net.server import HttpServer, Limits, Request, Response
 from llmgw.pki import RevocationList, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.server.api import ServerApp
@@ -23,6 +23,11 @@ from llmgw.wire import ErrorDetail, ErrorReply, to_json
 __all__ = ["ServerConfig", "ServerError", "serve_server"]
 
 log = logging.getLogger("llmgw.server")
+
+
+#: the largest body the server reads: a catalog is at most 1 MiB of text (llmgw.catalog.MAX_CATALOG_BYTES),
+#: a sync a few KiB; anything larger is answered 413 before it is parsed
+SERVER_LIMITS = Limits(max_body_bytes=4 * 1024 * 1024)
 
 
 class ServerError(LlmgwError):
@@ -74,7 +79,7 @@ async def serve_server(
     front = _Starting(f"loading the cluster's state from {store.path}")
     try:
         async with trio.open_nursery() as nursery:
-            server = HttpServer(front.handle, ssl_context=ssl_context)
+            server = HttpServer(front.handle, ssl_context=ssl_context, limits=SERVER_LIMITS)
             try:
                 address = await nursery.start(server.serve, config.host, config.port)
             except OSError as exc:

@@ -295,3 +295,21 @@ async def test_a_server_restarted_on_a_large_state_answers_ctl(tmp_path, test_pk
     count = await trio.to_thread.run_sync(lambda: wait_until(listed, 30, "ctl replicas to list", process))
     assert count == 2000
     assert process.returncode is None, process.stderr_tail()
+
+
+async def test_a_body_past_the_servers_limit_is_a_413(server, test_pki):
+    """A 5 MiB body is refused by its Content-Length before it is read or parsed; the server goes on."""
+    host, port = server.removeprefix("https://").split(":")
+    stream = await trio.open_ssl_over_tcp_stream(
+        host, int(port), ssl_context=test_pki.context("node", "node-1"), https_compatible=True
+    )
+    async with stream:
+        head = f"POST /v1/agent/sync HTTP/1.1\r\nhost: {host}\r\ncontent-length: {5 * 1024 * 1024}\r\n\r\n"
+        await stream.send_all(head.encode())
+        answer = b""
+        with trio.fail_after(5):
+            while b"\r\n\r\n" not in answer:
+                answer += await stream.receive_some(4096)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    async with client(test_pki, "node", "node-1") as node:
+        assert (await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))).status_code == 200

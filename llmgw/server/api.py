@@ -151,6 +151,7 @@ class ServerApp:
         self._facts: dict[str, tuple[Any, NodeFacts]] = {}
         #: node id -> (what its last sync answer was made from, the answer)
         self._replies: dict[str, tuple[tuple, Response]] = {}
+        self._replica_list: tuple[int, Response] | None = None
         #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
         self.keys: dict[str, tuple[str, float, float | None]] = {}
 
@@ -307,7 +308,11 @@ class ServerApp:
         return node_id
 
     async def _get_replicas(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        return _answer(self.cluster.replica_list())
+        # thousands of replicas take a while to encode: once per change of what they show
+        version = self.cluster.view_version
+        if self._replica_list is None or self._replica_list[0] != version:
+            self._replica_list = (version, _answer(self.cluster.replica_list()))
+        return self._replica_list[1]
 
     async def _get_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         current = self.cluster.catalog_revision

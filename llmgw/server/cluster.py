@@ -72,6 +72,8 @@ class Cluster(ClusterViews):
         self.next_attempt = 1
         #: whether something the scheduler reads changed since its last run
         self.schedule_wanted = True
+        #: moves whenever what ``ctl replicas`` shows may have changed (its answer is cached per version)
+        self.view_version = 0
         #: node id -> the revision at which what it should run last changed
         self.node_revisions: dict[str, int] = {}
         #: the revision at which the sources agents must check last changed (wakes every node)
@@ -156,6 +158,8 @@ class Cluster(ClusterViews):
         observed = {shard.key: shard for shard in request.observed}
         if not node.reported or _states(observed) != _states(node.observed):
             wanted = True
+        if observed != node.observed:
+            self.view_version += 1
         node.agent_revision = request.revision
         node.observed = observed
         node.reported = True
@@ -229,6 +233,8 @@ class Cluster(ClusterViews):
         """
         if result is not None:
             self._apply_schedule(now, result)
+        if result is not None or self.dirty_replicas or self.dirty_nodes or self.dirty_catalog:
+            self.view_version += 1
         before, ready_before = self._before if self._before is not None else ({}, frozenset())
         self._before = None
         self._order_stops(before, now)

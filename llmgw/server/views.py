@@ -179,15 +179,20 @@ class ClusterViews:
 
         :param revoked: whether a certificate serial is revoked (the server's revocation list).
         """
+        on_node: dict[str, list[ReplicaRecord]] = {}
+        for record in self.replicas.values():
+            for node_id in set(record.placement.node_ids):
+                on_node.setdefault(node_id, []).append(record)
         return NodeList(
             tuple(
-                self._node_status(node, now, revoked)
+                self._node_status(node, on_node.get(node.node_id, []), now, revoked)
                 for node in sorted(self.nodes.values(), key=lambda n: n.node_id)
             )
         )
 
-    def _node_status(self, node: NodeRecord, now: float, revoked: Callable[[int], bool]) -> NodeStatus:
-        on_node = [r for r in self.replicas.values() if node.node_id in r.placement.node_ids]
+    def _node_status(
+        self, node: NodeRecord, on_node: list[ReplicaRecord], now: float, revoked: Callable[[int], bool]
+    ) -> NodeStatus:
         used = sum(len(s.gpus) for r in on_node for s in r.placement.shards if s.node_id == node.node_id)
         is_revoked = node.cert_serial is not None and revoked(node.cert_serial)
         certificate = self.certificate_warning(node, now, is_revoked)

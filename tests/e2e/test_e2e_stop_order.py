@@ -79,6 +79,10 @@ def test_scale_down_lets_rank_0_finish_its_stream_before_the_worker_stops(cluste
     assert outcome["tokens"] == 60, outcome
     cluster.wait(lambda: not cluster.replicas().replicas, "the replica to be gone")
     cluster.wait(lambda: not pid_alive(worker.pid) and not pid_alive(rank0.pid), "both shards to exit", 60)
-    events = cluster.client.request("GET", "/v1/admin/events", EventList).events
-    released = [e.message for e in events if e.subject == "big-0" and "stopping its workers" in e.message]
-    assert released and ("rank 0 stopped" in released[0] or "rank 0 exited" in released[0]), released
+
+    def released() -> list[str]:
+        events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+        return [e.message for e in events if e.subject == "big-0" and "stopping its workers" in e.message]
+
+    messages = cluster.wait(released, "the event that releases the worker", 10)
+    assert "rank 0 stopped" in messages[0] or "rank 0 exited" in messages[0], messages

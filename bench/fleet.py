@@ -79,6 +79,7 @@ def run_agents(args: argparse.Namespace) -> None:
         observed: tuple[ObservedShard, ...] = ()
         body = b""
         built_for: tuple[int, int] | None = None
+        failures = 0
         await trio.sleep(random.uniform(0, args.stagger))
         async with ConnectionPool(ssl_context=context, read_timeout=POLL_TIMEOUT + 30) as pool:
             try:
@@ -103,14 +104,17 @@ def run_agents(args: argparse.Namespace) -> None:
                         )
                     except Exception as exc:  # noqa: BLE001 - counted and retried, as an agent does
                         errors.append((time.time(), type(exc).__name__))
-                        await trio.sleep(random.uniform(0.5, 1.5))
+                        failures += 1
+                        await trio.sleep(_backoff(failures))
                         continue
                     elapsed = trio.current_time() - started
                     syncs.append(time.time())
                     if response.status != 200:
                         errors.append((time.time(), f"HTTP {response.status}"))
-                        await trio.sleep(random.uniform(0.5, 1.5))
+                        failures += 1
+                        await trio.sleep(_backoff(failures))
                         continue
+                    failures = 0
                     reply = response.json()
                     if reply["revision"] == revision:
                         beyond.append((time.time(), max(0.0, elapsed - POLL_TIMEOUT)))
@@ -135,6 +139,12 @@ def run_agents(args: argparse.Namespace) -> None:
     trio.run(main)
     figures = {"beyond": beyond, "syncs": syncs, "errors": errors, "connections": connections[0]}
     Path(args.out).write_text(json.dumps(figures))
+
+
+def _backoff(failures: int) -> float:
+    """The agent's retry delay (llmgw.agent.config defaults): 0.25 s doubling to 5 s, with jitter."""
+    delay = min(5.0, 0.25 * 2 ** min(failures - 1, 30))
+    return random.uniform(delay / 2, delay)
 
 
 # -- the coordinator --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from llmgw.catalog import catalog_summary, load_catalog, read_catalog_text
 from llmgw.cli import Group
-from llmgw.ctl.client import AdminClient, ClientConfig, CtlError
+from llmgw.ctl.client import AdminClient, ClientConfig, CtlError, segment
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
@@ -198,7 +198,7 @@ def _node_action(action: str, doc: str) -> click.Command:
     @click.argument("node")
     @click.pass_context
     def command(ctx: click.Context, node: str) -> None:
-        status = _client(ctx).request("POST", f"/v1/admin/nodes/{node}/{action}", DrainStatus)
+        status = _client(ctx).request("POST", f"/v1/admin/nodes/{segment(node)}/{action}", DrainStatus)
         click.echo(f"{node}: {status.state}")
 
     return command
@@ -216,7 +216,7 @@ uncordon = _node_action("uncordon", "Let NODE take new replicas again.")
 def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
     """Move NODE's replicas elsewhere one at a time, each replacement ready before its original stops."""
     client = _client(ctx)
-    status = client.request("POST", f"/v1/admin/nodes/{node}/drain", DrainStatus)
+    status = client.request("POST", f"/v1/admin/nodes/{segment(node)}/drain", DrainStatus)
     click.echo(f"{node}: draining {len(status.remaining)} replicas: {', '.join(status.remaining) or '-'}")
     if no_wait:
         return
@@ -232,7 +232,7 @@ def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise CtlError(f"{node}: drain not finished within {timeout:.0f} s; it goes on (ctl replicas)")
         time.sleep(0.5)
-        status = client.request("GET", f"/v1/admin/nodes/{node}/drain", DrainStatus)
+        status = client.request("GET", f"/v1/admin/nodes/{segment(node)}/drain", DrainStatus)
     click.echo(f"{node}: drained; it stays cordoned until `llmgw ctl uncordon {node}`")
 
 
@@ -245,7 +245,10 @@ def keys() -> None:
 @click.argument("name")
 @click.pass_context
 def keys_create(ctx: click.Context, name: str) -> None:
-    """Create API key NAME and print its secret: it is shown this once, only a hash is stored."""
+    """Create API key NAME and print its secret: it is shown this once, only a hash is stored.
+
+    NAME is 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit.
+    """
     result = _client(ctx).request("POST", "/v1/admin/keys", CreatedKey, body=CreateKey(name))
     click.echo(result.secret)
     click.echo(
@@ -266,7 +269,11 @@ def keys_list(ctx: click.Context, output: str) -> None:
     def when(stamp: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
 
-    rows = [[k.name, when(k.created_at), when(k.revoked_at)] for k in data]
+    # a name from before names were checked whole may hold a newline: show it escaped
+    rows = [
+        [k.name if k.name.isprintable() else repr(k.name), when(k.created_at), when(k.revoked_at)]
+        for k in data
+    ]
     click.echo(_table(rows, ["name", "created", "revoked"]))
 
 
@@ -275,7 +282,7 @@ def keys_list(ctx: click.Context, output: str) -> None:
 @click.pass_context
 def keys_revoke(ctx: click.Context, name: str) -> None:
     """Revoke API key NAME: gateways refuse it within a second."""
-    _client(ctx).request("DELETE", f"/v1/admin/keys/{name}", RevokedKey)
+    _client(ctx).request("DELETE", f"/v1/admin/keys/{segment(name)}", RevokedKey)
     click.echo(f"API key {name!r} revoked")
 
 

@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import trio
 
@@ -174,9 +175,13 @@ class ServerApp:
         if self.revocations is not None and self.revocations.is_revoked(identity.serial):
             log.warning("refused %s: certificate serial %s is revoked", identity, identity.serial_hex)
             return _error(403, f"certificate {identity.serial_hex} of {identity.name} is revoked")
+        try:
+            path = _decoded_path(request.path)
+        except UnicodeDecodeError:
+            return _error(400, f"path {request.path}: a %-escape is not UTF-8")
         path_matched = False
         for method, pattern, roles, handler in self._routes:
-            match = pattern.match(request.path)
+            match = pattern.match(path)
             if not match:
                 continue
             path_matched = True
@@ -193,7 +198,8 @@ class ServerApp:
                     f"yours is a {identity.role.value} certificate ({identity.name})",
                 )
             try:
-                return await handler(request, identity, match.groupdict())
+                params = {name: unquote(value) for name, value in match.groupdict().items()}
+                return await handler(request, identity, params)
             except _Refused as refused:
                 return _error(refused.status, refused.message)
             except (InvalidJSON, WireError) as exc:
@@ -306,10 +312,8 @@ class ServerApp:
 
     async def _create_key(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         name = from_json(request.json(), CreateKey).name
-        if not _KEY_NAME.match(name):
-            raise _Refused(
-                400, "name: expected 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
-            )
+        if not _KEY_NAME.fullmatch(name):
+            raise _Refused(400, f"name: expected {KEY_NAME_RULE}, got {name!r}")
         secret = "llmgw-" + secrets.token_urlsafe(32)
         digest = hashlib.sha256(secret.encode()).hexdigest()
         now = self.clock()
@@ -342,7 +346,19 @@ class ServerApp:
         self._changed = trio.Event()
 
 
-_KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+#: what an API key name may be; ``ctl keys create --help`` says the same
+KEY_NAME_RULE = "1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
+_KEY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def _decoded_path(raw: str) -> str:
+    """``raw`` with each segment percent-decoded once, then re-escaped alike.
+
+    Routes match the result, so ``/v1/admin/%6Beys`` is ``/v1/admin/keys`` and a
+    segment holding ``%2F`` stays one segment; the handler gets each captured
+    segment decoded (``unquote``), never decoded twice.
+    """
+    return "/".join(quote(unquote(part, errors="strict"), safe="") for part in raw.split("/"))
 
 
 def _int(text: str, name: str) -> int:

@@ -15,6 +15,12 @@ every shard keeps running and the agent retries with exponential backoff and
 jitter, logging once per outage; while it refuses this node (401/403) the
 agent logs the server's message and retries slowly. Nothing is restarted when
 the server comes back: it adopts what runs.
+
+Two refusals fence the node instead: the server saying this node's
+certificate is revoked, and the certificate's own expiry (read at start). The
+agent then stops every shard at once (the server rebuilds them elsewhere) and
+logs why; it keeps retrying, and runs what the server asks again once a sync
+is accepted (a re-onboarded node comes back).
 """
 
 from __future__ import annotations
@@ -48,7 +54,11 @@ class _Unreachable(Exception):
 
 
 class _Refused(Exception):
-    """The server answered, and refused (4xx): retry slowly."""
+    """The server answered, and refused (4xx): retry slowly; ``revoked``: fence the node too."""
+
+    def __init__(self, message: str, *, revoked: bool = False) -> None:
+        super().__init__(message)
+        self.revoked = revoked
 
 
 class Agent:
@@ -86,6 +96,10 @@ class Agent:
         self._sources_changed = trio.Event()
         #: where shard supervisors run; set by :meth:`run`
         self.shards_nursery: trio.Nursery | None = None
+        #: when this node's certificate expires (epoch seconds; None: not known)
+        self.cert_not_after: float | None = None
+        #: why the node is fenced (every shard stopped, replies not applied), or None
+        self.fenced: str | None = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -132,6 +146,27 @@ class Agent:
     def _on_gone(self, child: Child) -> None:
         if child.pgid is not None:
             self.records.remove_group(child.pgid)
+
+    def fence(self, reason: str) -> None:
+        """Stop every shard: the server no longer trusts this node (``reason``). Logged once per reason.
+
+        Replies are applied again (from scratch) once a sync is accepted.
+        """
+        if self.fenced == reason:
+            return
+        self.fenced = reason
+        running = [s for s in self.supervisors.values() if s.observed.state != "stopping"]
+        stopping = f"stopping its {len(running)} shards" if running else "no shard left to stop"
+        log.error("fencing node %s: %s; %s", self.config.node, reason, stopping)
+        for supervisor in running:
+            supervisor.stop()
+        self.revision = 0
+
+    def _certificate_expired(self) -> str | None:
+        if self.cert_not_after is None or time.time() < self.cert_not_after:
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.cert_not_after))
+        return f"this node's certificate {self.config.cert} expired at {when}; re-onboard the node"
 
     # -- applying a reply ------------------------------------------------------------------------
 
@@ -238,6 +273,11 @@ class Agent:
             outage_since: float | None = None
             refusal: str | None = None
             while True:
+                expired = self._certificate_expired()
+                if expired is not None:
+                    self.fence(expired)
+                    await trio.sleep(settings.refused_retry)
+                    continue
                 try:
                     reply = await self._sync_once(client, url)
                 except _Unreachable as exc:
@@ -259,6 +299,8 @@ class Agent:
                     if str(exc) != refusal:
                         refusal = str(exc)
                         log.error("%s; retrying every %g s", exc, settings.refused_retry)
+                    if exc.revoked:
+                        self.fence(f"the server refuses its certificate as revoked ({exc})")
                     await trio.sleep(settings.refused_retry)
                     continue
                 if outage_since is not None:
@@ -270,6 +312,9 @@ class Agent:
                     )
                 if refusal is not None:
                     log.info("server %s accepts this node again", self.config.server)
+                if self.fenced is not None:
+                    log.info("node %s no longer fenced: running what the server asks", self.config.node)
+                    self.fenced = None
                 failures, outage_since, refusal = 0, None, None
                 if not self.connected.is_set():
                     log.info("synced with server %s as node %s", self.config.server, self.config.node)
@@ -311,7 +356,8 @@ class Agent:
         if response.status_code != 200:
             raise _Refused(
                 f"server {self.config.server} refused node {self.config.node!r} "
-                f"(HTTP {response.status_code}): {_server_message(response)}"
+                f"(HTTP {response.status_code}): {_server_message(response)}",
+                revoked=response.status_code == 403 and _error_type(response) == "revoked",
             )
         try:
             return from_json(response.json(), SyncReply)
@@ -362,6 +408,14 @@ def _describe(exc: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text} ({cause})"
     return f"{type(exc).__name__}: {text}"
+
+
+def _error_type(response: httpx.Response) -> str | None:
+    """The ``type`` of the server's ErrorReply (``revoked``...), or None."""
+    try:
+        return str(response.json()["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _server_message(response: httpx.Response) -> str:

@@ -158,6 +158,25 @@ class ServerApp:
                 await self.commit()
             if self.revocations is not None and self.revocations.refresh():
                 log.info("revocation list reloaded: %d revoked", len(self.revocations.serials))
+                await self.fence_revoked()
+
+    async def fence_revoked(self) -> None:
+        """Declare lost at once every node whose last certificate is revoked (``Cluster.fence_node``).
+
+        Called when the revocation list is reloaded and when a revoked node is
+        refused; commits only when some node was fenced.
+        """
+        if self.revocations is None:
+            return
+        async with self._lock:
+            now = self.clock()
+            fenced = [
+                self.cluster.fence_node(node.node_id, f"its certificate {node.cert_serial:x} is revoked", now)
+                for node in list(self.cluster.nodes.values())
+                if node.cert_serial is not None and self.revocations.is_revoked(node.cert_serial)
+            ]
+            if any(fenced):
+                await self.commit()
 
     async def _wait_change(self, still_same: Callable[[], bool], seconds: float) -> None:
         with trio.move_on_after(seconds):
@@ -174,7 +193,10 @@ class ServerApp:
             return _error(401, f"client certificate refused: {exc}")
         if self.revocations is not None and self.revocations.is_revoked(identity.serial):
             log.warning("refused %s: certificate serial %s is revoked", identity, identity.serial_hex)
-            return _error(403, f"certificate {identity.serial_hex} of {identity.name} is revoked")
+            if identity.role is Role.NODE:
+                await self.fence_revoked()
+            message = f"certificate {identity.serial_hex} of {identity.name} is revoked"
+            return _error(403, message, kind="revoked")
         try:
             path = _decoded_path(request.path)
         except UnicodeDecodeError:

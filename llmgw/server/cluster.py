@@ -107,6 +107,24 @@ class Cluster(ClusterViews):
             node.cert_serial, node.cert_not_after = serial, not_after
             self.dirty_nodes.add(node_id)
 
+    def fence_node(self, node_id: str, reason: str, now: float) -> bool:
+        """Declare ``node_id`` lost at once, whatever its last sync: its certificate was revoked or expired.
+
+        Called by the server when the revocation list names the node's
+        certificate or refuses its sync; the next reconcile moves its replicas
+        elsewhere (out of the routes meanwhile), as for any lost node. It stays
+        lost until a sync is accepted again.
+
+        :returns: whether anything changed (False: unknown node, or already lost).
+        """
+        node = self.nodes.get(node_id)
+        if node is None or node.lost:
+            return False
+        node.lost = True
+        self.dirty_nodes.add(node_id)
+        self.record_event(now, "node", node_id, f"lost at once: {reason}; its replicas are rebuilt elsewhere")
+        return True
+
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
         """Cordon (no new replicas), uncordon, or start draining a node."""
         node = self.nodes[node_id]

@@ -266,6 +266,7 @@ class Server:
             ca=self.pki.ca.cert_path,
             host="127.0.0.1",
             port=self.port,
+            crl=self.pki.ca.crl_path,
             settings=Settings(lost_after=30, backoff_base=0.2, ready_timeout=30),
             poll_timeout=1.0,
             tick=0.2,

@@ -398,7 +398,8 @@ class ErrorDetail:
     """What went wrong, for a person: every refusal of the server carries one."""
 
     message: str
-    #: ``invalid_request``, ``unauthenticated``, ``forbidden``, ``not_found``, ``invalid_catalog``, ``error``
+    #: ``invalid_request``, ``unauthenticated``, ``forbidden``, ``revoked`` (the caller's certificate),
+    #: ``not_found``, ``invalid_catalog``, ``error``
     type: str = "error"
     #: a refused catalog's problems, one line each (absent from the JSON otherwise)
     problems: tuple[str, ...] | None = None

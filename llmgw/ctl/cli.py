@@ -77,11 +77,13 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @output_option
 @click.pass_context
 def nodes(ctx: click.Context, output: str) -> None:
     """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
+    if ctx.invoked_subcommand is not None:
+        return
     data = _client(ctx).request("GET", "/v1/admin/nodes", NodeList)
     if output == "json":
         click.echo(json.dumps(to_json(data.nodes), indent=2))
@@ -105,6 +107,21 @@ def nodes(ctx: click.Context, output: str) -> None:
     for n in data.nodes:
         for warning in n.warnings:
             click.echo(f"warning: {n.node_id}: {warning}")
+
+
+@nodes.command("lost")
+@click.argument("node_ids", metavar="NODE...", nargs=-1, required=True)
+@click.pass_context
+def nodes_lost(ctx: click.Context, node_ids: tuple[str, ...]) -> None:
+    """Declare NODE... lost now: their replicas are rebuilt elsewhere.
+
+    For nodes the server spares because many stopped syncing at once (see
+    `llmgw ctl events`); a node that syncs again is back, as after any loss.
+    """
+    client = _client(ctx)
+    for node in node_ids:
+        status = client.request("POST", f"/v1/admin/nodes/{segment(node)}/lost", DrainStatus)
+        click.echo(f"{node}: {status.state}")
 
 
 @click.command()

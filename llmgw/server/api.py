@@ -109,6 +109,7 @@ class ServerApp:
             self._node_action,
         )
         self._route("GET", r"/v1/admin/nodes/(?P<node>[^/]+)/drain", admin, self._get_drain)
+        self._route("POST", r"/v1/admin/nodes/(?P<node>[^/]+)/lost", admin, self._declare_lost)
         self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
         self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
@@ -281,6 +282,15 @@ class ServerApp:
         async with self._lock:
             self._known_node(node_id)
             self.cluster.set_cordon(node_id, action != "uncordon", self.clock(), drain=action == "drain")
+            await self.commit()
+        return _answer(self.cluster.drain_status(node_id))
+
+    async def _declare_lost(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        """``ctl nodes lost NODE``: the operator says the node is gone, whatever the server suspects."""
+        node_id = params["node"]
+        async with self._lock:
+            self._known_node(node_id)
+            self.cluster.fence_node(node_id, f"declared lost by {identity.name}", self.clock())
             await self.commit()
         return _answer(self.cluster.drain_status(node_id))
 

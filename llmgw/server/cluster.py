@@ -46,6 +46,8 @@ class Cluster(ClusterViews):
         self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
         #: the next attempt number; persisted so a restart never reuses one
         self.next_attempt = 1
+        #: silent nodes not declared lost: too many went silent at once (see :meth:`_detect_lost`)
+        self.spared: frozenset[str] = frozenset()
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -177,17 +179,61 @@ class Cluster(ClusterViews):
         )
 
     def _detect_lost(self, now: float) -> None:
-        for node in self.nodes.values():
-            if not node.lost and now - node.last_seen > self.settings.lost_after:
-                node.lost = True
-                self.dirty_nodes.add(node.node_id)
-                self.record_event(
-                    now,
-                    "node",
-                    node.node_id,
-                    f"lost: no sync for {now - node.last_seen:.0f} s "
-                    f"(limit {self.settings.lost_after:.0f} s)",
-                )
+        """Declare lost the nodes silent for ``lost_after``, unless too many went silent at once.
+
+        A node whose recorded certificate expired is lost at once. When a node
+        is due to be declared lost while more than ``max_lost_fraction`` of the
+        nodes not lost (and at least two) are late (no sync for half of
+        ``lost_after``: they stopped syncing within the same window), the server
+        suspects its own network rather than them: it declares none of them
+        lost (:attr:`spared`), keeps their replicas and says so in one event.
+        The episode ends when one of them syncs again; then every node still
+        silent is judged as usual. An operator may declare spared nodes lost
+        meanwhile (``ctl nodes lost``), which does not end it.
+        """
+        for node in list(self.nodes.values()):
+            if not node.lost and node.cert_not_after and now >= node.cert_not_after:
+                self.fence_node(node.node_id, f"its certificate {node.cert_serial or 0:x} expired", now)
+        limit = self.settings.lost_after
+        live = [node for node in self.nodes.values() if not node.lost]
+        quiet = {node.node_id: now - node.last_seen for node in live}
+        silent = {node_id: seconds for node_id, seconds in quiet.items() if seconds > limit}
+        late = [node_id for node_id, seconds in quiet.items() if seconds > limit / 2]
+        if self.spared:
+            returned = sorted(n for n in self.spared if n in quiet and n not in silent)
+            self.spared = frozenset(n for n in self.spared if n in silent)
+            if returned:
+                self.spared = frozenset()
+                message = f"syncs are back ({', '.join(returned)}): silent nodes are declared lost again"
+                self.record_event(now, "cluster", "nodes", message)
+            elif self.spared:
+                self._spare(silent, late, len(live), now)
+                return
+        if silent and len(late) >= 2 and len(late) > self.settings.max_lost_fraction * len(live):
+            self._spare(silent, late, len(live), now)
+            return
+        for node_id, seconds in sorted(silent.items()):
+            self.nodes[node_id].lost = True
+            self.dirty_nodes.add(node_id)
+            self.record_event(
+                now, "node", node_id, f"lost: no sync for {seconds:.0f} s (limit {limit:.0f} s)"
+            )
+
+    def _spare(self, silent: dict[str, float], late: list[str], live: int, now: float) -> None:
+        """Keep the ``silent`` nodes out of the lost; one event when some are newly spared."""
+        new = set(silent) - self.spared
+        self.spared = self.spared | set(silent)
+        if not new:
+            return
+        fraction = self.settings.max_lost_fraction
+        self.record_event(
+            now,
+            "cluster",
+            "nodes",
+            f"{len(late)} of {live} nodes stopped syncing together ({', '.join(sorted(late))}): more than "
+            f"{fraction:.0%} at once looks like the server's own network, so none is declared lost and "
+            "their replicas stay until syncs return; `llmgw ctl nodes lost NODE...` declares one lost",
+        )
 
     def _judge(self, record: ReplicaRecord, now: float) -> None:
         if record.state == "backoff":

@@ -48,6 +48,8 @@ class Cluster(ClusterViews):
         self.next_attempt = 1
         #: silent nodes not declared lost: too many went silent at once (see :meth:`_detect_lost`)
         self.spared: frozenset[str] = frozenset()
+        #: the nodes the events of the current episode named
+        self._announced: frozenset[str] = frozenset()
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -220,20 +222,24 @@ class Cluster(ClusterViews):
             )
 
     def _spare(self, silent: dict[str, float], late: list[str], live: int, now: float) -> None:
-        """Keep the ``silent`` nodes out of the lost; one event when some are newly spared."""
-        new = set(silent) - self.spared
+        """Keep the ``silent`` nodes out of the lost; an event names the late nodes not named yet."""
+        if not self.spared:
+            self._announced = frozenset()
         self.spared = self.spared | set(silent)
+        new = sorted(set(late) - self._announced)
         if not new:
             return
-        fraction = self.settings.max_lost_fraction
-        self.record_event(
-            now,
-            "cluster",
-            "nodes",
-            f"{len(late)} of {live} nodes stopped syncing together ({', '.join(sorted(late))}): more than "
-            f"{fraction:.0%} at once looks like the server's own network, so none is declared lost and "
-            "their replicas stay until syncs return; `llmgw ctl nodes lost NODE...` declares one lost",
-        )
+        if self._announced:
+            message = f"also stopped syncing: {', '.join(new)}; still none is declared lost"
+        else:
+            fraction = self.settings.max_lost_fraction
+            message = (
+                f"{len(late)} of {live} nodes stopped syncing together ({', '.join(new)}): more than "
+                f"{fraction:.0%} at once looks like the server's own network, so none is declared lost and "
+                "their replicas stay until syncs return; `llmgw ctl nodes lost NODE...` declares one lost"
+            )
+        self._announced = self._announced | set(new)
+        self.record_event(now, "cluster", "nodes", message)
 
     def _judge(self, record: ReplicaRecord, now: float) -> None:
         if record.state == "backoff":

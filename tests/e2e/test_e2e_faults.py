@@ -1,11 +1,14 @@
 """Faults the fleet contains, across real processes: ``llmgw server``, agents, sim engines.
 
 A hung engine whose /health still answers 200 is found by the agent's canary and
-replaced; a busy one is left alone.
+replaced; a busy one is left alone. Half the agents falling silent together is taken
+for the server's own network trouble: nothing is declared lost; one silent agent is.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.processes import free_port, pid_alive
-from llmgw.wire import EventList, ReplicaStatus
+from llmgw.wire import EventList, NodeList, ReplicaStatus
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -116,3 +119,65 @@ def test_busy_sim_is_not_ejected(cluster, tmp_path):
     assert (after.state, after.failures, after.attempt) == ("ready", 0, ready.attempt)
     log = (cluster.logs / f"agent-{shard.node}.log").read_text()
     assert "busy, not hung" in log, "the canary never waited: the test did not load the sim enough"
+
+
+SPREAD = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 4
+models:
+  small:
+    source: {models}/small
+    profile: one
+    replicas: 4
+"""
+
+
+def test_two_of_four_agents_silent_lose_nothing_one_of_four_is_lost(tmp_path):
+    """SIGSTOP 2 of 4 agents: no node lost, no replica rebuilt, an event says why; then 1 of 4 is lost."""
+    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=4, poll_timeout=1)
+    (tmp_path / "models" / "small").mkdir(parents=True)
+    stopped: list[int] = []
+    try:
+        cluster.start(4)
+        cluster.apply(SPREAD.format(models=tmp_path / "models"))
+        cluster.wait(cluster.all_ready, "every replica to be ready", 60)
+        before = {r.id: (r.attempt, tuple(s.node for s in r.shards)) for r in cluster.replicas().replicas}
+        for node_id in ("node-1", "node-2"):
+            stopped.append(cluster.nodes[node_id].process.pid)
+            os.kill(stopped[-1], signal.SIGSTOP)
+        # a non-event: 4 times lost_after with half the fleet silent
+        time.sleep(16)
+        nodes = {n.node_id: n.state for n in cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes}
+        assert "lost" not in nodes.values(), nodes
+        after = {r.id: (r.attempt, tuple(s.node for s in r.shards)) for r in cluster.replicas().replicas}
+        assert after == before, "a replica of a silent node was rebuilt"
+        events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+        why = [e.message for e in events if e.kind == "cluster"]
+        assert len(why) == 1 and why[0].startswith("2 of 4 nodes stopped syncing together (node-1, node-2)")
+        assert "none is declared lost" in why[0]
+
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        stopped.clear()
+        cluster.wait(lambda: cluster.all_ready() and _syncs_back(cluster), "syncs to return", 30)
+
+        stopped.append(cluster.nodes["node-3"].process.pid)
+        os.kill(stopped[-1], signal.SIGSTOP)
+        cluster.wait(lambda: _state(cluster, "node-3") == "lost", "node-3 to be declared lost", 30)
+        assert {_state(cluster, n) for n in ("node-1", "node-2", "node-4")} == {"ready"}
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        cluster.stop_all()
+
+
+def _state(cluster: LocalCluster, node_id: str) -> str:
+    nodes = cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes
+    return next(n.state for n in nodes if n.node_id == node_id)
+
+
+def _syncs_back(cluster: LocalCluster) -> bool:
+    events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+    return any(e.kind == "cluster" and e.message.startswith("syncs are back") for e in events)

@@ -121,6 +121,17 @@ def test_nodes_a_few_seconds_apart_count_as_together():
     fleet.pass_time(10, silent=("node-1",))
     fleet.pass_time(100, silent=("node-1", "node-2"))
     assert fleet.lost() == []
+    (event,) = fleet.events("cluster")
+    assert event.startswith("2 of 4 nodes stopped syncing together (node-1, node-2)")
+
+
+def test_a_third_node_falling_silent_later_joins_the_episode():
+    """Two spared, then a third goes silent: it is spared too, with one more event naming it."""
+    fleet = Fleet(5)
+    fleet.pass_time(60, silent=("node-1", "node-2"))
+    fleet.pass_time(60, silent=("node-1", "node-2", "node-3"))
+    assert fleet.lost() == []
+    assert fleet.events("cluster")[1:] == ["also stopped syncing: node-3; still none is declared lost"]
 
 
 def test_syncs_returning_end_the_episode_and_the_still_silent_are_judged():

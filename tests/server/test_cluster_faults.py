@@ -113,6 +113,11 @@ def test_two_of_four_silent_together_are_spared_with_one_event():
         "`llmgw ctl nodes lost NODE...` declares one lost"
     ]
     assert fleet.cluster.spared == {"node-1", "node-2"}
+    status = {n.node_id: n for n in fleet.cluster.node_list(fleet.now).nodes}
+    assert status["node-1"].state == "ready" and status["node-1"].warnings[-1].startswith(
+        "no sync for 600 s, not declared lost: many nodes stopped syncing at once (ctl events); "
+        "`llmgw ctl nodes lost node-1` if it is gone"
+    )
 
 
 def test_nodes_a_few_seconds_apart_count_as_together():

@@ -3,6 +3,7 @@
 A hung engine whose /health still answers 200 is found by the agent's canary and
 replaced; a busy one is left alone. Half the agents falling silent together is taken
 for the server's own network trouble: nothing is declared lost; one silent agent is.
+A revoked node stops its engines and its replicas come back elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmgw import pki
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.processes import free_port, pid_alive
 from llmgw.wire import EventList, NodeList, ReplicaStatus
@@ -181,3 +183,30 @@ def _state(cluster: LocalCluster, node_id: str) -> str:
 def _syncs_back(cluster: LocalCluster) -> bool:
     events = cluster.client.request("GET", "/v1/admin/events", EventList).events
     return any(e.kind == "cluster" and e.message.startswith("syncs are back") for e in events)
+
+
+def test_revoked_node_stops_its_engines_and_its_replicas_run_elsewhere(cluster, tmp_path):
+    """`ca revoke` of a node with replicas: its engines end, routes drop it, its replicas run elsewhere."""
+    cluster.apply(SPREAD.format(models=tmp_path / "models").replace("replicas: 4", "replicas: 2"))
+    cluster.wait(cluster.all_ready, "both replicas to be ready", 60)
+    victim = next(r for r in cluster.replicas().replicas).shards[0].node
+    pids = [s.pid for r in cluster.replicas().replicas for s in r.shards if s.node == victim]
+    address = cluster.nodes[victim].address
+    revoked_at = time.monotonic()
+    pki.revoke(cluster.ca, victim)
+    cluster.wait(lambda: not any(pid_alive(pid) for pid in pids), f"the engines on {victim} to end", 35)
+    gone = time.monotonic() - revoked_at
+    routes = cluster.client.request("GET", "/v1/routes")
+    assert address not in str(routes["routes"]), routes
+    assert _state(cluster, victim) == "revoked"
+    cluster.wait(
+        lambda: (
+            cluster.all_ready()
+            and all(s.node != victim for r in cluster.replicas().replicas for s in r.shards)
+        ),
+        "every replica ready away from the revoked node",
+        60,
+    )
+    log = (cluster.logs / f"agent-{victim}.log").read_text()
+    assert f"fencing node {victim}" in log
+    print(f"engines of the revoked node gone {gone:.1f} s after `ca revoke`")

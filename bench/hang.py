@@ -6,8 +6,9 @@ supervisor, with real ``llmgw-sim`` processes; no server or gateway (the
 server's part, failing the replica on ``unhealthy``, is immediate):
 
 - **hangs**: ``--hangs`` times, a sim started with ``--hang-after-requests N``
-  (N drawn from 20..60) under ``--clients`` concurrent clients; the hang starts
-  when the last client request is answered. Detection time is from then to
+  (N drawn from 20..60) under ``--clients`` concurrent clients, started at a
+  random moment of the canary's interval; the hang starts when the last client
+  request is answered. Detection time is from then to
   the supervisor's ``unhealthy`` report. Printed: p50 and max, and the
   canary's timeout and interval they follow from (at worst interval +
   timeout, plus the reading of /metrics).
@@ -105,6 +106,8 @@ async def one_hang(engine: SimEngine, root: Path, clients: int, groups: list[int
         nursery.start_soon(supervisor.run)
         with trio.fail_after(30):
             await wait_for_state(states, {"ready"})
+        # the load (and the hang it leads to at once) starts anywhere in the canary's interval
+        await trio.sleep(random.uniform(0, engine.liveness_probe.interval))
         nursery.start_soon(load, url, clients, 4, tally, last_answer)
         with trio.fail_after(120):
             reported = await wait_for_state(states, {"unhealthy", "exited"})

@@ -14,7 +14,6 @@ the engine is busy producing tokens.
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import os
 import struct
@@ -27,6 +26,7 @@ import attrs
 import trio
 
 from llmgw.net.server import InvalidJSON, Request, Response
+from llmgw_engine_sim.batch import Batch
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 
 __all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
@@ -114,12 +114,8 @@ class SimApp:
         self.ready = False
         self.shutting_down = False
         self.inference_requests = 0
-        #: the counters and gauges of /metrics
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.running = 0
-        self.waiting = 0
-        self._seats = trio.Semaphore(options.max_num_seqs) if options.max_num_seqs else None
+        #: the seats of --max-num-seqs and the counters of /metrics
+        self.batch = Batch(options.max_num_seqs)
         #: set when a peer was lost or hangs (``--on-peer-loss abort-on-request``): awaited by
         #: every inference request before anything else (it aborts the process, or hangs)
         self.peer_problem: Callable[[], Awaitable[None]] | None = None
@@ -184,34 +180,8 @@ class SimApp:
         return Response.json(200, {"object": "list", "data": data})
 
     async def _metrics(self, request: Request) -> Response:
-        # Prometheus' text format, with vLLM's names and labels (``sim:`` for ``vllm:``)
-        label = f'{{model_name="{self.options.served_model_names[0]}"}}'
-        lines = []
-        for name, kind, value in (
-            ("sim:prompt_tokens_total", "counter", self.prompt_tokens),
-            ("sim:generation_tokens_total", "counter", self.generation_tokens),
-            ("sim:num_requests_running", "gauge", self.running),
-            ("sim:num_requests_waiting", "gauge", self.waiting),
-        ):
-            lines += [f"# TYPE {name.removesuffix('_total')} {kind}", f"{name}{label} {float(value)}"]
-        return Response.text(200, "\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
-
-    @contextlib.asynccontextmanager
-    async def seat(self) -> AsyncIterator[None]:
-        """Hold one of the ``--max-num-seqs`` seats while a generation runs (counted as running)."""
-        if self._seats is not None:
-            self.waiting += 1
-            try:
-                await self._seats.acquire()
-            finally:
-                self.waiting -= 1
-        self.running += 1
-        try:
-            yield
-        finally:
-            self.running -= 1
-            if self._seats is not None:
-                self._seats.release()
+        text = self.batch.prometheus(self.options.served_model_names[0])
+        return Response.text(200, text, content_type="text/plain; version=0.0.4")
 
     async def _sim_info(self, request: Request) -> Response:
         return Response.json(200, {**self._info(), "ready": self.ready, "requests": self.inference_requests})
@@ -229,11 +199,7 @@ class SimApp:
         hang_after = self.options.hang_after_requests
         if hang_after is not None and number > hang_after:
             log.info("request %d hangs (--hang-after-requests %d)", number, hang_after)
-            self.running += 1  # as a hung engine's gauge shows it: running, producing nothing
-            try:
-                await trio.sleep_forever()
-            finally:
-                self.running -= 1
+            await self.batch.hang()
         after = None
         exit_after = self.options.exit_after_requests
         if exit_after is not None and number >= exit_after:
@@ -422,17 +388,17 @@ class _Job:
         The schedule starts once the job has a seat (``--max-num-seqs``); every
         token counts in ``/metrics`` as it is produced.
         """
-        app = self.app
+        batch = self.app.batch
         longest = max(len(gen.tokens) for gen in self.generations)
-        async with app.seat():
+        async with batch.seat():
             self.start = trio.current_time()
-            app.prompt_tokens += self.prompt_tokens
+            batch.prompt_tokens += self.prompt_tokens
             for position in range(longest):
                 await trio.sleep_until(self.due(position))
                 for i, gen in enumerate(self.generations):
                     if position < len(gen.tokens):
                         last = position == len(gen.tokens) - 1
-                        app.generation_tokens += 1
+                        batch.generation_tokens += 1
                         yield i, gen.tokens[position], gen.finish_reason if last else None
 
     def usage(self) -> dict[str, int]:

@@ -19,7 +19,7 @@ server's part, failing the replica on ``unhealthy``, is immediate):
   waiting past its timeout (judged busy by the token counters), and false
   ejections (``unhealthy`` reports; the target is 0).
 
-``--timeout`` and ``--interval`` replace the sim's canary timings (3 s and
+``--timeout`` and ``--interval`` replace the sim's canary timings (5 s and
 2 s) with others, vLLM's and SGLang's (10 s and 5 s) for instance.
 """
 
@@ -172,6 +172,6 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=8, help="the usual concurrency (default 8)")
     parser.add_argument("--seats", type=int, default=4, help="the busy sim's --max-num-seqs (default 4)")
     parser.add_argument("--tokens-per-second", type=float, default=20.0, help="its speed (default 20)")
-    parser.add_argument("--timeout", type=float, help="the canary's timeout (default: the sim's, 3 s)")
+    parser.add_argument("--timeout", type=float, help="the canary's timeout (default: the sim's, 5 s)")
     parser.add_argument("--interval", type=float, help="the canary's interval (default: the sim's, 2 s)")
     trio.run(main, parser.parse_args())

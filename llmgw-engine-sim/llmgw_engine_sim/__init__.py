@@ -37,7 +37,7 @@ class SimEngine(Engine):
     programs = ("llmgw-sim",)
     #: the canary vLLM and SGLang get, quicker: the sim answers in milliseconds unless busy
     #: (``--max-num-seqs``) or hung (``--hang-after-requests``), which its counters tell apart
-    liveness_probe = openai_canary(PROGRESS, timeout=3.0, interval=2.0)
+    liveness_probe = openai_canary(PROGRESS, timeout=5.0, interval=2.0)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``llmgw-sim`` command of one shard.

@@ -342,7 +342,7 @@ class ShardSupervisor:
             probe,
             spec.served_name,
             self._hung,
-            metrics_timeout=self.config.health.timeout,
+            metrics_timeout=max(self.config.health.timeout, probe.timeout),
             shard=self.key,
         )
 

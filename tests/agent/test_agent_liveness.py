@@ -1,6 +1,6 @@
 """Rank 0's liveness under the real supervisor: a hung sim whose /health answers 200, a busy one, a stop.
 
-The sim's canary (a one-token completion every 2 s, 3 s to answer) is judged by its
+The sim's canary (a one-token completion every 2 s, 5 s to answer) is judged by its
 ``/metrics`` token counters; the timing of the judgement is tested with trio's clock in
 ``test_agent_liveness_clock.py``.
 """
@@ -69,7 +69,7 @@ async def test_sim_hung_with_health_200_is_unhealthy_and_killed_fast(start):
         assert (await client.get(f"{url}/health")).status_code == 200, "the hang should not show on /health"
     assert unhealthy.state == "unhealthy"
     assert unhealthy.detail == (
-        f"liveness probe POST {url}/v1/completions got no answer within 3 s and no token was produced "
+        f"liveness probe POST {url}/v1/completions got no answer within 5 s and no token was produced "
         "meanwhile with 1 requests running (health still passes): hung"
     )
     started = trio.current_time()

@@ -20,21 +20,25 @@ Two refusals fence the node instead: the server saying this node's
 certificate is revoked, and the certificate's own expiry (read at start). The
 agent then stops every shard at once (the server rebuilds them elsewhere) and
 logs why; it keeps retrying, and runs what the server asks again once a sync
-is accepted (a re-onboarded node comes back).
+is accepted (a re-onboarded node comes back). A certificate rewritten on disk
+(re-onboarding, renewal) is used from the next sync on, without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 import trio
+from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import present_sources
@@ -42,6 +46,7 @@ from llmgw.agent.process import Child, ProcessRecords
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
+from llmgw.pki import PkiError, client_ssl_context
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
 
 __all__ = ["Agent"]
@@ -100,6 +105,7 @@ class Agent:
         self.cert_not_after: float | None = None
         #: why the node is fenced (every shard stopped, replies not applied), or None
         self.fenced: str | None = None
+        self._credentials_stamp: tuple | None = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -161,6 +167,33 @@ class Agent:
         for supervisor in running:
             supervisor.stop()
         self.revision = 0
+
+    def _credentials_changed(self) -> bool:
+        """Whether ``--cert``/``--key`` changed on disk (re-onboarded, renewed); if so, use them from now on.
+
+        Checked before every sync. A pair that cannot be loaded (half written)
+        is logged and tried again once the files change again.
+        """
+        stamp = _file_stamp(self.config.cert, self.config.key)
+        if self._credentials_stamp is None or stamp == self._credentials_stamp:
+            self._credentials_stamp = stamp
+            return False
+        self._credentials_stamp = stamp
+        try:
+            context = client_ssl_context(self.config.cert, self.config.key, self.config.ca)
+            certificate = x509.load_pem_x509_certificate(self.config.cert.read_bytes())
+        except (PkiError, OSError, ValueError) as exc:
+            log.warning("node %s: the changed certificate cannot be used yet: %s", self.config.node, exc)
+            return False
+        self.ssl_context = context
+        self.cert_not_after = certificate.not_valid_after_utc.timestamp()
+        log.info(
+            "node %s: using the new certificate %s (serial %x)",
+            self.config.node,
+            self.config.cert,
+            certificate.serial_number,
+        )
+        return True
 
     def _certificate_expired(self) -> str | None:
         if self.cert_not_after is None or time.time() < self.cert_not_after:
@@ -268,11 +301,17 @@ class Agent:
         url = f"{self.config.server}/v1/agent/sync"
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
-        async with httpx.AsyncClient(verify=self.ssl_context, timeout=timeout) as client:
+        async with contextlib.AsyncExitStack() as clients:
+            client = httpx.AsyncClient(verify=self.ssl_context, timeout=timeout)
+            clients.push_async_callback(client.aclose)
             failures = 0
             outage_since: float | None = None
             refusal: str | None = None
             while True:
+                if self._credentials_changed():
+                    await client.aclose()
+                    client = httpx.AsyncClient(verify=self.ssl_context, timeout=timeout)
+                    clients.push_async_callback(client.aclose)
                 expired = self._certificate_expired()
                 if expired is not None:
                     self.fence(expired)
@@ -390,6 +429,19 @@ class Agent:
                 continue
             self.sources_checked = asked
             self.set_facts(facts)
+
+
+def _file_stamp(*paths: Path) -> tuple:
+    """What tells a rewritten file from the one read before: inode, size and mtime of each (None if gone)."""
+    stamps = []
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(stamps)
 
 
 def _ports(shard: DesiredShard) -> set[int]:

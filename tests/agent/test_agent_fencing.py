@@ -136,3 +136,25 @@ async def test_expired_certificate_fences_until_a_sync_is_accepted(
         )
     groups.append(next(iter(agent.supervisors.values())).engine_child.pgid)
     assert logged(caplog, "node node-1 no longer fenced") is not None
+
+
+async def test_certificate_rewritten_in_place_is_used_without_a_restart(
+    server, nursery, tmp_path, test_pki, caplog, groups
+):
+    """A fenced agent whose --cert/--key are re-issued where they were comes back by itself."""
+    caplog.set_level(logging.INFO, logger="llmgw")
+    config = make_config(tmp_path, test_pki, server)
+    agent = await nursery.start(serve_agent, config, sim_plugins())
+    await running_replica(server, agent, groups)
+    pki.revoke(test_pki.ca, "node-1")
+    with trio.fail_after(10):
+        await wait_for(lambda: agent.fenced and not agent.observed, "the node to be fenced")
+
+    pki.issue_node(test_pki.ca, "node-1", out=config.cert.parent, overwrite=True)
+    with trio.fail_after(30):
+        await wait_for(lambda: replica_ready(server), "the replica to be ready again on node-1")
+    groups.append(next(iter(agent.supervisors.values())).engine_child.pgid)
+    assert agent.fenced is None
+    assert logged(caplog, "node-1: using the new certificate") is not None
+    (node,) = (await server.get("/v1/admin/nodes"))["nodes"]
+    assert node["state"] == "ready"

@@ -21,19 +21,40 @@ __all__ = [
     "Engine",
     "HelpAndVersion",
     "LivenessProbe",
+    "ProgressMetrics",
     "help_and_version_of",
     "old_api_uses",
+    "openai_canary",
     "parse_argparse_flags",
 ]
+
+
+@attrs.frozen
+class ProgressMetrics:
+    """Where an engine's own Prometheus metrics show that it still produces tokens.
+
+    The agent reads them when a liveness probe got no answer in time: if the
+    ``tokens`` counters grew meanwhile, the engine is busy (the probe waited
+    in its queue), not hung.
+    """
+
+    #: sample names of counters that grow with every token processed; their sum is compared
+    tokens: tuple[str, ...] = attrs.field(converter=tuple)
+    #: sample names of gauges counting the requests being decoded (named in the report of a hang)
+    running: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: the HTTP path on rank 0 that serves them in Prometheus' text format
+    path: str = "/metrics"
 
 
 @attrs.frozen
 class LivenessProbe:
     """A request to rank 0 whose answer within ``timeout`` seconds proves the engine still serves.
 
-    The agent sends it every ``interval`` seconds once the shard is ready, beside
-    the health check; any HTTP answer passes, no answer in time (or a broken
-    connection) makes the shard ``unhealthy``.
+    The agent sends it every ``interval`` seconds once the shard is ready,
+    beside the health check; any HTTP answer passes. No answer in time (or a
+    broken connection) makes the shard ``unhealthy``, unless ``progress``
+    shows the engine produced tokens while the probe waited: a busy engine
+    is not a hung one.
     """
 
     method: str
@@ -41,6 +62,36 @@ class LivenessProbe:
     body: Mapping[str, object] | None = None
     timeout: float = 10.0
     interval: float = 5.0
+    #: the body key that gets the shard's served model name (``"model"`` for OpenAI's API)
+    model_field: str | None = None
+    #: the engine's metrics that tell busy from hung; None: no answer in time is a hang
+    progress: ProgressMetrics | None = None
+
+    def request_body(self, served_name: str) -> Mapping[str, object] | None:
+        """The body to send to a shard serving ``served_name``: ``body``, with ``model_field`` set."""
+        if self.model_field is None:
+            return self.body
+        return {**(self.body or {}), self.model_field: served_name}
+
+
+def openai_canary(
+    progress: ProgressMetrics | None = None, *, timeout: float = 10.0, interval: float = 5.0
+) -> LivenessProbe:
+    """The liveness probe of an OpenAI-compatible engine: a one-token greedy completion of its model.
+
+    ``Engine.liveness_probe`` is this by default (without ``progress``); an
+    engine that exposes token counters passes them, so a busy replica is not
+    taken for a hung one.
+    """
+    return LivenessProbe(
+        method="POST",
+        path="/v1/completions",
+        body={"prompt": "a", "max_tokens": 1, "temperature": 0},
+        timeout=timeout,
+        interval=interval,
+        model_field="model",
+        progress=progress,
+    )
 
 
 @attrs.frozen
@@ -117,10 +168,12 @@ class Engine(abc.ABC):
     #: agent starts rank 0 only once every other rank's address accepts TCP
     wait_for_workers: ClassVar[bool] = False
     #: the request that proves rank 0 still serves, beyond its health path,
-    #: sent by the agent once rank 0 is ready: for engines whose health path
-    #: stays 200 while requests hang (llama.cpp with a hung RPC worker);
-    #: None: the health path is enough
-    liveness_probe: ClassVar[LivenessProbe | None] = None
+    #: sent by the agent once rank 0 is ready: a health path stays 200 while
+    #: requests hang (a dead vLLM EngineCore, a hung llama.cpp RPC worker).
+    #: The default is :func:`openai_canary` without progress metrics; set
+    #: ``openai_canary(ProgressMetrics(...))`` when the engine counts its
+    #: tokens, your own probe for another API, or None to rely on health alone
+    liveness_probe: ClassVar[LivenessProbe | None] = openai_canary()
     #: program -> how it prints its help and version; a program not listed
     #: answers ``--help`` and ``--version`` with no extra environment
     help_and_version: ClassVar[Mapping[str, HelpAndVersion]] = {}

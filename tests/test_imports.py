@@ -25,8 +25,8 @@ PUBLIC = {
         "Command",
     ],
     "llmgw.engine": [
-        "Engine", "HelpAndVersion", "LivenessProbe", "help_and_version_of", "old_api_uses",
-        "parse_argparse_flags",
+        "Engine", "HelpAndVersion", "LivenessProbe", "ProgressMetrics", "help_and_version_of",
+        "old_api_uses", "openai_canary", "parse_argparse_flags",
     ],
     "llmgw.errors": [
         "LlmgwError",

@@ -45,7 +45,7 @@ class MyEngine(Engine):
     #   help_and_version = {
     #       SERVER: HelpAndVersion(help_args=("--help",), help_env={}, version_args=("--version",)),
     #   }
-    #   liveness_probe = None  # or LivenessProbe("POST", "/completion", body={...}): see docs/engines.md
+    #   liveness_probe = openai_canary()  # with ProgressMetrics(...) if it counts tokens: docs/engines.md
     #   wait_for_workers = False
     # and override parse_help, parse_version, help_warnings, option_args or widest_spec likewise.
 

@@ -10,11 +10,11 @@ command on each node with ``--nnodes``, ``--node-rank`` and rank 0's
 from __future__ import annotations
 
 import llmgw
-from llmgw.engine import Engine, HelpAndVersion
+from llmgw.engine import Engine, HelpAndVersion, ProgressMetrics, openai_canary
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["SglangEngine", "__version__"]
+__all__ = ["PROGRESS", "SglangEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sglang")
 
@@ -31,7 +31,15 @@ _FEATURES = {
     "--nnodes": "multi-node rendezvous",
     "--node-rank": "multi-node rendezvous",
     "--dist-init-addr": "multi-node rendezvous",
+    "--enable-metrics": "liveness: token counters tell a busy replica from a hung one",
 }
+
+#: SGLang's own counters (served at /metrics with --enable-metrics): a canary that waits while
+#: they grow found the replica busy, not hung
+PROGRESS = ProgressMetrics(
+    tokens=("sglang:generation_tokens_total", "sglang:prompt_tokens_total"),
+    running=("sglang:num_running_reqs",),
+)
 
 
 class SglangEngine(Engine):
@@ -53,6 +61,8 @@ class SglangEngine(Engine):
         )
     }
     flag_features = _FEATURES
+    #: /health can stay 200 with a hung scheduler: a one-token completion, judged by SGLang's counters
+    liveness_probe = openai_canary(PROGRESS)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``sglang.launch_server`` command of one shard.
@@ -62,7 +72,8 @@ class SglangEngine(Engine):
         health endpoint (SGLang's dummy health server on non-zero ranks).
         ``--tp-size`` is the GPUs of one node times the nodes; several nodes
         add ``--nnodes``, ``--node-rank`` and rank 0's ``--dist-init-addr``.
-        The profile's args come last, on every rank.
+        ``--enable-metrics`` serves the token counters the liveness probe
+        reads. The profile's args come last, on every rank.
         """
         tp_size = max(len(spec.gpus), 1) * spec.nnodes
         argv = [
@@ -76,6 +87,7 @@ class SglangEngine(Engine):
             spec.host,
             "--port",
             str(spec.port),
+            "--enable-metrics",
             "--tp-size",
             str(tp_size),
         ]

@@ -77,6 +77,7 @@ class TestCommands:
             "10.0.0.5",
             "--port",
             "30000",
+            "--enable-metrics",
             "--tp-size",
             "2",
             "--context-length",

@@ -11,13 +11,19 @@ from __future__ import annotations
 import attrs
 
 import llmgw
-from llmgw.engine import Engine
+from llmgw.engine import Engine, ProgressMetrics, openai_canary
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["SimEngine", "__version__"]
+__all__ = ["PROGRESS", "SimEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sim")
+
+#: the sim's counters at /metrics, named as vLLM's (``sim:`` for ``vllm:``)
+PROGRESS = ProgressMetrics(
+    tokens=("sim:generation_tokens_total", "sim:prompt_tokens_total"),
+    running=("sim:num_requests_running",),
+)
 
 
 class SimEngine(Engine):
@@ -29,6 +35,9 @@ class SimEngine(Engine):
     multi_node = True
     health_path = "/health"
     programs = ("llmgw-sim",)
+    #: the canary vLLM and SGLang get, quicker: the sim answers in milliseconds unless busy
+    #: (``--max-num-seqs``) or hung (``--hang-after-requests``), which its counters tell apart
+    liveness_probe = openai_canary(PROGRESS, timeout=5.0, interval=2.0)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``llmgw-sim`` command of one shard.

@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="generation speed after the first token; 0 means no delay (default 0)",
     )
     add(
+        "--max-num-seqs",
+        type=_positive_int,
+        metavar="N",
+        help="at most N generations run at once; the others wait for a seat (default: no limit)",
+    )
+    add(
         "--startup-delay",
         type=_non_negative(float),
         default=0.0,
@@ -251,6 +257,7 @@ async def _rank_zero(args: argparse.Namespace, life: _Lifecycle, nursery: trio.N
         max_model_len=args.max_model_len,
         time_to_first_token=args.time_to_first_token,
         tokens_per_second=args.tokens_per_second,
+        max_num_seqs=args.max_num_seqs,
         hang_after_requests=args.hang_after_requests,
         exit_after_requests=args.exit_after_requests,
         log_requests=not args.disable_log_requests,

@@ -1,9 +1,14 @@
 """The simulated engine's OpenAI-compatible HTTP API, served by rank 0.
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-``POST /v1/completions``, ``POST /v1/embeddings`` and the debug
-``GET /sim/info``. Errors have OpenAI's shape:
+``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /metrics`` (token
+counters and request gauges, named as vLLM names its own with ``sim:`` for
+``vllm:``) and the debug ``GET /sim/info``. Errors have OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
+
+With ``--max-num-seqs N`` at most N generations run at once and the others
+wait for a seat, as in a real engine's batch: a request can wait long while
+the engine is busy producing tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import attrs
 import trio
 
 from llmgw.net.server import InvalidJSON, Request, Response
+from llmgw_engine_sim.batch import Batch
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 
 __all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
@@ -51,6 +57,8 @@ class ServeOptions:
     hang_after_requests: int | None = None
     exit_after_requests: int | None = None
     log_requests: bool = True
+    #: generations running at once; the others wait (None: no limit)
+    max_num_seqs: int | None = None
 
 
 class ApiError(Exception):
@@ -106,6 +114,8 @@ class SimApp:
         self.ready = False
         self.shutting_down = False
         self.inference_requests = 0
+        #: the seats of --max-num-seqs and the counters of /metrics
+        self.batch = Batch(options.max_num_seqs)
         #: set when a peer was lost or hangs (``--on-peer-loss abort-on-request``): awaited by
         #: every inference request before anything else (it aborts the process, or hangs)
         self.peer_problem: Callable[[], Awaitable[None]] | None = None
@@ -118,6 +128,7 @@ class SimApp:
             "/v1/chat/completions": {"POST": self._chat},
             "/v1/completions": {"POST": self._completions},
             "/v1/embeddings": {"POST": self._embeddings},
+            "/metrics": {"GET": self._metrics},
             "/sim/info": {"GET": self._sim_info},
         }
 
@@ -127,7 +138,7 @@ class SimApp:
             response = await self._route(request)
         except ApiError as error:
             response = error.response()
-        if self.options.log_requests and request.path != "/health":
+        if self.options.log_requests and request.path not in ("/health", "/metrics"):
             host, port = request.client or ("-", 0)
             log.info('%s:%s "%s %s" %d', host, port, request.method, request.path, response.status)
         return response
@@ -168,6 +179,10 @@ class SimApp:
         ]
         return Response.json(200, {"object": "list", "data": data})
 
+    async def _metrics(self, request: Request) -> Response:
+        text = self.batch.prometheus(self.options.served_model_names[0])
+        return Response.text(200, text, content_type="text/plain; version=0.0.4")
+
     async def _sim_info(self, request: Request) -> Response:
         return Response.json(200, {**self._info(), "ready": self.ready, "requests": self.inference_requests})
 
@@ -184,7 +199,7 @@ class SimApp:
         hang_after = self.options.hang_after_requests
         if hang_after is not None and number > hang_after:
             log.info("request %d hangs (--hang-after-requests %d)", number, hang_after)
-            await trio.sleep_forever()
+            await self.batch.hang()
         after = None
         exit_after = self.options.exit_after_requests
         if exit_after is not None and number >= exit_after:
@@ -363,19 +378,28 @@ class _Job:
         return self.start + self.app.options.time_to_first_token + (position / tps if tps > 0 else 0.0)
 
     async def wait_until_done(self) -> None:
-        """Sleep until the last token of the longest choice would have been produced."""
-        longest = max(len(gen.tokens) for gen in self.generations)
-        await trio.sleep_until(self.due(max(longest - 1, 0)))
+        """Produce every token on schedule, until the last of the longest choice."""
+        async for _ in self.tokens():
+            pass
 
     async def tokens(self) -> AsyncIterator[tuple[int, str, str | None]]:
-        """Yield (choice, token, finish_reason or None) on schedule, position by position."""
+        """Yield (choice, token, finish_reason or None) on schedule, position by position.
+
+        The schedule starts once the job has a seat (``--max-num-seqs``); every
+        token counts in ``/metrics`` as it is produced.
+        """
+        batch = self.app.batch
         longest = max(len(gen.tokens) for gen in self.generations)
-        for position in range(longest):
-            await trio.sleep_until(self.due(position))
-            for i, gen in enumerate(self.generations):
-                if position < len(gen.tokens):
-                    last = position == len(gen.tokens) - 1
-                    yield i, gen.tokens[position], gen.finish_reason if last else None
+        async with batch.seat():
+            self.start = trio.current_time()
+            batch.prompt_tokens += self.prompt_tokens
+            for position in range(longest):
+                await trio.sleep_until(self.due(position))
+                for i, gen in enumerate(self.generations):
+                    if position < len(gen.tokens):
+                        last = position == len(gen.tokens) - 1
+                        batch.generation_tokens += 1
+                        yield i, gen.tokens[position], gen.finish_reason if last else None
 
     def usage(self) -> dict[str, int]:
         """OpenAI's usage counts for this job."""

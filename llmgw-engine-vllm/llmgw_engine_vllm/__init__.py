@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 
 import llmgw
-from llmgw.engine import Engine, HelpAndVersion, parse_argparse_flags
+from llmgw.engine import Engine, HelpAndVersion, ProgressMetrics, openai_canary, parse_argparse_flags
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
+__all__ = ["PROGRESS", "VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
 
 __version__ = distribution_version("llmgw-engine-vllm")
 
@@ -39,6 +39,14 @@ _FEATURES = {
     "--master-port": "multi-node rendezvous",
     "--headless": "multi-node workers (no API server)",
 }
+
+
+#: vLLM's own counters at /metrics (on by default; ``--disable-log-stats`` freezes them, and then a
+#: canary with no answer in time counts as a hang even on a busy replica)
+PROGRESS = ProgressMetrics(
+    tokens=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+    running=("vllm:num_requests_running",),
+)
 
 
 def split_host_port(address: str) -> tuple[str, str]:
@@ -75,6 +83,9 @@ class VllmEngine(Engine):
         "vllm": HelpAndVersion(help_args=("serve", "--help=all"), help_env={"VLLM_TARGET_DEVICE": "cpu"})
     }
     flag_features = _FEATURES
+    #: /health stays 200 while a dead or hung EngineCore leaves requests hanging: a one-token
+    #: completion every few seconds, judged by vLLM's token counters when it gets no answer
+    liveness_probe = openai_canary(PROGRESS)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``vllm serve`` command of one shard.

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import trio
+from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import gather_facts
@@ -81,6 +82,9 @@ async def serve_agent(
             ", ".join(f"{name} {version}" for name, version in sorted(facts.engines.items())) or "none",
         )
         agent = Agent(config, engines, facts, records, ssl_context)
+        # the certificate loaded: client_ssl_context read it
+        certificate = x509.load_pem_x509_certificate(config.cert.read_bytes())
+        agent.cert_not_after = certificate.not_valid_after_utc.timestamp()
         agent.check_sources = check_sources
         agent.sources_checked = check_sources
         agent.adopt_previous(previous)

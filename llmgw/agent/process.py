@@ -75,6 +75,9 @@ class Child:
     exited: trio.Event = attrs.field(factory=trio.Event)
     #: which step of a stop ended it: ``SIGTERM``, ``SIGKILL`` (launcher) or ``SIGKILL (agent)``
     stopped_by: str | None = None
+    #: when set (a hung engine), a stop SIGKILLs the group this many seconds after SIGTERM
+    #: when that is sooner than the grace
+    kill_after: float | None = None
 
     @property
     def pgid(self) -> int | None:
@@ -105,6 +108,26 @@ async def _stop_group(
         return
     started = trio.current_time()
     _killpg(process.pid, signal.SIGTERM)
+    if child.kill_after is not None and child.kill_after < grace:
+        with trio.move_on_after(child.kill_after):
+            await process.wait()
+            child.stopped_by = "SIGTERM"
+            log.info(
+                "%s (pgid %d) ended by SIGTERM in %.1f s",
+                child.name,
+                process.pid,
+                trio.current_time() - started,
+            )
+            return
+        child.stopped_by = "SIGKILL (agent)"
+        log.warning(
+            "%s (pgid %d) is hung and did not end within %g s of SIGTERM: SIGKILL to the process group",
+            child.name,
+            process.pid,
+            child.kill_after,
+        )
+        _killpg(process.pid, signal.SIGKILL)
+        return
     with trio.move_on_after(grace + KILL_MARGIN):
         code = await process.wait()
         took = trio.current_time() - started

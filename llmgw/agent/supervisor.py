@@ -7,8 +7,10 @@ it is cancelled, and reports every change of its
 ``starting`` (sidecars, then the engine, are starting) → ``running`` (the
 engine process is up; a worker stays here) → ``ready`` (rank 0 answers 200
 on the engine's health path). ``unhealthy`` when a sidecar is not ready in
-time or exits, when rank 0 is not ready within ``ready_timeout``, or fails
-its health check several times in a row after being ready. ``exited`` when
+time or exits, when rank 0 is not ready within ``ready_timeout``, fails
+its health check several times in a row after being ready, or is found hung
+by the engine's liveness probe (:mod:`llmgw.agent.liveness`); a hung engine
+is SIGKILLed :data:`HUNG_STOP_GRACE` seconds after SIGTERM when stopped. ``exited`` when
 the engine process ends (with its exit code and the last line of its log).
 ``stopping`` while it is being stopped. Nothing is restarted here: the
 server decides, and hands out a new attempt.
@@ -29,6 +31,7 @@ import httpx
 import trio
 
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.liveness import watch_liveness
 from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
 from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec, Sidecar
@@ -40,6 +43,9 @@ log = logging.getLogger("llmgw.agent")
 
 #: seconds between two readiness checks of a sidecar
 SIDECAR_POLL = 0.1
+#: seconds a hung engine (failed health or liveness checks) gets between SIGTERM and SIGKILL:
+#: it answers nothing, so it would not finish its requests in the configured grace either
+HUNG_STOP_GRACE = 2.0
 
 
 def shard_log_path(logs_dir: Path, desired: DesiredShard, sidecar: str | None = None) -> Path:
@@ -308,27 +314,6 @@ class ShardSupervisor:
             return None
         return f"workers not listening within {timeout:g} s: {', '.join(waiting)}"
 
-    async def _liveness(self, client: httpx.AsyncClient, probe: LivenessProbe) -> None:
-        """Run the engine's liveness probe until it gets no answer in time; then report ``unhealthy``."""
-        spec = self.desired.spec
-        url = f"http://{spec.host}:{spec.port}{probe.path}"
-        while True:
-            await trio.sleep(probe.interval)
-            with trio.move_on_after(probe.timeout):
-                try:
-                    await client.request(probe.method, url, json=probe.body, timeout=probe.timeout + 1)
-                except httpx.HTTPError as exc:
-                    detail = f"liveness probe {probe.method} {url} failed: {str(exc) or type(exc).__name__}"
-                    self._update(state="unhealthy", detail=detail)
-                    return
-                continue  # any HTTP answer: the engine's loop still decodes
-            detail = (
-                f"liveness probe {probe.method} {url} got no answer within {probe.timeout:g} s "
-                "(health still passes: a hung engine or a hung peer)"
-            )
-            self._update(state="unhealthy", detail=detail)
-            return
-
     # -- rank 0's health ---------------------------------------------------------------------------
 
     async def _probe(self) -> None:
@@ -358,11 +343,26 @@ class ShardSupervisor:
                     await trio.sleep(settings.interval)
                     ok, last = await self._probe_once(client, url)
                     failures = 0 if ok else failures + 1
-                self._update(
-                    state="unhealthy",
-                    detail=f"health check failed {failures} times in a row: GET {url}: {last}",
-                )
+                self._hung(f"health check failed {failures} times in a row: GET {url}: {last}")
                 checks.cancel_scope.cancel()
+
+    async def _liveness(self, client: httpx.AsyncClient, probe: LivenessProbe) -> None:
+        spec = self.desired.spec
+        await watch_liveness(
+            client,
+            f"http://{spec.host}:{spec.port}",
+            probe,
+            spec.served_name,
+            self._hung,
+            metrics_timeout=max(self.config.health.timeout, probe.timeout),
+            shard=self.key,
+        )
+
+    def _hung(self, detail: str) -> None:
+        """Report ``unhealthy``: rank 0 stopped answering. Its stop will not wait the whole grace."""
+        if self.engine_child is not None:
+            self.engine_child.kill_after = HUNG_STOP_GRACE
+        self._update(state="unhealthy", detail=detail)
 
     async def _probe_once(self, client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
         """One GET of the health path, within the health timeout: (passed, what it answered)."""

@@ -17,20 +17,30 @@ every shard keeps running and the agent retries with exponential backoff and
 jitter, logging once per outage; while it refuses this node (401/403) the
 agent logs the server's message and retries slowly. Nothing is restarted when
 the server comes back: it adopts what runs.
+
+Two refusals fence the node instead: the server saying this node's
+certificate is revoked, and the certificate's own expiry (read at start). The
+agent then stops every shard at once (the server rebuilds them elsewhere) and
+logs why; it keeps retrying, and runs what the server asks again once a sync
+is accepted (a re-onboarded node comes back). A certificate rewritten on disk
+(re-onboarding, renewal) is used from the next sync on, without a restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 import trio
+from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import present_sources
@@ -38,6 +48,7 @@ from llmgw.agent.process import Child, ProcessRecords
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
+from llmgw.pki import PkiError, client_ssl_context
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
 
 __all__ = ["Agent"]
@@ -50,7 +61,11 @@ class _Unreachable(Exception):
 
 
 class _Refused(Exception):
-    """The server answered, and refused (4xx): retry slowly."""
+    """The server answered, and refused (4xx): retry slowly; ``revoked``: fence the node too."""
+
+    def __init__(self, message: str, *, revoked: bool = False) -> None:
+        super().__init__(message)
+        self.revoked = revoked
 
 
 class Agent:
@@ -88,6 +103,11 @@ class Agent:
         self._sources_changed = trio.Event()
         #: where shard supervisors run; set by :meth:`run`
         self.shards_nursery: trio.Nursery | None = None
+        #: when this node's certificate expires (epoch seconds; None: not known)
+        self.cert_not_after: float | None = None
+        #: why the node is fenced (every shard stopped, replies not applied), or None
+        self.fenced: str | None = None
+        self._credentials_stamp: tuple | None = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -134,6 +154,54 @@ class Agent:
     def _on_gone(self, child: Child) -> None:
         if child.pgid is not None:
             self.records.remove_group(child.pgid)
+
+    def fence(self, reason: str) -> None:
+        """Stop every shard: the server no longer trusts this node (``reason``). Logged once per reason.
+
+        Replies are applied again (from scratch) once a sync is accepted.
+        """
+        if self.fenced == reason:
+            return
+        self.fenced = reason
+        running = [s for s in self.supervisors.values() if s.observed.state != "stopping"]
+        stopping = f"stopping its {len(running)} shards" if running else "no shard left to stop"
+        log.error("fencing node %s: %s; %s", self.config.node, reason, stopping)
+        for supervisor in running:
+            supervisor.stop()
+        self.revision = 0
+
+    def _credentials_changed(self) -> bool:
+        """Whether ``--cert``/``--key`` changed on disk (re-onboarded, renewed); if so, use them from now on.
+
+        Checked before every sync. A pair that cannot be loaded (half written)
+        is logged and tried again once the files change again.
+        """
+        stamp = _file_stamp(self.config.cert, self.config.key)
+        if self._credentials_stamp is None or stamp == self._credentials_stamp:
+            self._credentials_stamp = stamp
+            return False
+        self._credentials_stamp = stamp
+        try:
+            context = client_ssl_context(self.config.cert, self.config.key, self.config.ca)
+            certificate = x509.load_pem_x509_certificate(self.config.cert.read_bytes())
+        except (PkiError, OSError, ValueError) as exc:
+            log.warning("node %s: the changed certificate cannot be used yet: %s", self.config.node, exc)
+            return False
+        self.ssl_context = context
+        self.cert_not_after = certificate.not_valid_after_utc.timestamp()
+        log.info(
+            "node %s: using the new certificate %s (serial %x)",
+            self.config.node,
+            self.config.cert,
+            certificate.serial_number,
+        )
+        return True
+
+    def _certificate_expired(self) -> str | None:
+        if self.cert_not_after is None or time.time() < self.cert_not_after:
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.cert_not_after))
+        return f"this node's certificate {self.config.cert} expired at {when}; re-onboard the node"
 
     # -- applying a reply ------------------------------------------------------------------------
 
@@ -236,11 +304,22 @@ class Agent:
         url = f"{self.config.server}/v1/agent/sync"
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
-        async with httpx.AsyncClient(verify=self.ssl_context, timeout=timeout) as client:
+        async with contextlib.AsyncExitStack() as clients:
+            client = httpx.AsyncClient(verify=self.ssl_context, timeout=timeout)
+            clients.push_async_callback(client.aclose)
             failures = 0
             outage_since: float | None = None
             refusal: str | None = None
             while True:
+                if self._credentials_changed():
+                    await client.aclose()
+                    client = httpx.AsyncClient(verify=self.ssl_context, timeout=timeout)
+                    clients.push_async_callback(client.aclose)
+                expired = self._certificate_expired()
+                if expired is not None:
+                    self.fence(expired)
+                    await trio.sleep(settings.refused_retry)
+                    continue
                 try:
                     reply = await self._sync_once(client, url)
                 except _Unreachable as exc:
@@ -262,6 +341,8 @@ class Agent:
                     if str(exc) != refusal:
                         refusal = str(exc)
                         log.error("%s; retrying every %g s", exc, settings.refused_retry)
+                    if exc.revoked:
+                        self.fence(f"the server refuses its certificate as revoked ({exc})")
                     await trio.sleep(settings.refused_retry)
                     continue
                 if outage_since is not None:
@@ -273,6 +354,9 @@ class Agent:
                     )
                 if refusal is not None:
                     log.info("server %s accepts this node again", self.config.server)
+                if self.fenced is not None:
+                    log.info("node %s no longer fenced: running what the server asks", self.config.node)
+                    self.fenced = None
                 failures, outage_since, refusal = 0, None, None
                 if not self.connected.is_set():
                     log.info("synced with server %s as node %s", self.config.server, self.config.node)
@@ -314,7 +398,8 @@ class Agent:
         if response.status_code != 200:
             raise _Refused(
                 f"server {self.config.server} refused node {self.config.node!r} "
-                f"(HTTP {response.status_code}): {_server_message(response)}"
+                f"(HTTP {response.status_code}): {_server_message(response)}",
+                revoked=response.status_code == 403 and _error_type(response) == "revoked",
             )
         try:
             return from_json(response.json(), SyncReply)
@@ -358,6 +443,17 @@ def _on_the_way_out(supervisor: ShardSupervisor, desired: Mapping[str, DesiredSh
 def _shares_resources(a: DesiredShard, b: DesiredShard) -> bool:
     """Whether two shards of this node bind a port in common, or use a GPU in common."""
     return bool(_ports(a) & _ports(b) or set(a.spec.gpus) & set(b.spec.gpus))
+def _file_stamp(*paths: Path) -> tuple:
+    """What tells a rewritten file from the one read before: inode, size and mtime of each (None if gone)."""
+    stamps = []
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(stamps)
 
 
 def _ports(shard: DesiredShard) -> set[int]:
@@ -376,6 +472,14 @@ def _describe(exc: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text} ({cause})"
     return f"{type(exc).__name__}: {text}"
+
+
+def _error_type(response: httpx.Response) -> str | None:
+    """The ``type`` of the server's ErrorReply (``revoked``...), or None."""
+    try:
+        return str(response.json()["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _server_message(response: httpx.Response) -> str:

@@ -19,7 +19,7 @@ from tabulate import tabulate
 from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
 from llmgw.ctl.catalog import apply, catalog, diff
-from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.ctl.client import AdminClient, CtlError, segment
 from llmgw.ctl.replicas import describe, replicas
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
@@ -75,11 +75,13 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @output_option
 @click.pass_context
 def nodes(ctx: click.Context, output: str) -> None:
     """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
+    if ctx.invoked_subcommand is not None:
+        return
     data = _client(ctx).request("GET", "/v1/admin/nodes", NodeList)
     if output == "json":
         click.echo(json.dumps(to_json(data.nodes), indent=2))
@@ -105,6 +107,21 @@ def nodes(ctx: click.Context, output: str) -> None:
             click.echo(f"warning: {n.node_id}: {warning}")
 
 
+@nodes.command("lost")
+@click.argument("node_ids", metavar="NODE...", nargs=-1, required=True)
+@click.pass_context
+def nodes_lost(ctx: click.Context, node_ids: tuple[str, ...]) -> None:
+    """Declare NODE... lost now: their replicas are rebuilt elsewhere.
+
+    For nodes the server spares because many stopped syncing at once (see
+    `llmgw ctl events`); a node that syncs again is back, as after any loss.
+    """
+    client = _client(ctx)
+    for node in node_ids:
+        status = client.request("POST", f"/v1/admin/nodes/{segment(node)}/lost", DrainStatus)
+        click.echo(f"{node}: {status.state}")
+
+
 @click.command()
 @click.option("--since", type=int, default=0, help="Only events after this id.")
 @click.option("--limit", type=int, default=50, show_default=True, help="At most this many, newest last.")
@@ -127,7 +144,7 @@ def _node_action(action: str, doc: str) -> click.Command:
     @click.argument("node")
     @click.pass_context
     def command(ctx: click.Context, node: str) -> None:
-        status = _client(ctx).request("POST", f"/v1/admin/nodes/{node}/{action}", DrainStatus)
+        status = _client(ctx).request("POST", f"/v1/admin/nodes/{segment(node)}/{action}", DrainStatus)
         click.echo(f"{node}: {status.state}")
 
     return command
@@ -145,7 +162,7 @@ uncordon = _node_action("uncordon", "Let NODE take new replicas again.")
 def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
     """Move NODE's replicas elsewhere one at a time, each replacement ready before its original stops."""
     client = _client(ctx)
-    status = client.request("POST", f"/v1/admin/nodes/{node}/drain", DrainStatus)
+    status = client.request("POST", f"/v1/admin/nodes/{segment(node)}/drain", DrainStatus)
     click.echo(f"{node}: draining {len(status.remaining)} replicas: {', '.join(status.remaining) or '-'}")
     if no_wait:
         return
@@ -161,7 +178,7 @@ def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise CtlError(f"{node}: drain not finished within {timeout:.0f} s; it goes on (ctl replicas)")
         time.sleep(0.5)
-        status = client.request("GET", f"/v1/admin/nodes/{node}/drain", DrainStatus)
+        status = client.request("GET", f"/v1/admin/nodes/{segment(node)}/drain", DrainStatus)
     click.echo(f"{node}: drained; it stays cordoned until `llmgw ctl uncordon {node}`")
 
 
@@ -174,7 +191,10 @@ def keys() -> None:
 @click.argument("name")
 @click.pass_context
 def keys_create(ctx: click.Context, name: str) -> None:
-    """Create API key NAME and print its secret: it is shown this once, only a hash is stored."""
+    """Create API key NAME and print its secret: it is shown this once, only a hash is stored.
+
+    NAME is 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit.
+    """
     result = _client(ctx).request("POST", "/v1/admin/keys", CreatedKey, body=CreateKey(name))
     click.echo(result.secret)
     click.echo(
@@ -195,7 +215,11 @@ def keys_list(ctx: click.Context, output: str) -> None:
     def when(stamp: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
 
-    rows = [[k.name, when(k.created_at), when(k.revoked_at)] for k in data]
+    # a name from before names were checked whole may hold a newline: show it escaped
+    rows = [
+        [k.name if k.name.isprintable() else repr(k.name), when(k.created_at), when(k.revoked_at)]
+        for k in data
+    ]
     click.echo(_table(rows, ["name", "created", "revoked"]))
 
 
@@ -204,7 +228,7 @@ def keys_list(ctx: click.Context, output: str) -> None:
 @click.pass_context
 def keys_revoke(ctx: click.Context, name: str) -> None:
     """Revoke API key NAME: gateways refuse it within a second."""
-    _client(ctx).request("DELETE", f"/v1/admin/keys/{name}", RevokedKey)
+    _client(ctx).request("DELETE", f"/v1/admin/keys/{segment(name)}", RevokedKey)
     click.echo(f"API key {name!r} revoked")
 
 

@@ -13,6 +13,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar, overload
+from urllib.parse import quote
 
 import attrs
 import httpx
@@ -22,7 +23,7 @@ from llmgw.wire import WireError, error_message, from_json, to_json
 
 T = TypeVar("T")
 
-__all__ = ["AdminClient", "ClientConfig", "CtlError", "config_dir", "write_client_config"]
+__all__ = ["AdminClient", "ClientConfig", "CtlError", "config_dir", "segment", "write_client_config"]
 
 
 class CtlError(LlmgwError):
@@ -110,6 +111,15 @@ def write_client_config(
     (directory / "config.toml").write_text(f'{header}server = "{server}"\n')
 
 
+def segment(text: str) -> str:
+    """``text`` percent-encoded as one path segment of the admin API (the server decodes it once).
+
+    Every name a command puts in a path (a node, an API key) goes through this, so
+    a name holding ``/``, ``%`` or a control character reaches the server intact.
+    """
+    return quote(text, safe="")
+
+
 class AdminClient:
     """A synchronous client of the admin API with an admin certificate."""
 
@@ -151,6 +161,8 @@ class AdminClient:
             kwargs["json"] = to_json(body)
         try:
             response = self._http.request(method, path, **kwargs)
+        except httpx.InvalidURL as exc:
+            raise CtlError(f"{method} {path!r}: not a URL path: {exc}") from None
         except httpx.HTTPError as exc:
             raise CtlError(f"cannot reach the server at {self.config.server}: {exc}") from None
         try:

@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import attrs
 import trio
@@ -137,6 +138,7 @@ class ServerApp:
             self._node_action,
         )
         self._route("GET", r"/v1/admin/nodes/(?P<node>[^/]+)/drain", admin, self._get_drain)
+        self._route("POST", r"/v1/admin/nodes/(?P<node>[^/]+)/lost", admin, self._declare_lost)
         self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
         self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
@@ -172,9 +174,28 @@ class ServerApp:
         """Reconcile when asked and every ``interval`` seconds (lost nodes, backoff); runs until cancelled."""
         await self.reconciler.run(interval, on_tick=self._reload_revocations, task_status=task_status)
 
-    def _reload_revocations(self) -> None:
+    async def fence_revoked(self) -> None:
+        """Declare lost at once every node whose last certificate is revoked (``Cluster.fence_node``).
+
+        Called when the revocation list is reloaded and when a revoked node is
+        refused; commits only when some node was fenced.
+        """
+        if self.revocations is None:
+            return
+        async with self._lock:
+            now = self.clock()
+            fenced = [
+                self.cluster.fence_node(node.node_id, f"its certificate {node.cert_serial:x} is revoked", now)
+                for node in list(self.cluster.nodes.values())
+                if node.cert_serial is not None and self.revocations.is_revoked(node.cert_serial)
+            ]
+            if any(fenced):
+                await self.commit()
+
+    async def _reload_revocations(self) -> None:
         if self.revocations is not None and self.revocations.refresh():
             log.info("revocation list reloaded: %d revoked", len(self.revocations.serials))
+            await self.fence_revoked()
 
     # -- dispatch ------------------------------------------------------------
 
@@ -186,10 +207,17 @@ class ServerApp:
             return _error(401, f"client certificate refused: {exc}")
         if self.revocations is not None and self.revocations.is_revoked(identity.serial):
             log.warning("refused %s: certificate serial %s is revoked", identity, identity.serial_hex)
-            return _error(403, f"certificate {identity.serial_hex} of {identity.name} is revoked")
+            if identity.role is Role.NODE:
+                await self.fence_revoked()
+            message = f"certificate {identity.serial_hex} of {identity.name} is revoked"
+            return _error(403, message, kind="revoked")
+        try:
+            path = _decoded_path(request.path)
+        except UnicodeDecodeError:
+            return _error(400, f"path {request.path}: a %-escape is not UTF-8")
         path_matched = False
         for method, pattern, roles, handler in self._routes:
-            match = pattern.match(request.path)
+            match = pattern.match(path)
             if not match:
                 continue
             path_matched = True
@@ -206,7 +234,8 @@ class ServerApp:
                     f"yours is a {identity.role.value} certificate ({identity.name})",
                 )
             try:
-                return await handler(request, identity, match.groupdict())
+                params = {name: unquote(value) for name, value in match.groupdict().items()}
+                return await handler(request, identity, params)
             except _Refused as refused:
                 return _error(refused.status, refused.message)
             except (InvalidJSON, WireError) as exc:
@@ -297,6 +326,15 @@ class ServerApp:
             await self.commit()
         return _answer(self.cluster.drain_status(node_id))
 
+    async def _declare_lost(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        """``ctl nodes lost NODE``: the operator says the node is gone, whatever the server suspects."""
+        node_id = params["node"]
+        async with self._lock:
+            self._known_node(node_id)
+            self.cluster.fence_node(node_id, f"declared lost by {identity.name}", self.clock())
+            await self.commit()
+        return _answer(self.cluster.drain_status(node_id))
+
     async def _get_drain(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         return _answer(self.cluster.drain_status(self._known_node(params["node"])))
 
@@ -380,10 +418,8 @@ class ServerApp:
 
     async def _create_key(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         name = from_json(request.json(), CreateKey).name
-        if not _KEY_NAME.match(name):
-            raise _Refused(
-                400, "name: expected 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
-            )
+        if not _KEY_NAME.fullmatch(name):
+            raise _Refused(400, f"name: expected {KEY_NAME_RULE}, got {name!r}")
         secret = "llmgw-" + secrets.token_urlsafe(32)
         digest = hashlib.sha256(secret.encode()).hexdigest()
         now = self.clock()
@@ -415,7 +451,19 @@ class ServerApp:
         self.reconciler.routes_changed()
 
 
-_KEY_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+#: what an API key name may be; ``ctl keys create --help`` says the same
+KEY_NAME_RULE = "1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
+_KEY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def _decoded_path(raw: str) -> str:
+    """``raw`` with each segment percent-decoded once, then re-escaped alike.
+
+    Routes match the result, so ``/v1/admin/%6Beys`` is ``/v1/admin/keys`` and a
+    segment holding ``%2F`` stays one segment; the handler gets each captured
+    segment decoded (``unquote``), never decoded twice.
+    """
+    return "/".join(quote(unquote(part, errors="strict"), safe="") for part in raw.split("/"))
 
 
 def _int(text: str, name: str) -> int:

@@ -57,6 +57,14 @@ log = logging.getLogger("llmgw.server")
     help="Seconds without a sync before a node is declared lost.",
 )
 @click.option(
+    "--max-lost-fraction",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.3,
+    show_default=True,
+    help="When more than this fraction of the nodes (and at least two) stop syncing together, declare "
+    "none of them lost: the server suspects its own network (ctl nodes lost declares one anyway).",
+)
+@click.option(
     "--poll-timeout",
     type=float,
     default=5.0,
@@ -71,6 +79,7 @@ def server_command(
     ca: Path,
     crl: Path | None,
     lost_after: float,
+    max_lost_fraction: float,
     poll_timeout: float,
 ) -> None:
     """Run the control plane: HTTPS with mutual TLS, state in sqlite, the reconciler.
@@ -86,7 +95,7 @@ def server_command(
         host=host,
         port=port,
         crl=crl,
-        settings=Settings(lost_after=lost_after),
+        settings=Settings(lost_after=lost_after, max_lost_fraction=max_lost_fraction),
         poll_timeout=poll_timeout,
     )
     serve_until_signalled(

@@ -18,6 +18,7 @@ from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import NodeView, Replica, ScheduleResult, Unplaced, schedule
 from llmgw.server.events import EventLog
 from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.silence import SilenceWatch
 from llmgw.server.stopping import StopOrder
 from llmgw.server.views import ClusterViews
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
@@ -81,6 +82,8 @@ class Cluster(ClusterViews):
         #: the settings rows as last stored (only changed ones are written)
         self.saved_settings: dict[str, int] = {}
         self._before: tuple[dict[str, tuple[DesiredShard, ...]], frozenset[str]] | None = None
+        #: the mass-silence episode under way, if any (see :meth:`_detect_lost`)
+        self.silence = SilenceWatch()
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -171,6 +174,25 @@ class Cluster(ClusterViews):
         if (node.cert_serial, node.cert_not_after) != (serial, not_after):
             node.cert_serial, node.cert_not_after = serial, not_after
             self.dirty_nodes.add(node_id)
+
+    def fence_node(self, node_id: str, reason: str, now: float) -> bool:
+        """Declare ``node_id`` lost at once, whatever its last sync: its certificate was revoked or expired.
+
+        Called by the server when the revocation list names the node's
+        certificate or refuses its sync; the next reconcile moves its replicas
+        elsewhere (out of the routes meanwhile), as for any lost node. It stays
+        lost until a sync is accepted again.
+
+        :returns: whether anything changed (False: unknown node, or already lost).
+        """
+        node = self.nodes.get(node_id)
+        if node is None or node.lost:
+            return False
+        node.lost = True
+        self.schedule_wanted = True
+        self.dirty_nodes.add(node_id)
+        self.record_event(now, "node", node_id, f"lost at once: {reason}; its replicas are rebuilt elsewhere")
+        return True
 
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
         """Cordon (no new replicas), uncordon, or start draining a node."""
@@ -278,18 +300,30 @@ class Cluster(ClusterViews):
         )
 
     def _detect_lost(self, now: float) -> None:
-        for node in self.nodes.values():
-            if not node.lost and now - node.last_seen > self.settings.lost_after:
-                node.lost = True
-                self.schedule_wanted = True
-                self.dirty_nodes.add(node.node_id)
-                self.record_event(
-                    now,
-                    "node",
-                    node.node_id,
-                    f"lost: no sync for {now - node.last_seen:.0f} s "
-                    f"(limit {self.settings.lost_after:.0f} s)",
-                )
+        """Declare lost the nodes silent for ``lost_after``, unless too many went silent at once.
+
+        A node whose recorded certificate expired is lost at once; the rest is
+        :meth:`SilenceWatch.judge`. An operator may declare spared nodes lost
+        (``ctl nodes lost``), which does not end the episode.
+        """
+        for node in list(self.nodes.values()):
+            if not node.lost and node.cert_not_after and now >= node.cert_not_after:
+                self.fence_node(node.node_id, f"its certificate {node.cert_serial or 0:x} expired", now)
+        limit = self.settings.lost_after
+        verdict = self.silence.judge(self.nodes.values(), limit, self.settings.max_lost_fraction, now)
+        for message in verdict.messages:
+            self.record_event(now, "cluster", "nodes", message)
+        for node_id, seconds in verdict.lost:
+            self.nodes[node_id].lost = True
+            self.schedule_wanted = True
+            self.dirty_nodes.add(node_id)
+            message = f"lost: no sync for {seconds:.0f} s (limit {limit:.0f} s)"
+            self.record_event(now, "node", node_id, message)
+
+    @property
+    def spared(self) -> frozenset[str]:
+        """Silent nodes not declared lost: too many went silent at once (see :meth:`_detect_lost`)."""
+        return self.silence.spared
 
     def _judge(self, record: ReplicaRecord, now: float) -> None:
         if record.state == "backoff":

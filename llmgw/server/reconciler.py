@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -103,12 +103,12 @@ class Reconciler:
         self,
         interval: float = 1.0,
         *,
-        on_tick: Callable[[], None] | None = None,
+        on_tick: Callable[[], Awaitable[None]] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Reconcile when asked and every ``interval`` seconds; runs until cancelled.
 
-        ``on_tick`` is called after each timed run (the server reloads its
+        ``on_tick`` is awaited after each timed run, without the lock, (the server reloads its
         revocation list there). Calls ``task_status.started()`` after the
         first run.
         """
@@ -126,7 +126,7 @@ class Reconciler:
             if trio.current_time() >= next_tick:
                 next_tick = trio.current_time() + interval
                 if on_tick is not None:
-                    on_tick()
+                    await on_tick()
 
     # -- long-polls ----------------------------------------------------------
 

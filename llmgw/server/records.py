@@ -17,6 +17,9 @@ class Settings:
 
     #: a node that has not synced for this long is lost
     lost_after: float = 30.0
+    #: when more than this fraction of the nodes (and at least two) go silent together, the
+    #: server suspects its own network: it declares none of them lost until syncs return
+    max_lost_fraction: float = 0.3
     #: first wait before rebuilding a failed replica; doubles per consecutive failure
     backoff_base: float = 1.0
     backoff_max: float = 60.0

@@ -43,6 +43,7 @@ class ClusterViews:
     nodes: dict[str, NodeRecord]
     replicas: dict[str, ReplicaRecord]
     unplaced: tuple[Unplaced, ...]
+    spared: frozenset[str]
     routes_revision: int
     catalog_revision: int
     stopping: StopOrder
@@ -197,6 +198,11 @@ class ClusterViews:
         is_revoked = node.cert_serial is not None and revoked(node.cert_serial)
         certificate = self.certificate_warning(node, now, is_revoked)
         warnings = ([certificate] if certificate else []) + list(node_warnings(node.view(), self.catalog))
+        if node.node_id in self.spared:
+            warnings.append(
+                f"no sync for {now - node.last_seen:.0f} s, not declared lost: many nodes stopped syncing "
+                f"at once (ctl events); `llmgw ctl nodes lost {node.node_id}` if it is gone"
+            )
         return NodeStatus(
             node_id=node.node_id,
             address=node.address,

@@ -30,12 +30,20 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from collections.abc import Mapping
 from importlib import metadata
 
 import attrs
 import pytest
 
-from llmgw.engine import Engine, HelpAndVersion, LivenessProbe, help_and_version_of, old_api_uses
+from llmgw.engine import (
+    Engine,
+    HelpAndVersion,
+    LivenessProbe,
+    ProgressMetrics,
+    help_and_version_of,
+    old_api_uses,
+)
 from llmgw.enginecheck import check_engine, option_flags, widest_commands
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
@@ -314,6 +322,14 @@ class EngineContract:
         assert isinstance(probe, LivenessProbe), "Engine.liveness_probe must be a LivenessProbe or None"
         assert probe.path.startswith("/"), f"liveness_probe.path {probe.path!r} must start with '/'"
         assert probe.timeout > 0 and probe.interval > 0, "liveness_probe timeout and interval must be > 0"
+        if probe.model_field is not None:
+            assert isinstance(probe.request_body("example"), Mapping), (
+                "a liveness_probe with model_field sends a JSON object: its body must be a mapping or None"
+            )
+        if probe.progress is not None:
+            assert isinstance(probe.progress, ProgressMetrics), "liveness_probe.progress: a ProgressMetrics"
+            assert probe.progress.path.startswith("/"), "liveness_probe.progress.path must start with '/'"
+            assert probe.progress.tokens, "liveness_probe.progress.tokens must name at least one counter"
 
     def test_flag_features_name_emitted_flags(self, engine: Engine) -> None:
         """Every flag flag_features labels is one the widest command emits (no stale labels)."""

@@ -402,8 +402,8 @@ class ErrorDetail:
     """What went wrong, for a person: every refusal of the server carries one."""
 
     message: str
-    #: ``invalid_request``, ``unauthenticated``, ``forbidden``, ``not_found``, ``invalid_catalog``,
-    #: ``starting`` (the server is loading its state), ``error``
+    #: ``invalid_request``, ``unauthenticated``, ``forbidden``, ``revoked`` (the caller's certificate),
+    #: ``not_found``, ``invalid_catalog``, ``starting`` (the server is loading its state), ``error``
     type: str = "error"
     #: a refused catalog's problems, one line each (absent from the JSON otherwise)
     problems: tuple[str, ...] | None = None

@@ -9,7 +9,7 @@ import pytest
 from test_plugins import run_llmgw, write_distribution
 
 import llmgw
-from llmgw.engine import Engine, HelpAndVersion, LivenessProbe, help_and_version_of
+from llmgw.engine import Engine, HelpAndVersion, LivenessProbe, help_and_version_of, openai_canary
 from llmgw.enginecheck import check_engine, widest_commands
 from llmgw.errors import PluginError
 from llmgw.models import Command, LaunchSpec
@@ -114,11 +114,19 @@ class TestFacts:
     """What an engine that writes only build_command gets."""
 
     def test_defaults(self):
-        """--help and --version, no extra environment, no liveness probe, no flag labels."""
+        """--help and --version, no extra environment, OpenAI's one-token canary, no flag labels."""
         engine = Minimal()
         expected = HelpAndVersion(("--help",), {}, ("--version",))
         assert help_and_version_of(engine, "minimal-server") == expected
-        assert engine.liveness_probe is None and engine.flag_features == {}
+        assert engine.liveness_probe == openai_canary() and engine.flag_features == {}
+        probe = engine.liveness_probe
+        assert (probe.method, probe.path, probe.progress) == ("POST", "/v1/completions", None)
+        assert probe.request_body("served") == {
+            "prompt": "a",
+            "max_tokens": 1,
+            "temperature": 0,
+            "model": "served",
+        }
 
     def test_help_and_version_per_program(self):
         """A program's entry is used; a program without one gets the defaults."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import httpx
 import pytest
 import trio
@@ -12,7 +10,8 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.cli import cli
 from llmgw.server.cluster import Settings
-from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.main import ServerConfig
+from llmgw.testing.server import start_server
 
 TWO_MODELS = """
 profiles:
@@ -54,11 +53,7 @@ async def server(nursery, test_pki, tmp_path):
         settings=Settings(lost_after=30),
         poll_timeout=0.5,
     )
-    loaded = trio.Event()
-    host, port = await nursery.start(partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded))
-    with trio.fail_after(10):
-        await loaded.wait()
-    return f"https://{host}:{port}"
+    return await start_server(nursery, config, {"sim": SimEngine()})
 
 
 def admin(test_pki, name: str = "alice") -> httpx.AsyncClient:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-from functools import partial
 
 import httpx
 import pytest
@@ -13,8 +12,9 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
 from llmgw.server.cluster import Settings
-from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.main import ServerConfig
 from llmgw.testing import make_gpus
+from llmgw.testing.server import start_server
 from llmgw.wire import SyncReply, SyncRequest, from_json, to_json
 
 CATALOG = """
@@ -43,11 +43,7 @@ async def server(nursery, test_pki, tmp_path):
         settings=Settings(lost_after=30),
         poll_timeout=0.5,
     )
-    loaded = trio.Event()
-    host, port = await nursery.start(partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded))
-    with trio.fail_after(10):
-        await loaded.wait()
-    return f"https://{host}:{port}"
+    return await start_server(nursery, config, {"sim": SimEngine()})
 
 
 def client(test_pki, role: str, name: str) -> httpx.AsyncClient:

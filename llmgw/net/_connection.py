@@ -8,6 +8,7 @@ Import the errors from :mod:`llmgw.net.client`.
 
 from __future__ import annotations
 
+import os
 import select
 from typing import Any
 from urllib.parse import urlsplit
@@ -116,3 +117,20 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc) or type(exc).__name__
+
+
+def write_now(stream: trio.abc.Stream, data: bytes) -> bytes | memoryview:
+    """Write what the kernel takes at once to a plain TCP ``stream``; returns what is left to send.
+
+    The common case, a socket with room in its buffer, costs one system call and no trip through
+    trio's scheduler. A TLS stream, a full buffer or an error returns ``data`` (or its rest) for
+    ``stream.send_all``, which then waits or raises as usual.
+    """
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return data
+    try:
+        sent = os.write(sock.fileno(), data)
+    except OSError:
+        return data
+    return memoryview(data)[sent:] if sent < len(data) else b""

@@ -52,6 +52,7 @@ from llmgw.net._connection import (
     _origin,
     _origin_of,
     _where,
+    write_now,
 )
 
 __all__ = [
@@ -421,7 +422,9 @@ class ConnectionPool:
             if body:
                 data += conn.send(h11.Data(data=body))
             data += conn.send(h11.EndOfMessage())
-            await connection.stream.send_all(data)
+            data = write_now(connection.stream, data)
+            if data:
+                await connection.stream.send_all(data)
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:

@@ -28,6 +28,7 @@ import h11
 import trio
 
 from llmgw.errors import LlmgwError
+from llmgw.net._connection import write_now
 
 __all__ = ["Request", "Response", "Limits", "HttpServer", "InvalidJSON", "parse_listen", "serve"]
 
@@ -446,6 +447,9 @@ class HttpServer:
 
     async def _send_all(self, conn: h11.Connection, stream: trio.abc.Stream, data: bytes | None) -> None:
         if data:
+            data = write_now(stream, data)
+            if not data:
+                return
             with trio.move_on_after(self.limits.write_timeout) as timeout:
                 await stream.send_all(data)
             if timeout.cancelled_caught:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
+import attrs
 import click
 
-from llmgw.cli import Command, serve_until_signalled
+from llmgw.cli import LOG_FORMAT, Command, serve_until_signalled
+from llmgw.errors import LlmgwError
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.gateway.proxy import ProxySettings
+from llmgw.gateway.workers import run_workers
 from llmgw.net.server import Limits, parse_listen
 
 __all__ = ["gateway_command"]
@@ -87,6 +91,13 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     help="Largest request body accepted (larger: 413).",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Gateway processes sharing the --listen port (SO_REUSEPORT); /metrics sums their counters.",
+)
+@click.option(
     "--shutdown-grace",
     type=click.FloatRange(0),
     default=30.0,
@@ -107,6 +118,7 @@ def gateway_command(
     connect_timeout: float,
     upstream_timeout: float,
     max_body_bytes: int,
+    workers: int,
     shutdown_grace: float,
 ) -> None:
     """Serve the OpenAI-compatible API in front of every ready replica.
@@ -141,6 +153,17 @@ def gateway_command(
         connect_timeout=connect_timeout,
         limits=Limits(max_body_bytes=max_body_bytes, idle_timeout=60.0),
     )
+    if workers == 1:
+        _serve(config, shutdown_grace)
+        return
+    if port == 0:
+        raise LlmgwError(f"--workers {workers} needs a fixed port in --listen (got {listen!r})")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    shared = attrs.evolve(config, reuse_port=True)
+    sys.exit(run_workers(workers, lambda _index: _serve(shared, shutdown_grace)))
+
+
+def _serve(config: GatewayConfig, shutdown_grace: float) -> None:
     gateway = Gateway(config)
     serve_until_signalled(
         gateway.serve,

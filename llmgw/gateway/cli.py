@@ -11,6 +11,7 @@ import click
 
 from llmgw.cli import LOG_FORMAT, Command, serve_until_signalled
 from llmgw.errors import LlmgwError
+from llmgw.gateway.balancer import ROUTING_POLICIES
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.gateway.proxy import ProxySettings
 from llmgw.gateway.workers import run_workers
@@ -91,6 +92,21 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     help="Largest request body accepted (larger: 413).",
 )
 @click.option(
+    "--routing",
+    type=click.Choice(ROUTING_POLICIES),
+    default="least-outstanding",
+    show_default=True,
+    help="How a replica is chosen for a request without X-Session-Id: the fewest requests in flight, "
+    "the one sent the same prompt beginning before (prefix caches), or at random.",
+)
+@click.option(
+    "--prefix-load-factor",
+    type=click.FloatRange(1),
+    default=1.5,
+    show_default=True,
+    help="With --routing prefix: a replica over this times the mean requests in flight is passed over.",
+)
+@click.option(
     "--workers",
     type=click.IntRange(1, 64),
     default=1,
@@ -118,6 +134,8 @@ def gateway_command(
     connect_timeout: float,
     upstream_timeout: float,
     max_body_bytes: int,
+    routing: str,
+    prefix_load_factor: float,
     workers: int,
     shutdown_grace: float,
 ) -> None:
@@ -152,6 +170,8 @@ def gateway_command(
         breaker_open_for=breaker_open_seconds,
         connect_timeout=connect_timeout,
         limits=Limits(max_body_bytes=max_body_bytes, idle_timeout=60.0),
+        routing=routing,
+        prefix_load_factor=prefix_load_factor,
     )
     if workers == 1:
         _serve(config, shutdown_grace)

@@ -59,6 +59,10 @@ class GatewayConfig:
     routes_retry_interval: float = 0.5
     #: what clients may send (a larger body is answered 413)
     limits: Limits = Limits(max_body_bytes=32 * 1024 * 1024, idle_timeout=60.0)
+    #: how a replica is chosen for a request without a session: ``least-outstanding``, ``prefix``, ``random``
+    routing: str = "least-outstanding"
+    #: with ``prefix`` routing, no replica gets more than this times the mean requests in flight
+    prefix_load_factor: float = 1.5
     #: share the port with other gateway processes (``SO_REUSEPORT``; ``--workers``)
     reuse_port: bool = False
 
@@ -83,7 +87,10 @@ class Gateway:
         self.server = HttpServer(self._handle, limits=config.limits, reuse_port=config.reuse_port)
         self.app: GatewayApp | None = None
         self.balancer = Balancer(
-            breaker_failures=config.breaker_failures, breaker_open_for=config.breaker_open_for
+            breaker_failures=config.breaker_failures,
+            breaker_open_for=config.breaker_open_for,
+            routing=config.routing,
+            prefix_load_factor=config.prefix_load_factor,
         )
         self.watcher: RoutesWatcher | None = None
         self.metrics: GatewayMetrics | None = None

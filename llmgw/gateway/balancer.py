@@ -177,7 +177,7 @@ class Balancer:
         *,
         breaker_failures: int = 3,
         breaker_open_for: float = 5.0,
-        routing: str = "least-outstanding",
+        routing: str = "prefix",
         prefix_load_factor: float = 1.5,
         rng: random.Random | None = None,
     ) -> None:

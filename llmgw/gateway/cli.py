@@ -94,7 +94,7 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option(
     "--routing",
     type=click.Choice(ROUTING_POLICIES),
-    default="least-outstanding",
+    default="prefix",
     show_default=True,
     help="How a replica is chosen for a request without X-Session-Id: the fewest requests in flight, "
     "the one sent the same prompt beginning before (prefix caches), or at random.",
@@ -142,16 +142,25 @@ def gateway_command(
     """Serve the OpenAI-compatible API in front of every ready replica.
 
     Routes POST /v1/chat/completions, /v1/completions and /v1/embeddings by
-    the body's "model" to the replica with the fewest requests in flight
-    (GET /v1/models lists the models with a ready replica). Clients send
-    "Authorization: Bearer KEY" (keys: llmgw ctl keys create NAME).
+    the body's "model" to one of its ready replicas (GET /v1/models lists the
+    models with a ready replica). Clients send "Authorization: Bearer KEY"
+    (keys: llmgw ctl keys create NAME).
+
+    Which replica (--routing): "prefix", the default, sends a prompt to the
+    replica that was sent the longest known beginning of it (a conversation's
+    earlier turns, a shared system prompt), where the engine's prefix cache
+    skips most of the prefill, unless that replica has more than
+    --prefix-load-factor times the mean requests in flight; new prompts go to
+    a replica at or under the mean load. "least-outstanding" picks the
+    replica with fewer requests in flight of two drawn at random.
 
     Session affinity: send the header "X-Session-Id: ANY-STRING" and every
     request of that session goes to the same replica while it is ready,
-    which keeps the engine's prefix cache warm.
+    whatever --routing says.
 
-    Prometheus metrics on GET /metrics; GET /health for load balancers.
-    Several gateways may run against one server.
+    --workers N runs N gateway processes on the one port; /metrics on any of
+    them sums the counters of all. Prometheus metrics on GET /metrics;
+    GET /health for load balancers. Several gateways may run against one server.
     """
 
     host, port = parse_listen(listen, "--listen")

@@ -60,7 +60,7 @@ class GatewayConfig:
     #: what clients may send (a larger body is answered 413)
     limits: Limits = Limits(max_body_bytes=32 * 1024 * 1024, idle_timeout=60.0)
     #: how a replica is chosen for a request without a session: ``least-outstanding``, ``prefix``, ``random``
-    routing: str = "least-outstanding"
+    routing: str = "prefix"
     #: with ``prefix`` routing, no replica gets more than this times the mean requests in flight
     prefix_load_factor: float = 1.5
     #: share the port with other gateway processes (``SO_REUSEPORT``; ``--workers``)

@@ -13,7 +13,6 @@ import select
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
 import trio
 import trio.lowlevel
 
@@ -59,12 +58,13 @@ class ResponseTooLarge(HttpClientError):
 class _Connection:
     """One HTTP/1.1 connection to one origin; used by one request at a time."""
 
-    __slots__ = ("origin", "stream", "h11", "idle_since", "sock", "reused")
+    __slots__ = ("origin", "stream", "reader", "idle_since", "sock", "reused")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, sock: Any) -> None:
         self.origin = origin
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
+        #: the response being read on it (:class:`llmgw.net._h1client.ResponseReader`), if any
+        self.reader: Any = None
         self.idle_since = 0.0
         #: the plain socket, to check an idle TCP connection; None on TLS, where a session ticket
         #: arriving after the handshake would look like the upstream talking

@@ -18,12 +18,11 @@ from __future__ import annotations
 import json as jsonlib
 import logging
 import ssl
-from collections.abc import AsyncIterable, Awaitable, Callable
-from typing import Any
-from urllib.parse import parse_qsl
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
+import trio.lowlevel
 
 from llmgw.net._connection import write_now
 from llmgw.net._h1server import (
@@ -36,122 +35,17 @@ from llmgw.net._h1server import (
     response_head,
 )
 from llmgw.net._listen import open_shared_listeners, parse_listen, reason_phrase
+from llmgw.net._records import InvalidJSON, Request, Response
 
 __all__ = ["Request", "Response", "Limits", "HttpServer", "InvalidJSON", "parse_listen", "serve"]
 
 log = logging.getLogger("llmgw.net.server")
 
-Headers = tuple[tuple[str, str], ...]
 Handler = Callable[["Request"], Awaitable["Response"]]
 
 _RECEIVE_SIZE = 64 * 1024
 #: requests read ahead on a connection (pipelined) before the server stops reading it
 _MAX_PIPELINED = 16
-
-
-class InvalidJSON(ValueError):
-    """The request body is not valid JSON; the message says where it broke."""
-
-
-def _headers(value: Any) -> Headers:
-    return tuple((str(name).lower(), str(val)) for name, val in value)
-
-
-@attrs.frozen
-class Request:
-    """One HTTP request, read whole."""
-
-    method: str
-    #: path and query, as sent: ``/v1/models?x=1``
-    target: str
-    #: (lowercase name, value) pairs in the order received
-    headers: Headers = attrs.field(default=(), converter=_headers)
-    body: bytes = b""
-    #: the client certificate (``SSLSocket.getpeercert()`` shape) on TLS
-    #: connections that presented one; None otherwise
-    peer_cert: dict[str, Any] | None = None
-    #: the same certificate in DER (``getpeercert(binary_form=True)``): the
-    #: dict form lacks extensions, such as llmgw's role policy
-    peer_cert_der: bytes | None = None
-    #: the client's (host, port)
-    client: tuple[str, int] | None = None
-
-    @property
-    def path(self) -> str:
-        """The target without its query string."""
-        return self.target.partition("?")[0]
-
-    @property
-    def query(self) -> dict[str, str]:
-        """The query string's parameters; the last value wins for repeated names."""
-        return dict(parse_qsl(self.target.partition("?")[2]))
-
-    def header(self, name: str) -> str | None:
-        """The first value of header ``name`` (any case), or None if absent."""
-        name = name.lower()
-        return next((value for key, value in self.headers if key == name), None)
-
-    def json(self) -> Any:
-        """The body parsed as JSON.
-
-        :raises InvalidJSON: when the body is not UTF-8 JSON.
-        """
-        try:
-            return jsonlib.loads(self.body)
-        except (ValueError, RecursionError) as exc:  # also bad UTF-8, too deep, an int over 4,300 digits
-            raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
-
-
-@attrs.frozen
-class Response:
-    """What a handler returns.
-
-    ``body`` is ``bytes`` (sent with ``Content-Length``) or an async iterable of
-    ``bytes`` (sent chunked, each item as soon as it is produced; if the client
-    goes away the iteration is cancelled and the iterator's ``aclose()``
-    called). ``after`` is called once the exchange is over, whether the
-    response was sent in full or not.
-    """
-
-    status: int
-    headers: Headers = attrs.field(default=(), converter=_headers)
-    body: bytes | AsyncIterable[bytes] = b""
-    after: Callable[[], object] | None = None
-
-    @classmethod
-    def json(
-        cls, status: int, obj: Any, *, headers: Headers = (), after: Callable[[], object] | None = None
-    ) -> Response:
-        """A response whose body is ``obj`` encoded as compact JSON."""
-        body = jsonlib.dumps(obj, separators=(",", ":")).encode()
-        return cls(status, (("content-type", "application/json"), *headers), body, after)
-
-    @classmethod
-    def text(
-        cls,
-        status: int,
-        text: str,
-        *,
-        content_type: str = "text/plain; charset=utf-8",
-        headers: Headers = (),
-        after: Callable[[], object] | None = None,
-    ) -> Response:
-        """A response whose body is ``text`` encoded as UTF-8."""
-        return cls(status, (("content-type", content_type), *headers), text.encode(), after)
-
-    @classmethod
-    def stream(
-        cls,
-        status: int,
-        chunks: AsyncIterable[bytes],
-        *,
-        content_type: str = "text/event-stream",
-        headers: Headers = (),
-        after: Callable[[], object] | None = None,
-    ) -> Response:
-        """A response streamed chunk by chunk from ``chunks``."""
-        headers = (("content-type", content_type), ("cache-control", "no-cache"), *headers)
-        return cls(status, headers, chunks, after)
 
 
 @attrs.frozen
@@ -180,6 +74,23 @@ class _Closed(Exception):
 class _ConnectionState:
     idle_scope: trio.CancelScope | None = None
     busy: bool = False
+
+
+class _Link:
+    """Between a connection's reading task and the task serving its requests."""
+
+    __slots__ = ("reader", "arrived", "room", "gone", "handler_scope")
+
+    def __init__(self, reader: RequestReader) -> None:
+        self.reader = reader
+        #: woken when bytes arrived (or the client left)
+        self.arrived = trio.lowlevel.ParkingLot()
+        #: woken when a read-ahead request was taken
+        self.room = trio.lowlevel.ParkingLot()
+        #: the client closed or broke its side
+        self.gone = False
+        #: the scope of the request being handled, cancelled when the client leaves
+        self.handler_scope: trio.CancelScope | None = None
 
 
 class HttpServer:
@@ -293,9 +204,51 @@ class HttpServer:
         self, stream: trio.abc.Stream, state: _ConnectionState, client: tuple, peer_cert: tuple
     ) -> None:
         limits = self.limits
-        reader = RequestReader(limits.max_header_bytes, limits.max_body_bytes)
+        link = _Link(RequestReader(limits.max_header_bytes, limits.max_body_bytes))
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read, stream, link)
+            try:
+                await self._serve_requests(stream, state, link, client, peer_cert)
+            except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            except Exception as exc:  # raised outside the nursery: no exception group
+                failure = exc
+            finally:
+                nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def _read(self, stream: trio.abc.Stream, link: _Link) -> None:
+        """The connection's one reader: parses what the client sends, notices when it leaves."""
+        reader = link.reader
+        try:
+            while True:
+                while len(reader.ready) >= _MAX_PIPELINED:
+                    await link.room.park()  # stop reading: the kernel applies backpressure
+                data = await stream.receive_some(_RECEIVE_SIZE)
+                try:
+                    reader.feed(data)
+                except BadRequest as exc:
+                    reader.deferred = exc  # answered when the requests before it are done
+                    return
+                if not data or reader.upgraded:
+                    break
+                link.arrived.unpark_all()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            reader.closed = True
+        finally:
+            link.gone = reader.closed
+            if link.gone and link.handler_scope is not None:
+                link.handler_scope.cancel()  # the client left: stop working for it
+            link.arrived.unpark_all()
+
+    async def _serve_requests(
+        self, stream: trio.abc.Stream, state: _ConnectionState, link: _Link, client: tuple, peer_cert: tuple
+    ) -> None:
+        reader = link.reader
         while not self._closing:
-            parsed = await self._receive_request(reader, stream, state)
+            parsed = await self._next_request(stream, state, link)
             if parsed is None:
                 return
             request = Request(
@@ -309,43 +262,46 @@ class HttpServer:
             )
             state.busy = True
             try:
-                keep_alive = await self._exchange(reader, stream, request, parsed)
+                keep_alive = await self._exchange(stream, request, parsed, link)
             finally:
                 state.busy = False
             if not keep_alive or not parsed.keep_alive or reader.upgraded:
                 return
 
-    async def _receive_request(
-        self, reader: RequestReader, stream: trio.abc.Stream, state: _ConnectionState
+    async def _next_request(
+        self, stream: trio.abc.Stream, state: _ConnectionState, link: _Link
     ) -> ParsedRequest | None:
-        """Read the next request whole; None when the connection should close quietly."""
+        """The next request, read whole; None when the connection should close quietly."""
+        reader = link.reader
+        deadline = None
+        continued = False
         try:
-            parsed = reader.take()
-            if parsed is not None:
-                return parsed
-            if reader.closed or reader.upgraded:
-                return None
-            if reader.idle:
-                data = b""
-                with trio.CancelScope() as state.idle_scope:
-                    state.idle_scope.deadline = trio.current_time() + self.limits.idle_timeout
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                state.idle_scope = None
-                if not data:
+            while True:
+                parsed = reader.take()
+                if parsed is not None:
+                    link.room.unpark_all()
+                    return parsed
+                if link.gone or reader.upgraded:
                     return None
-                reader.feed(data)
-            with trio.fail_after(self.limits.request_timeout):
-                continued = False
-                while not reader.ready:
-                    current = reader.current
-                    if current is not None and current.expects_continue and not continued:
-                        continued = True
-                        await self._send_all(stream, CONTINUE)
-                    data = await stream.receive_some(_RECEIVE_SIZE)
-                    if not data:
-                        return None
-                    reader.feed(data)
-            return reader.take()
+                if reader.idle:
+                    with trio.CancelScope() as idle:
+                        state.idle_scope = idle
+                        idle.deadline = trio.current_time() + self.limits.idle_timeout
+                        await link.arrived.park()
+                    state.idle_scope = None
+                    if idle.cancelled_caught:
+                        return None  # idle for too long, or the server is shutting down
+                    continue
+                if deadline is None:
+                    deadline = trio.current_time() + self.limits.request_timeout
+                current = reader.current
+                if current is not None and current.expects_continue and not continued:
+                    continued = True
+                    await self._send_all(stream, CONTINUE)
+                with trio.move_on_at(deadline) as waited:
+                    await link.arrived.park()
+                if waited.cancelled_caught and not reader.ready and not link.gone:
+                    raise trio.TooSlowError
         except trio.TooSlowError:
             await self._send_raw_error(stream, 408, "request not received in time")
             raise _Closed from None
@@ -354,20 +310,16 @@ class HttpServer:
             raise _Closed from None
 
     async def _exchange(
-        self, reader: RequestReader, stream: trio.abc.Stream, request: Request, parsed: ParsedRequest
+        self, stream: trio.abc.Stream, request: Request, parsed: ParsedRequest, link: _Link
     ) -> bool:
-        """Handle one request while watching the client; True to keep the connection."""
+        """Handle one request, cancelled if the client leaves; True to keep the connection."""
         outcome = {"client_gone": False, "started": False, "failed": False, "complete": False}
         response: Response | None = None
         try:
-            async with trio.open_nursery() as nursery:
-
-                async def watch_client() -> None:
-                    await self._watch_client(reader, stream)
-                    outcome["client_gone"] = True
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(watch_client)
+            with trio.CancelScope() as scope:
+                link.handler_scope = scope
+                if link.gone:
+                    scope.cancel()
                 try:
                     response = await self._handler(request)
                     await self._send_response(stream, request, parsed, response, outcome)
@@ -376,8 +328,11 @@ class HttpServer:
                 except Exception:
                     log.exception("handling %s %s failed", request.method, request.path)
                     outcome["failed"] = True
-                nursery.cancel_scope.cancel()
+            link.handler_scope = None
+            if scope.cancelled_caught:
+                outcome["client_gone"] = True
         finally:
+            link.handler_scope = None
             if response is not None and response.after is not None:
                 try:
                     response.after()
@@ -386,20 +341,6 @@ class HttpServer:
         if outcome["failed"] and not outcome["started"]:
             await self._send_raw_error(stream, 500, "internal server error")
         return outcome["complete"] and not (outcome["client_gone"] or outcome["failed"])
-
-    async def _watch_client(self, reader: RequestReader, stream: trio.abc.Stream) -> None:
-        """Return when the client closes or breaks its side of the connection."""
-        try:
-            while data := await stream.receive_some(_RECEIVE_SIZE):
-                try:
-                    reader.feed(data)  # a pipelined request, kept for its turn
-                except BadRequest as exc:
-                    reader.deferred = exc
-                    await trio.sleep_forever()
-                if len(reader.ready) > _MAX_PIPELINED or reader.upgraded:
-                    await trio.sleep_forever()  # stop reading: the kernel applies backpressure
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
 
     async def _send_response(
         self,

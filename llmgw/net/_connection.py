@@ -58,13 +58,15 @@ class ResponseTooLarge(HttpClientError):
 class _Connection:
     """One HTTP/1.1 connection to one origin; used by one request at a time."""
 
-    __slots__ = ("origin", "stream", "reader", "idle_since", "sock", "reused")
+    __slots__ = ("origin", "stream", "reader", "spare", "idle_since", "sock", "reused")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, sock: Any) -> None:
         self.origin = origin
         self.stream = stream
         #: the response being read on it (:class:`llmgw.net._h1client.ResponseReader`), if any
         self.reader: Any = None
+        #: the last response's reader, kept to parse the next one
+        self.spare: Any = None
         self.idle_since = 0.0
         #: the plain socket, to check an idle TCP connection; None on TLS, where a session ticket
         #: arriving after the handshake would look like the upstream talking

@@ -55,6 +55,11 @@ class ResponseReader:
     )
 
     def __init__(self, method: str) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self.restart(method)
+
+    def restart(self, method: str) -> None:
+        """Make ready for the next response on the same connection (after a complete, reusable one)."""
         self.status: int | None = None
         self.reason = ""
         self.headers: list[tuple[str, str]] = []
@@ -65,7 +70,11 @@ class ResponseReader:
         #: the body runs until the upstream closes (no length, not chunked)
         self._until_close = False
         self._in_message = False
-        self._parser = httptools.HttpResponseParser(self)
+
+    @property
+    def parser_reusable(self) -> bool:
+        """Whether the parser stands between two messages (not after a HEAD's head only)."""
+        return self.reusable and not self._head_only
 
     def feed(self, data: bytes) -> None:
         """Parse ``data``; ``b""`` when the upstream closed.

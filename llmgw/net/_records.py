@@ -54,7 +54,10 @@ class Request:
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None if absent."""
         name = name.lower()
-        return next((value for key, value in self.headers if key == name), None)
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
 
     def json(self) -> Any:
         """The body parsed as JSON.

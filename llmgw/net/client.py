@@ -375,6 +375,7 @@ class ConnectionPool:
         if self._closed or reader is None or not reader.complete or not reader.reusable:
             connection.close()
             return
+        connection.spare = reader if reader.parser_reusable else None
         idle = self._idle.setdefault(connection.origin, deque())
         if len(idle) >= self.max_idle_per_host:
             connection.close()
@@ -406,7 +407,12 @@ class ConnectionPool:
             raise ConnectError(f"could not connect to {where}: {_describe(exc)}") from None
 
     async def _exchange(self, connection: _Connection, request: bytes, method: str) -> ClientResponse:
-        connection.reader = reader = ResponseReader(method)
+        reader, connection.spare = connection.spare, None
+        if reader is None:
+            reader = ResponseReader(method)
+        else:
+            reader.restart(method)
+        connection.reader = reader
         try:
             data = write_now(connection.stream, request)
             if data:

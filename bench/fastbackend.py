@@ -94,6 +94,36 @@ class _Protocol(asyncio.Protocol):
         transport.write(b"0\r\n\r\n")
 
 
+async def asgi_app(scope: dict, receive, send) -> None:
+    """The same answers as an ASGI app, for ``--uvicorn`` (the backend the gateway issue was measured on)."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["method"] != "POST":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+    elif b'"stream":true' in body or b'"stream": true' in body:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for event in _EVENTS:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    else:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(_COMPLETION))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": _COMPLETION})
+
+
 async def serve(host: str, port: int) -> None:
     """Serve until cancelled."""
     server = await asyncio.get_running_loop().create_server(_Protocol, host, port, backlog=1024)
@@ -105,5 +135,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--uvicorn", action="store_true", help="serve with uvicorn (httptools) instead")
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port))
+    if args.uvicorn:
+        import uvicorn
+
+        uvicorn.run(
+            asgi_app,
+            host=args.host,
+            port=args.port,
+            http="httptools",
+            loop="asyncio",
+            log_level="error",
+            access_log=False,
+        )
+    else:
+        asyncio.run(serve(args.host, args.port))

@@ -9,6 +9,8 @@ directly and through the gateway. Two backends:
 
 - ``fast``: ``bench/fastbackend.py``, a fixed-body asyncio+httptools server
   much faster than the gateway, so that the gateway's own cost shows;
+- ``uvicorn``: the same answers from uvicorn with httptools (slower than
+  ``fast``; the backend the gateway issue's figures were taken against);
 - ``sim``: one ``llmgw-sim`` replica with no generation delays (16 tokens), a
   backend slower than the gateway, as engines are.
 
@@ -236,6 +238,8 @@ def report(results: list[Result], workers: int) -> None:
 def backend_argv(backend: str, port: int) -> list[str]:
     if backend == "fast":
         return [sys.executable, str(HERE / "fastbackend.py"), "--port", str(port)]
+    if backend == "uvicorn":
+        return [sys.executable, str(HERE / "fastbackend.py"), "--port", str(port), "--uvicorn"]
     return sim_argv(port)
 
 
@@ -300,12 +304,14 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=int, default=2, help="measured seconds per round (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every case, interleaved (default 3)")
     parser.add_argument(
-        "--backend", choices=["fast", "sim", "both"], default="both", help="which backend (default both)"
+        "--backend",
+        default="fast,sim",
+        help="comma-separated backends among fast, uvicorn (needs uvicorn installed), sim (default fast,sim)",
     )
     parser.add_argument("--workers", type=int, default=1, help="the gateway's --workers (default 1)")
     args = parser.parse_args()
     began = time.monotonic()
-    chosen = ["fast", "sim"] if args.backend == "both" else [args.backend]
+    chosen = args.backend.split(",")
     report(trio.run(main, chosen, args.seconds, args.rounds, args.workers), args.workers)
     print(
         f"\n{args.rounds} rounds of {args.seconds:g}s per case, interleaved; "

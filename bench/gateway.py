@@ -23,6 +23,10 @@ prints per case requests per second, p50/p99 latency (a streamed request
 counts until its last byte) and CPU use, then the gateway's added p50/p99, its
 throughput as a fraction of direct and its CPU microseconds per proxied
 request (all its processes, from ``/proc/<pid>/stat``).
+
+``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
+(an older commit), measured interleaved with the current one: on a machine
+shared with other work, only figures taken side by side compare.
 """
 
 from __future__ import annotations
@@ -212,26 +216,26 @@ def report(results: list[Result], workers: int) -> None:
     header += f" {'errors':>6} {'backend CPU':>11} {'gw CPU':>6} {'machine':>7}"
     print(header)
     for r in results:
-        through = r.target == "gateway"
+        through = r.target != "direct"
         print(
             f"{r.backend:7} {r.target:8} {r.concurrency:>4} {'yes' if r.stream else 'no':>6} {r.rate:>7.0f} "
             f"{r.p50:>7.2f} {r.p99:>7.2f} {r.errors:>6} {r.cpu['backend']:>11.2f} "
-            f"{r.cpu['gateway'] if through else 0:>6.2f} {r.cpu['all']:>7.2f}"
+            f"{r.cpu[r.target] if through else 0:>6.2f} {r.cpu['all']:>7.2f}"
         )
     print("\nthrough the gateway vs direct:")
     print(
-        f"{'backend':7} {'conc':>4} {'stream':>6} {'added p50 ms':>12} {'added p99 ms':>12} "
+        f"{'backend':7} {'gateway':8} {'conc':>4} {'stream':>6} {'added p50 ms':>12} {'added p99 ms':>12} "
         f"{'throughput':>10} {'gw us/req':>9}"
     )
     by_key = {(r.backend, r.target, r.concurrency, r.stream): r for r in results}
     for (backend, target, concurrency, stream), gateway in by_key.items():
-        if target != "gateway":
+        if target == "direct":
             continue
         direct = by_key[(backend, "direct", concurrency, stream)]
         print(
-            f"{backend:7} {concurrency:>4} {'yes' if stream else 'no':>6} "
+            f"{backend:7} {target:8} {concurrency:>4} {'yes' if stream else 'no':>6} "
             f"{gateway.p50 - direct.p50:>+12.2f} {gateway.p99 - direct.p99:>+12.2f} "
-            f"{gateway.rate / direct.rate:>9.0%} {gateway.per_request('gateway'):>9.0f}"
+            f"{gateway.rate / direct.rate:>9.0%} {gateway.per_request(target):>9.0f}"
         )
 
 
@@ -243,7 +247,9 @@ def backend_argv(backend: str, port: int) -> list[str]:
     return sim_argv(port)
 
 
-async def main(backends: list[str], seconds: float, rounds: int, workers: int) -> list[Result]:
+async def main(
+    backends: list[str], seconds: float, rounds: int, workers: int, before: str | None
+) -> list[Result]:
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     started: list[ManagedProcess] = []
     results: list[Result] = []
@@ -265,17 +271,27 @@ async def main(backends: list[str], seconds: float, rounds: int, workers: int) -
                 ]
                 gateway = start(argv, name=f"gateway-{backend}", log_dir=logs)
                 started.append(gateway)
-                gateway_url = f"http://127.0.0.1:{gateway_port}"
-                with trio.fail_after(20):
-                    await wait_healthy([backend_url, gateway_url])
+                targets = {"direct": backend_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
                 processes = {"backend": server.pid, "gateway": gateway.pid, "all": "all"}
+                if before is not None:  # the same gateway command from older sources, interleaved
+                    before_port = free_port()
+                    argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
+                    argv += ["--listen", f"127.0.0.1:{before_port}"]
+                    older = start(
+                        argv, name=f"before-{backend}", log_dir=logs, extra_env={"PYTHONPATH": before}
+                    )
+                    started.append(older)
+                    targets["before"] = f"http://127.0.0.1:{before_port}"
+                    processes["before"] = older.pid
+                with trio.fail_after(20):
+                    await wait_healthy(targets.values())
                 cases = [
                     (target, base, concurrency, stream)
                     for concurrency in (1, 64)
                     for stream in (False, True)
-                    for target, base in (("direct", backend_url), ("gateway", gateway_url))
+                    for target, base in targets.items()
                 ]
-                for _, base, _, stream in cases[:2] + cases[-2:]:  # warm up: connections, caches
+                for _, base, _, stream in cases:  # warm up: connections, caches
                     await run_case(backend, "", f"{base}/v1/chat/completions", 64, stream, WARM_UP, processes)
                 measured: dict[tuple, list[Result]] = {case: [] for case in cases}
                 for round_number in range(1, rounds + 1):
@@ -309,10 +325,16 @@ if __name__ == "__main__":
         help="comma-separated backends among fast, uvicorn (needs uvicorn installed), sim (default fast,sim)",
     )
     parser.add_argument("--workers", type=int, default=1, help="the gateway's --workers (default 1)")
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        help="also measure, interleaved, the gateway of the llmgw package in DIR (e.g. an older commit's "
+        "`git archive COMMIT llmgw | tar -x -C DIR`), as target 'before'",
+    )
     args = parser.parse_args()
     began = time.monotonic()
     chosen = args.backend.split(",")
-    report(trio.run(main, chosen, args.seconds, args.rounds, args.workers), args.workers)
+    report(trio.run(main, chosen, args.seconds, args.rounds, args.workers, args.before), args.workers)
     print(
         f"\n{args.rounds} rounds of {args.seconds:g}s per case, interleaved; "
         f"{time.monotonic() - began:.0f}s in all"

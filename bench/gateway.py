@@ -278,7 +278,11 @@ async def main(
                     argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
                     argv += ["--listen", f"127.0.0.1:{before_port}"]
                     older = start(
-                        argv, name=f"before-{backend}", log_dir=logs, extra_env={"PYTHONPATH": before}
+                        argv,
+                        name=f"before-{backend}",
+                        log_dir=logs,
+                        extra_env={"PYTHONPATH": before},
+                        cwd=before,
                     )
                     started.append(older)
                     targets["before"] = f"http://127.0.0.1:{before_port}"

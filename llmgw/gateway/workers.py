@@ -97,6 +97,7 @@ def run_workers(workers: int, serve_one: Callable[[int], None]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        os.environ.pop(MULTIPROC_ENV, None)
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 

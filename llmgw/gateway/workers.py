@@ -88,10 +88,12 @@ def run_workers(workers: int, serve_one: Callable[[int], None]) -> int:
             if index is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            if code != 0 and not stopping:
+            if code == 0 or (stopping and code < 0):
+                continue  # ended well, or by the signal that stops them all
+            if not stopping:
                 log.error("gateway worker %d (pid %d) exited with %d: stopping the others", index, pid, code)
                 forward(signal.SIGTERM, None)
-            if code != 0 and result == 0 and (code > 0 or not stopping):
+            if result == 0:
                 result = code if code > 0 else 1
         return result
     finally:

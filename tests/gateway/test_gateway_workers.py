@@ -96,3 +96,12 @@ class TestWorkers:
         with trio.fail_after(15):
             assert await gateway.wait_exit_trio() != 0
         assert "--workers 2 needs a fixed port in --listen" in gateway.stderr()
+
+    async def test_a_dying_worker_stops_the_others_and_the_parent_fails(self, nursery, processes):  # noqa: F811
+        gateway, url = await start_workers(nursery, processes, 2)
+        first, second = workers_of(gateway.pid)
+        os.kill(first, signal.SIGKILL)
+        with trio.fail_after(15):
+            assert await gateway.wait_exit_trio() == 1
+            await wait_for(lambda: not pid_alive(second), "the other worker to exit")
+        assert "exited with -9: stopping the others" in gateway.stderr()

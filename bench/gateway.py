@@ -1,23 +1,32 @@
-"""What the gateway costs: the same workload sent to a sim engine directly and through a gateway.
+"""What the gateway costs: the same workload sent to a backend directly and through a gateway.
 
-Run with ``python bench/gateway.py`` (about 45 s; ``--rounds`` and
-``--seconds`` change that). It starts one ``llmgw-sim`` replica with no
-generation delays, an in-process fake routes feed pointing at it, and
-``llmgw gateway --no-keys`` as its own process; then, for concurrency 1 and
-64, non-streamed and streamed chat completions (16 tokens), it runs an h11
-load client (``llmgw.net.client``, keep-alive) against the sim directly and
-through the gateway. Every case runs ``--rounds`` times, interleaved, so that
-other work on the machine weighs on direct and gateway cases alike; the
-rounds of a case are pooled. It prints:
+Run with ``python bench/gateway.py`` (about two minutes; ``--rounds``,
+``--seconds`` and ``--backend`` change that). It starts a backend, an
+in-process fake routes feed pointing at it, and ``llmgw gateway --no-keys``
+(``--workers N`` passed on) as its own process group; then, for concurrency 1
+and 64, non-streamed and streamed chat completions, it loads the backend
+directly and through the gateway. Two backends:
 
-- requests per second and p50/p99 latency of each case (a streamed request
-  counts until its last byte);
-- the gateway's added latency (p50 and p99 through it minus direct);
-- throughput through the gateway as a fraction of direct;
-- how busy each process was: CPU seconds over the case's wall time from
-  ``/proc/<pid>/stat`` (1.0 = one core), so a reader sees whether the sim was
-  the bottleneck. The machine's core count is printed too: client, gateway and
-  sim share it.
+- ``fast``: ``bench/fastbackend.py``, a fixed-body asyncio+httptools server
+  much faster than the gateway, so that the gateway's own cost shows;
+- ``uvicorn``: the same answers from uvicorn with httptools (slower than
+  ``fast``; the backend the gateway issue's figures were taken against);
+- ``sim``: one ``llmgw-sim`` replica with no generation delays (16 tokens), a
+  backend slower than the gateway, as engines are.
+
+The load generator is ``wrk`` (one thread, keep-alive) when it is on PATH, else
+an in-process h11 client (which then competes with the gateway for CPU: the
+report says which ran). Every case runs ``--rounds`` times, interleaved, so
+that other work on the machine weighs on direct and gateway cases alike; the
+rounds of a case are pooled (their p50/p99 are the medians over rounds). It
+prints per case requests per second, p50/p99 latency (a streamed request
+counts until its last byte) and CPU use, then the gateway's added p50/p99, its
+throughput as a fraction of direct and its CPU microseconds per proxied
+request (all its processes, from ``/proc/<pid>/stat``).
+
+``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
+(an older commit), measured interleaved with the current one: on a machine
+shared with other work, only figures taken side by side compare.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,28 +50,60 @@ from llmgw.testing.gateway import FakeRoutesFeed, sim_argv, wait_healthy
 from llmgw.testing.processes import ManagedProcess, free_port, start
 
 TICKS = os.sysconf("SC_CLK_TCK")
-WARM_UP = 0.3
+WARM_UP = 1
+HERE = Path(__file__).resolve().parent
 BODY = {"model": "m", "messages": [{"role": "user", "content": "benchmark the gateway"}], "max_tokens": 16}
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[%s]]
+wrk.headers["Content-Type"] = "application/json"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('\\nRESULT {"requests":%%d,"errors":%%d,"p50":%%d,"p99":%%d,"us":%%d}\\n',
+    summary.requests, e.connect + e.read + e.write + e.status + e.timeout,
+    latency:percentile(50), latency:percentile(99), summary.duration))
+end
+"""
 
 
 def cpu_seconds(pid: int | str) -> float:
-    """User plus system CPU time of a process so far (``"all"``: of the whole machine, every core)."""
+    """User plus system CPU time so far of a process and its children (``"all"``: the whole machine)."""
     if pid == "all":
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS  # all but idle and iowait
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    total = 0.0
+    for pid_dir in [f"/proc/{pid}", *_children(int(pid))]:
+        try:
+            fields = Path(pid_dir, "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
+
+
+def _children(parent: int) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int(Path(entry, "stat").read_text().rpartition(")")[2].split()[1]) == parent:
+                    found.append(str(entry))
+            except OSError:
+                continue
+    return found
 
 
 @attrs.frozen
 class Result:
+    backend: str
     target: str
     concurrency: int
     stream: bool
     requests: int
     errors: int
     seconds: float
-    latencies: tuple[float, ...]
+    p50: float
+    p99: float
     cpu: dict[str, float]
 
     @property
@@ -68,19 +112,20 @@ class Result:
 
     @classmethod
     def pooled(cls, rounds: list[Result]) -> Result:
-        """The rounds of one case as one result: counts and latencies added up, CPU averaged over time."""
+        """The rounds of one case: counts added up, CPU averaged over time, median p50 and p99."""
         seconds = sum(r.seconds for r in rounds)
         cpu = {name: sum(r.cpu[name] * r.seconds for r in rounds) / seconds for name in rounds[0].cpu}
-        latencies = tuple(latency for r in rounds for latency in r.latencies)
         first = rounds[0]
         return cls(
+            first.backend,
             first.target,
             first.concurrency,
             first.stream,
             sum(r.requests for r in rounds),
             sum(r.errors for r in rounds),
             seconds,
-            latencies,
+            statistics.median(r.p50 for r in rounds),
+            statistics.median(r.p99 for r in rounds),
             cpu,
         )
 
@@ -88,26 +133,38 @@ class Result:
         """CPU microseconds ``name`` spent per request."""
         return self.cpu[name] * self.seconds / max(1, self.requests) * 1e6
 
-    @property
-    def others(self) -> float:
-        """Cores busy with processes other than these three (other work on the machine)."""
-        ours = self.cpu["sim"] + self.cpu["client"] + self.cpu.get("gateway", 0.0)
-        return max(0.0, self.cpu["all"] - ours)
 
-    def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+def run_wrk(url: str, concurrency: int, stream: bool, seconds: float) -> tuple[int, int, float, float, float]:
+    """One wrk run: (requests, errors, p50 ms, p99 ms, seconds)."""
+    body = json.dumps({**BODY, "stream": stream})
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % body)
+    try:
+        argv = [
+            "wrk",
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            script.name,
+            url,
+        ]
+        output = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(script.name)
+    line = next(line for line in output.splitlines() if line.startswith("RESULT "))
+    data = json.loads(line.removeprefix("RESULT "))
+    return data["requests"], data["errors"], data["p50"] / 1000, data["p99"] / 1000, data["us"] / 1e6
 
 
-async def run_case(
-    url: str, concurrency: int, stream: bool, seconds: float, processes: dict[str, int | str], target: str
-) -> Result:
-    """Run ``concurrency`` keep-alive workers against ``url`` for ``seconds`` (after a short warm-up)."""
+async def run_h11(url: str, concurrency: int, stream: bool, seconds: float) -> tuple:
+    """The in-process fallback load client: (requests, errors, p50 ms, p99 ms, seconds)."""
     body = json.dumps({**BODY, "stream": stream}).encode()
     headers = [("content-type", "application/json")]
     latencies: list[float] = []
     errors = 0
-    measuring = False
     async with ConnectionPool(max_idle_per_host=concurrency) as pool:
 
         async def worker() -> None:
@@ -117,99 +174,146 @@ async def run_case(
                 async with pool.stream("POST", url, headers=headers, body=body) as response:
                     async for _ in response:
                         pass
-                    ok = response.status == 200
-                if measuring:
-                    if ok:
-                        latencies.append(time.perf_counter() - started)
-                    else:
-                        errors += 1
+                if response.status == 200:
+                    latencies.append(time.perf_counter() - started)
+                else:
+                    errors += 1
 
+        began = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for _ in range(concurrency):
                 nursery.start_soon(worker)
-            await trio.sleep(WARM_UP)  # connections opened, caches hot
-            cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
-            measuring = True
-            began = time.perf_counter()
             await trio.sleep(seconds)
-            measuring = False
-            elapsed = time.perf_counter() - began
-            cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / elapsed for name, pid in processes.items()}
             nursery.cancel_scope.cancel()
-    return Result(target, concurrency, stream, len(latencies), errors, elapsed, tuple(latencies), cpu)
+    ordered = sorted(latencies) or [0.0]
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+    return len(latencies), errors, pick(0.5), pick(0.99), time.perf_counter() - began
 
 
-def report(results: list[Result]) -> None:
-    print(f"\n{os.cpu_count()} CPU cores shared by the load client, the gateway and the sim")
-    print("CPU: CPU seconds per wall second over the case (1.00 = one core busy); 'other' is the rest")
-    print("of the machine (other work running meanwhile); us/req: CPU microseconds per request\n")
-    header = f"{'target':8} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
-    header += f" {'sim CPU':>7} {'gw CPU':>6} {'client':>6} {'other':>5} {'sim us/req':>10} {'gw us/req':>9}"
+async def run_case(
+    backend: str, target: str, url: str, concurrency: int, stream: bool, seconds: float, processes: dict
+) -> Result:
+    """Load ``url`` for ``seconds`` and measure the processes' CPU meanwhile."""
+    cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    began = time.perf_counter()
+    if shutil.which("wrk"):
+        requests, errors, p50, p99, elapsed = await trio.to_thread.run_sync(
+            run_wrk, url, concurrency, stream, seconds
+        )
+    else:
+        requests, errors, p50, p99, elapsed = await run_h11(url, concurrency, stream, seconds)
+    wall = time.perf_counter() - began
+    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in processes.items()}
+    return Result(backend, target, concurrency, stream, requests, errors, elapsed, p50, p99, cpu)
+
+
+def report(results: list[Result], workers: int) -> None:
+    client = "wrk -t1" if shutil.which("wrk") else "in-process h11 client (wrk not on PATH)"
+    print(f"\n{os.cpu_count()} CPU cores shared by the load client ({client}), the gateway")
+    print(f"({workers} worker process{'es' if workers > 1 else ''}) and the backend. CPU: CPU seconds per")
+    print("wall second (1.00 = one core busy); 'machine' counts every process, other work included.\n")
+    header = f"{'backend':7} {'target':8} {'conc':>4} {'stream':>6} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7}"
+    header += f" {'errors':>6} {'backend CPU':>11} {'gw CPU':>6} {'machine':>7}"
     print(header)
     for r in results:
-        through = r.target == "gateway"
-        gateway_cpu = f"{r.cpu['gateway']:.2f}" if through else "-"
-        gateway_cost = f"{r.per_request('gateway'):.0f}" if through else "-"
+        through = r.target != "direct"
         print(
-            f"{r.target:8} {r.concurrency:>4} {'yes' if r.stream else 'no':>6} {r.rate:>7.0f} "
-            f"{r.percentile(0.50):>7.2f} {r.percentile(0.99):>7.2f} {r.errors:>6} "
-            f"{r.cpu['sim']:>7.2f} {gateway_cpu:>6} {r.cpu['client']:>6.2f} {r.others:>5.2f} "
-            f"{r.per_request('sim'):>10.0f} {gateway_cost:>9}"
+            f"{r.backend:7} {r.target:8} {r.concurrency:>4} {'yes' if r.stream else 'no':>6} {r.rate:>7.0f} "
+            f"{r.p50:>7.2f} {r.p99:>7.2f} {r.errors:>6} {r.cpu['backend']:>11.2f} "
+            f"{r.cpu[r.target] if through else 0:>6.2f} {r.cpu['all']:>7.2f}"
         )
     print("\nthrough the gateway vs direct:")
-    print(f"{'conc':>4} {'stream':>6} {'added p50 ms':>12} {'added p99 ms':>12} {'throughput':>10}")
-    by_key = {(r.target, r.concurrency, r.stream): r for r in results}
-    for (target, concurrency, stream), gateway in by_key.items():
-        if target != "gateway":
+    print(
+        f"{'backend':7} {'gateway':8} {'conc':>4} {'stream':>6} {'added p50 ms':>12} {'added p99 ms':>12} "
+        f"{'throughput':>10} {'gw us/req':>9}"
+    )
+    by_key = {(r.backend, r.target, r.concurrency, r.stream): r for r in results}
+    for (backend, target, concurrency, stream), gateway in by_key.items():
+        if target == "direct":
             continue
-        direct = by_key[("direct", concurrency, stream)]
+        direct = by_key[(backend, "direct", concurrency, stream)]
         print(
-            f"{concurrency:>4} {'yes' if stream else 'no':>6} "
-            f"{gateway.percentile(0.50) - direct.percentile(0.50):>+12.2f} "
-            f"{gateway.percentile(0.99) - direct.percentile(0.99):>+12.2f} "
-            f"{gateway.rate / direct.rate:>9.0%}"
+            f"{backend:7} {target:8} {concurrency:>4} {'yes' if stream else 'no':>6} "
+            f"{gateway.p50 - direct.p50:>+12.2f} {gateway.p99 - direct.p99:>+12.2f} "
+            f"{gateway.rate / direct.rate:>9.0%} {gateway.per_request(target):>9.0f}"
         )
 
 
-async def main(seconds: float, rounds: int) -> list[Result]:
+def backend_argv(backend: str, port: int) -> list[str]:
+    if backend == "fast":
+        return [sys.executable, str(HERE / "fastbackend.py"), "--port", str(port)]
+    if backend == "uvicorn":
+        return [sys.executable, str(HERE / "fastbackend.py"), "--port", str(port), "--uvicorn"]
+    return sim_argv(port)
+
+
+async def main(
+    backends: list[str], seconds: float, rounds: int, workers: int, before: str | None
+) -> list[Result]:
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     started: list[ManagedProcess] = []
+    results: list[Result] = []
     try:
-        sim_port, gateway_port = free_port(), free_port()
-        sim = start(sim_argv(sim_port), name="sim", log_dir=logs)
-        started.append(sim)
-        sim_url = f"http://127.0.0.1:{sim_port}"
         async with trio.open_nursery() as nursery:
             feed = FakeRoutesFeed()
             feed_url = await nursery.start(feed.serve)
-            feed.set(routes={"m": [("m-0", sim_url)]})
-            argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
-            gateway = start([*argv, "--listen", f"127.0.0.1:{gateway_port}"], name="gateway", log_dir=logs)
-            started.append(gateway)
-            gateway_url = f"http://127.0.0.1:{gateway_port}"
-            with trio.fail_after(20):
-                await wait_healthy([sim_url, gateway_url])
-            processes = {"sim": sim.pid, "gateway": gateway.pid, "client": "self", "all": "all"}
-            cases = [
-                (target, base, concurrency, stream)
-                for concurrency in (1, 64)
-                for stream in (False, True)
-                for target, base in (("direct", sim_url), ("gateway", gateway_url))
-            ]
-            measured: dict[tuple, list[Result]] = {case: [] for case in cases}
-            for round_number in range(1, rounds + 1):
-                for case in cases:
-                    target, base, concurrency, stream = case
-                    url = f"{base}/v1/chat/completions"
-                    result = await run_case(url, concurrency, stream, seconds, processes, target)
-                    measured[case].append(result)
-                    print(
-                        f"  round {round_number}: {target} c={concurrency} stream={stream}: "
-                        f"{result.rate:.0f} req/s",
-                        file=sys.stderr,
+            for backend in backends:
+                backend_port, gateway_port = free_port(), free_port()
+                server = start(backend_argv(backend, backend_port), name=backend, log_dir=logs)
+                started.append(server)
+                backend_url = f"http://127.0.0.1:{backend_port}"
+                feed.set(routes={"m": [("m-0", backend_url)]})
+                argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
+                argv += [
+                    "--listen",
+                    f"127.0.0.1:{gateway_port}",
+                    *([] if workers == 1 else ["--workers", str(workers)]),
+                ]
+                gateway = start(argv, name=f"gateway-{backend}", log_dir=logs)
+                started.append(gateway)
+                targets = {"direct": backend_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
+                processes = {"backend": server.pid, "gateway": gateway.pid, "all": "all"}
+                if before is not None:  # the same gateway command from older sources, interleaved
+                    before_port = free_port()
+                    argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
+                    argv += ["--listen", f"127.0.0.1:{before_port}"]
+                    older = start(
+                        argv,
+                        name=f"before-{backend}",
+                        log_dir=logs,
+                        extra_env={"PYTHONPATH": before},
+                        cwd=before,
                     )
+                    started.append(older)
+                    targets["before"] = f"http://127.0.0.1:{before_port}"
+                    processes["before"] = older.pid
+                with trio.fail_after(20):
+                    await wait_healthy(targets.values())
+                cases = [
+                    (target, base, concurrency, stream)
+                    for concurrency in (1, 64)
+                    for stream in (False, True)
+                    for target, base in targets.items()
+                ]
+                for _, base, _, stream in cases:  # warm up: connections, caches
+                    await run_case(backend, "", f"{base}/v1/chat/completions", 64, stream, WARM_UP, processes)
+                measured: dict[tuple, list[Result]] = {case: [] for case in cases}
+                for round_number in range(1, rounds + 1):
+                    for case in cases:
+                        target, base, concurrency, stream = case
+                        url = f"{base}/v1/chat/completions"
+                        result = await run_case(backend, target, url, concurrency, stream, seconds, processes)
+                        measured[case].append(result)
+                        print(
+                            f"  {backend} round {round_number}: {target} c={concurrency} stream={stream}: "
+                            f"{result.rate:.0f} req/s",
+                            file=sys.stderr,
+                        )
+                results += [Result.pooled(rounds) for rounds in measured.values()]
+                gateway.kill_group()
+                server.kill_group()
             nursery.cancel_scope.cancel()
-        return [Result.pooled(rounds) for rounds in measured.values()]
+        return results
     finally:
         for process in started:
             process.kill_group()
@@ -217,12 +321,25 @@ async def main(seconds: float, rounds: int) -> list[Result]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=1.5, help="measured seconds per round (default 1.5)")
+    parser.add_argument("--seconds", type=int, default=2, help="measured seconds per round (default 2)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every case, interleaved (default 3)")
+    parser.add_argument(
+        "--backend",
+        default="fast,sim",
+        help="comma-separated backends among fast, uvicorn (needs uvicorn installed), sim (default fast,sim)",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="the gateway's --workers (default 1)")
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        help="also measure, interleaved, the gateway of the llmgw package in DIR (e.g. an older commit's "
+        "`git archive COMMIT llmgw | tar -x -C DIR`), as target 'before'",
+    )
     args = parser.parse_args()
     began = time.monotonic()
-    report(trio.run(main, args.seconds, args.rounds))
+    chosen = args.backend.split(",")
+    report(trio.run(main, chosen, args.seconds, args.rounds, args.workers, args.before), args.workers)
     print(
-        f"\n{args.rounds} rounds of {args.seconds:g}s per case (each after {WARM_UP:g}s of warm-up); "
+        f"\n{args.rounds} rounds of {args.seconds:g}s per case, interleaved; "
         f"{time.monotonic() - began:.0f}s in all"
     )

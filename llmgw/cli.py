@@ -109,6 +109,10 @@ class Command(_Door, click.Command):
     """A click command run as its own console script, its llmgw errors shown by :func:`show_error`."""
 
 
+#: the log line of every llmgw process
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
 def serve_until_signalled(
     serve: Callable[[], Awaitable[object]],
     *,
@@ -163,7 +167,7 @@ def serve_until_signalled(
                         log.warning("%s while stopping: %s", name, stopping_again)
                         serving.cancel()
 
-    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     with _door():
         trio.run(run)
 

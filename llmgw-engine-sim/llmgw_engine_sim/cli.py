@@ -20,6 +20,7 @@ import trio
 
 from llmgw.net.server import HttpServer
 from llmgw_engine_sim import __version__
+from llmgw_engine_sim.prefix_cache import PrefillOptions, add_prefix_cache_flags
 from llmgw_engine_sim.rendezvous import Coordinator, join_replica
 from llmgw_engine_sim.server import ServeOptions, SimApp, reported_env
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="generation speed after the first token; 0 means no delay (default 0)",
     )
+    add_prefix_cache_flags(parser, _non_negative, _positive_int)
     add(
         "--max-num-seqs",
         type=_positive_int,
@@ -261,6 +263,7 @@ async def _rank_zero(args: argparse.Namespace, life: _Lifecycle, nursery: trio.N
         hang_after_requests=args.hang_after_requests,
         exit_after_requests=args.exit_after_requests,
         log_requests=not args.disable_log_requests,
+        prefill=PrefillOptions.from_args(args),
     )
     app = SimApp(options, exit=life.exit, info=info)
     server = HttpServer(app.handle)

@@ -28,6 +28,7 @@ import trio
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw_engine_sim.batch import Batch
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
+from llmgw_engine_sim.prefix_cache import Prefill, PrefillOptions
 
 __all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
 
@@ -59,6 +60,7 @@ class ServeOptions:
     log_requests: bool = True
     #: generations running at once; the others wait (None: no limit)
     max_num_seqs: int | None = None
+    prefill: PrefillOptions = PrefillOptions()
 
 
 class ApiError(Exception):
@@ -121,6 +123,7 @@ class SimApp:
         self.peer_problem: Callable[[], Awaitable[None]] | None = None
         self.created = int(time.time())
         self._exit = exit
+        self.prefill = Prefill(options.prefill)
         self._info = info
         self._routes = {
             "/health": {"GET": self._health},
@@ -233,7 +236,10 @@ class SimApp:
             prompt_parts.append(f"{message['role']}: {content}")
             prompt_tokens += count_tokens(content)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        job = _Job.build(self, body, "\n".join(prompt_parts), prompt_tokens, max_tokens, "messages")
+        prompt = "\n".join(prompt_parts)
+        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages")
+        await self.prefill.run(prompt)
+        job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
             return Response.stream(200, self._chat_chunks(job), after=after)
         await job.wait_until_done()
@@ -274,6 +280,8 @@ class SimApp:
         if len(prompts) != 1:
             raise ApiError(400, "this engine takes one prompt per request", param="prompt")
         job = _Job.build(self, body, prompts[0], count_tokens(prompts[0]), body.get("max_tokens"), "prompt")
+        await self.prefill.run(prompts[0])
+        job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
             return Response.stream(200, self._completion_chunks(job), after=after)
         await job.wait_until_done()

@@ -6,8 +6,12 @@ routes feed (long-poll, :mod:`llmgw.gateway.routes`), and forwards
 the body's ``model`` (:mod:`llmgw.gateway.app`, :mod:`llmgw.gateway.proxy`).
 It keeps no state the server or another gateway needs: run as many as you like.
 
-Routing (:mod:`llmgw.gateway.balancer`): least outstanding requests among a
-model's ready replicas (power of two choices). **Session affinity:** a client
+Routing (:mod:`llmgw.gateway.balancer`): by default a prompt goes to the
+replica that was sent the longest known beginning of it, so the engine's
+prefix cache skips most of its prefill, within a bound on that replica's load
+(:mod:`llmgw.gateway.prefix`); or least outstanding requests among a model's
+ready replicas (power of two choices). ``--workers N`` runs N gateway
+processes on one port (:mod:`llmgw.gateway.workers`). **Session affinity:** a client
 that sends ``X-Session-Id: <any string>`` has every request of that session
 sent to the same replica while that replica is ready and not failing
 (rendezvous hashing), so multi-turn conversations reuse the engine's prefix

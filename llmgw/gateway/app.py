@@ -27,6 +27,7 @@ import trio
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import UNKNOWN_MODEL, GatewayMetrics
+from llmgw.gateway.prefix import prefix_keys, prompt_text
 from llmgw.gateway.proxy import Call, Proxy
 from llmgw.gateway.routes import RoutesWatcher
 from llmgw.net.server import InvalidJSON, Request, Response
@@ -109,7 +110,9 @@ class GatewayApp:
         answered: Response | None = None
 
         def done() -> None:
+            nonlocal answered
             status = answered.status if answered is not None else 499
+            answered = None  # the response holds this callback: no reference cycle left for the GC
             self.metrics.request_done(label, endpoint, status, trio.current_time() - start)
 
         call.after = done
@@ -157,6 +160,8 @@ class GatewayApp:
             session=request.header(SESSION_HEADER) or None,
             start=start,
         )
+        if self.balancer.routing == "prefix":
+            call.prefix = prefix_keys(prompt_text(endpoint, body))
         return _NO_RESPONSE, model, call
 
     # -- keys ----------------------------------------------------------------------------------

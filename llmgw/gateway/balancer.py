@@ -3,6 +3,9 @@
 - **Least outstanding requests** by the power of two choices: two replicas
   drawn at random among those available, the one with fewer requests in
   flight through this gateway wins.
+- **Prefix** (``--routing prefix``): the replica that was sent the longest
+  known beginning of the same prompt, within a bound on its load
+  (:mod:`llmgw.gateway.prefix`). ``random`` is there for comparison.
 - **Session affinity**: a request with an ``X-Session-Id`` header goes to the
   replica that rendezvous hashing (highest random weight) gives for that
   session among the available replicas, so a conversation keeps hitting the
@@ -22,13 +25,17 @@ import enum
 import hashlib
 import logging
 import random
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import attrs
 
+from llmgw.gateway.prefix import PrefixTable
 from llmgw.wire import Route
 
-__all__ = ["BreakerState", "Breaker", "Upstream", "Balancer"]
+__all__ = ["BreakerState", "Breaker", "Upstream", "Balancer", "ROUTING_POLICIES"]
+
+#: the ways a replica can be chosen for a request without a session (``--routing``)
+ROUTING_POLICIES = ("least-outstanding", "prefix", "random")
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -161,6 +168,8 @@ class Balancer:
 
     :param breaker_failures: consecutive failures that open a replica's breaker.
     :param breaker_open_for: seconds a breaker stays open before its probe.
+    :param routing: ``least-outstanding``, ``prefix`` (:mod:`llmgw.gateway.prefix`) or ``random``.
+    :param prefix_load_factor: with ``prefix``, the bound on a replica's load relative to the mean.
     """
 
     def __init__(
@@ -168,10 +177,16 @@ class Balancer:
         *,
         breaker_failures: int = 3,
         breaker_open_for: float = 5.0,
+        routing: str = "prefix",
+        prefix_load_factor: float = 1.5,
         rng: random.Random | None = None,
     ) -> None:
+        if routing not in ROUTING_POLICIES:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {routing!r}")
         self.breaker_failures = breaker_failures
         self.breaker_open_for = breaker_open_for
+        self.routing = routing
+        self.prefixes = PrefixTable(load_factor=prefix_load_factor)
         self._rng = rng or random.Random()
         self._models: dict[str, tuple[Upstream, ...]] = {}
         self._replicas: dict[Route, Upstream] = {}
@@ -205,11 +220,19 @@ class Balancer:
         return iter(self._replicas.values())
 
     def choose(
-        self, model: str, now: float, *, session: str | None = None, exclude: Collection[Upstream] = ()
+        self,
+        model: str,
+        now: float,
+        *,
+        session: str | None = None,
+        prefix: Sequence[bytes] = (),
+        exclude: Collection[Upstream] = (),
     ) -> Upstream | None:
         """The replica for the next attempt of a request for ``model``; None when none is available.
 
         :param session: the client's session key: one session gets one replica while that one is available.
+        :param prefix: the prompt's prefix keys (:func:`llmgw.gateway.prefix.prefix_keys`), used by the
+            ``prefix`` routing policy.
         :param exclude: replicas this request already tried.
         """
         candidates = [r for r in self._models.get(model, ()) if r not in exclude and r.breaker.allows(now)]
@@ -220,6 +243,10 @@ class Balancer:
             return max(candidates, key=lambda r: _weight(key, r.affinity_key))
         if len(candidates) == 1:
             return candidates[0]
+        if prefix and self.routing == "prefix":
+            return self.prefixes.choose(candidates, prefix)
+        if self.routing == "random":
+            return self._rng.choice(candidates)
         first, second = self._rng.sample(candidates, 2)
         return second if second.in_flight < first.in_flight else first
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
+import attrs
 import click
 
-from llmgw.cli import Command, serve_until_signalled
+from llmgw.cli import LOG_FORMAT, Command, serve_until_signalled
+from llmgw.errors import LlmgwError
+from llmgw.gateway.balancer import ROUTING_POLICIES
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.gateway.proxy import ProxySettings
+from llmgw.gateway.workers import run_workers
 from llmgw.net.server import Limits, parse_listen
 
 __all__ = ["gateway_command"]
@@ -87,6 +92,28 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     help="Largest request body accepted (larger: 413).",
 )
 @click.option(
+    "--routing",
+    type=click.Choice(ROUTING_POLICIES),
+    default="prefix",
+    show_default=True,
+    help="How a replica is chosen for a request without X-Session-Id: the fewest requests in flight, "
+    "the one sent the same prompt beginning before (prefix caches), or at random.",
+)
+@click.option(
+    "--prefix-load-factor",
+    type=click.FloatRange(1),
+    default=1.5,
+    show_default=True,
+    help="With --routing prefix: a replica over this times the mean requests in flight is passed over.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Gateway processes sharing the --listen port (SO_REUSEPORT); /metrics sums their counters.",
+)
+@click.option(
     "--shutdown-grace",
     type=click.FloatRange(0),
     default=30.0,
@@ -107,21 +134,33 @@ def gateway_command(
     connect_timeout: float,
     upstream_timeout: float,
     max_body_bytes: int,
+    routing: str,
+    prefix_load_factor: float,
+    workers: int,
     shutdown_grace: float,
 ) -> None:
     """Serve the OpenAI-compatible API in front of every ready replica.
 
     Routes POST /v1/chat/completions, /v1/completions and /v1/embeddings by
-    the body's "model" to the replica with the fewest requests in flight
-    (GET /v1/models lists the models with a ready replica). Clients send
-    "Authorization: Bearer KEY" (keys: llmgw ctl keys create NAME).
+    the body's "model" to one of its ready replicas (GET /v1/models lists the
+    models with a ready replica). Clients send "Authorization: Bearer KEY"
+    (keys: llmgw ctl keys create NAME).
+
+    Which replica (--routing): "prefix", the default, sends a prompt to the
+    replica that was sent the longest known beginning of it (a conversation's
+    earlier turns, a shared system prompt), where the engine's prefix cache
+    skips most of the prefill, unless that replica has more than
+    --prefix-load-factor times the mean requests in flight; new prompts go to
+    a replica at or under the mean load. "least-outstanding" picks the
+    replica with fewer requests in flight of two drawn at random.
 
     Session affinity: send the header "X-Session-Id: ANY-STRING" and every
     request of that session goes to the same replica while it is ready,
-    which keeps the engine's prefix cache warm.
+    whatever --routing says.
 
-    Prometheus metrics on GET /metrics; GET /health for load balancers.
-    Several gateways may run against one server.
+    --workers N runs N gateway processes on the one port; /metrics on any of
+    them sums the counters of all. Prometheus metrics on GET /metrics;
+    GET /health for load balancers. Several gateways may run against one server.
     """
 
     host, port = parse_listen(listen, "--listen")
@@ -140,7 +179,20 @@ def gateway_command(
         breaker_open_for=breaker_open_seconds,
         connect_timeout=connect_timeout,
         limits=Limits(max_body_bytes=max_body_bytes, idle_timeout=60.0),
+        routing=routing,
+        prefix_load_factor=prefix_load_factor,
     )
+    if workers == 1:
+        _serve(config, shutdown_grace)
+        return
+    if port == 0:
+        raise LlmgwError(f"--workers {workers} needs a fixed port in --listen (got {listen!r})")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    shared = attrs.evolve(config, reuse_port=True)
+    sys.exit(run_workers(workers, lambda _index: _serve(shared, shutdown_grace)))
+
+
+def _serve(config: GatewayConfig, shutdown_grace: float) -> None:
     gateway = Gateway(config)
     serve_until_signalled(
         gateway.serve,

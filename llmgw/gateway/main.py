@@ -59,6 +59,12 @@ class GatewayConfig:
     routes_retry_interval: float = 0.5
     #: what clients may send (a larger body is answered 413)
     limits: Limits = Limits(max_body_bytes=32 * 1024 * 1024, idle_timeout=60.0)
+    #: how a replica is chosen for a request without a session: ``least-outstanding``, ``prefix``, ``random``
+    routing: str = "prefix"
+    #: with ``prefix`` routing, no replica gets more than this times the mean requests in flight
+    prefix_load_factor: float = 1.5
+    #: share the port with other gateway processes (``SO_REUSEPORT``; ``--workers``)
+    reuse_port: bool = False
 
 
 class Gateway:
@@ -78,10 +84,13 @@ class Gateway:
         if (config.cert is None) != (config.key is None):
             raise GatewayError("--cert and --key go together")
         self._feed_tls = client_ssl_context(config.cert, config.key, config.ca) if scheme == "https" else None
-        self.server = HttpServer(self._handle, limits=config.limits)
+        self.server = HttpServer(self._handle, limits=config.limits, reuse_port=config.reuse_port)
         self.app: GatewayApp | None = None
         self.balancer = Balancer(
-            breaker_failures=config.breaker_failures, breaker_open_for=config.breaker_open_for
+            breaker_failures=config.breaker_failures,
+            breaker_open_for=config.breaker_open_for,
+            routing=config.routing,
+            prefix_load_factor=config.prefix_load_factor,
         )
         self.watcher: RoutesWatcher | None = None
         self.metrics: GatewayMetrics | None = None
@@ -177,4 +186,3 @@ async def serve_gateway(
     :raises GatewayError: when the configuration is unusable or the address cannot be bound.
     """
     await Gateway(config).serve(task_status=task_status)
-

@@ -13,18 +13,24 @@ Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{mode
 ``llmgw_gateway_ready_replicas{model}``, ``llmgw_gateway_routes_age_seconds``
 (since the server last answered), ``llmgw_gateway_routes_feed_up`` and
 ``llmgw_gateway_routes_revision``.
+
+With ``--workers N`` the counted metrics are summed over every worker (see
+:mod:`llmgw.gateway.workers`); the live ones are the answering worker's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.routes import RoutesWatcher
+from llmgw.gateway.workers import MULTIPROC_ENV
 
 __all__ = ["GatewayMetrics", "UNKNOWN_MODEL"]
 
@@ -40,7 +46,12 @@ class GatewayMetrics:
 
     def __init__(self, balancer: Balancer, watcher: Callable[[], RoutesWatcher | None]) -> None:
         self.registry = CollectorRegistry()
-        registry = self.registry
+        registry: CollectorRegistry | None = self.registry
+        shared = os.environ.get(MULTIPROC_ENV)
+        if shared:  # one of several workers: counts go to files, a scrape sums every worker's
+            values.ValueClass = values.MultiProcessValue()
+            MultiProcessCollector(self.registry, shared)
+            registry = None
         self.requests = Counter(
             "llmgw_gateway_requests",
             "Requests answered, by model, endpoint and status (499: the client left first).",
@@ -74,9 +85,10 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
-        registry.register(_LiveCollector(balancer, watcher))
+        self.registry.register(_LiveCollector(balancer, watcher))
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._duration_children: dict[tuple[str, str], Histogram] = {}
+        self._ttft_children: dict[str, Histogram] = {}
 
     def request_done(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         """Count one answered request and its duration."""
@@ -92,7 +104,10 @@ class GatewayMetrics:
 
     def first_token(self, model: str, seconds: float) -> None:
         """Record a streamed response's time to first token."""
-        self.ttft.labels(model).observe(seconds)
+        histogram = self._ttft_children.get(model)
+        if histogram is None:
+            histogram = self._ttft_children[model] = self.ttft.labels(model)
+        histogram.observe(seconds)
 
     def upstream_error(self, replica: str, kind: str) -> None:
         """Count a failed attempt on ``replica``."""

@@ -79,6 +79,8 @@ class Call:
     replica: Upstream | None = None
     #: called once the response to the client is over (:attr:`llmgw.net.server.Response.after`)
     after: Callable[[], object] | None = None
+    #: the prompt's prefix keys, for prefix-aware routing (empty: not used)
+    prefix: tuple[bytes, ...] = ()
 
 
 class Proxy:
@@ -101,7 +103,7 @@ class Proxy:
             if attempt > 1:
                 await trio.sleep(random.uniform(0, self.settings.retry_backoff * 2 ** (attempt - 2)))
             replica = self.balancer.choose(
-                call.model, trio.current_time(), session=call.session, exclude=tried
+                call.model, trio.current_time(), session=call.session, prefix=call.prefix, exclude=tried
             )
             if replica is None:
                 break

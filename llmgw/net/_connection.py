@@ -8,11 +8,11 @@ Import the errors from :mod:`llmgw.net.client`.
 
 from __future__ import annotations
 
+import os
 import select
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
 import trio
 import trio.lowlevel
 
@@ -58,12 +58,15 @@ class ResponseTooLarge(HttpClientError):
 class _Connection:
     """One HTTP/1.1 connection to one origin; used by one request at a time."""
 
-    __slots__ = ("origin", "stream", "h11", "idle_since", "sock", "reused")
+    __slots__ = ("origin", "stream", "reader", "spare", "idle_since", "sock", "reused")
 
     def __init__(self, origin: Origin, stream: trio.abc.Stream, sock: Any) -> None:
         self.origin = origin
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
+        #: the response being read on it (:class:`llmgw.net._h1client.ResponseReader`), if any
+        self.reader: Any = None
+        #: the last response's reader, kept to parse the next one
+        self.spare: Any = None
         self.idle_since = 0.0
         #: the plain socket, to check an idle TCP connection; None on TLS, where a session ticket
         #: arriving after the handshake would look like the upstream talking
@@ -116,3 +119,20 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc) or type(exc).__name__
+
+
+def write_now(stream: trio.abc.Stream, data: bytes) -> bytes | memoryview:
+    """Write what the kernel takes at once to a plain TCP ``stream``; returns what is left to send.
+
+    The common case, a socket with room in its buffer, costs one system call and no trip through
+    trio's scheduler. A TLS stream, a full buffer or an error returns ``data`` (or its rest) for
+    ``stream.send_all``, which then waits or raises as usual.
+    """
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return data
+    try:
+        sent = os.write(sock.fileno(), data)
+    except OSError:
+        return data
+    return memoryview(data)[sent:] if sent < len(data) else b""

@@ -1,4 +1,5 @@
-"""llmgw's HTTP/1.1 client: h11 over trio streams, with keep-alive connections pooled per upstream.
+"""llmgw's HTTP/1.1 client over trio streams (responses parsed by llhttp, through ``httptools``), with
+keep-alive connections pooled per upstream.
 
 :class:`ConnectionPool` opens at most one connection per request in flight,
 keeps up to ``max_idle_per_host`` idle connections for each upstream
@@ -36,7 +37,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
 import trio
 import trio.lowlevel
 
@@ -52,7 +52,9 @@ from llmgw.net._connection import (
     _origin,
     _origin_of,
     _where,
+    write_now,
 )
+from llmgw.net._h1client import BrokenResponse, ResponseReader, request_head
 
 __all__ = [
     "ClientResponse",
@@ -74,17 +76,16 @@ class ClientResponse:
     ``finally``: an unfinished response closes its connection.
     """
 
-    def __init__(self, pool: ConnectionPool, connection: _Connection, head: h11.Response) -> None:
+    def __init__(self, pool: ConnectionPool, connection: _Connection, reader: ResponseReader) -> None:
         self._pool = pool
         self._connection: _Connection | None = connection
+        self._reader = reader
         #: the status code
-        self.status: int = head.status_code
+        self.status: int = reader.status
         #: the reason phrase
-        self.reason: str = head.reason.decode("latin-1")
+        self.reason: str = reader.reason
         #: (lowercase name, value) pairs in the order received
-        self.headers: list[tuple[str, str]] = [
-            (name.decode("latin-1"), value.decode("latin-1")) for name, value in head.headers
-        ]
+        self.headers: list[tuple[str, str]] = reader.headers
         #: the body, once :meth:`read` has returned it
         self.content: bytes | None = None
         self.complete = False
@@ -107,28 +108,11 @@ class ClientResponse:
         connection = self._connection
         if connection is None:
             return None
-        conn = connection.h11
-        parts: list[bytes] = []
+        reader = self._reader
         try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    if parts:
-                        break
-                    await self._pool._receive(connection, True)
-                elif type(event) is h11.Data:
-                    parts.append(event.data)
-                elif type(event) is h11.EndOfMessage:
-                    self.complete = True
-                    self._release()
-                    if not parts:
-                        return None
-                    break
-                else:
-                    raise RemoteProtocolError(
-                        f"unexpected {type(event).__name__} in body", response_started=True
-                    )
-        except h11.RemoteProtocolError as exc:
+            while not reader.pieces and not reader.complete:
+                await self._pool._receive(connection, True)
+        except BrokenResponse as exc:
             self._abort()
             raise RemoteProtocolError(
                 f"{_where(connection)} broke the response body: {exc}", response_started=True
@@ -141,7 +125,14 @@ class ClientResponse:
         except BaseException:
             self._abort()
             raise
-        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+        pieces = reader.pieces
+        if reader.complete:
+            self.complete = True
+            self._release()
+            if not pieces:
+                return None
+        reader.pieces = []
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while (chunk := await self.receive_chunk()) is not None:
@@ -266,15 +257,16 @@ class ConnectionPool:
         head_headers = list(headers)
         if not any(name.lower() == "host" for name, _ in head_headers):
             head_headers.insert(0, ("host", netloc))
-        if body or method not in ("GET", "HEAD"):
-            head_headers.append(("content-length", str(len(body))))
-        request = h11.Request(method=method, target=target, headers=head_headers)
+        length = len(body) if body or method not in ("GET", "HEAD") else None
+        request = request_head(method, target, head_headers, length)
+        if body:
+            request += body
         while True:
             connection = self._checkout(origin)
             if connection is None:
                 connection = await self._connect(origin)
             try:
-                return await self._exchange(connection, request, body)
+                return await self._exchange(connection, request, method)
             except RemoteProtocolError as exc:
                 if not connection.reused or exc.response_started or isinstance(exc, ReadTimeout):
                     raise
@@ -350,12 +342,12 @@ class ConnectionPool:
         return parsed
 
     async def _receive(self, connection: _Connection, response_started: bool) -> None:
-        """Feed the next bytes from the upstream to h11, within the read timeout."""
+        """Feed the next bytes from the upstream to the response's reader, within the read timeout."""
         if self.read_timeout is None:
-            connection.h11.receive_data(await connection.stream.receive_some(_RECEIVE_SIZE))
+            connection.reader.feed(await connection.stream.receive_some(_RECEIVE_SIZE))
             return
         with trio.CancelScope(deadline=trio.current_time() + self.read_timeout) as scope:
-            connection.h11.receive_data(await connection.stream.receive_some(_RECEIVE_SIZE))
+            connection.reader.feed(await connection.stream.receive_some(_RECEIVE_SIZE))
         if scope.cancelled_caught:
             raise ReadTimeout(
                 f"{_where(connection)} sent nothing for {self.read_timeout:g}s",
@@ -379,11 +371,11 @@ class ConnectionPool:
         return None
 
     def _give_back(self, connection: _Connection) -> None:
-        conn = connection.h11
-        if self._closed or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+        reader, connection.reader = connection.reader, None
+        if self._closed or reader is None or not reader.complete or not reader.reusable:
             connection.close()
             return
-        conn.start_next_cycle()
+        connection.spare = reader if reader.parser_reusable else None
         idle = self._idle.setdefault(connection.origin, deque())
         if len(idle) >= self.max_idle_per_host:
             connection.close()
@@ -414,31 +406,27 @@ class ConnectionPool:
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
             raise ConnectError(f"could not connect to {where}: {_describe(exc)}") from None
 
-    async def _exchange(self, connection: _Connection, request: h11.Request, body: bytes) -> ClientResponse:
-        conn = connection.h11
+    async def _exchange(self, connection: _Connection, request: bytes, method: str) -> ClientResponse:
+        reader, connection.spare = connection.spare, None
+        if reader is None:
+            reader = ResponseReader(method)
+        else:
+            reader.restart(method)
+        connection.reader = reader
         try:
-            data = conn.send(request)
-            if body:
-                data += conn.send(h11.Data(data=body))
-            data += conn.send(h11.EndOfMessage())
-            await connection.stream.send_all(data)
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    await self._receive(connection, False)
-                    continue
-                if type(event) is h11.Response:
-                    return ClientResponse(self, connection, event)
-                if type(event) is h11.InformationalResponse:
-                    continue
-                raise RemoteProtocolError(
-                    f"{_where(connection)} closed the connection before answering", response_started=False
-                )
-        except h11.RemoteProtocolError as exc:
+            data = write_now(connection.stream, request)
+            if data:
+                await connection.stream.send_all(data)
+            while reader.status is None:
+                await self._receive(connection, False)
+            return ClientResponse(self, connection, reader)
+        except BrokenResponse as exc:
             connection.close()
-            raise RemoteProtocolError(
-                f"{_where(connection)} broke HTTP/1.1 before answering: {exc}", response_started=False
-            ) from None
+            if str(exc) == "the connection closed":
+                message = f"{_where(connection)} closed the connection before answering"
+            else:
+                message = f"{_where(connection)} broke HTTP/1.1 before answering: {exc}"
+            raise RemoteProtocolError(message, response_started=False) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             connection.close()
             raise RemoteProtocolError(

@@ -266,7 +266,7 @@ class TestRouting:
         feed = FakeRoutesFeed()
         feed_url = await nursery.start(feed.serve)
         feed.set(routes={"m": [("a", urls["busy"]), ("b", urls["idle"])]})
-        _, gateway = await start_gateway(nursery, feed_url, require_keys=False)
+        _, gateway = await start_gateway(nursery, feed_url, require_keys=False, routing="least-outstanding")
         async with client(gateway, key=None) as http, trio.open_nursery() as requests:
             body = {"model": "m", "prompt": "x"}
             for _ in range(4):
@@ -275,6 +275,27 @@ class TestRouting:
             assert sorted(arrivals) == ["busy", "busy", "idle", "idle"]
             assert arrivals[0] != arrivals[1] and arrivals[2] != arrivals[3]
             release.set()
+
+    async def test_prefix_routing_keeps_a_prompt_prefix_on_one_replica(self, gateway_url):
+        """By default the turns of a conversation (same beginning) go to one replica; other prompts spread."""
+        system = {"role": "system", "content": "You are a patient assistant. " * 40}
+        turns = [system]
+        async with client(gateway_url) as http:
+            replicas = set()
+            for i in range(6):
+                turns.append({"role": "user", "content": f"question {i}"})
+                body = {"model": "m", "messages": turns, "max_tokens": 1}
+                response = await http.post("/v1/chat/completions", json=body)
+                assert response.status_code == 200
+                replicas.add(response.headers["x-llmgw-replica"])
+                turns.append(response.json()["choices"][0]["message"])
+            assert len(replicas) == 1
+            spread = set()
+            for i in range(24):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"tenant {i} " * 100}]}
+                response = await http.post("/v1/chat/completions", json=body)
+                spread.add(response.headers["x-llmgw-replica"])
+            assert spread == {"m-0", "m-1"}
 
 
 def metric_values(text: str) -> dict[tuple[str, tuple], float]:

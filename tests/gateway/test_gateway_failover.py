@@ -140,9 +140,13 @@ class TestBreaker:
             nursery, feed.url, require_keys=False, breaker_failures=3, breaker_open_for=1.5
         )
         async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            sent = 0
 
             async def request() -> str:
-                response = await http.post("/v1/chat/completions", json=BODY)
+                nonlocal sent
+                sent += 1  # prompts of their own: prefix routing spreads them over both replicas
+                body = {**BODY, "messages": [{"role": "user", "content": f"request {sent}"}]}
+                response = await http.post("/v1/chat/completions", json=body)
                 assert response.status_code == 200, response.text
                 return response.headers["x-llmgw-replica"]
 

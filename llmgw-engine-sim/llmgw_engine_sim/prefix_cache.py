@@ -1,0 +1,136 @@
+"""The simulated engine's prefix cache: prompts cost prefill time for the tokens it has not seen.
+
+Like vLLM's automatic prefix caching: a prompt is cut into blocks of
+``--prefix-block-tokens`` tokens (whitespace-separated words, as everywhere in
+the sim); each full block is named by a hash chained over every block before
+it, so a block hits only when the whole prefix up to it is the same. The
+replica keeps the most recently used blocks up to ``--prefix-cache-tokens``
+tokens (least recently used first out, a prefix's tail before its head). A request's prefill takes
+``uncached tokens × --prefill-seconds-per-token``, one prefill at a time per
+replica (prefill is compute bound: concurrent ones queue), and its first token
+comes ``--time-to-first-token`` after its prefill. With the default
+``--prefill-seconds-per-token 0`` the cache is kept but costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+__all__ = ["PrefillOptions", "PrefixCache", "Prefill", "add_prefix_cache_flags"]
+
+
+@attrs.frozen
+class PrefillOptions:
+    """The prefix cache's flags."""
+
+    #: tokens the cache holds (0: no cache, every prompt is prefilled whole)
+    cache_tokens: int = 65536
+    #: tokens per cached block
+    block_tokens: int = 16
+    #: prefill time per uncached prompt token
+    seconds_per_token: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PrefillOptions:
+        """The options from parsed command-line flags (see :func:`add_prefix_cache_flags`)."""
+        return cls(args.prefix_cache_tokens, args.prefix_block_tokens, args.prefill_seconds_per_token)
+
+
+def add_prefix_cache_flags(parser: argparse.ArgumentParser, non_negative: Any, positive_int: Any) -> None:
+    """Add ``--prefix-cache-tokens``, ``--prefix-block-tokens`` and ``--prefill-seconds-per-token``."""
+    defaults = PrefillOptions()
+    parser.add_argument(
+        "--prefix-cache-tokens",
+        type=non_negative(int),
+        default=defaults.cache_tokens,
+        metavar="N",
+        help=f"prompt tokens the prefix cache keeps, least recently used out; 0 disables it "
+        f"(default {defaults.cache_tokens})",
+    )
+    parser.add_argument(
+        "--prefix-block-tokens",
+        type=positive_int,
+        default=defaults.block_tokens,
+        metavar="N",
+        help=f"tokens per prefix-cache block; only whole blocks are cached (default {defaults.block_tokens})",
+    )
+    parser.add_argument(
+        "--prefill-seconds-per-token",
+        type=non_negative(float),
+        default=defaults.seconds_per_token,
+        metavar="SECONDS",
+        help="prefill time per prompt token not in the prefix cache, one prefill at a time; "
+        "0 makes prefill free (default 0)",
+    )
+
+
+class PrefixCache:
+    """Block hashes of the prompts seen, least recently used first, up to ``capacity_tokens``."""
+
+    def __init__(self, capacity_tokens: int, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.capacity_blocks = capacity_tokens // block_tokens
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        #: prompt tokens looked up, and how many of them were found cached
+        self.tokens_seen = 0
+        self.tokens_hit = 0
+
+    def admit(self, tokens: Sequence[str]) -> int:
+        """Look ``tokens`` up and cache their whole blocks; returns how many leading tokens were cached.
+
+        The prompt's blocks become the most recently used, its first block most of all (as in
+        vLLM, a prefix's tail is evicted before its head).
+        """
+        size = self.block_tokens
+        blocks = self._blocks
+        digests = []
+        digest = b""
+        for start in range(0, len(tokens) - size + 1, size):
+            block = "\x1f".join(tokens[start : start + size]).encode()
+            digest = hashlib.blake2b(digest + block, digest_size=16).digest()
+            digests.append(digest)
+        hit = 0
+        while hit < len(digests) and digests[hit] in blocks:
+            hit += 1
+        if self.capacity_blocks:
+            for digest in reversed(digests):
+                blocks[digest] = None
+                blocks.move_to_end(digest)
+            while len(blocks) > self.capacity_blocks:
+                blocks.popitem(last=False)
+        self.tokens_seen += len(tokens)
+        self.tokens_hit += hit * size
+        return hit * size
+
+    def __len__(self) -> int:
+        """Tokens cached now."""
+        return len(self._blocks) * self.block_tokens
+
+
+class Prefill:
+    """One replica's prefill: the prefix cache, and the lane where prefills queue."""
+
+    def __init__(self, options: PrefillOptions) -> None:
+        self.options = options
+        self.cache = PrefixCache(options.cache_tokens, options.block_tokens)
+        self._lane = trio.Lock()
+
+    async def run(self, prompt: str) -> int:
+        """Called before a request's first token: waits out the prefill of what the cache lacks.
+
+        Returns the number of prompt tokens found in the cache.
+        """
+        tokens = prompt.split()
+        cached = self.cache.admit(tokens)
+        seconds = (len(tokens) - cached) * self.options.seconds_per_token
+        if seconds > 0:
+            async with self._lane:
+                await trio.sleep(seconds)
+        return cached

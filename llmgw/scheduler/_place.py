@@ -33,6 +33,7 @@ def schedule(
     placements: Iterable[Replica],
     *,
     replace: Iterable[str] = (),
+    roll: Iterable[str] = (),
 ) -> ScheduleResult:
     """Decide where every replica of ``catalog`` runs, starting from ``placements``.
 
@@ -53,6 +54,8 @@ def schedule(
         away from its nodes, marked ``replaces=<id>``, that does not count
         toward the model's replicas until the caller removes the original.
         Ids not placed, or already being replaced, are ignored.
+    :param roll: ids of replicas to replace where they are (a rollout): as
+        ``replace``, but the replacement may share the original's nodes.
     :returns: the placements to run, the replicas that found no place with
         the reason, and the input replicas dropped with the reason.
     :raises ValueError: when two nodes have the same id.
@@ -66,7 +69,8 @@ def schedule(
 
     kept, removed, generations = _keep(state, catalog, placements)
     removed += _scale_down(state, catalog, kept)
-    requests = _requests(catalog, kept, generations, sorted(set(replace)))
+    moves = [(i, True) for i in sorted(set(replace))] + [(i, False) for i in sorted(set(roll) - set(replace))]
+    requests = _requests(catalog, kept, generations, moves)
 
     new: list[Replica] = []
     unplaced: list[Unplaced] = []
@@ -192,7 +196,7 @@ def _scale_down(state: dict[str, NodeState], catalog: Catalog, kept: dict[str, R
 
 
 def _requests(
-    catalog: Catalog, kept: dict[str, Replica], generations: dict[str, int], replace: list[str]
+    catalog: Catalog, kept: dict[str, Replica], generations: dict[str, int], moves: list[tuple[str, bool]]
 ) -> dict[str, list[_Request]]:
     """The replicas to place, per model: missing slots first (lowest index first), then replacements."""
     used: dict[str, set[int]] = {}
@@ -219,14 +223,15 @@ def _requests(
             generation = generations.get(replica_id(name, index), 0)
             requests.setdefault(name, []).append(_Request(index, generation))
     moving = {replica.replaces for replica in kept.values()}
-    for original_id in replace:
+    for original_id, away in moves:
         original = kept.get(original_id)
         if original is None or original_id in moving:
             continue
+        avoid = frozenset(original.node_ids) if away else frozenset()
         index = next(free_indices(original.model))
         generation = generations.get(replica_id(original.model, index), 0)
         requests.setdefault(original.model, []).append(
-            _Request(index, generation, replaces=original_id, avoid=frozenset(original.node_ids))
+            _Request(index, generation, replaces=original_id, avoid=avoid)
         )
     return requests
 

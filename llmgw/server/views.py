@@ -13,7 +13,7 @@ import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
-from llmgw.server.records import NodeRecord, ReplicaRecord, Settings
+from llmgw.server.records import Launch, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.stopping import StopOrder
 from llmgw.wire import (
     DesiredShard,
@@ -79,7 +79,17 @@ class ClusterViews:
             (node.address, node.facts.fabrics) if node is not None else None
             for node in (self.nodes.get(node_id) for node_id in record.placement.node_ids)
         )
-        return (record.attempt, record.placement, self.catalog_revision, id(self.catalog), nodes)
+        return (record.attempt, record.placement, self.launch_of(record), nodes)
+
+    def launch_of(self, record: ReplicaRecord) -> Launch | None:
+        """What ``record``'s current attempt runs: its recorded launch, or (none recorded) the catalog's."""
+        return record.launch if record.launch is not None else Launch.of(self.catalog, record.placement.model)
+
+    def is_outdated(self, record: ReplicaRecord) -> bool:
+        """Whether ``record`` runs another command than the catalog in force now asks for its model."""
+        wanted = Launch.of(self.catalog, record.placement.model)
+        launch = self.launch_of(record)
+        return wanted is not None and launch is not None and launch.command != wanted.command
 
     def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
         """The shards ``node_id`` should run now."""
@@ -87,10 +97,10 @@ class ClusterViews:
 
     def _desired_shards(self, record: ReplicaRecord) -> Iterable[_NodeShard]:
         placement = record.placement
-        model = self.catalog.models.get(placement.model)
-        if model is None:
+        launch = self.launch_of(record)
+        if launch is None:
             return []
-        profile = self.catalog.profiles[model.profile]
+        model, profile = launch.model, launch.profile
         rank0 = placement.rank0
         rank0_node = self.nodes.get(rank0.node_id)
         if rank0_node is None:
@@ -137,9 +147,8 @@ class ClusterViews:
 
     def ready_timeout_of(self, record: ReplicaRecord) -> float:
         """Seconds ``record``'s rank 0 may take to be ready: its profile's, or the server's setting."""
-        model = self.catalog.models.get(record.placement.model)
-        profile = self.catalog.profiles.get(model.profile) if model is not None else None
-        return (profile.ready_timeout if profile is not None else None) or self.settings.ready_timeout
+        launch = self.launch_of(record)
+        return (launch.profile.ready_timeout if launch is not None else None) or self.settings.ready_timeout
 
     def sources_to_check(self) -> tuple[str, ...]:
         """Every model source in the catalog, for agents to report on."""
@@ -157,11 +166,11 @@ class ClusterViews:
         for record in sorted(self.replicas.values(), key=lambda r: r.id):
             if record.state != "ready":
                 continue
-            model = self.catalog.models.get(record.placement.model)
+            launch = self.launch_of(record)
             node = self.nodes.get(record.placement.rank0.node_id)
-            if model is None or node is None:
+            if launch is None or node is None:
                 continue
-            name = model.served_name or record.placement.model
+            name = launch.model.served_name or record.placement.model
             routes.setdefault(name, []).append(
                 Route(record.id, f"http://{node.address}:{record.placement.rank0.port}")
             )
@@ -292,6 +301,7 @@ class ClusterViews:
             fabric=record.placement.fabric,
             replaces=record.placement.replaces,
             shards=tuple(shards),
+            outdated=self.is_outdated(record),
         )
 
 

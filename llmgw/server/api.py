@@ -36,6 +36,7 @@ from llmgw.server.persist import (
     revoke_api_key,
 )
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.rollout import undo_refusal
 from llmgw.server.store import Store
 from llmgw.wire import (
     ApiKey,
@@ -51,6 +52,7 @@ from llmgw.wire import (
     ErrorReply,
     KeyList,
     RevokedKey,
+    RolloutUndone,
     SyncReply,
     SyncRequest,
     WireError,
@@ -142,6 +144,8 @@ class ServerApp:
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
         self._route("POST", r"/v1/admin/catalog/diff", admin, self._diff_catalog)
         self._route("GET", r"/v1/admin/catalog/history", admin, self._catalog_history)
+        self._route("GET", r"/v1/admin/rollouts", admin, self._get_rollouts)
+        self._route("POST", r"/v1/admin/rollouts/(?P<model>[^/]+)/undo", admin, self._undo_rollout)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
@@ -357,6 +361,40 @@ class ServerApp:
             revision = self.cluster.catalog_revision
         wanted = {name: model.replicas for name, model in catalog.models.items()}
         return _answer(CatalogApplied(revision, catalog_summary(catalog), diff, wanted))
+
+    async def _get_rollouts(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        model = request.query.get("model")
+        if model is not None:
+            self._known_model(model)
+        return _answer(self.cluster.rollouts.status(self.cluster, model))
+
+    def _known_model(self, model: str) -> str:
+        """``model``, or a 404 that lists the catalog's models."""
+        if model not in self.cluster.catalog.models:
+            known = ", ".join(sorted(self.cluster.catalog.models)) or "none"
+            raise _Refused(404, f"no model {model!r} in the catalog in force (models: {known})")
+        return model
+
+    async def _undo_rollout(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        model = params["model"]
+        async with self._lock:
+            self._known_model(model)
+            revision = self.cluster.catalog_revision - 1
+            stored = await self.store.run(lambda conn: catalog_revision(conn, revision))
+            if stored is None:
+                raise _Refused(409, f"no catalog revision before {revision + 1} to return model {model} to")
+            try:
+                previous = parse_catalog(stored.text, self.engines, source=f"catalog revision {revision}")
+            except CatalogError as exc:
+                raise _Refused(409, f"cannot undo: {exc}") from None
+            refusal = undo_refusal(model, self.cluster.catalog, previous, revision)
+            if refusal is not None:
+                raise _Refused(409, f"cannot undo the rollout of {model}: {refusal}")
+            author = f"{identity.name} (ctl rollout undo {model})"
+            self.cluster.apply_catalog(previous, stored.text, self.clock(), author)
+            await self.commit()
+            applied = self.cluster.catalog_revision
+        return _answer(RolloutUndone(model, revision, applied, catalog_summary(previous)))
 
     async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         since = _int(request.query.get("since", "0"), "since")

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from llmgw.models import Catalog
 from llmgw.server.records import Launch, ReplicaRecord
 from llmgw.wire import RolloutList, RolloutStatus
 
 if TYPE_CHECKING:
     from llmgw.server.cluster import Cluster
 
-__all__ = ["FAILURES_TO_PAUSE", "Pause", "Rollouts"]
+__all__ = ["FAILURES_TO_PAUSE", "Pause", "Rollouts", "undo_refusal"]
 
 #: a replacement failing this many times in a row pauses its model's rollout
 FAILURES_TO_PAUSE = 3
@@ -269,3 +270,40 @@ class Rollouts:
 def _digest(launch: Launch) -> str:
     """A short stable name of ``launch``'s command (stored with a paused rollout)."""
     return hashlib.sha256(repr(launch.command).encode()).hexdigest()[:16]
+
+
+def undo_refusal(model: str, current: Catalog, previous: Catalog, revision: int) -> str | None:
+    """Why re-applying catalog ``revision`` (``previous``) would not undo just ``model``'s change.
+
+    Called by ``ctl rollout undo MODEL`` (``POST /v1/admin/rollouts/MODEL/undo``),
+    which re-applies the previous revision only when it differs from the
+    catalog in force in ``model`` and the profiles no other model uses.
+
+    :returns: the refusal for people (naming what else differs), or None when the undo may go ahead.
+    """
+    if model not in previous.models:
+        return (
+            f"model {model} is not in catalog revision {revision}; remove it with ctl apply --prune instead"
+        )
+    others = []
+    for name in sorted((set(current.models) | set(previous.models)) - {model}):
+        if current.models.get(name) != previous.models.get(name):
+            others.append(f"model {name}")
+    users = {m.profile for name, m in [*current.models.items(), *previous.models.items()] if name != model}
+    for name in sorted(set(current.profiles) | set(previous.profiles)):
+        if current.profiles.get(name) != previous.profiles.get(name) and name in users:
+            others.append(f"profile {name} (used by other models)")
+    if others:
+        return (
+            f"catalog revision {revision} also differs from the catalog in force in {', '.join(others)}; "
+            "undo re-applies a whole revision, so edit the catalog "
+            f"(`llmgw ctl catalog --revision {revision}` prints it) and apply it"
+        )
+    if (
+        Launch.of(previous, model) == Launch.of(current, model)
+        and previous.models[model] == current.models[model]
+    ):
+        return (
+            f"catalog revision {revision} asks the same of model {model} as the one in force: nothing to undo"
+        )
+    return None

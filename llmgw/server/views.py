@@ -8,6 +8,7 @@ records of :mod:`llmgw.wire`, ready for ``to_json``; none changes anything.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -15,6 +16,9 @@ from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
 from llmgw.server.records import Launch, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.stopping import StopOrder
+
+if TYPE_CHECKING:
+    from llmgw.server.rollout import Rollouts
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
@@ -46,6 +50,7 @@ class ClusterViews:
     routes_revision: int
     catalog_revision: int
     stopping: StopOrder
+    rollouts: Rollouts
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
     #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
     _shards_memo: dict[str, tuple[tuple, list[_NodeShard]]]
@@ -259,7 +264,8 @@ class ClusterViews:
         """Every replica, its shards as agents observe them, and what cannot be placed (``ctl replicas``)."""
         replicas = tuple(self._replica_status(r) for r in sorted(self.replicas.values(), key=lambda r: r.id))
         unplaced = tuple(UnplacedStatus(u.id, u.model, u.reason, u.replaces) for u in self.unplaced)
-        return ReplicaList(replicas=replicas, unplaced=unplaced, catalog_revision=self.catalog_revision)
+        rollouts = self.rollouts.status(self).rollouts  # type: ignore[arg-type]
+        return ReplicaList(replicas, unplaced, self.catalog_revision, rollouts)
 
     def replica_counts(self) -> dict[str, int]:
         """Model -> its replicas that exist (placed; a drain's replacements not counted), for ``ctl diff``."""

@@ -57,6 +57,6 @@ def test_diff_lines_show_outdated_replicas():
     """Outdated replicas are said to run the old command until replaced."""
     change = CatalogChange("model", "a", "changed", ("source: /a -> /b",), outdated=2)
     assert diff_lines(CatalogDiff(1, (change,)))[1:] == [
-        "  ~ model a: changed: 2 outdated (they run the old command until replaced)",
+        "  ~ model a: changed: 2 outdated (to roll: each replaced once its replacement is ready)",
         "      source: /a -> /b",
     ]

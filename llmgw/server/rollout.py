@@ -202,8 +202,8 @@ class Rollouts:
     ) -> None:
         failure = f"{failed.id} failed {failed.consecutive_failures} times in a row, last: {failed.reason}"
         reason = (
-            f"paused: {failure}; the outdated replicas keep serving. Apply a fixed catalog to resume, "
-            f"or `llmgw ctl rollout undo {model}`"
+            f"paused: its replacements keep failing; the outdated replicas keep serving. "
+            f"Apply a fixed catalog to resume, or `llmgw ctl rollout undo {model}`"
         )
         self.paused[model] = Pause(target, reason, failure, now)
         self.waiting.pop(model, None)
@@ -212,7 +212,7 @@ class Rollouts:
                 del cluster.replicas[record.id]
                 cluster.dirty_replicas.add(record.id)
         cluster.schedule_wanted = True
-        cluster.record_event(now, "rollout", model, reason)
+        cluster.record_event(now, "rollout", model, f"{reason}. Failed: {failure}")
 
     # -- what it shows --------------------------------------------------------------------------
 

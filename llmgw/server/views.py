@@ -54,6 +54,8 @@ class ClusterViews:
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
     #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
     _shards_memo: dict[str, tuple[tuple, list[_NodeShard]]]
+    #: (the catalog, model -> the command it asks for): rebuilt when another catalog is in force
+    _wanted_commands: tuple[Catalog, dict[str, tuple[object, ...]]]
 
     # -- what agents run ---------------------------------------------------
 
@@ -92,9 +94,13 @@ class ClusterViews:
 
     def is_outdated(self, record: ReplicaRecord) -> bool:
         """Whether ``record`` runs another command than the catalog in force now asks for its model."""
-        wanted = Launch.of(self.catalog, record.placement.model)
+        cache = getattr(self, "_wanted_commands", None)
+        if cache is None or cache[0] is not self.catalog:
+            commands = {name: Launch.of(self.catalog, name) for name in self.catalog.models}
+            cache = self._wanted_commands = (self.catalog, {k: v.command for k, v in commands.items() if v})
+        wanted = cache[1].get(record.placement.model)
         launch = self.launch_of(record)
-        return wanted is not None and launch is not None and launch.command != wanted.command
+        return wanted is not None and launch is not None and launch.command != wanted
 
     def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
         """The shards ``node_id`` should run now."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from llmgw.ctl.catalog import diff_lines, replica_progress
 from llmgw.wire import CatalogChange, CatalogDiff, ReplicaList, ReplicaStatus, UnplacedStatus
 
@@ -46,6 +48,12 @@ class TestReplicaProgress:
         """Starting and failed replicas are counted apart."""
         data = ReplicaList(replicas=(replica("a-0", "a", "starting"), replica("a-1", "a", "backoff")))
         assert replica_progress(data, {"a": 2})[0] == ["a: 0/2 ready (1 starting, 1 failed, rebuilding)"]
+
+    def test_outdated_replicas_are_not_done(self):
+        """A ready replica still running the old command is being rolled: not done yet."""
+        outdated = attrs.evolve(replica("a-1", "a", "ready"), outdated=True)
+        data = ReplicaList(replicas=(replica("a-0", "a", "ready"), outdated))
+        assert replica_progress(data, {"a": 2}) == (["a: 1/2 ready (1 outdated, rolling)"],) * 2
 
 
 def test_diff_lines_for_no_change():

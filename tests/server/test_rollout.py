@@ -237,3 +237,46 @@ def test_undo_is_refused_when_the_previous_revision_changes_other_models():
     shared = parse_catalog(text().replace("profile: other", "profile: one"), ENGINES)
     changed = parse_catalog(text(args='["--x"]').replace("profile: other", "profile: one"), ENGINES)
     assert "profile one (used by other models)" in undo_refusal("small", changed, shared, 1)
+
+
+TWO_NODE = """
+profiles:
+  tp2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 4
+    args: {args}
+models:
+  big:
+    source: /models/big
+    profile: tp2
+"""
+
+
+def test_a_two_node_replica_is_rolled_and_its_original_stops_rank_0_first():
+    """The replacement of a two-node replica is ready before the original stops; the original's worker
+    is held (stop_after_rank0) while its rank 0 finishes."""
+    h = Rollout()
+    h.join("node-1", "ib-a")
+    h.join("node-2", "ib-a")
+    h.apply_text(TWO_NODE.format(args="[]"))
+    h.sync_all()  # every node learns its shard
+    h.run_all("big-0")
+    assert h.ready_ids() == ["big-0"]
+    h.apply_text(TWO_NODE.format(args='["--x"]'))
+    h.sync_all()
+    assert h.cluster.replicas["big-1"].placement.replaces == "big-0"
+    assert h.args_of("big-1") == ("--x",) and h.ready_ids() == ["big-0"]
+    h.events()
+    h.run_all("big-1")  # ready: the original is retired
+    assert sorted(h.cluster.replicas) == ["big-1"] and h.ready_ids() == ["big-1"]
+    old = {n: [(s.rank, s.stop_after_rank0) for s in h.cluster.desired_for(n) if s.replica_id == "big-0"]
+           for n in h.states}  # fmt: skip
+    assert sorted(old.values()) == [[], [(1, True)]]  # rank 0 stops; its worker is held meanwhile
+    h.sync_all()
+    h.sync_all()
+    assert not any(s.replica_id == "big-0" for n in h.states for s in h.cluster.desired_for(n))
+    assert h.status("big").state == "done"
+    events = [e for e in h.events() if e.startswith("big-0:")]
+    assert events[0] == "big-0: replaced: big-1 is ready, stopping the original"
+    assert events[1].endswith("rank 0 stopped; stopping its workers"), events

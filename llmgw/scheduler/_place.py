@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -34,6 +34,7 @@ def schedule(
     *,
     replace: Iterable[str] = (),
     roll: Iterable[str] = (),
+    launches: Mapping[str, tuple[Model, Profile]] | None = None,
 ) -> ScheduleResult:
     """Decide where every replica of ``catalog`` runs, starting from ``placements``.
 
@@ -56,6 +57,10 @@ def schedule(
         Ids not placed, or already being replaced, are ignored.
     :param roll: ids of replicas to replace where they are (a rollout): as
         ``replace``, but the replacement may share the original's nodes.
+    :param launches: replica id -> the model and profile entries it runs, for
+        placed replicas that run another command than the catalog asks (a
+        rollout under way): such a replica is checked against what it runs
+        (its shape, engine, source), so it stays until it is replaced.
     :returns: the placements to run, the replicas that found no place with
         the reason, and the input replicas dropped with the reason.
     :raises ValueError: when two nodes have the same id.
@@ -67,7 +72,7 @@ def schedule(
         state[view.node_id] = NodeState(view)
     ordered = list(state.values())
 
-    kept, removed, generations = _keep(state, catalog, placements)
+    kept, removed, generations = _keep(state, catalog, placements, launches or {})
     removed += _scale_down(state, catalog, kept)
     moves = [(i, True) for i in sorted(set(replace))] + [(i, False) for i in sorted(set(roll) - set(replace))]
     requests = _requests(catalog, kept, generations, moves)
@@ -99,14 +104,17 @@ def schedule(
 
 
 def _keep(
-    state: dict[str, NodeState], catalog: Catalog, placements: Iterable[Replica]
+    state: dict[str, NodeState],
+    catalog: Catalog,
+    placements: Iterable[Replica],
+    launches: Mapping[str, tuple[Model, Profile]],
 ) -> tuple[dict[str, Replica], list[Removal], dict[str, int]]:
     """Check every placed replica, in id order, and claim the resources of those that stay."""
     kept: dict[str, Replica] = {}
     removed: list[Removal] = []
     generations: dict[str, int] = {}
     for replica in sorted(placements, key=lambda replica: (replica.id, replica.generation)):
-        reason = _problem(replica, state, catalog)
+        reason = _problem(replica, state, catalog, launches.get(replica.id))
         if reason is None and replica.id in kept:
             reason = f"another replica has the id {replica.id}"
         if reason is None:
@@ -127,13 +135,22 @@ def _keep(
     return kept, removed, generations
 
 
-def _problem(replica: Replica, state: dict[str, NodeState], catalog: Catalog) -> str | None:
-    """Why ``replica`` cannot stay where it is, or None when it can."""
+def _problem(
+    replica: Replica,
+    state: dict[str, NodeState],
+    catalog: Catalog,
+    launch: tuple[Model, Profile] | None = None,
+) -> str | None:
+    """Why ``replica`` cannot stay where it is, or None when it can (``launch``: what it runs, if not the
+    catalog's)."""
     model = catalog.models.get(replica.model)
     if model is None:
         return f"model {replica.model} is no longer in the catalog"
-    profile = catalog.profiles.get(model.profile)
-    if profile is None:
+    if launch is not None:
+        model, profile = launch
+    elif (found := catalog.profiles.get(model.profile)) is not None:
+        profile = found
+    else:
         return f"profile {model.profile} is not in the catalog"
     if replica.id != replica_id(replica.model, replica.index):
         return f"its id should be {replica_id(replica.model, replica.index)}"

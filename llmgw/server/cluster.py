@@ -40,11 +40,19 @@ class SchedulePlan:
     replace: tuple[str, ...]
     #: outdated replicas to replace where they are (a rollout's surge)
     roll: tuple[str, ...] = ()
+    #: what each outdated replica runs, so the scheduler keeps it until it is replaced
+    launches: tuple[tuple[str, Launch], ...] = ()
 
     def run(self) -> ScheduleResult:
         """Schedule (a pure function of the plan); called once, in any thread."""
+        launches = {i: (launch.model, launch.profile) for i, launch in self.launches}
         return schedule(
-            list(self.nodes), self.catalog, list(self.placements), replace=self.replace, roll=self.roll
+            list(self.nodes),
+            self.catalog,
+            list(self.placements),
+            replace=self.replace,
+            roll=self.roll,
+            launches=launches,
         )
 
 
@@ -230,6 +238,11 @@ class Cluster(ClusterViews):
             placements=tuple(record.placement for record in self.replicas.values()),
             replace=tuple(moves),
             roll=tuple(rolls),
+            launches=tuple(
+                (r.id, r.launch)
+                for r in self.replicas.values()
+                if r.launch is not None and self.is_outdated(r)
+            ),
         )
 
     def finish(self, now: float, result: ScheduleResult | None = None) -> frozenset[str]:

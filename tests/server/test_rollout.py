@@ -280,3 +280,17 @@ def test_a_two_node_replica_is_rolled_and_its_original_stops_rank_0_first():
     events = [e for e in h.events() if e.startswith("big-0:")]
     assert events[0] == "big-0: replaced: big-1 is ready, stopping the original"
     assert events[1].endswith("rank 0 stopped; stopping its workers"), events
+
+
+def test_a_new_shape_is_rolled_too_the_old_replicas_serve_until_replaced():
+    """gpus_per_node 2 -> 3: the replicas stay (not dropped for their shape) and are replaced one by one."""
+    h = started()
+    h.apply_text(text(gpus=3))
+    assert sorted(h.ready_ids()) == ["big-0", "small-0", "small-1"]
+    replacement = h.cluster.replicas["small-2"]
+    assert replacement.placement.replaces == "small-0" and len(replacement.placement.shards[0].gpus) == 3
+    h.run_everything()
+    h.run_everything()
+    h.run_everything()
+    assert h.status().state == "done"
+    assert all(len(h.cluster.replicas[r].placement.shards[0].gpus) == 3 for r in ("small-0", "small-2"))

@@ -16,11 +16,12 @@ the replicas) moves each model's rollout on:
   *waits* and says why;
 - up to ``rollout.max_unavailable`` outdated replicas that serve are
   restarted in place (they serve nothing until ready again);
-- a replacement that fails :data:`FAILURES_TO_PAUSE` times in a row
-  (a failure is an exit, a failed health check, or its ready timeout) *pauses*
-  the rollout: the failing replacements are stopped, the outdated replicas go
-  on serving, and nothing more is replaced until the catalog asks for another
-  command for the model (a fixed catalog, or ``ctl rollout undo``).
+- a replica on the new command (a replacement, or one restarted in place)
+  that fails :data:`FAILURES_TO_PAUSE` times in a row (a failure is an exit,
+  a failed health check, or its ready timeout) *pauses* the rollout: the
+  failing replacements are stopped, the outdated replicas go on serving,
+  and nothing more is replaced until the catalog asks for another command
+  for the model (a fixed catalog, or ``ctl rollout undo``).
 
 :meth:`Rollouts.status` is what ``ctl rollout status`` shows.
 """
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FAILURES_TO_PAUSE", "Pause", "Rollouts", "undo_refusal"]
 
-#: a replacement failing this many times in a row pauses its model's rollout
+#: a replica on the new command failing this many times in a row pauses its model's rollout
 FAILURES_TO_PAUSE = 3
 
 
@@ -104,10 +105,9 @@ class Rollouts:
         if pause is not None:
             return []
         replacements = [r for r in records if r.placement.replaces is not None]
+        # a replica on the new command failing again and again (a replacement, or one restarted in place)
         failing = [
-            r
-            for r in replacements
-            if r.consecutive_failures >= FAILURES_TO_PAUSE and not cluster.is_outdated(r)
+            r for r in records if r.consecutive_failures >= FAILURES_TO_PAUSE and not cluster.is_outdated(r)
         ]
         if failing and any(r.placement.replaces is None for r in outdated):
             self._pause(cluster, model, target, failing[0], replacements, now)

@@ -294,3 +294,18 @@ def test_a_new_shape_is_rolled_too_the_old_replicas_serve_until_replaced():
     h.run_everything()
     assert h.status().state == "done"
     assert all(len(h.cluster.replicas[r].placement.shards[0].gpus) == 3 for r in ("small-0", "small-2"))
+
+
+def test_a_replica_restarted_in_place_that_keeps_failing_pauses_too():
+    """max_unavailable 1: one replica restarted in place fails 3 times; the other outdated one serves on."""
+    rollout = "{max_surge: 0, max_unavailable: 1}"
+    h = started(rollout=rollout)
+    h.apply_text(text(args='["--bogus"]', rollout=rollout))
+    restarted = [
+        r for r in h.cluster.replicas.values() if r.placement.model == "small" and r.state != "ready"
+    ]
+    assert [r.id for r in restarted] == ["small-0"]
+    for _ in range(FAILURES_TO_PAUSE):
+        fail_replacement(h, "small-0")
+    assert h.status().state == "paused" and "small-0 failed 3 times in a row" in h.status().failure
+    assert "small-1" in h.ready_ids() and h.cluster.is_outdated(h.cluster.replicas["small-1"])

@@ -318,6 +318,7 @@ class ProcessRecords:
                 records.append(record)
         return records
 
+
     def save_check_sources(self, sources: tuple[str, ...]) -> None:
         """Remember which model sources the server asks about, for the next agent's first sync."""
         _write_json(self.groups.parent / "check_sources.json", {"sources": list(sources)})

@@ -180,18 +180,13 @@ class Agent:
             )
             # a shard being stopped (or held) may still hold a port or GPU of this one: start once it is gone
             blockers = [
-                other.done
-                for other in self.supervisors.values()
+                other.done for other in self.supervisors.values()
                 if _on_the_way_out(other, desired) and _shares_resources(other.desired, shard)
             ]
             wait = f" once {len(blockers)} stopping shards free its ports and GPUs" if blockers else ""
             log.info(
                 "starting shard %s (%s, engine %s, port %d)%s",
-                key,
-                shard.model,
-                shard.engine,
-                shard.spec.port,
-                wait,
+                key, shard.model, shard.engine, shard.spec.port, wait,
             )
             self.shards_nursery.start_soon(self._supervise, supervisor, blockers)
         self.revision = reply.revision

@@ -177,3 +177,4 @@ async def serve_gateway(
     :raises GatewayError: when the configuration is unusable or the address cannot be bound.
     """
     await Gateway(config).serve(task_status=task_status)
+

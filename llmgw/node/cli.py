@@ -61,7 +61,10 @@ def discover(nvidia_smi: str, ib_root: str, fabrics: tuple[str, ...], as_json: b
 def _as_json(node: NodeDiscovery, reports: Reports) -> dict[str, object]:
     return {
         "gpus": [attrs.asdict(gpu) for gpu in node.gpus],
-        "adapters": [{**attrs.asdict(a), "active": a.active} for a in node.adapters],
+        "adapters": [
+            {**attrs.asdict(a), "active": a.active}
+            for a in node.adapters
+        ],
         "fabrics": [attrs.asdict(f) for f in node.fabrics],
         "problems": list(node.problems),
         "reports": [
@@ -78,7 +81,8 @@ def _as_text(node: NodeDiscovery, reports: Reports) -> str:
     sections.append(f"GPUs ({gpu_lines})")
     if node.gpus:
         rows = [
-            [g.index, g.name, g.memory_total_mib, g.memory_free_mib, g.pci_bus_id, g.uuid] for g in node.gpus
+            [g.index, g.name, g.memory_total_mib, g.memory_free_mib, g.pci_bus_id, g.uuid]
+            for g in node.gpus
         ]
         headers = ["index", "name", "memory MiB", "free MiB", "PCI bus", "uuid"]
         sections.append(tabulate(rows, headers=headers, tablefmt="simple"))

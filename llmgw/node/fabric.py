@@ -164,7 +164,9 @@ def _owners(declarations: Sequence[FabricDeclaration]) -> dict[str, str]:
         for name in declaration.adapters:
             first = owner.setdefault(name, declaration.name)
             if first == declaration.name and declaration.adapters.count(name) > 1:
-                raise FabricError(f"--fabric {declaration.name}: adapter {name} is named twice; name it once")
+                raise FabricError(
+                    f"--fabric {declaration.name}: adapter {name} is named twice; name it once"
+                )
             if first != declaration.name:
                 raise FabricError(
                     f"adapter {name} is named under two fabrics: {first} and {declaration.name}; "
@@ -239,7 +241,8 @@ def _too_few(
         )
     have = f"only {len(free)} free: {', '.join(free)}" if free else "none is free"
     details = [
-        f"{a.name} {_inactive(a)}" for a in sorted(by_name.values(), key=lambda a: a.name) if not a.active
+        f"{a.name} {_inactive(a)}" for a in sorted(by_name.values(), key=lambda a: a.name)
+        if not a.active
     ]
     details += [f"{a} is under fabric {f}" for a, f in sorted(owner.items())]
     why = f" ({'; '.join(details)})" if details else ""

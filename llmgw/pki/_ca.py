@@ -104,12 +104,8 @@ def init_ca(directory: str | os.PathLike, *, name: str = "llmgw CA", days: int =
         )
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw"),
-            x509.NameAttribute(NameOID.COMMON_NAME, name),
-        ]
-    )
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "llmgw"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = _now()
     cert = (
         x509.CertificateBuilder()
@@ -294,14 +290,8 @@ def _issue(
     usage = ExtendedKeyUsageOID.SERVER_AUTH if role is Role.SERVER else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
         x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.unit),
-                    x509.NameAttribute(NameOID.COMMON_NAME, name),
-                ]
-            )
-        )
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role.unit),
+                                 x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -369,14 +359,8 @@ def revoke(ca: CA | str | os.PathLike, target: str | int, *, role: Role = Role.N
 
 def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
     return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=cert_sign,
-        crl_sign=cert_sign,
-        encipher_only=False,
+        digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+        key_agreement=False, key_cert_sign=cert_sign, crl_sign=cert_sign, encipher_only=False,
         decipher_only=False,
     )
 

@@ -146,9 +146,8 @@ def identity_of(cert: x509.Certificate) -> Identity:
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if len(names) != 1:
         raise IdentityError(f"certificate {_describe(cert)} has {len(names)} common names; it must have one")
-    return Identity(
-        role=role, name=str(names[0].value), serial=cert.serial_number, not_after=cert.not_valid_after_utc
-    )
+    return Identity(role=role, name=str(names[0].value), serial=cert.serial_number,
+                    not_after=cert.not_valid_after_utc)
 
 
 def peer_identity(der: bytes | None) -> Identity:

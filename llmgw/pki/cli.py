@@ -30,10 +30,7 @@ out_option = click.option(
     "--out", required=True, type=_DIR, help="Directory to write ROLE.pem, ROLE.key (0600) and ca.pem into."
 )
 days_option = click.option(
-    "--days",
-    default=pki.DEFAULT_LEAF_DAYS,
-    show_default=True,
-    type=click.IntRange(min=1),
+    "--days", default=pki.DEFAULT_LEAF_DAYS, show_default=True, type=click.IntRange(min=1),
     help="How long the certificate is valid.",
 )
 force_option = click.option(
@@ -77,11 +74,7 @@ def _issued(issued: pki.Issued) -> None:
 @ca.command("issue-server")
 @ca_dir_option
 @click.option(
-    "--name",
-    "names",
-    multiple=True,
-    required=True,
-    metavar="NAME",
+    "--name", "names", multiple=True, required=True, metavar="NAME",
     help="A host name or IP address clients connect to (repeatable; IPs become IP SANs).",
 )
 @out_option
@@ -106,21 +99,15 @@ def _client_command(role: pki.Role, issue: Callable[..., pki.Issued], metavar: s
 
 
 _client_command(
-    pki.Role.NODE,
-    pki.issue_node,
-    "NODE_ID",
+    pki.Role.NODE, pki.issue_node, "NODE_ID",
     "Issue a node's client certificate; its common name is NODE_ID, the id its agent syncs as.",
 )
 _client_command(
-    pki.Role.ADMIN,
-    pki.issue_admin,
-    "NAME",
+    pki.Role.ADMIN, pki.issue_admin, "NAME",
     "Issue an admin's client certificate for `llmgw ctl`; it is an admin whatever NAME says.",
 )
 _client_command(
-    pki.Role.GATEWAY,
-    pki.issue_gateway,
-    "NAME",
+    pki.Role.GATEWAY, pki.issue_gateway, "NAME",
     "Issue a gateway's client certificate; it may read routes and nothing else.",
 )
 
@@ -129,10 +116,7 @@ _client_command(
 @click.argument("name", required=False, metavar="[NODE_ID]")
 @ca_dir_option
 @click.option(
-    "--role",
-    type=click.Choice([r.value for r in pki.Role]),
-    default="node",
-    show_default=True,
+    "--role", type=click.Choice([r.value for r in pki.Role]), default="node", show_default=True,
     help="The role of the certificates named NODE_ID.",
 )
 @click.option(
@@ -174,13 +158,8 @@ def list_(ca_dir: Path, as_json: bool) -> None:
         click.echo(json.dumps([dict(r.to_json(), status=r.status()) for r in records], indent=2))
         return
     rows = [
-        [
-            r.identity.role.value,
-            r.identity.name,
-            r.identity.serial_hex,
-            f"{r.identity.not_after:%Y-%m-%d}",
-            r.status() + (f" {r.revoked_at:%Y-%m-%d}" if r.revoked_at else ""),
-        ]
+        [r.identity.role.value, r.identity.name, r.identity.serial_hex, f"{r.identity.not_after:%Y-%m-%d}",
+         r.status() + (f" {r.revoked_at:%Y-%m-%d}" if r.revoked_at else "")]
         for r in records
     ]
     click.echo(tabulate(rows, headers=["role", "name", "serial", "expires", "status"], tablefmt="simple"))

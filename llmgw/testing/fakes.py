@@ -263,7 +263,9 @@ def make_adapters(
     return adapters
 
 
-def write_ib_sysfs(root: str | Path, adapters: Mapping[str, str | Sequence[str]] | Sequence[Adapter]) -> Path:
+def write_ib_sysfs(
+    root: str | Path, adapters: Mapping[str, str | Sequence[str]] | Sequence[Adapter]
+) -> Path:
     """Write a directory shaped like ``/sys/class/infiniband`` under ``root``.
 
     For each adapter: ``<name>/node_guid``, ``<name>/node_type`` and

@@ -23,6 +23,7 @@ __all__ = [
     "NodeFacts",
     "Sidecar",
     "Profile",
+    "Rollout",
     "Model",
     "Catalog",
     "LaunchSpec",
@@ -256,6 +257,26 @@ class Profile:
     stop_grace: float | None = attrs.field(default=None, validator=_seconds(0, MAX_STOP_GRACE, above=False))
 
 
+def _some_progress(instance: Rollout, attribute: attrs.Attribute, value: int) -> None:
+    if value == 0 and instance.max_surge == 0:
+        raise ValueError(
+            "max_unavailable must be: expected at least 1 when max_surge is 0 "
+            "(with both 0 no outdated replica could ever be replaced), got 0"
+        )
+
+
+@attrs.frozen
+class Rollout:
+    """How a model's outdated replicas are replaced (its catalog key ``rollout:``)."""
+
+    #: replacements placed beside the replicas they replace, at once (each ready before its original stops)
+    max_surge: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_REPLICAS)])
+    #: outdated replicas that may be stopped and restarted in place at once (not serving meanwhile)
+    max_unavailable: int = attrs.field(
+        default=0, validator=[_non_negative, _at_most(MAX_REPLICAS), _some_progress]
+    )
+
+
 @attrs.frozen
 class Model:
     """A model the operator wants served, and how many replicas of it."""
@@ -265,6 +286,8 @@ class Model:
     replicas: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_REPLICAS)])
     #: name clients send as ``model``; the catalog key when not given
     served_name: str | None = None
+    #: how outdated replicas are replaced after a change of the command
+    rollout: Rollout = Rollout()
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ PUBLIC = {
         "NodeFacts",
         "Sidecar",
         "Profile",
+        "Rollout",
         "Model",
         "Catalog",
         "LaunchSpec",

@@ -2,7 +2,7 @@
 
 ``apply`` shows what changed, refuses to remove models unless ``--prune``,
 and with ``--wait`` returns once every replica the applied revision asks for
-(per model, from the catalog) exists and is ready.
+(per model, from the catalog) exists, is ready and is not outdated.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _effects(change: CatalogChange) -> str:
     if change.stop:
         parts.append(f"{_plural(change.stop, 'replica')} to stop")
     if change.outdated:
-        parts.append(f"{change.outdated} outdated (they run the old command until replaced)")
+        parts.append(f"{change.outdated} outdated (to roll: each replaced once its replacement is ready)")
     return f": {', '.join(parts)}" if parts else ""
 
 
@@ -106,7 +106,9 @@ def diff(ctx: click.Context, catalog: Path, output: str) -> None:
 @click.command()
 @click.argument("catalog", type=_CATALOG_FILE)
 @click.option("--prune", is_flag=True, help="Remove the models CATALOG no longer has (refused without it).")
-@click.option("--wait", is_flag=True, help="Wait until every replica the catalog asks for is ready.")
+@click.option(
+    "--wait", is_flag=True, help="Wait until every replica the catalog asks for is ready (rollouts done)."
+)
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds --wait waits at most.")
 @click.pass_context
 def apply(ctx: click.Context, catalog: Path, prune: bool, wait: bool, timeout: float) -> None:
@@ -114,7 +116,8 @@ def apply(ctx: click.Context, catalog: Path, prune: bool, wait: bool, timeout: f
 
     Prints what changed. A catalog that removes models is refused (nothing
     changes) unless --prune is given. With --wait, returns once every replica
-    the catalog asks for is ready, and exits 1 with the reason when --timeout passes first.
+    the catalog asks for is ready and runs its command (outdated ones rolled),
+    and exits 1 with the reason when a rollout pauses or --timeout passes first.
     """
     text = _read(catalog)
     client = _client(ctx)
@@ -146,13 +149,14 @@ def replica_progress(data: ReplicaList, wanted: Mapping[str, int]) -> tuple[list
     lines, waiting = [], []
     for model in sorted(wanted):
         mine = [r for r in data.replicas if r.model == model and not r.replaces]
-        ready = sum(r.state == "ready" for r in mine)
+        ready = sum(r.state == "ready" and not r.outdated for r in mine)
         unplaced = sum(u.model == model and not u.replaces for u in data.unplaced)
         missing = max(0, wanted[model] - len(mine) - unplaced)
         notes = [
             f"{n} {what}"
             for n, what in (
-                (sum(r.state == "starting" for r in mine), "starting"),
+                (sum(r.outdated for r in mine), "outdated, rolling"),
+                (sum(r.state == "starting" and not r.outdated for r in mine), "starting"),
                 (sum(r.state == "backoff" for r in mine), "failed, rebuilding"),
                 (unplaced, "cannot be placed"),
                 (missing, "not placed yet"),
@@ -197,6 +201,9 @@ def wait_for_revision(
             if line not in last:  # only the models whose progress moved
                 echo(line)
         last = lines
+        paused = [f"rollout of {r.model} {r.reason}" for r in data.rollouts if r.state == "paused"]
+        if paused:
+            raise CtlError("; ".join(paused) + " (see ctl rollout status)")
         if not waiting:
             total = sum(wanted.values())
             echo(f"revision {revision}: all {_plural(total, 'replica')} ready")

@@ -21,6 +21,7 @@ from llmgw.cli import Group
 from llmgw.ctl.catalog import apply, catalog, diff
 from llmgw.ctl.client import AdminClient, CtlError, segment
 from llmgw.ctl.replicas import describe, replicas
+from llmgw.ctl.rollout import rollout
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
@@ -280,6 +281,7 @@ for _command in (
     apply,
     diff,
     catalog,
+    rollout,
     events,
     cordon,
     uncordon,

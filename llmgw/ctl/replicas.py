@@ -52,7 +52,7 @@ def replicas(ctx: click.Context, wide: bool, output: str) -> None:
         return
     if wide:
         rows = [
-            [r.id, r.model, r.state, f"r{s.rank}", s.node, s.port, s.state, s.pid or "-"]
+            [r.id, r.model, _state(r), f"r{s.rank}", s.node, s.port, s.state, s.pid or "-"]
             + [s.engine_version or "-", s.log_path or "-", command_line(s)]
             for r in data.replicas
             for s in r.shards
@@ -67,10 +67,20 @@ def replicas(ctx: click.Context, wide: bool, output: str) -> None:
                 for s in r.shards
             )
             note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")
-            rows.append([r.id, r.model, r.state, r.failures, shards, note])
+            rows.append([r.id, r.model, _state(r), r.failures, shards, note])
         click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
     for u in data.unplaced:
         click.echo(f"unplaced: {u.id}: {u.reason}")
+    for rollout in data.rollouts:
+        if rollout.state != "done":
+            why = f": {rollout.reason}" if rollout.reason else ""
+            progress = f"{rollout.updated}/{rollout.replicas} updated, {rollout.outdated} outdated"
+            click.echo(f"rollout {rollout.model}: {rollout.state} ({progress}){why}")
+
+
+def _state(replica: ReplicaStatus) -> str:
+    """The replica's state, and ``outdated`` when it runs another command than the catalog asks."""
+    return f"{replica.state} (outdated)" if replica.outdated else replica.state
 
 
 def describe_lines(replica: ReplicaStatus) -> list[str]:
@@ -78,7 +88,7 @@ def describe_lines(replica: ReplicaStatus) -> list[str]:
     lines = [
         f"replica   {replica.id}",
         f"model     {replica.model}",
-        f"state     {replica.state} (attempt {replica.attempt}, {replica.failures} failures)",
+        f"state     {_state(replica)} (attempt {replica.attempt}, {replica.failures} failures)",
         f"fabric    {replica.fabric or '-'}",
     ]
     if replica.replaces:

@@ -12,8 +12,12 @@ How it decides:
   or was scaled down (highest index first), its profile's shape changed, or a
   node it runs on is lost, unknown, or lacks the engine or the model source.
   Each dropped replica is in :attr:`ScheduleResult.removed` with the reason.
+  A replica that runs another command than the catalog asks (a rollout under
+  way, ``schedule(..., launches=...)``) is checked against what it runs.
 - A cordoned node keeps its replicas and gets no new ones; drain moves them
   with ``schedule(..., replace=[replica_id])``.
+- A rollout replaces a replica with ``schedule(..., roll=[replica_id])``: as a
+  drain's move, but the replacement may share the original's nodes.
 - A new replica goes to ready nodes with the engine, the model source, enough
   free GPUs (each with the profile's minimum memory) and free ports in their
   range. It prefers nodes with the fewest replicas of its model, then the

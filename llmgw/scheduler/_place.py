@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -33,6 +33,8 @@ def schedule(
     placements: Iterable[Replica],
     *,
     replace: Iterable[str] = (),
+    roll: Iterable[str] = (),
+    launches: Mapping[str, tuple[Model, Profile]] | None = None,
 ) -> ScheduleResult:
     """Decide where every replica of ``catalog`` runs, starting from ``placements``.
 
@@ -53,6 +55,12 @@ def schedule(
         away from its nodes, marked ``replaces=<id>``, that does not count
         toward the model's replicas until the caller removes the original.
         Ids not placed, or already being replaced, are ignored.
+    :param roll: ids of replicas to replace where they are (a rollout): as
+        ``replace``, but the replacement may share the original's nodes.
+    :param launches: replica id -> the model and profile entries it runs, for
+        placed replicas that run another command than the catalog asks (a
+        rollout under way): such a replica is checked against what it runs
+        (its shape, engine, source), so it stays until it is replaced.
     :returns: the placements to run, the replicas that found no place with
         the reason, and the input replicas dropped with the reason.
     :raises ValueError: when two nodes have the same id.
@@ -64,9 +72,10 @@ def schedule(
         state[view.node_id] = NodeState(view)
     ordered = list(state.values())
 
-    kept, removed, generations = _keep(state, catalog, placements)
+    kept, removed, generations = _keep(state, catalog, placements, launches or {})
     removed += _scale_down(state, catalog, kept)
-    requests = _requests(catalog, kept, generations, sorted(set(replace)))
+    moves = [(i, True) for i in sorted(set(replace))] + [(i, False) for i in sorted(set(roll) - set(replace))]
+    requests = _requests(catalog, kept, generations, moves)
 
     new: list[Replica] = []
     unplaced: list[Unplaced] = []
@@ -95,14 +104,17 @@ def schedule(
 
 
 def _keep(
-    state: dict[str, NodeState], catalog: Catalog, placements: Iterable[Replica]
+    state: dict[str, NodeState],
+    catalog: Catalog,
+    placements: Iterable[Replica],
+    launches: Mapping[str, tuple[Model, Profile]],
 ) -> tuple[dict[str, Replica], list[Removal], dict[str, int]]:
     """Check every placed replica, in id order, and claim the resources of those that stay."""
     kept: dict[str, Replica] = {}
     removed: list[Removal] = []
     generations: dict[str, int] = {}
     for replica in sorted(placements, key=lambda replica: (replica.id, replica.generation)):
-        reason = _problem(replica, state, catalog)
+        reason = _problem(replica, state, catalog, launches.get(replica.id))
         if reason is None and replica.id in kept:
             reason = f"another replica has the id {replica.id}"
         if reason is None:
@@ -123,13 +135,22 @@ def _keep(
     return kept, removed, generations
 
 
-def _problem(replica: Replica, state: dict[str, NodeState], catalog: Catalog) -> str | None:
-    """Why ``replica`` cannot stay where it is, or None when it can."""
+def _problem(
+    replica: Replica,
+    state: dict[str, NodeState],
+    catalog: Catalog,
+    launch: tuple[Model, Profile] | None = None,
+) -> str | None:
+    """Why ``replica`` cannot stay where it is, or None when it can (``launch``: what it runs, if not the
+    catalog's)."""
     model = catalog.models.get(replica.model)
     if model is None:
         return f"model {replica.model} is no longer in the catalog"
-    profile = catalog.profiles.get(model.profile)
-    if profile is None:
+    if launch is not None:
+        model, profile = launch
+    elif (found := catalog.profiles.get(model.profile)) is not None:
+        profile = found
+    else:
         return f"profile {model.profile} is not in the catalog"
     if replica.id != replica_id(replica.model, replica.index):
         return f"its id should be {replica_id(replica.model, replica.index)}"
@@ -192,7 +213,7 @@ def _scale_down(state: dict[str, NodeState], catalog: Catalog, kept: dict[str, R
 
 
 def _requests(
-    catalog: Catalog, kept: dict[str, Replica], generations: dict[str, int], replace: list[str]
+    catalog: Catalog, kept: dict[str, Replica], generations: dict[str, int], moves: list[tuple[str, bool]]
 ) -> dict[str, list[_Request]]:
     """The replicas to place, per model: missing slots first (lowest index first), then replacements."""
     used: dict[str, set[int]] = {}
@@ -219,14 +240,15 @@ def _requests(
             generation = generations.get(replica_id(name, index), 0)
             requests.setdefault(name, []).append(_Request(index, generation))
     moving = {replica.replaces for replica in kept.values()}
-    for original_id in replace:
+    for original_id, away in moves:
         original = kept.get(original_id)
         if original is None or original_id in moving:
             continue
+        avoid = frozenset(original.node_ids) if away else frozenset()
         index = next(free_indices(original.model))
         generation = generations.get(replica_id(original.model, index), 0)
         requests.setdefault(original.model, []).append(
-            _Request(index, generation, replaces=original_id, avoid=frozenset(original.node_ids))
+            _Request(index, generation, replaces=original_id, avoid=avoid)
         )
     return requests
 

@@ -20,43 +20,33 @@ from urllib.parse import quote, unquote
 import attrs
 import trio
 
-from llmgw.catalog import catalog_summary, parse_catalog
 from llmgw.engine import Engine
-from llmgw.errors import CatalogError
-from llmgw.models import Catalog, NodeFacts
+from llmgw.models import NodeFacts
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
-from llmgw.server.catalog_diff import catalog_diff
+from llmgw.server.api_catalog import CatalogEndpoints
 from llmgw.server.cluster import Cluster
 from llmgw.server.persist import (
     add_api_key,
-    catalog_history,
-    catalog_revision,
     load_api_keys,
     recent_events,
     revoke_api_key,
 )
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.replies import InvalidCatalog, Refused, answer, error, query_int
 from llmgw.server.store import Store
 from llmgw.wire import (
     ApiKey,
-    ApplyCatalog,
-    CatalogApplied,
-    CatalogDiff,
-    CatalogText,
     CreatedKey,
     CreateKey,
     EngineInfo,
     EngineList,
-    ErrorDetail,
-    ErrorReply,
     KeyList,
     RevokedKey,
     SyncReply,
     SyncRequest,
     WireError,
     from_json,
-    to_json,
 )
 
 __all__ = ["ServerApp"]
@@ -66,46 +56,7 @@ log = logging.getLogger("llmgw.server")
 Handler = Callable[[Request, Identity, dict[str, str]], Awaitable[Response]]
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class _InvalidCatalog(Exception):
-    def __init__(self, error: CatalogError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _prune_refusal(name: str, diff: CatalogDiff) -> str:
-    """Why a catalog that removes models was refused, and how to apply it anyway."""
-    removed = [c for c in diff.changes if c.section == "model" and c.change == "removed"]
-    listed = ", ".join(f"{c.name} ({c.stop} replica{'s' if c.stop != 1 else ''})" for c in removed)
-    return (
-        f"{name} removes {len(removed)} model{'s' if len(removed) != 1 else ''} that the catalog in force "
-        f"(revision {diff.revision}) has: {listed}; nothing changed. To remove them and stop their replicas, "
-        f'apply with --prune ("prune": true in the API); `llmgw ctl diff {name}` shows every change'
-    )
-
-
-def _error(
-    status: int, message: str, *, kind: str | None = None, problems: list[str] | None = None
-) -> Response:
-    kinds = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found"}
-    detail = ErrorDetail(
-        message, kind or kinds.get(status, "error"), None if problems is None else tuple(problems)
-    )
-    return _answer(ErrorReply(detail), status)
-
-
-def _answer(record: Any, status: int = 200) -> Response:
-    """A record of :mod:`llmgw.wire` as the JSON answer."""
-    return Response.json(status, to_json(record))
-
-
-class ServerApp:
+class ServerApp(CatalogEndpoints):
     """The request handler of ``llmgw server``, and the reconciler's loop."""
 
     def __init__(
@@ -144,6 +95,8 @@ class ServerApp:
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
         self._route("POST", r"/v1/admin/catalog/diff", admin, self._diff_catalog)
         self._route("GET", r"/v1/admin/catalog/history", admin, self._catalog_history)
+        self._route("GET", r"/v1/admin/rollouts", admin, self._get_rollouts)
+        self._route("POST", r"/v1/admin/rollouts/(?P<model>[^/]+)/undo", admin, self._undo_rollout)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
@@ -204,17 +157,17 @@ class ServerApp:
         try:
             identity = peer_identity(request.peer_cert_der)
         except IdentityError as exc:
-            return _error(401, f"client certificate refused: {exc}")
+            return error(401, f"client certificate refused: {exc}")
         if self.revocations is not None and self.revocations.is_revoked(identity.serial):
             log.warning("refused %s: certificate serial %s is revoked", identity, identity.serial_hex)
             if identity.role is Role.NODE:
                 await self.fence_revoked()
             message = f"certificate {identity.serial_hex} of {identity.name} is revoked"
-            return _error(403, message, kind="revoked")
+            return error(403, message, kind="revoked")
         try:
             path = _decoded_path(request.path)
         except UnicodeDecodeError:
-            return _error(400, f"path {request.path}: a %-escape is not UTF-8")
+            return error(400, f"path {request.path}: a %-escape is not UTF-8")
         path_matched = False
         for method, pattern, roles, handler in self._routes:
             match = pattern.match(path)
@@ -228,7 +181,7 @@ class ServerApp:
                 log.warning(
                     "refused %s on %s %s: needs a %s certificate", identity, method, request.path, allowed
                 )
-                return _error(
+                return error(
                     403,
                     f"{request.path} needs a {allowed} certificate; "
                     f"yours is a {identity.role.value} certificate ({identity.name})",
@@ -236,16 +189,16 @@ class ServerApp:
             try:
                 params = {name: unquote(value) for name, value in match.groupdict().items()}
                 return await handler(request, identity, params)
-            except _Refused as refused:
-                return _error(refused.status, refused.message)
+            except Refused as refused:
+                return error(refused.status, refused.message)
             except (InvalidJSON, WireError) as exc:
-                return _error(400, str(exc))
-            except _InvalidCatalog as invalid:
+                return error(400, str(exc))
+            except InvalidCatalog as invalid:
                 exc = invalid.error
-                return _error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
+                return error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
         if path_matched:
-            return _error(405, f"{request.method} is not allowed on {request.path}")
-        return _error(404, f"no such endpoint: {request.path}")
+            return error(405, f"{request.method} is not allowed on {request.path}")
+        return error(404, f"no such endpoint: {request.path}")
 
     # -- agents --------------------------------------------------------------
 
@@ -265,7 +218,7 @@ class ServerApp:
             )
             async with self._lock:
                 await self.reconciler.save()
-            raise _Refused(403, message)
+            raise Refused(403, message)
         if self.cluster.sync(sync, self.clock()):
             self.reconciler.request()
         self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
@@ -301,22 +254,22 @@ class ServerApp:
             check_sources=self.cluster.sources_to_check(),
             lost_after=self.cluster.settings.lost_after,
         )
-        response = _answer(reply)
+        response = answer(reply)
         self._replies[node_id] = (key, response)
         return response
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        known = _int(request.query.get("revision", "0"), "revision")
+        known = query_int(request.query.get("revision", "0"), "revision")
         if request.query.get("wait") == "1":
             await self.reconciler.wait_routes(known, self.poll_timeout)
         keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
-        return _answer(self.cluster.route_table(keys))
+        return answer(self.cluster.route_table(keys))
 
     # -- admin ---------------------------------------------------------------
 
     async def _get_nodes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         revoked = self.revocations.is_revoked if self.revocations is not None else (lambda serial: False)
-        return _answer(self.cluster.node_list(self.clock(), revoked))
+        return answer(self.cluster.node_list(self.clock(), revoked))
 
     async def _node_action(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         node_id, action = params["node"], params["action"]
@@ -324,7 +277,7 @@ class ServerApp:
             self._known_node(node_id)
             self.cluster.set_cordon(node_id, action != "uncordon", self.clock(), drain=action == "drain")
             await self.commit()
-        return _answer(self.cluster.drain_status(node_id))
+        return answer(self.cluster.drain_status(node_id))
 
     async def _declare_lost(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         """``ctl nodes lost NODE``: the operator says the node is gone, whatever the server suspects."""
@@ -333,80 +286,36 @@ class ServerApp:
             self._known_node(node_id)
             self.cluster.fence_node(node_id, f"declared lost by {identity.name}", self.clock())
             await self.commit()
-        return _answer(self.cluster.drain_status(node_id))
+        return answer(self.cluster.drain_status(node_id))
 
     async def _get_drain(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
-        return _answer(self.cluster.drain_status(self._known_node(params["node"])))
+        return answer(self.cluster.drain_status(self._known_node(params["node"])))
 
     def _known_node(self, node_id: str) -> str:
         """``node_id``, or a 404 that lists the nodes there are."""
         if node_id not in self.cluster.nodes:
             known = ", ".join(sorted(self.cluster.nodes)) or "none"
-            raise _Refused(404, f"no node {node_id!r} (nodes: {known})")
+            raise Refused(404, f"no node {node_id!r} (nodes: {known})")
         return node_id
 
     async def _get_replicas(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         # thousands of replicas take a while to encode: once per change of what they show
         version = self.cluster.view_version
         if self._replica_list is None or self._replica_list[0] != version:
-            self._replica_list = (version, _answer(self.cluster.replica_list()))
+            self._replica_list = (version, answer(self.cluster.replica_list()))
         return self._replica_list[1]
 
-    async def _get_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        current = self.cluster.catalog_revision
-        revision = _int(request.query.get("revision", str(current)), "revision")
-        stored = await self.store.run(lambda conn: catalog_revision(conn, revision))
-        if stored is not None:
-            return _answer(stored)
-        if revision == current:  # nothing applied yet
-            return _answer(CatalogText(current, self.cluster.catalog_text))
-        raise _Refused(
-            404, f"no catalog revision {revision} (the latest is {current}; see ctl catalog history)"
-        )
-
-    async def _catalog_history(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        limit = min(_int(request.query.get("limit", "100"), "limit"), 10_000)
-        return _answer(await self.store.run(lambda conn: catalog_history(conn, limit)))
-
-    def _parse_catalog(self, body: ApplyCatalog) -> Catalog:
-        try:
-            return parse_catalog(body.text, self.engines, source=body.name or "catalog")
-        except CatalogError as exc:
-            raise _InvalidCatalog(exc) from None
-
-    def _diff_against_stored(self, catalog: Catalog) -> CatalogDiff:
-        return catalog_diff(
-            self.cluster.catalog, catalog, self.cluster.replica_counts(), self.cluster.catalog_revision
-        )
-
-    async def _diff_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        catalog = self._parse_catalog(from_json(request.json(), ApplyCatalog))
-        return _answer(self._diff_against_stored(catalog))
-
-    async def _apply_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        body = from_json(request.json(), ApplyCatalog)
-        catalog = self._parse_catalog(body)
-        async with self._lock:
-            diff = self._diff_against_stored(catalog)
-            if diff.removed_models and not body.prune:
-                raise _Refused(409, _prune_refusal(body.name or "catalog", diff))
-            self.cluster.apply_catalog(catalog, body.text, self.clock(), identity.name)
-            await self.commit()
-            revision = self.cluster.catalog_revision
-        wanted = {name: model.replicas for name, model in catalog.models.items()}
-        return _answer(CatalogApplied(revision, catalog_summary(catalog), diff, wanted))
-
     async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        since = _int(request.query.get("since", "0"), "since")
-        limit = min(_int(request.query.get("limit", "200"), "limit"), 10_000)
-        return _answer(await self.store.run(lambda conn: recent_events(conn, since, limit)))
+        since = query_int(request.query.get("since", "0"), "since")
+        limit = min(query_int(request.query.get("limit", "200"), "limit"), 10_000)
+        return answer(await self.store.run(lambda conn: recent_events(conn, since, limit)))
 
     async def _get_engines(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         engines = tuple(
             EngineInfo(name, tuple(e.checked_versions), e.multi_node)
             for name, e in sorted(self.engines.items())
         )
-        return _answer(EngineList(engines))
+        return answer(EngineList(engines))
 
     # -- API keys ----------------------------------------------------------
 
@@ -414,23 +323,23 @@ class ServerApp:
         keys = tuple(
             ApiKey(name, created, revoked) for name, (_, created, revoked) in sorted(self.keys.items())
         )
-        return _answer(KeyList(keys))
+        return answer(KeyList(keys))
 
     async def _create_key(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         name = from_json(request.json(), CreateKey).name
         if not _KEY_NAME.fullmatch(name):
-            raise _Refused(400, f"name: expected {KEY_NAME_RULE}, got {name!r}")
+            raise Refused(400, f"name: expected {KEY_NAME_RULE}, got {name!r}")
         secret = "llmgw-" + secrets.token_urlsafe(32)
         digest = hashlib.sha256(secret.encode()).hexdigest()
         now = self.clock()
         async with self._lock:
             if name in self.keys:
                 state = "revoked" if self.keys[name][2] is not None else "in use"
-                raise _Refused(409, f"an API key named {name!r} exists ({state}); choose another name")
+                raise Refused(409, f"an API key named {name!r} exists ({state}); choose another name")
             await self.store.write(lambda conn: add_api_key(conn, name, digest, now, identity.name))
             self.keys[name] = (digest, now, None)
             self._routes_changed()
-        return _answer(CreatedKey(name, secret), 201)
+        return answer(CreatedKey(name, secret), 201)
 
     async def _revoke_key(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         name = params["name"]
@@ -438,13 +347,13 @@ class ServerApp:
         async with self._lock:
             if name not in self.keys:
                 known = ", ".join(sorted(self.keys)) or "none"
-                raise _Refused(404, f"no API key named {name!r} (keys: {known})")
+                raise Refused(404, f"no API key named {name!r} (keys: {known})")
             digest, created, revoked = self.keys[name]
             if revoked is None:
                 await self.store.write(lambda conn: revoke_api_key(conn, name, now, identity.name))
                 self.keys[name] = (digest, created, now)
                 self._routes_changed()
-        return _answer(RevokedKey(name, self.keys[name][2]))
+        return answer(RevokedKey(name, self.keys[name][2]))
 
     def _routes_changed(self) -> None:
         self.cluster.routes_revision += 1
@@ -464,17 +373,3 @@ def _decoded_path(raw: str) -> str:
     segment decoded (``unquote``), never decoded twice.
     """
     return "/".join(quote(unquote(part, errors="strict"), safe="") for part in raw.split("/"))
-
-
-def _int(text: str, name: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _Refused(400, f"query parameter {name}: expected an integer, got {text!r}") from None
-    if not 0 <= value <= _MAX_QUERY_INT:
-        raise _Refused(400, f"query parameter {name}: expected an integer from 0 to {_MAX_QUERY_INT}")
-    return value
-
-
-#: the largest integer sqlite stores (a signed 64-bit integer)
-_MAX_QUERY_INT = 2**63 - 1

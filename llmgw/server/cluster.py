@@ -15,33 +15,17 @@ from __future__ import annotations
 import attrs
 
 from llmgw.models import Catalog, NodeFacts
-from llmgw.scheduler import NodeView, Replica, ScheduleResult, Unplaced, schedule
+from llmgw.scheduler import ScheduleResult, Unplaced
 from llmgw.server.events import EventLog
-from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.plan import SchedulePlan
+from llmgw.server.records import DEFAULT_SETTINGS, Event, Launch, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.rollout import Rollouts
 from llmgw.server.silence import SilenceWatch
 from llmgw.server.stopping import StopOrder
 from llmgw.server.views import ClusterViews
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 
 __all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event", "SchedulePlan"]
-
-
-@attrs.frozen
-class SchedulePlan:
-    """What one scheduling run needs, copied out of the cluster so it can run off the event loop.
-
-    Every field is immutable: the server runs :meth:`run` in a worker thread
-    while syncs go on changing the cluster's nodes.
-    """
-
-    nodes: tuple[NodeView, ...]
-    catalog: Catalog
-    placements: tuple[Replica, ...]
-    replace: tuple[str, ...]
-
-    def run(self) -> ScheduleResult:
-        """Schedule (a pure function of the plan); called once, in any thread."""
-        return schedule(list(self.nodes), self.catalog, list(self.placements), replace=list(self.replace))
 
 
 class Cluster(ClusterViews):
@@ -69,6 +53,8 @@ class Cluster(ClusterViews):
         self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
         #: workers of stopping multi-node replicas, held until their rank 0 is gone
         self.stopping = StopOrder()
+        #: every model's rollout of outdated replicas
+        self.rollouts = Rollouts()
         #: the next attempt number; persisted so a restart never reuses one
         self.next_attempt = 1
         #: whether something the scheduler reads changed since its last run
@@ -80,7 +66,7 @@ class Cluster(ClusterViews):
         #: the revision at which the sources agents must check last changed (wakes every node)
         self.sources_revision = revision
         #: the settings rows as last stored (only changed ones are written)
-        self.saved_settings: dict[str, int] = {}
+        self.saved_settings: dict[str, object] = {}
         self._before: tuple[dict[str, tuple[DesiredShard, ...]], frozenset[str]] | None = None
         #: the mass-silence episode under way, if any (see :meth:`_detect_lost`)
         self.silence = SilenceWatch()
@@ -221,7 +207,7 @@ class Cluster(ClusterViews):
         """The first step of a reconcile: judge what agents observed; say whether to schedule.
 
         Declares lost nodes, judges each replica's current attempt (ready,
-        failed, rebuilt after backoff), advances drains. Costs O(nodes +
+        failed, rebuilt after backoff), advances drains and rollouts. Costs O(nodes +
         replicas); never schedules.
 
         :returns: the schedule to run before :meth:`finish`, or None when
@@ -235,7 +221,8 @@ class Cluster(ClusterViews):
         if self._waiting_for_sources(now):
             return None
         moves = self._drain_moves(now)
-        if not (self.schedule_wanted or moves):
+        rolls = self.rollouts.step(self, now)
+        if not (self.schedule_wanted or moves or rolls):
             return None
         self.schedule_wanted = False
         return SchedulePlan(
@@ -243,6 +230,12 @@ class Cluster(ClusterViews):
             catalog=self.catalog,
             placements=tuple(record.placement for record in self.replicas.values()),
             replace=tuple(moves),
+            roll=tuple(rolls),
+            launches=tuple(
+                (r.id, r.launch)
+                for r in self.replicas.values()
+                if r.launch is not None and self.is_outdated(r)
+            ),
         )
 
     def finish(self, now: float, result: ScheduleResult | None = None) -> frozenset[str]:
@@ -440,7 +433,8 @@ class Cluster(ClusterViews):
             if record is not None and record.placement == placement:
                 continue
             if record is None:
-                record = ReplicaRecord(placement=placement, attempt=self.new_attempt(), started_at=now)
+                launch = Launch.of(self.catalog, placement.model)
+                record = ReplicaRecord(placement, self.new_attempt(), started_at=now, launch=launch)
                 self.replicas[placement.id] = record
                 what = f"replacement for {placement.replaces}" if placement.replaces else "placed"
             else:

@@ -19,6 +19,7 @@ from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.records import Launch
 from llmgw.server.store import Store
 from llmgw.wire import (
     CatalogHistory,
@@ -100,11 +101,16 @@ def load_cluster(
             cert_serial=int(serial, 16) if serial else None,
             cert_not_after=not_after,
         )
-    for placement, attempt, failures, consecutive, sent, state, reason in conn.execute(
-        "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason "
+    cluster.rollouts.load(Store.get_setting(conn, "paused_rollouts", {}))
+    for placement, attempt, failures, consecutive, sent, state, reason, launch in conn.execute(
+        "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason, launch "
         "FROM replicas"
     ):
         replica = from_json(json.loads(placement), Replica)
+        # rows stored before launches were recorded run what the catalog in force asks
+        started = (
+            from_json(json.loads(launch), Launch) if launch else Launch.of(cluster.catalog, replica.model)
+        )
         cluster.replicas[replica.id] = ReplicaRecord(
             placement=replica,
             attempt=attempt,
@@ -116,6 +122,7 @@ def load_cluster(
             started_at=now,
             ready_since=now if state == "ready" else None,
             not_before=now,
+            launch=started,
         )
     return cluster
 
@@ -132,7 +139,7 @@ class Changes:
     replicas: tuple[tuple[object, ...], ...]
     gone_replicas: tuple[str, ...]
     events: tuple[Event, ...]
-    settings: tuple[tuple[str, int], ...]
+    settings: tuple[tuple[str, object], ...]
     now: float
 
     def __bool__(self) -> bool:
@@ -189,9 +196,14 @@ def take_changes(cluster: Cluster, now: float) -> Changes:
                 record.state,
                 record.reason,
                 now,
+                json.dumps(to_json(record.launch)) if record.launch is not None else None,
             )
         )
-    settings = {"revision": cluster.revision, "next_attempt": cluster.next_attempt}
+    settings: dict[str, object] = {
+        "revision": cluster.revision,
+        "next_attempt": cluster.next_attempt,
+        "paused_rollouts": cluster.rollouts.saved(),
+    }
     changed_settings = tuple((k, v) for k, v in settings.items() if cluster.saved_settings.get(k) != v)
     cluster.saved_settings.update(settings)
     changes = Changes(
@@ -238,8 +250,8 @@ def write_changes(conn: sqlite3.Connection, changes: Changes) -> None:
     conn.executemany("DELETE FROM replicas WHERE replica_id = ?", [(r,) for r in changes.gone_replicas])
     conn.executemany(
         "INSERT OR REPLACE INTO replicas (replica_id, model, placement, attempt, failures,"
-        " consecutive_failures, sent_revision, state, reason, changed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " consecutive_failures, sent_revision, state, reason, changed_at, launch)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         changes.replicas,
     )
     for event in changes.events:

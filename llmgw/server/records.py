@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw.models import DEFAULT_READY_TIMEOUT, NodeFacts
+from llmgw.models import DEFAULT_READY_TIMEOUT, Catalog, Model, NodeFacts, Profile, Rollout
 from llmgw.scheduler import NodeView, Replica
 from llmgw.wire import ObservedShard, shard_key
 
-__all__ = ["Settings", "DEFAULT_SETTINGS", "Event", "NodeRecord", "ReplicaRecord"]
+__all__ = ["Settings", "DEFAULT_SETTINGS", "Event", "NodeRecord", "ReplicaRecord", "Launch"]
 
 
 @attrs.frozen
@@ -83,6 +83,47 @@ class NodeRecord:
         return NodeView(facts=self.facts, address=self.address, state=self.state, port_range=self.port_range)
 
 
+@attrs.frozen
+class Launch:
+    """What a replica's current attempt was started from: its model's and its profile's catalog entries.
+
+    The shards agents are told to run are built from it, never from the
+    catalog in force: a replica runs what it was started with until it is
+    replaced (see :mod:`llmgw.server.rollout`).
+    """
+
+    model: Model
+    profile: Profile
+
+    @classmethod
+    def of(cls, catalog: Catalog, model: str) -> Launch | None:
+        """What ``catalog`` asks a replica of ``model`` to run; None when it has no such model or profile."""
+        entry = catalog.models.get(model)
+        profile = catalog.profiles.get(entry.profile) if entry is not None else None
+        if entry is None or profile is None:
+            return None
+        return cls(attrs.evolve(entry, replicas=1, rollout=Rollout()), profile)
+
+    @property
+    def command(self) -> tuple[object, ...]:
+        """The fields that make the shards' commands: launches that differ here run different commands.
+
+        The rest (ready timeout, stop grace, minimum GPU memory) is timing
+        or placement; a replica differing only there is not outdated.
+        """
+        model, profile = self.model, self.profile
+        return (
+            model.source,
+            model.profile,
+            model.served_name,
+            profile.engine,
+            profile.nodes,
+            profile.gpus_per_node,
+            profile.args,
+            profile.sidecars,
+        )
+
+
 @attrs.define
 class ReplicaRecord:
     """One replica: where it is placed and how its current attempt is doing."""
@@ -104,6 +145,9 @@ class ReplicaRecord:
     ready_since: float | None = None
     #: in backoff, when the rebuild may start
     not_before: float = 0.0
+    #: what the current attempt runs (None only for a replica whose model left the catalog before it
+    #: was recorded: such a replica is removed by the scheduler)
+    launch: Launch | None = None
 
     @property
     def id(self) -> str:

@@ -98,6 +98,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE catalog ADD COLUMN author TEXT NOT NULL DEFAULT '';
     """,
+    # What each replica's current attempt runs (JSON of its Launch); NULL in older rows: the catalog's.
+    """
+    ALTER TABLE replicas ADD COLUMN launch TEXT;
+    """,
 )
 
 

@@ -8,13 +8,17 @@ records of :mod:`llmgw.wire`, ready for ``to_json``; none changes anything.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
-from llmgw.server.records import NodeRecord, ReplicaRecord, Settings
+from llmgw.server.records import Launch, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.stopping import StopOrder
+
+if TYPE_CHECKING:
+    from llmgw.server.rollout import Rollouts
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
@@ -47,9 +51,12 @@ class ClusterViews:
     routes_revision: int
     catalog_revision: int
     stopping: StopOrder
+    rollouts: Rollouts
     _desired_cache: dict[str, tuple[DesiredShard, ...]] | None
     #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
     _shards_memo: dict[str, tuple[tuple, list[_NodeShard]]]
+    #: (the catalog, model -> the command it asks for): rebuilt when another catalog is in force
+    _wanted_commands: tuple[Catalog, dict[str, tuple[object, ...]]]
 
     # -- what agents run ---------------------------------------------------
 
@@ -80,7 +87,21 @@ class ClusterViews:
             (node.address, node.facts.fabrics) if node is not None else None
             for node in (self.nodes.get(node_id) for node_id in record.placement.node_ids)
         )
-        return (record.attempt, record.placement, self.catalog_revision, id(self.catalog), nodes)
+        return (record.attempt, record.placement, self.launch_of(record), nodes)
+
+    def launch_of(self, record: ReplicaRecord) -> Launch | None:
+        """What ``record``'s current attempt runs: its recorded launch, or (none recorded) the catalog's."""
+        return record.launch if record.launch is not None else Launch.of(self.catalog, record.placement.model)
+
+    def is_outdated(self, record: ReplicaRecord) -> bool:
+        """Whether ``record`` runs another command than the catalog in force now asks for its model."""
+        cache = getattr(self, "_wanted_commands", None)
+        if cache is None or cache[0] is not self.catalog:
+            commands = {name: Launch.of(self.catalog, name) for name in self.catalog.models}
+            cache = self._wanted_commands = (self.catalog, {k: v.command for k, v in commands.items() if v})
+        wanted = cache[1].get(record.placement.model)
+        launch = self.launch_of(record)
+        return wanted is not None and launch is not None and launch.command != wanted
 
     def desired_for(self, node_id: str) -> tuple[DesiredShard, ...]:
         """The shards ``node_id`` should run now."""
@@ -88,10 +109,10 @@ class ClusterViews:
 
     def _desired_shards(self, record: ReplicaRecord) -> Iterable[_NodeShard]:
         placement = record.placement
-        model = self.catalog.models.get(placement.model)
-        if model is None:
+        launch = self.launch_of(record)
+        if launch is None:
             return []
-        profile = self.catalog.profiles[model.profile]
+        model, profile = launch.model, launch.profile
         rank0 = placement.rank0
         rank0_node = self.nodes.get(rank0.node_id)
         if rank0_node is None:
@@ -138,9 +159,8 @@ class ClusterViews:
 
     def ready_timeout_of(self, record: ReplicaRecord) -> float:
         """Seconds ``record``'s rank 0 may take to be ready: its profile's, or the server's setting."""
-        model = self.catalog.models.get(record.placement.model)
-        profile = self.catalog.profiles.get(model.profile) if model is not None else None
-        return (profile.ready_timeout if profile is not None else None) or self.settings.ready_timeout
+        launch = self.launch_of(record)
+        return (launch.profile.ready_timeout if launch is not None else None) or self.settings.ready_timeout
 
     def sources_to_check(self) -> tuple[str, ...]:
         """Every model source in the catalog, for agents to report on."""
@@ -158,11 +178,11 @@ class ClusterViews:
         for record in sorted(self.replicas.values(), key=lambda r: r.id):
             if record.state != "ready":
                 continue
-            model = self.catalog.models.get(record.placement.model)
+            launch = self.launch_of(record)
             node = self.nodes.get(record.placement.rank0.node_id)
-            if model is None or node is None:
+            if launch is None or node is None:
                 continue
-            name = model.served_name or record.placement.model
+            name = launch.model.served_name or record.placement.model
             routes.setdefault(name, []).append(
                 Route(record.id, f"http://{node.address}:{record.placement.rank0.port}")
             )
@@ -256,7 +276,8 @@ class ClusterViews:
         """Every replica, its shards as agents observe them, and what cannot be placed (``ctl replicas``)."""
         replicas = tuple(self._replica_status(r) for r in sorted(self.replicas.values(), key=lambda r: r.id))
         unplaced = tuple(UnplacedStatus(u.id, u.model, u.reason, u.replaces) for u in self.unplaced)
-        return ReplicaList(replicas=replicas, unplaced=unplaced, catalog_revision=self.catalog_revision)
+        rollouts = self.rollouts.status(self).rollouts  # type: ignore[arg-type]
+        return ReplicaList(replicas, unplaced, self.catalog_revision, rollouts)
 
     def replica_counts(self) -> dict[str, int]:
         """Model -> its replicas that exist (placed; a drain's replacements not counted), for ``ctl diff``."""
@@ -298,6 +319,7 @@ class ClusterViews:
             fabric=record.placement.fabric,
             replaces=record.placement.replaces,
             shards=tuple(shards),
+            outdated=self.is_outdated(record),
         )
 
 

@@ -28,7 +28,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
-from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Sidecar, bounded
+from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Rollout, Sidecar, bounded
 from llmgw.wire._catalog import (
     ApplyCatalog,
     CatalogApplied,
@@ -39,16 +39,17 @@ from llmgw.wire._catalog import (
     CatalogText,
 )
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
+from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
     "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus", "UnplacedStatus",
     "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange", "CatalogDiff",
-    "CatalogRevision", "CatalogHistory", "EventEntry", "EventList",
-    "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
+    "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone", "EventEntry",
+    "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
     "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
     "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
-]
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -302,6 +303,8 @@ class ReplicaStatus:
     #: the replica this one replaces (a drain's move), if any
     replaces: str | None
     shards: tuple[ShardStatus, ...] = ()
+    #: runs another command than the catalog in force asks for (a rollout replaces it)
+    outdated: bool = False
 
 
 @attrs.frozen
@@ -322,6 +325,8 @@ class ReplicaList:
     unplaced: tuple[UnplacedStatus, ...] = ()
     #: the catalog revision in force
     catalog_revision: int = 0
+    #: every model's rollout (``ctl rollout status``; ``apply --wait`` stops on a paused one)
+    rollouts: tuple[RolloutStatus, ...] = ()
 
 
 @attrs.frozen
@@ -429,6 +434,14 @@ def _make_converter() -> cattrs.Converter:
     made = cattrs.Converter(forbid_extra_keys=False)
     register_strict_scalars(made)
     register_strict_collections(made)
+    rollout = make_dict_structure_fn(Rollout, made, _cattrs_forbid_extra_keys=True)
+
+    def structure_rollout(value: Any, kind: type) -> Rollout:
+        if not isinstance(value, Mapping):
+            raise TypeError("expected a mapping with the keys max_surge, max_unavailable")
+        return rollout(value, kind)
+
+    made.register_structure_hook(Rollout, structure_rollout)
     for written_by_people in (Profile, Model, Sidecar):
         made.register_structure_hook(
             written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)

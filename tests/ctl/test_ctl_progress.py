@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from llmgw.ctl.catalog import diff_lines, replica_progress
 from llmgw.wire import CatalogChange, CatalogDiff, ReplicaList, ReplicaStatus, UnplacedStatus
 
@@ -47,6 +49,12 @@ class TestReplicaProgress:
         data = ReplicaList(replicas=(replica("a-0", "a", "starting"), replica("a-1", "a", "backoff")))
         assert replica_progress(data, {"a": 2})[0] == ["a: 0/2 ready (1 starting, 1 failed, rebuilding)"]
 
+    def test_outdated_replicas_are_not_done(self):
+        """A ready replica still running the old command is being rolled: not done yet."""
+        outdated = attrs.evolve(replica("a-1", "a", "ready"), outdated=True)
+        data = ReplicaList(replicas=(replica("a-0", "a", "ready"), outdated))
+        assert replica_progress(data, {"a": 2}) == (["a: 1/2 ready (1 outdated, rolling)"],) * 2
+
 
 def test_diff_lines_for_no_change():
     """An empty diff says so, with the revision compared against."""
@@ -57,6 +65,6 @@ def test_diff_lines_show_outdated_replicas():
     """Outdated replicas are said to run the old command until replaced."""
     change = CatalogChange("model", "a", "changed", ("source: /a -> /b",), outdated=2)
     assert diff_lines(CatalogDiff(1, (change,)))[1:] == [
-        "  ~ model a: changed: 2 outdated (they run the old command until replaced)",
+        "  ~ model a: changed: 2 outdated (to roll: each replaced once its replacement is ready)",
         "      source: /a -> /b",
     ]

@@ -46,3 +46,29 @@ def test_describe_shows_each_shard():
         "           NCCL_IB_HCA=mlx5_0,mlx5_1",
         "  argv     llmgw-sim --model '/models/a b' --port 20001",
     ]
+
+
+def test_replicas_marks_outdated_ones_and_shows_rollouts_not_done(monkeypatch):
+    """`ctl replicas` says which replicas run an old command, and each rollout not done, with why."""
+    from click.testing import CliRunner
+
+    from llmgw.ctl import replicas as module
+    from llmgw.wire import ReplicaList, RolloutStatus
+
+    data = ReplicaList(
+        replicas=(ReplicaStatus("a-0", "a", "ready", 7, 0, None, None, None, (SHARD,), outdated=True),),
+        rollouts=(
+            RolloutStatus("a", "waiting", 2, 1, 0, 1, reason="no room to place a replacement: ..."),
+            RolloutStatus("b", "done", 2, 1, 1, 0),
+        ),
+    )
+
+    class Client:
+        def request(self, *args, **kwargs):
+            return data
+
+    monkeypatch.setattr(module.AdminClient, "for_command", staticmethod(lambda ctx: Client()))
+    output = CliRunner().invoke(module.replicas, []).output
+    assert "ready (outdated)" in output
+    assert "rollout a: waiting (0/1 updated, 1 outdated): no room to place a replacement: ..." in output
+    assert "rollout b" not in output

@@ -1,0 +1,89 @@
+"""``llmgw ctl rollout status [MODEL]`` and ``ctl rollout undo MODEL``: how outdated replicas are replaced.
+
+A replica is outdated when the catalog in force asks its model for another
+command than the one it runs; the server replaces it (see the README's
+"Rollouts"). ``status`` shows each model's progress and, when a rollout
+waits or paused, why and what failed; ``undo`` re-applies the previous
+catalog revision when only that model differs in it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from llmgw.ctl.client import AdminClient
+from llmgw.wire import RolloutList, RolloutStatus, RolloutUndone, to_json
+
+__all__ = ["rollout", "rollout_lines"]
+
+
+def rollout_lines(data: RolloutList) -> list[str]:
+    """What ``ctl rollout status`` prints: a table of models, then the reason and failure of each not done."""
+    if not data.rollouts:
+        return ["(no model in the catalog)"]
+    rows = [
+        [r.model, r.state, f"{r.updated}/{r.replicas}", r.outdated, r.max_surge, r.max_unavailable]
+        for r in data.rollouts
+    ]
+    headers = ["model", "rollout", "updated", "outdated", "max_surge", "max_unavailable"]
+    lines = tabulate(rows, headers=headers, tablefmt="simple").splitlines()
+    for r in data.rollouts:
+        lines.extend(_explained(r))
+    return lines
+
+
+def _explained(status: RolloutStatus) -> list[str]:
+    out = []
+    if status.reason:
+        out.append(f"{status.model}: {status.reason}")
+    if status.failure:
+        out.append(f"{status.model}: failed: {status.failure}")
+    return out
+
+
+@click.group()
+def rollout() -> None:
+    """See and undo rollouts: outdated replicas being replaced after a catalog change."""
+
+
+@rollout.command("status")
+@click.argument("model", required=False)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON for scripts.",
+)
+@click.pass_context
+def rollout_status(ctx: click.Context, model: str | None, output: str) -> None:
+    """Show each model's rollout (or MODEL's): replicas updated and outdated, and why it waits or paused
+    (what failed, on which node, the shard's exit code and the last log line its agent reported)."""
+    params = {"model": model} if model else {}
+    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/rollouts", RolloutList, params=params)
+    if output == "json":
+        click.echo(json.dumps(to_json(data), indent=2))
+        return
+    for line in rollout_lines(data):
+        click.echo(line)
+
+
+@rollout.command("undo")
+@click.argument("model")
+@click.pass_context
+def rollout_undo(ctx: click.Context, model: str) -> None:
+    """Return MODEL to the previous catalog revision: re-apply it as a new revision.
+
+    Refused (nothing changes) when that revision also differs in other models
+    or in profiles they use: edit and apply the catalog instead.
+    """
+    path = f"/v1/admin/rollouts/{model}/undo"
+    result = AdminClient.for_command(ctx).request("POST", path, RolloutUndone)
+    click.echo(
+        f"re-applied catalog revision {result.restored} as revision {result.revision} "
+        f"to undo the rollout of {model}: {result.summary}"
+    )

@@ -1,0 +1,90 @@
+"""Rollouts over the admin API: the status view, and undo refused or done."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import httpx
+import pytest
+import trio
+from llmgw_engine_sim import SimEngine
+
+from llmgw.server.cluster import Settings
+from llmgw.server.main import ServerConfig, serve_server
+
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    args: {args}
+  two:
+    engine: sim
+models:
+  small:
+    source: tiny/model
+    profile: one
+  other:
+    source: {other}
+    profile: two
+"""
+
+
+@pytest.fixture
+async def server(nursery, test_pki, tmp_path):
+    """A real `llmgw server` on 127.0.0.1, port 0; yields its base URL."""
+    config = ServerConfig(
+        state_dir=tmp_path / "state",
+        cert=test_pki.server.cert_path,
+        key=test_pki.server.key_path,
+        ca=test_pki.ca.cert_path,
+        host="127.0.0.1",
+        port=0,
+        settings=Settings(lost_after=30),
+        poll_timeout=0.5,
+    )
+    loaded = trio.Event()
+    host, port = await nursery.start(partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded))
+    with trio.fail_after(10):
+        await loaded.wait()
+    return f"https://{host}:{port}"
+
+
+async def apply(client: httpx.AsyncClient, server: str, args: str = "[]", other: str = "other/model") -> None:
+    response = await client.post(
+        f"{server}/v1/admin/catalog", json={"text": CATALOG.format(args=args, other=other)}
+    )
+    assert response.status_code == 200, response.text
+
+
+async def test_rollout_status_lists_every_model_or_names_the_unknown_one(server, test_pki):
+    async with httpx.AsyncClient(verify=test_pki.context("admin", "alice"), timeout=10) as client:
+        await apply(client, server)
+        listed = (await client.get(f"{server}/v1/admin/rollouts")).json()["rollouts"]
+        assert [(r["model"], r["state"]) for r in listed] == [("other", "done"), ("small", "done")]
+        missing = await client.get(f"{server}/v1/admin/rollouts", params={"model": "nope"})
+        assert missing.status_code == 404
+        assert "no model 'nope' in the catalog in force (models: other, small)" in missing.text
+
+
+async def test_undo_reapplies_the_previous_revision_or_says_why_not(server, test_pki):
+    async with httpx.AsyncClient(verify=test_pki.context("admin", "alice"), timeout=10) as client:
+        await apply(client, server)
+        first = await client.post(f"{server}/v1/admin/rollouts/small/undo")
+        assert first.status_code == 409 and "no catalog revision before 1" in first.text
+        await apply(client, server, args='["--bogus"]', other="other/model2")
+        refused = await client.post(f"{server}/v1/admin/rollouts/small/undo")
+        assert refused.status_code == 409
+        assert "also differs from the catalog in force in model other" in refused.json()["error"]["message"]
+        await apply(client, server, args='["--bogus"]')  # revision 3
+        await apply(client, server, args='["--x"]')  # revision 4: only small's args differ from revision 3
+        undone = await client.post(f"{server}/v1/admin/rollouts/small/undo")
+        assert undone.status_code == 200, undone.text
+        assert undone.json() | {"summary": ""} == {
+            "model": "small",
+            "restored": 3,
+            "revision": 5,
+            "summary": "",
+        }
+        stored = (await client.get(f"{server}/v1/admin/catalog")).json()
+        assert stored["revision"] == 5 and "--bogus" in stored["text"]
+        assert stored["author"] == "alice (ctl rollout undo small)"

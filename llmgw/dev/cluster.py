@@ -35,6 +35,10 @@ T = TypeVar("T")
 #: how long each process has to exit after SIGTERM before SIGKILL
 STOP_GRACE = 15.0
 
+#: the first three parts of the simulated nodes' addresses (node N is PREFIX.{10+N}); tests run side by
+#: side (one per worktree) set ``LLMGW_DEV_NET`` to keep their engines' ports apart
+NODE_NET = os.environ.get("LLMGW_DEV_NET", "127.0.0")
+
 
 class ClusterError(LlmgwError):
     """The local cluster could not be started, or a process in it died."""
@@ -178,7 +182,7 @@ class LocalCluster:
         node = LocalNode(
             index=index,
             node_id=node_id,
-            address=f"127.0.0.{10 + index}",
+            address=f"{NODE_NET}.{10 + index}",
             fabric=chosen,
             root=root,
             tls=pki.issue_node(self.ca, node_id, out=root / "tls", overwrite=True),

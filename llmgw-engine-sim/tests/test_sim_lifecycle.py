@@ -28,7 +28,8 @@ class TestStartup:
 
     def test_health_is_503_while_loading(self, start_sim):
         """/health answers 503 during --startup-delay, then 200."""
-        sim = start_sim("--startup-delay", "0.5")
+        # long enough that the three requests below land inside it on a loaded machine
+        sim = start_sim("--startup-delay", "3")
         wait_until(lambda: sim.health() == 503, 10, "/health to answer 503", sim.process)
         health = httpx.get(f"{sim.url}/health", timeout=5)
         loading = {

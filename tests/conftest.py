@@ -76,6 +76,27 @@ class TestPki:
         issued = self.client(role, name)
         return pki.client_ssl_context(issued.cert_path, issued.key_path, self.ca.cert_path)
 
+    def server_config(self, state_dir: Path, **changes):
+        """A ``ServerConfig`` on 127.0.0.1 port 0 with this CA's server certificate and CRL.
+
+        Defaults: ``lost_after`` 30 s, long-polls of 0.5 s; ``changes`` replace any field.
+        """
+        from llmgw.server.cluster import Settings
+        from llmgw.server.main import ServerConfig
+
+        fields = dict(
+            state_dir=state_dir,
+            cert=self.server.cert_path,
+            key=self.server.key_path,
+            ca=self.ca.cert_path,
+            host="127.0.0.1",
+            port=0,
+            crl=self.ca.crl_path,
+            settings=Settings(lost_after=30),
+            poll_timeout=0.5,
+        )
+        return ServerConfig(**{**fields, **changes})
+
 
 @pytest.fixture
 def test_pki(tmp_path: Path) -> TestPki:

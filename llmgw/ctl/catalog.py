@@ -18,6 +18,7 @@ from tabulate import tabulate
 
 from llmgw.catalog import read_catalog_text
 from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.ctl.options import output_option
 from llmgw.wire import (
     ApplyCatalog,
     CatalogApplied,
@@ -79,14 +80,7 @@ def diff_lines(diff: CatalogDiff) -> list[str]:
 
 @click.command()
 @click.argument("catalog", type=_CATALOG_FILE)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Lines for people, or JSON for scripts.",
-)
+@output_option("Lines")
 @click.pass_context
 def diff(ctx: click.Context, catalog: Path, output: str) -> None:
     """Show what applying CATALOG would change: models and profiles added, removed, changed (with the
@@ -269,14 +263,7 @@ def _by(author: str) -> str:
     show_default=True,
     help="At most this many revisions, newest last.",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
+@output_option()
 @click.pass_context
 def catalog_history(ctx: click.Context, limit: int, output: str) -> None:
     """List stored catalog revisions: when each was applied and by whom (the admin certificate's name)."""

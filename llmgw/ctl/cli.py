@@ -20,6 +20,7 @@ from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
 from llmgw.ctl.catalog import apply, catalog, diff
 from llmgw.ctl.client import AdminClient, CtlError, segment
+from llmgw.ctl.options import output_option
 from llmgw.ctl.replicas import describe, replicas
 from llmgw.ctl.rollout import rollout
 from llmgw.enginecheck.cli import engine_check
@@ -58,14 +59,6 @@ def ctl(ctx: click.Context, **options: Any) -> None:
     ctx.find_root().meta["ctl_options"] = options
 
 
-output_option = click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
 
 
 def _client(ctx: click.Context) -> AdminClient:
@@ -77,7 +70,7 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
 
 
 @click.group(invoke_without_command=True)
-@output_option
+@output_option()
 @click.pass_context
 def nodes(ctx: click.Context, output: str) -> None:
     """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
@@ -126,7 +119,7 @@ def nodes_lost(ctx: click.Context, node_ids: tuple[str, ...]) -> None:
 @click.command()
 @click.option("--since", type=int, default=0, help="Only events after this id.")
 @click.option("--limit", type=int, default=50, show_default=True, help="At most this many, newest last.")
-@output_option
+@output_option()
 @click.pass_context
 def events(ctx: click.Context, since: int, limit: int, output: str) -> None:
     """What the server decided and why: placements, rebuilds, refusals."""
@@ -204,7 +197,7 @@ def keys_create(ctx: click.Context, name: str) -> None:
 
 
 @keys.command("list")
-@output_option
+@output_option()
 @click.pass_context
 def keys_list(ctx: click.Context, output: str) -> None:
     """List API keys (names and dates; secrets are never stored)."""

@@ -14,18 +14,11 @@ import click
 from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.ctl.options import output_option
 from llmgw.wire import ReplicaList, ReplicaStatus, ShardStatus, to_json
 
 __all__ = ["replicas", "describe", "command_line", "describe_lines"]
 
-_OUTPUT = click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
 
 
 def _table(rows: list[list[object]], headers: list[str]) -> str:
@@ -42,7 +35,7 @@ def command_line(shard: ShardStatus) -> str:
 
 @click.command()
 @click.option("--wide", is_flag=True, help="One row per shard, with its engine version, log and command.")
-@_OUTPUT
+@output_option()
 @click.pass_context
 def replicas(ctx: click.Context, wide: bool, output: str) -> None:
     """List replicas with their shards, and those that cannot be placed, with why."""
@@ -117,7 +110,7 @@ def describe() -> None:
 
 @describe.command("replica")
 @click.argument("replica_id", metavar="ID")
-@_OUTPUT
+@output_option()
 @click.pass_context
 def describe_replica(ctx: click.Context, replica_id: str, output: str) -> None:
     """Show replica ID: its state, and per shard the node, the command line, the environment llmgw set,

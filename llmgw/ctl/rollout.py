@@ -15,6 +15,7 @@ import click
 from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient
+from llmgw.ctl.options import output_option
 from llmgw.wire import RolloutList, RolloutStatus, RolloutUndone, to_json
 
 __all__ = ["rollout", "rollout_lines"]
@@ -51,14 +52,7 @@ def rollout() -> None:
 
 @rollout.command("status")
 @click.argument("model", required=False)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or JSON for scripts.",
-)
+@output_option()
 @click.pass_context
 def rollout_status(ctx: click.Context, model: str | None, output: str) -> None:
     """Show each model's rollout (or MODEL's): replicas updated and outdated, and why it waits or paused

@@ -11,8 +11,6 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
-from llmgw.server.cluster import Settings
-from llmgw.server.main import ServerConfig
 from llmgw.server.persist import add_api_key
 from llmgw.server.store import open_store
 from llmgw.testing.server import start_server
@@ -29,17 +27,7 @@ async def server(nursery, test_pki, tmp_path):
     digest = hashlib.sha256(b"legacy-secret").hexdigest()
     await store.write(lambda conn: add_api_key(conn, LEGACY, digest, 1.0, "an older llmgw"))
     store.close()
-    config = ServerConfig(
-        state_dir=state,
-        cert=test_pki.server.cert_path,
-        key=test_pki.server.key_path,
-        ca=test_pki.ca.cert_path,
-        host="127.0.0.1",
-        port=0,
-        crl=test_pki.ca.crl_path,
-        settings=Settings(lost_after=30),
-        poll_timeout=0.5,
-    )
+    config = test_pki.server_config(state)
     return await start_server(nursery, config, {"sim": SimEngine()})
 
 

@@ -9,8 +9,6 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.cli import cli
-from llmgw.server.cluster import Settings
-from llmgw.server.main import ServerConfig
 from llmgw.testing.server import start_server
 
 TWO_MODELS = """
@@ -43,16 +41,7 @@ models:
 @pytest.fixture
 async def server(nursery, test_pki, tmp_path):
     """A real `llmgw server` on 127.0.0.1, port 0; yields its base URL."""
-    config = ServerConfig(
-        state_dir=tmp_path / "state",
-        cert=test_pki.server.cert_path,
-        key=test_pki.server.key_path,
-        ca=test_pki.ca.cert_path,
-        host="127.0.0.1",
-        port=0,
-        settings=Settings(lost_after=30),
-        poll_timeout=0.5,
-    )
+    config = test_pki.server_config(tmp_path / "state")
     return await start_server(nursery, config, {"sim": SimEngine()})
 
 

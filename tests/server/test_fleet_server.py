@@ -28,15 +28,8 @@ from tests.server.test_server_api import CATALOG, client, sync_body
 
 
 def _config(test_pki, tmp_path) -> ServerConfig:
-    return ServerConfig(
-        state_dir=tmp_path / "state",
-        cert=test_pki.server.cert_path,
-        key=test_pki.server.key_path,
-        ca=test_pki.ca.cert_path,
-        host="127.0.0.1",
-        port=0,
-        settings=Settings(lost_after=30, source_wait=0),
-        poll_timeout=3.0,
+    return test_pki.server_config(
+        tmp_path / "state", settings=Settings(lost_after=30, source_wait=0), poll_timeout=3.0
     )
 
 

@@ -13,7 +13,6 @@ from llmgw_engine_sim import SimEngine
 from llmgw.ctl.cli import ctl
 from llmgw.models import NodeFacts
 from llmgw.server.cluster import Settings
-from llmgw.server.main import ServerConfig
 from llmgw.testing import make_gpus
 from llmgw.testing.server import start_server
 from llmgw.wire import SyncRequest, to_json
@@ -22,16 +21,7 @@ from llmgw.wire import SyncRequest, to_json
 @pytest.fixture
 async def server(nursery, test_pki, tmp_path):
     """A real `llmgw server` on 127.0.0.1 that node-1 and node-2 synced with; yields its URL."""
-    config = ServerConfig(
-        state_dir=tmp_path / "state",
-        cert=test_pki.server.cert_path,
-        key=test_pki.server.key_path,
-        ca=test_pki.ca.cert_path,
-        host="127.0.0.1",
-        port=0,
-        settings=Settings(lost_after=300),
-        poll_timeout=0.5,
-    )
+    config = test_pki.server_config(tmp_path / "state", settings=Settings(lost_after=300))
     url = await start_server(nursery, config, {"sim": SimEngine()})
     for node_id in ("node-1", "node-2"):
         facts = NodeFacts(node_id=node_id, agent_version="0", gpus=make_gpus(2, seed=node_id))

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import httpx
 import pytest
-import trio
 from llmgw_engine_sim import SimEngine
 
-from llmgw.server.cluster import Settings
-from llmgw.server.main import ServerConfig, serve_server
+from llmgw.testing.server import start_server
 
 CATALOG = """
 profiles:
@@ -32,21 +28,8 @@ models:
 @pytest.fixture
 async def server(nursery, test_pki, tmp_path):
     """A real `llmgw server` on 127.0.0.1, port 0; yields its base URL."""
-    config = ServerConfig(
-        state_dir=tmp_path / "state",
-        cert=test_pki.server.cert_path,
-        key=test_pki.server.key_path,
-        ca=test_pki.ca.cert_path,
-        host="127.0.0.1",
-        port=0,
-        settings=Settings(lost_after=30),
-        poll_timeout=0.5,
-    )
-    loaded = trio.Event()
-    host, port = await nursery.start(partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded))
-    with trio.fail_after(10):
-        await loaded.wait()
-    return f"https://{host}:{port}"
+    config = test_pki.server_config(tmp_path / "state")
+    return await start_server(nursery, config, {"sim": SimEngine()})
 
 
 async def apply(client: httpx.AsyncClient, server: str, args: str = "[]", other: str = "other/model") -> None:

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import random
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -108,6 +109,8 @@ class Agent:
         #: why the node is fenced (every shard stopped, replies not applied), or None
         self.fenced: str | None = None
         self._credentials_stamp: tuple | None = None
+        #: this agent process's id in every sync: the server tells a restarted agent by a new one
+        self.instance = secrets.token_hex(8)
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -296,6 +299,7 @@ class Agent:
             revision=self.revision,
             wait=True,
             checked_sources=self.sources_checked,
+            instance=self.instance,
         )
 
     async def run(self, shards_nursery: trio.Nursery) -> None:

@@ -16,6 +16,7 @@ import attrs
 
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import ScheduleResult, Unplaced
+from llmgw.server.agent_restart import left_agent, note_agent, start_again
 from llmgw.server.events import EventLog
 from llmgw.server.plan import SchedulePlan
 from llmgw.server.records import DEFAULT_SETTINGS, Event, Launch, NodeRecord, ReplicaRecord, Settings
@@ -120,6 +121,9 @@ class Cluster(ClusterViews):
             self.record_event(now, "node", node.node_id, f"registered from {request.address}")
         elif node.lost:
             self.record_event(now, "node", node.node_id, "is back after being lost")
+        if (message := note_agent(node, request, now)) is not None:
+            self.record_event(now, "node", node.node_id, message)
+            wanted = True
         if (node.address, node.facts, node.port_range) != (
             request.address,
             request.facts,
@@ -328,6 +332,8 @@ class Cluster(ClusterViews):
                 self.dirty_replicas.add(record.id)
                 self.record_event(now, "replica", record.id, f"rebuilding after {record.failures} failures")
             return
+        if (node_id := left_agent(record, self.nodes)) is not None:
+            return start_again(self, record, node_id, now)
         observed: list[ObservedShard | None] = []
         for node_id, key in record.shard_keys():
             node = self.nodes.get(node_id)

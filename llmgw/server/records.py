@@ -70,6 +70,11 @@ class NodeRecord:
     #: the serial and expiry (UNIX time) of the certificate the node last synced with
     cert_serial: int | None = None
     cert_not_after: float | None = None
+    #: the agent's instance id, whether it said it is leaving, and when it last left or restarted
+    #: (:mod:`llmgw.server.agent_restart`); not stored: a server restart forgets them
+    agent_instance: str = ""
+    agent_leaving: bool = False
+    agent_left_at: float | None = None
 
     @property
     def state(self) -> str:

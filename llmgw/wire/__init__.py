@@ -155,6 +155,9 @@ class SyncRequest:
     #: the model sources ``facts.model_sources`` was checked against (the
     #: server's ``check_sources``): a source not in here is not known missing
     checked_sources: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded(10_000))
+    #: a random id per agent process (a new one: the agent restarted); ``leaving``: it stops on purpose
+    instance: str = attrs.field(default="", validator=bounded(text=64))
+    leaving: bool = False
 
 
 @attrs.frozen

@@ -68,8 +68,8 @@ class Rollout(Harness):
         return [f"{e.subject}: {e.message}" for e in self.cluster.event_log.take()]
 
 
-def started(nodes: int = 2, **catalog) -> Rollout:
-    h = Rollout()
+def started(nodes: int = 2, cls: type[Rollout] = Rollout, **catalog) -> Rollout:
+    h = cls()
     for index in range(1, nodes + 1):
         h.join(f"node-{index}")
     h.apply_text(text(**catalog))

@@ -19,7 +19,7 @@ from llmgw.scheduler import ScheduleResult, Unplaced
 from llmgw.server.agent_restart import left_agent, note_agent, start_again
 from llmgw.server.events import EventLog
 from llmgw.server.plan import SchedulePlan
-from llmgw.server.records import DEFAULT_SETTINGS, Event, Launch, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.rollout import Rollouts
 from llmgw.server.silence import SilenceWatch
 from llmgw.server.stopping import StopOrder
@@ -439,7 +439,7 @@ class Cluster(ClusterViews):
             if record is not None and record.placement == placement:
                 continue
             if record is None:
-                launch = Launch.of(self.catalog, placement.model)
+                launch = self.rollouts.launch_for(self, placement)
                 record = ReplicaRecord(placement, self.new_attempt(), started_at=now, launch=launch)
                 self.replicas[placement.id] = record
                 what = f"replacement for {placement.replaces}" if placement.replaces else "placed"

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from llmgw.models import Catalog
+from llmgw.scheduler import Replica
 from llmgw.server.records import Launch, ReplicaRecord
 from llmgw.wire import RolloutList, RolloutStatus
 
@@ -213,6 +214,24 @@ class Rollouts:
                 cluster.dirty_replicas.add(record.id)
         cluster.schedule_wanted = True
         cluster.record_event(now, "rollout", model, f"{reason}. Failed: {failure}")
+
+    def launch_for(self, cluster: Cluster, placement: Replica) -> Launch | None:
+        """What a replica just placed runs; called by the reconciler as it records a new placement.
+
+        The catalog's command, except for a drain's replacement of an outdated
+        replica while its model's rollout is paused: that one runs what its
+        original runs (the catalog's command is the one that kept failing), when
+        the placement has the original's shape.
+        """
+        wanted = Launch.of(cluster.catalog, placement.model)
+        original = cluster.replicas.get(placement.replaces) if placement.replaces else None
+        if placement.model not in self.paused or original is None or original.launch is None:
+            return wanted
+        own = original.launch
+        shape = (len(placement.shards), len(placement.shards[0].gpus))
+        if shape != (own.profile.nodes, own.profile.gpus_per_node) or not cluster.is_outdated(original):
+            return wanted
+        return own
 
     # -- what it shows --------------------------------------------------------------------------
 

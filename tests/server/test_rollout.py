@@ -309,3 +309,22 @@ def test_a_replica_restarted_in_place_that_keeps_failing_pauses_too():
         fail_replacement(h, "small-0")
     assert h.status().state == "paused" and "small-0 failed 3 times in a row" in h.status().failure
     assert "small-1" in h.ready_ids() and h.cluster.is_outdated(h.cluster.replicas["small-1"])
+
+
+def test_a_drain_while_paused_moves_replicas_on_their_own_command():
+    """A paused rollout's catalog command keeps failing: a drain's replacement runs what its original runs."""
+    h = started(nodes=3)
+    h.apply_text(text(args='["--bogus"]'))
+    for _ in range(FAILURES_TO_PAUSE):
+        fail_replacement(h, "small-2")
+    assert h.status().state == "paused"
+    node = h.cluster.replicas["small-0"].placement.rank0.node_id
+    h.cluster.set_cordon(node, True, h.now, drain=True)
+    h.cluster.reconcile(h.now)
+    h.sync_all()
+    [moved] = [r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0"]
+    assert h.args_of(moved.id) == () and h.cluster.is_outdated(moved)  # not the failing --bogus
+    h.run_all(moved.id)
+    h.sync_all()
+    assert "small-0" not in h.cluster.replicas and h.cluster.replicas[moved.id].state == "ready"
+    assert h.status().state == "paused" and h.status().outdated == 2

@@ -69,6 +69,8 @@ class Rollouts:
         self.waiting: dict[str, str] = {}
         #: models with a rollout under way (for the start and done events)
         self.rolling: set[str] = set()
+        #: model -> (outdated replicas, updated ones ready) and since when: progress is a change there
+        self.progress: dict[str, tuple[tuple[int, int], float]] = {}
 
     # -- the reconciler's step ------------------------------------------------------------------
 
@@ -111,7 +113,14 @@ class Rollouts:
             r for r in records if r.consecutive_failures >= FAILURES_TO_PAUSE and not cluster.is_outdated(r)
         ]
         if failing and any(r.placement.replaces is None for r in outdated):
-            self._pause(cluster, model, target, failing[0], replacements, now)
+            last = failing[0]
+            failure = f"{last.id} failed {last.consecutive_failures} times in a row, last: {last.reason}"
+            self._pause(cluster, model, target, "its replacements keep failing", failure, replacements, now)
+            return []
+        stalled = self._stalled(model, wanted, records, outdated, now)
+        if stalled is not None:
+            why = f"no replica replaced within its progress_deadline ({wanted.profile.progress_deadline:g} s)"
+            self._pause(cluster, model, target, why, stalled, replacements, now)
             return []
         for record in outdated:
             if record.state != "ready":
@@ -192,18 +201,49 @@ class Rollouts:
             now, "replica", original, f"replaced: {replacement.id} is ready, stopping the original"
         )
 
+    def _stalled(
+        self,
+        model: str,
+        wanted: Launch,
+        records: list[ReplicaRecord],
+        outdated: list[ReplicaRecord],
+        now: float,
+    ) -> str | None:
+        """What is stuck when ``model``'s rollout made no progress within its profile's progress_deadline.
+
+        Progress is fewer outdated replicas or more updated ones ready. A rollout
+        waiting for room is not stalled (it says why it waits).
+        """
+        old = {r.id for r in outdated}
+        updated = [r for r in records if r.id not in old]
+        mark = (len(outdated), sum(r.state == "ready" for r in updated))
+        seen = self.progress.get(model)
+        if not outdated or model in self.waiting or seen is None or seen[0] != mark:
+            self.progress[model] = (mark, now)
+            return None
+        deadline = wanted.profile.progress_deadline
+        if deadline is None or now - seen[1] < deadline:
+            return None
+        waiting = [r for r in updated if r.state != "ready"]
+        if not waiting:
+            return f"no replacement started in {now - seen[1]:.0f} s"
+        slow = waiting[0]
+        state = f"{slow.state} ({slow.reason})" if slow.reason else slow.state
+        return f"{slow.id} is still {state} after {now - slow.started_at:.0f} s"
+
     def _pause(
         self,
         cluster: Cluster,
         model: str,
         target: str,
-        failed: ReplicaRecord,
+        why: str,
+        failure: str,
         replacements: list[ReplicaRecord],
         now: float,
     ) -> None:
-        failure = f"{failed.id} failed {failed.consecutive_failures} times in a row, last: {failed.reason}"
+        self.progress.pop(model, None)
         reason = (
-            f"paused: its replacements keep failing; the outdated replicas keep serving. "
+            f"paused: {why}; the outdated replicas keep serving. "
             f"Apply a fixed catalog to resume, or `llmgw ctl rollout undo {model}`"
         )
         self.paused[model] = Pause(target, reason, failure, now)

@@ -328,3 +328,25 @@ def test_a_drain_while_paused_moves_replicas_on_their_own_command():
     h.sync_all()
     assert "small-0" not in h.cluster.replicas and h.cluster.replicas[moved.id].state == "ready"
     assert h.status().state == "paused" and h.status().outdated == 2
+
+
+def test_a_rollout_that_makes_no_progress_within_its_deadline_pauses():
+    """progress_deadline 60 s: a replacement still not ready after it pauses the rollout, naming it."""
+    h = started()
+    catalog = text(args='["--max-tokens", "64"]').replace(
+        "gpus_per_node: 2", "gpus_per_node: 2\n    progress_deadline: 60"
+    )
+    h.apply_text(catalog)
+    for _ in range(5):
+        h.now += 10
+        h.sync_all()
+        assert h.status().state == "rolling"  # small-2 starting, within the deadline
+    h.now += 15
+    h.sync_all()
+    status = h.status()
+    assert status.state == "paused", status
+    assert "no replica replaced within its progress_deadline (60 s)" in status.reason
+    assert status.failure.startswith("small-2 is still starting after 65 s"), status.failure
+    assert sorted(h.cluster.replicas) == ["big-0", "small-0", "small-1"] and h.ready_ids() == sorted(
+        h.cluster.replicas
+    )

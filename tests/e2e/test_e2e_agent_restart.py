@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.load import GatewayLoad, gateway_models
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
@@ -43,8 +44,10 @@ def cluster(tmp_path: Path):
         for name in ("big", "chat"):
             (tmp_path / "models" / name).mkdir(parents=True)
         local.start(2, fabric="ib-a")
+        local.start_gateway(free_port())
         local.apply(CATALOG.format(models=tmp_path / "models"))
         local.wait(lambda: local.all_ready() and len(local.replicas().replicas) == 3, "every replica ready")
+        local.wait(lambda: gateway_models(local.gateway_url) == ["big", "chat"], "the gateway to route both")
         yield local
     finally:
         local.stop_all()
@@ -65,16 +68,25 @@ def restart_agent(cluster: LocalCluster, node_id: str, sig: int) -> None:
 
 
 def test_agents_restarted_cost_no_failure(cluster):
-    """SIGTERM (the agent says it leaves), then kill -9 (the new agent finds what the old one left)."""
+    """SIGTERM (the agent says it leaves), then kill -9 (the new agent finds what the old one left).
+
+    16 clients (half streaming) of the single-node model, which has a replica on each node, lose no
+    request through the SIGTERM restart: the gateway stops sending to node-2 before its engines stop.
+    """
     before = {r.id: r.attempt for r in cluster.replicas().replicas}
-    restart_agent(cluster, "node-2", signal.SIGTERM)
-    cluster.wait(
-        lambda: (
-            cluster.all_ready() and {r.attempt for r in cluster.replicas().replicas} - set(before.values())
-        ),
-        "the replicas to start again after node-2's agent restarted",
-        90,
-    )
+    with GatewayLoad(cluster.gateway_url, 16, models=["chat"]) as load:
+        load.wait_served(32, check=cluster.check)
+        restart_agent(cluster, "node-2", signal.SIGTERM)
+        cluster.wait(
+            lambda: (
+                cluster.all_ready()
+                and {r.attempt for r in cluster.replicas().replicas} - set(before.values())
+            ),
+            "the replicas to start again after node-2's agent restarted",
+            90,
+        )
+        load.wait_served(32, check=cluster.check)
+    assert load.failures == [], load.report()
     cluster.wait(
         lambda: cluster.all_ready() and len(cluster.replicas().replicas) == 3, "every replica ready", 60
     )

@@ -153,6 +153,9 @@ class ReplicaRecord:
     #: what the current attempt runs (None only for a replica whose model left the catalog before it
     #: was recorded: such a replica is removed by the scheduler)
     launch: Launch | None = None
+    #: what it ran before a rollout restarted it in place: it goes back to that if the rollout pauses
+    #: (not stored: after a server restart such a replica stays on the new command)
+    rolled_from: Launch | None = None
 
     @property
     def id(self) -> str:

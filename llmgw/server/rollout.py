@@ -115,12 +115,12 @@ class Rollouts:
         if failing and any(r.placement.replaces is None for r in outdated):
             last = failing[0]
             failure = f"{last.id} failed {last.consecutive_failures} times in a row, last: {last.reason}"
-            self._pause(cluster, model, target, "its replacements keep failing", failure, replacements, now)
+            self._pause(cluster, model, target, "its replacements keep failing", failure, records, now)
             return []
         stalled = self._stalled(model, wanted, records, outdated, now)
         if stalled is not None:
             why = f"no replica replaced within its progress_deadline ({wanted.profile.progress_deadline:g} s)"
-            self._pause(cluster, model, target, why, stalled, replacements, now)
+            self._pause(cluster, model, target, why, stalled, records, now)
             return []
         for record in outdated:
             if record.state != "ready":
@@ -180,6 +180,8 @@ class Rollouts:
 
     def _restart(self, cluster: Cluster, record: ReplicaRecord, launch: Launch, now: float, why: str) -> None:
         """Run ``launch`` on ``record``'s placement as a new attempt (a failed one rebuilds on it)."""
+        if record.launch is not None and record.launch != launch:
+            record.rolled_from = record.launch
         record.launch = launch
         if record.state != "backoff":
             record.attempt = cluster.new_attempt()
@@ -189,7 +191,8 @@ class Rollouts:
             record.ready_since = None
         record.consecutive_failures = 0
         cluster.dirty_replicas.add(record.id)
-        cluster.record_event(now, "replica", record.id, f"outdated, {why}")
+        if why:
+            cluster.record_event(now, "replica", record.id, f"outdated, {why}")
 
     def _retire(self, cluster: Cluster, original: str, replacement: ReplicaRecord, now: float) -> None:
         del cluster.replicas[original]
@@ -238,9 +241,11 @@ class Rollouts:
         target: str,
         why: str,
         failure: str,
-        replacements: list[ReplicaRecord],
+        records: list[ReplicaRecord],
         now: float,
     ) -> None:
+        """Pause ``model``'s rollout: stop its replacements not ready, put replicas restarted in place
+        and not ready back on the command they ran before."""
         self.progress.pop(model, None)
         reason = (
             f"paused: {why}; the outdated replicas keep serving. "
@@ -248,12 +253,19 @@ class Rollouts:
         )
         self.paused[model] = Pause(target, reason, failure, now)
         self.waiting.pop(model, None)
-        for record in replacements:
-            if record.state != "ready":
+        cluster.record_event(now, "rollout", model, f"{reason}. Failed: {failure}")
+        for record in records:
+            if record.state == "ready":
+                continue
+            if record.placement.replaces is not None:
                 del cluster.replicas[record.id]
                 cluster.dirty_replicas.add(record.id)
+            elif record.rolled_from is not None:
+                self._restart(cluster, record, record.rolled_from, now, "")
+                record.rolled_from = None
+                back = "back on the command it ran before the rollout, which paused"
+                cluster.record_event(now, "replica", record.id, back)
         cluster.schedule_wanted = True
-        cluster.record_event(now, "rollout", model, f"{reason}. Failed: {failure}")
 
     def launch_for(self, cluster: Cluster, placement: Replica) -> Launch | None:
         """What a replica just placed runs; called by the reconciler as it records a new placement.

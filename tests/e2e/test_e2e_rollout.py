@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from llmgw.ctl.client import write_client_config
-from llmgw.dev.cluster import LocalCluster, program
+from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.load import GatewayLoad, gateway_models
 from llmgw.testing.processes import free_port
 from llmgw.wire import RolloutList
@@ -46,19 +44,6 @@ def cluster(tmp_path: Path):
         local.stop_all()
 
 
-def ctl_runner(cluster: LocalCluster, tmp_path: Path):
-    """A function running `llmgw ctl ARGS...` against the cluster as a separate process."""
-    config = tmp_path / "ctl"
-    tls = cluster.admin_tls
-    write_client_config(config, cluster.server_url, tls.ca_path, tls.cert_path, tls.key_path)
-
-    def ctl(*args: str) -> subprocess.CompletedProcess:
-        argv = [program("llmgw"), "ctl", "--config-dir", str(config), *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=180)
-
-    return ctl
-
-
 def rollout_of(cluster: LocalCluster, model: str = "chat"):
     return cluster.client.request("GET", "/v1/admin/rollouts", RolloutList, params={"model": model}).rollouts[
         0
@@ -67,7 +52,7 @@ def rollout_of(cluster: LocalCluster, model: str = "chat"):
 
 def test_new_args_roll_every_replica_under_load(cluster, tmp_path):
     """16 clients (half streaming); a catalog changing the args: every shard runs them, no request fails."""
-    ctl = ctl_runner(cluster, tmp_path)
+    ctl = cluster.ctl
     before = {r.id: r.shards[0].pid for r in cluster.replicas().replicas}
     catalog = tmp_path / "new.yaml"
     catalog.write_text(CATALOG.format(models=tmp_path / "models", args=ARGS + ', "--max-model-len", "4096"'))
@@ -91,7 +76,7 @@ def test_new_args_roll_every_replica_under_load(cluster, tmp_path):
 def test_args_the_engine_rejects_pause_the_rollout_and_undo_restores(cluster, tmp_path):
     """An unknown flag: the replacements exit, the rollout pauses naming the flag, the old replicas serve
     throughout, and `ctl rollout undo` goes back to the previous revision; no request fails."""
-    ctl = ctl_runner(cluster, tmp_path)
+    ctl = cluster.ctl
     original = {r.id: r.shards[0].pid for r in cluster.replicas().replicas}
     bad = CATALOG.format(models=tmp_path / "models", args=ARGS + ', "--bogus-flag"')
     with GatewayLoad(cluster.gateway_url, 16) as load:

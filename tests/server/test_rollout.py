@@ -309,6 +309,13 @@ def test_a_replica_restarted_in_place_that_keeps_failing_pauses_too():
         fail_replacement(h, "small-0")
     assert h.status().state == "paused" and "small-0 failed 3 times in a row" in h.status().failure
     assert "small-1" in h.ready_ids() and h.cluster.is_outdated(h.cluster.replicas["small-1"])
+    # small-0 goes back to what it ran before, and serves again
+    assert h.args_of("small-0") == () and h.cluster.is_outdated(h.cluster.replicas["small-0"])
+    assert "small-0: back on the command it ran before the rollout, which paused" in h.events()
+    h.now += 20
+    h.sync_all()
+    h.run_all("small-0")
+    assert h.cluster.replicas["small-0"].state == "ready" and h.status().state == "paused"
 
 
 def test_a_drain_while_paused_moves_replicas_on_their_own_command():

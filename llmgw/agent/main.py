@@ -99,11 +99,12 @@ async def serve_agent(
         agent.sources_checked = check_sources
         agent.adopt_previous(previous)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(agent.run, nursery)
+            syncing = trio.CancelScope()
+            nursery.start_soon(_sync, agent, nursery, syncing)
             nursery.start_soon(agent.watch_facts, refresh)
             nursery.start_soon(_say_when_stopping, agent)
             if leave is not None:
-                nursery.start_soon(_leave_when_asked, agent, leave, nursery.cancel_scope)
+                nursery.start_soon(_leave_when_asked, agent, leave, syncing, nursery.cancel_scope)
             task_status.started(agent)
         log.info("agent stopped: every shard ended")
 
@@ -119,8 +120,16 @@ async def _say_when_stopping(agent: Agent) -> None:
         )
 
 
-async def _leave_when_asked(agent: Agent, leave: trio.Event, scope: trio.CancelScope) -> None:
+async def _sync(agent: Agent, nursery: trio.Nursery, syncing: trio.CancelScope) -> None:
+    with syncing:
+        await agent.run(nursery)
+
+
+async def _leave_when_asked(
+    agent: Agent, leave: trio.Event, syncing: trio.CancelScope, scope: trio.CancelScope
+) -> None:
     await leave.wait()
+    syncing.cancel()  # a leaving agent starts no more shards, whatever the server hands out next
     with trio.move_on_after(FAREWELL_TIMEOUT):
         await say_leaving(agent)
     scope.cancel()

@@ -43,6 +43,7 @@ import httpx
 import trio
 from cryptography import x509
 
+from llmgw import wire
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import present_sources
 from llmgw.agent.process import Child, ProcessRecords
@@ -129,8 +130,7 @@ class Agent:
                     rank=record["rank"],
                     state="exited",
                     port=record.get("port"),
-                    detail="ended with the previous agent (pid "
-                    f"{record.get('agent_pid')}); the server rebuilds it",
+                    detail=f"{wire.PREVIOUS_AGENT_EXIT} (pid {record.get('agent_pid')}); it starts again",
                     since=time.time(),
                 )
             except (KeyError, TypeError, ValueError):

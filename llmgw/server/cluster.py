@@ -323,6 +323,8 @@ class Cluster(ClusterViews):
         return self.silence.spared
 
     def _judge(self, record: ReplicaRecord, now: float) -> None:
+        if (left := left_agent(record, self.nodes)) is not None:
+            return start_again(self, record, left, now)
         if record.state == "backoff":
             if now >= record.not_before:
                 record.state = "starting"
@@ -332,8 +334,6 @@ class Cluster(ClusterViews):
                 self.dirty_replicas.add(record.id)
                 self.record_event(now, "replica", record.id, f"rebuilding after {record.failures} failures")
             return
-        if (node_id := left_agent(record, self.nodes)) is not None:
-            return start_again(self, record, node_id, now)
         observed: list[ObservedShard | None] = []
         for node_id, key in record.shard_keys():
             node = self.nodes.get(node_id)
@@ -370,8 +370,9 @@ class Cluster(ClusterViews):
             self._fail(record, now, f"not ready within {timeout:.0f} s")
 
     def _fail(self, record: ReplicaRecord, now: float, reason: str) -> None:
-        record.failures += 1
-        record.consecutive_failures += 1
+        record.failures, record.consecutive_failures, record.failed_at = (
+            record.failures + 1, record.consecutive_failures + 1, now
+        )
         record.attempt = self.new_attempt()
         delay = min(
             self.settings.backoff_max, self.settings.backoff_base * 2 ** (record.consecutive_failures - 1)

@@ -75,6 +75,10 @@ class NodeRecord:
     agent_instance: str = ""
     agent_leaving: bool = False
     agent_left_at: float | None = None
+    #: the old agent's last sync before it left or restarted (its shards may have ended since)
+    agent_gone_since: float = 0.0
+    #: when the current agent instance first synced, if it replaced a known one (0: not known)
+    agent_instance_since: float = 0.0
 
     @property
     def state(self) -> str:
@@ -156,6 +160,8 @@ class ReplicaRecord:
     #: what it ran before a rollout restarted it in place: it goes back to that if the rollout pauses
     #: (not stored: after a server restart such a replica stays on the new command)
     rolled_from: Launch | None = None
+    #: when it last failed (not stored)
+    failed_at: float | None = None
 
     @property
     def id(self) -> str:

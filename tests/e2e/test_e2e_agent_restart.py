@@ -39,7 +39,8 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server and 2 agents on one fabric: a two-node replica and a single-node one on each node."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
+    # a restarted agent is back well within lost_after, even on a loaded 2-core machine
+    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=40, poll_timeout=1)
     try:
         for name in ("big", "chat"):
             (tmp_path / "models" / name).mkdir(parents=True)
@@ -111,8 +112,8 @@ def test_agents_restarted_cost_no_failure(cluster):
     cluster.wait(
         lambda: cluster.all_ready() and len(cluster.replicas().replicas) == 3, "every replica ready", 90
     )
-    [again] = [r for r in cluster.replicas().replicas if r.id == chat.id]
-    assert again.failures == 0, again
+    # big-0 too: if its other rank saw the killed one go first, that failure was taken back
+    assert all(r.failures == 0 for r in cluster.replicas().replicas), cluster.replicas().replicas
     seen = events(cluster)
     assert any(e.startswith("node-1: its agent restarted") for e in seen), seen
-    assert f"{chat.id}: starting again: the agent of node-1 restarted (not counted as a failure)" in seen
+    assert any(e.startswith(f"{chat.id}: starting again: the agent of node-1 restarted") for e in seen), seen

@@ -7,7 +7,7 @@ from test_cluster import Harness  # the reconciler's step-by-step harness
 from test_rollout import Rollout, started, text
 
 from llmgw.server.rollout import FAILURES_TO_PAUSE
-from llmgw.wire import SyncRequest
+from llmgw.wire import PREVIOUS_AGENT_EXIT, SyncRequest
 
 
 class Agents:
@@ -41,7 +41,7 @@ class Agents:
         self.instances[node_id] = f"{node_id}-agent-{number}"
         self.revisions[node_id] = 0
         for key, shard in self.states[node_id].items():
-            detail = "ended with the previous agent (pid 1); the server rebuilds it"
+            detail = f"{PREVIOUS_AGENT_EXIT} (pid 1); it starts again"
             self.states[node_id][key] = attrs.evolve(shard, state="exited", detail=detail)
         self.sync(node_id)
 
@@ -134,3 +134,39 @@ def test_agent_restarts_under_a_replacement_do_not_pause_its_rollout():
     h.run_everything()
     assert h.status().state == "done"
     assert all(r.failures == 0 for r in h.cluster.replicas.values())
+
+
+def test_a_failure_while_the_killed_agent_was_gone_is_taken_back():
+    """kill -9 of big-0's worker's agent: rank 0 exits on the lost peer; the new agent takes it back."""
+    h = two_models()
+    big = h.cluster.replicas["big-0"]
+    rank0, worker = (s.node_id for s in big.placement.shards)
+    h.now += 3
+    h.set_state(rank0, "big-0", "exited", exit_code=1, detail="peer lost: rank 1: connection closed")
+    h.sync(rank0)
+    assert big.state == "backoff" and big.failures == 1
+    h.restart(worker)
+    assert big.state == "starting" and (big.failures, big.consecutive_failures) == (0, 0)
+    events = [e.message for e in h.cluster.event_log.take()]
+    assert any(
+        m.startswith(f"starting again: the agent of {worker} restarted; its failure (") for m in events
+    )
+    h.sync_all()
+    h.run_all("big-0")
+    assert big.state == "ready" and big.failures == 0
+
+
+def test_a_shard_the_leaving_agent_started_late_and_its_successor_ended_is_no_failure():
+    """The old agent started the new attempt before it left; the new agent reports it exited: no failure."""
+    h = two_models()
+    node = h.cluster.replicas["small-0"].placement.rank0.node_id
+    h.now += 1
+    h.sync(node, leaving=True)  # this time the reply (small-0's new attempt) is applied before it stops
+    attempt = h.cluster.replicas["small-0"].attempt
+    h.restart(node)
+    small = h.cluster.replicas["small-0"]
+    assert small.state == "starting" and small.attempt != attempt and small.failures == 0
+    h.sync_all()
+    h.run_all("small-0")
+    assert small.state == "ready"
+    no_failures(h)

@@ -198,6 +198,7 @@ def test_launches_and_paused_rollouts_survive_a_restart(tmp_path):
     assert loaded.replicas["small-0"].launch.profile.args == ()
     assert loaded.is_outdated(loaded.replicas["small-0"])
     assert loaded.rollouts.status(loaded, "small").rollouts[0].state == "paused"
+    assert loaded.rollouts.rolling == {"small"}  # no second "started" event after a restart
     # a row stored before launches were recorded runs the catalog in force
     store._conn.execute("UPDATE replicas SET launch = NULL")
     loaded = load_cluster(store._conn, h.cluster.settings, ENGINES, h.now)

@@ -18,15 +18,12 @@ replica ready and running the new args). It does that once per
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import httpx
-
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.load import GatewayLoad
 from llmgw.testing.processes import free_port
 from llmgw.wire import RolloutList
 
@@ -43,57 +40,6 @@ models:
     replicas: {replicas}
     rollout: {{max_surge: {surge}, max_unavailable: 0}}
 """
-
-
-class Load:
-    """Clients in threads sending requests through the gateway until stopped; counts what succeeded."""
-
-    def __init__(self, url: str, clients: int) -> None:
-        self.url, self.stop = url, threading.Event()
-        self.ok, self.failed, self.lock = 0, 0, threading.Lock()
-        self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=(i % 2 == 0,)) for i in range(clients)]
-
-    def _run(self, stream: bool) -> None:
-        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-        body["stream"] = stream
-        with httpx.Client(timeout=30) as client:
-            while not self.stop.is_set():
-                error = None
-                try:
-                    if stream:
-                        with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as response:
-                            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-                        if response.status_code != 200 or not lines or lines[-1] != "data: [DONE]":
-                            error = f"stream {response.status_code}: {lines[-2:]}"
-                        elif any("error" in json.loads(line[6:]) for line in lines[:-1]):
-                            error = "error event in stream"
-                    else:
-                        response = client.post(f"{self.url}/v1/chat/completions", json=body)
-                        if response.status_code != 200:
-                            error = f"{response.status_code}: {response.text[:100]}"
-                except httpx.HTTPError as exc:
-                    error = f"{type(exc).__name__}: {exc}"
-                with self.lock:
-                    if error is None:
-                        self.ok += 1
-                    else:
-                        self.failed += 1
-                        self.errors.append(error)
-
-    def counts(self) -> tuple[int, int]:
-        with self.lock:
-            return self.ok, self.failed
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
 
 
 def rolled(cluster: LocalCluster, marker: str) -> bool:
@@ -116,7 +62,7 @@ def run(args: argparse.Namespace, surge: int, root: Path) -> None:
         text = CATALOG.format(models=models, replicas=args.replicas, surge=surge, extra="")
         cluster.apply(text)
         cluster.wait(cluster.all_ready, "every replica to be ready", 180)
-        with Load(cluster.gateway_url, args.clients) as load:
+        with GatewayLoad(cluster.gateway_url, args.clients) as load:
             cluster.wait(lambda: load.counts()[0] >= args.clients * 2, "the load to get going", 60)
             ok0, _ = load.counts()
             start = time.monotonic()
@@ -138,7 +84,7 @@ def run(args: argparse.Namespace, surge: int, root: Path) -> None:
             f"{failed} failed; throughput {served / took / steady_rate:.2f} x the steady "
             f"{steady_rate:.0f} req/s"
         )
-        for error in load.errors[:5]:
+        for error in load.failures[:5]:
             print(f"  failed: {error}")
     finally:
         cluster.stop_all()

@@ -255,6 +255,10 @@ class Profile:
     #: seconds a stopping shard has between SIGTERM and SIGKILL to finish in-flight
     #: requests; None: :data:`DEFAULT_STOP_GRACE`
     stop_grace: float | None = attrs.field(default=None, validator=_seconds(0, MAX_STOP_GRACE, above=False))
+    #: seconds a rollout to this profile may go without replacing a replica before it pauses; None: no limit
+    progress_deadline: float | None = attrs.field(
+        default=None, validator=_seconds(0, MAX_READY_TIMEOUT, above=True)
+    )
 
 
 def _some_progress(instance: Rollout, attribute: attrs.Attribute, value: int) -> None:

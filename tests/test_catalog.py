@@ -123,6 +123,10 @@ class TestValidateCommand:
             ("ready_timeout: '600'", "ready_timeout: expected a number, got '600'"),
             ("stop_grace: -1", "stop_grace: expected a number of seconds from 0 to 3600, got -1"),
             ("stop_grace: true", "stop_grace: expected a number, got True"),
+            (
+                "progress_deadline: 0",
+                "progress_deadline: expected a number of seconds above 0 to 86400, got 0",
+            ),
         ],
     )
     def test_bad_profile_timings_name_the_field_and_the_range(self, tmp_path, value, message):
@@ -135,8 +139,10 @@ class TestValidateCommand:
         """ready_timeout and stop_grace (integers or decimals) are kept as seconds; absent, None."""
         from llmgw_engine_sim import SimEngine
 
-        text = edit(**{"engine: sim": "engine: sim\nready_timeout: 1800\nstop_grace: 2.5"})
+        timings = "ready_timeout: 1800\nstop_grace: 2.5\nprogress_deadline: 900"
+        text = edit(**{"engine: sim": f"engine: sim\n{timings}"})
         catalog = parse_catalog(text, {"sim": SimEngine()})
+        assert catalog.profiles["tp2x2"].progress_deadline == 900.0
         assert (catalog.profiles["tp2x2"].ready_timeout, catalog.profiles["tp2x2"].stop_grace) == (
             1800.0,
             2.5,

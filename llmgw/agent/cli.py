@@ -95,8 +95,11 @@ def agent(
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
 
-    Stops every shard (SIGTERM, grace, SIGKILL) and exits 0 on SIGTERM or Ctrl-C.
+    On SIGTERM or Ctrl-C it tells the server it is leaving (its replicas start again once an
+    agent is back, not counted as failures), stops every shard (SIGTERM, grace, SIGKILL) and exits 0.
     """
+    import trio
+
     from llmgw.agent import serve_agent
     from llmgw.agent.config import load_agent_config, parse_port_range
 
@@ -118,10 +121,17 @@ def agent(
     config = load_agent_config(flags, config_file)
     if not verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    leaving: list[trio.Event] = []
+
+    async def serve() -> None:
+        leaving.append(trio.Event())
+        await serve_agent(config, leave=leaving[0])
+
     serve_until_signalled(
-        lambda: serve_agent(config),
+        serve,
+        stop=lambda: leaving[0].set() if leaving else None,
         log=log,
-        stopping="stopping every shard, then exiting",
+        stopping="stopping every shard (the server told first), then exiting",
         stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
         log_level=logging.DEBUG if verbose else logging.INFO,
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
+import httpx
 import trio
 from cryptography import x509
 
@@ -16,10 +18,14 @@ from llmgw.engine import Engine
 from llmgw.errors import PluginError
 from llmgw.pki import client_ssl_context
 from llmgw.plugins import get_plugin_manager
+from llmgw.wire import to_json
 
-__all__ = ["serve_agent"]
+__all__ = ["serve_agent", "say_leaving", "FAREWELL_TIMEOUT"]
 
 log = logging.getLogger("llmgw.agent")
+
+#: seconds a stopping agent gives the server to take its farewell before it stops its shards anyway
+FAREWELL_TIMEOUT = 5.0
 
 
 def _engines(plugins: Any) -> tuple[dict[str, Engine], list[str]]:
@@ -34,6 +40,7 @@ async def serve_agent(
     config: AgentConfig,
     plugins: Any = None,
     *,
+    leave: trio.Event | None = None,
     task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node agent until cancelled.
@@ -48,6 +55,9 @@ async def serve_agent(
     grace, SIGKILL) before this returns.
 
     :param plugins: the plugin manager; default :func:`~llmgw.plugins.get_plugin_manager`.
+    :param leave: set it to stop on purpose (``llmgw agent`` does on SIGTERM): the agent first
+        tells the server it is leaving (:func:`say_leaving`), so its replicas leave the routes and
+        start again once it is back without counting a failure; then it stops every shard and returns.
     :raises FabricError: a ``--fabric`` this node cannot meet (before ``started``).
     :raises PkiError: the certificate, key or CA cannot be loaded.
     :raises AgentLockError: another agent runs with the same state directory.
@@ -89,9 +99,12 @@ async def serve_agent(
         agent.sources_checked = check_sources
         agent.adopt_previous(previous)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(agent.run, nursery)
+            syncing = trio.CancelScope()
+            nursery.start_soon(_sync, agent, nursery, syncing)
             nursery.start_soon(agent.watch_facts, refresh)
             nursery.start_soon(_say_when_stopping, agent)
+            if leave is not None:
+                nursery.start_soon(_leave_when_asked, agent, leave, syncing, nursery.cancel_scope)
             task_status.started(agent)
         log.info("agent stopped: every shard ended")
 
@@ -105,3 +118,42 @@ async def _say_when_stopping(agent: Agent) -> None:
             len(agent.supervisors),
             agent.config.stop_grace,
         )
+
+
+async def _sync(agent: Agent, nursery: trio.Nursery, syncing: trio.CancelScope) -> None:
+    with syncing:
+        await agent.run(nursery)
+
+
+async def _leave_when_asked(
+    agent: Agent, leave: trio.Event, syncing: trio.CancelScope, scope: trio.CancelScope
+) -> None:
+    await leave.wait()
+    syncing.cancel()  # a leaving agent starts no more shards, whatever the server hands out next
+    with trio.move_on_after(FAREWELL_TIMEOUT):
+        await say_leaving(agent)
+    scope.cancel()
+
+
+async def say_leaving(agent: Agent) -> bool:
+    """Tell the server this agent stops on purpose; called before it stops any shard.
+
+    With shards running it waits for the answer to change what this node
+    should run (the server started their replicas again: they left the routes),
+    or for the server's poll timeout. Callers own the deadline.
+
+    :returns: whether the server took it (else its replicas count a failure, as for a crash).
+    """
+    request = attrs.evolve(agent.request(), leaving=True, wait=bool(agent.supervisors))
+    url = f"{agent.config.server}/v1/agent/sync"
+    try:
+        async with httpx.AsyncClient(verify=agent.ssl_context, timeout=FAREWELL_TIMEOUT) as client:
+            response = await client.post(url, json=to_json(request))
+    except httpx.HTTPError as exc:
+        log.warning("could not tell the server this agent is leaving: %s", exc)
+        return False
+    if response.status_code != 200:
+        log.warning("the server did not take this agent's leaving: HTTP %d", response.status_code)
+        return False
+    log.info("told the server this agent is leaving: its replicas start again once it is back")
+    return True

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import random
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +43,7 @@ import httpx
 import trio
 from cryptography import x509
 
+from llmgw import wire
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import present_sources
 from llmgw.agent.process import Child, ProcessRecords
@@ -108,6 +110,8 @@ class Agent:
         #: why the node is fenced (every shard stopped, replies not applied), or None
         self.fenced: str | None = None
         self._credentials_stamp: tuple | None = None
+        #: this agent process's id in every sync: the server tells a restarted agent by a new one
+        self.instance = secrets.token_hex(8)
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -126,8 +130,7 @@ class Agent:
                     rank=record["rank"],
                     state="exited",
                     port=record.get("port"),
-                    detail="ended with the previous agent (pid "
-                    f"{record.get('agent_pid')}); the server rebuilds it",
+                    detail=f"{wire.PREVIOUS_AGENT_EXIT} (pid {record.get('agent_pid')}); it starts again",
                     since=time.time(),
                 )
             except (KeyError, TypeError, ValueError):
@@ -296,6 +299,7 @@ class Agent:
             revision=self.revision,
             wait=True,
             checked_sources=self.sources_checked,
+            instance=self.instance,
         )
 
     async def run(self, shards_nursery: trio.Nursery) -> None:

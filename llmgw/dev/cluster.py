@@ -23,7 +23,7 @@ from typing import TypeVar
 import attrs
 
 from llmgw import pki
-from llmgw.ctl.client import AdminClient, ClientConfig
+from llmgw.ctl.client import AdminClient, ClientConfig, write_client_config
 from llmgw.errors import LlmgwError
 from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
 from llmgw.wire import ApplyCatalog, CatalogApplied, NodeList, ReplicaList
@@ -223,11 +223,14 @@ class LocalCluster:
         node.process = self._start(f"agent-{node.node_id}", argv)
         return node.process
 
-    def start(self, node_count: int) -> None:
-        """Start the server and ``node_count`` agents, and wait until every node registered."""
+    def start(self, node_count: int, *, fabric: str | None | object = ...) -> None:
+        """Start the server and ``node_count`` agents, and wait until every node registered.
+
+        :param fabric: every node's fabric (None: islands); by default as :func:`fabric_of` says.
+        """
         self.start_server()
         for index in range(1, node_count + 1):
-            self.start_agent(self.add_node(index))
+            self.start_agent(self.add_node(index, fabric=fabric))
         self.wait(lambda: self._nodes_up(node_count), f"all {node_count} agents to register with the server")
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -297,6 +300,18 @@ class LocalCluster:
         """Apply a catalog through the admin API (``prune``: it may remove models); returns its revision."""
         body = ApplyCatalog(text, name, prune=prune)
         return self.client.request("POST", "/v1/admin/catalog", CatalogApplied, body=body)
+
+    def ctl(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+        """Run ``llmgw ctl ARGS...`` against this cluster as its admin, in a process of its own.
+
+        The credentials go to ``<state dir>/ctl`` the first time; ``timeout`` bounds the process.
+        """
+        config = self.state_dir / "ctl"
+        if not (config / "config.toml").exists():
+            tls = self.admin_tls
+            write_client_config(config, self.server_url, tls.ca_path, tls.cert_path, tls.key_path)
+        argv = [program("llmgw"), "ctl", "--config-dir", str(config), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     # -- stopping ----------------------------------------------------------
 

@@ -16,9 +16,10 @@ import attrs
 
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import ScheduleResult, Unplaced
+from llmgw.server.agent_restart import left_agent, note_agent, start_again
 from llmgw.server.events import EventLog
 from llmgw.server.plan import SchedulePlan
-from llmgw.server.records import DEFAULT_SETTINGS, Event, Launch, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.rollout import Rollouts
 from llmgw.server.silence import SilenceWatch
 from llmgw.server.stopping import StopOrder
@@ -120,6 +121,9 @@ class Cluster(ClusterViews):
             self.record_event(now, "node", node.node_id, f"registered from {request.address}")
         elif node.lost:
             self.record_event(now, "node", node.node_id, "is back after being lost")
+        if (message := note_agent(node, request, now)) is not None:
+            self.record_event(now, "node", node.node_id, message)
+            wanted = True
         if (node.address, node.facts, node.port_range) != (
             request.address,
             request.facts,
@@ -319,6 +323,8 @@ class Cluster(ClusterViews):
         return self.silence.spared
 
     def _judge(self, record: ReplicaRecord, now: float) -> None:
+        if (left := left_agent(record, self.nodes)) is not None:
+            return start_again(self, record, left, now)
         if record.state == "backoff":
             if now >= record.not_before:
                 record.state = "starting"
@@ -364,8 +370,9 @@ class Cluster(ClusterViews):
             self._fail(record, now, f"not ready within {timeout:.0f} s")
 
     def _fail(self, record: ReplicaRecord, now: float, reason: str) -> None:
-        record.failures += 1
-        record.consecutive_failures += 1
+        record.failures, record.consecutive_failures, record.failed_at = (
+            record.failures + 1, record.consecutive_failures + 1, now
+        )
         record.attempt = self.new_attempt()
         delay = min(
             self.settings.backoff_max, self.settings.backoff_base * 2 ** (record.consecutive_failures - 1)
@@ -433,7 +440,7 @@ class Cluster(ClusterViews):
             if record is not None and record.placement == placement:
                 continue
             if record is None:
-                launch = Launch.of(self.catalog, placement.model)
+                launch = self.rollouts.launch_for(self, placement)
                 record = ReplicaRecord(placement, self.new_attempt(), started_at=now, launch=launch)
                 self.replicas[placement.id] = record
                 what = f"replacement for {placement.replaces}" if placement.replaces else "placed"

@@ -102,6 +102,7 @@ def load_cluster(
             cert_not_after=not_after,
         )
     cluster.rollouts.load(Store.get_setting(conn, "paused_rollouts", {}))
+    cluster.rollouts.rolling = set(Store.get_setting(conn, "rolling_models", []))
     for placement, attempt, failures, consecutive, sent, state, reason, launch in conn.execute(
         "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason, launch "
         "FROM replicas"
@@ -203,6 +204,8 @@ def take_changes(cluster: Cluster, now: float) -> Changes:
         "revision": cluster.revision,
         "next_attempt": cluster.next_attempt,
         "paused_rollouts": cluster.rollouts.saved(),
+        # the rollouts under way: a restart says neither "started" nor "done" again
+        "rolling_models": sorted(cluster.rollouts.rolling),
     }
     changed_settings = tuple((k, v) for k, v in settings.items() if cluster.saved_settings.get(k) != v)
     cluster.saved_settings.update(settings)

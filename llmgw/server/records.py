@@ -70,6 +70,15 @@ class NodeRecord:
     #: the serial and expiry (UNIX time) of the certificate the node last synced with
     cert_serial: int | None = None
     cert_not_after: float | None = None
+    #: the agent's instance id, whether it said it is leaving, and when it last left or restarted
+    #: (:mod:`llmgw.server.agent_restart`); not stored: a server restart forgets them
+    agent_instance: str = ""
+    agent_leaving: bool = False
+    agent_left_at: float | None = None
+    #: the old agent's last sync before it left or restarted (its shards may have ended since)
+    agent_gone_since: float = 0.0
+    #: when the current agent instance first synced, if it replaced a known one (0: not known)
+    agent_instance_since: float = 0.0
 
     @property
     def state(self) -> str:
@@ -148,6 +157,11 @@ class ReplicaRecord:
     #: what the current attempt runs (None only for a replica whose model left the catalog before it
     #: was recorded: such a replica is removed by the scheduler)
     launch: Launch | None = None
+    #: what it ran before a rollout restarted it in place: it goes back to that if the rollout pauses
+    #: (not stored: after a server restart such a replica stays on the new command)
+    rolled_from: Launch | None = None
+    #: when it last failed (not stored)
+    failed_at: float | None = None
 
     @property
     def id(self) -> str:

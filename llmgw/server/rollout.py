@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from llmgw.models import Catalog
+from llmgw.scheduler import Replica
 from llmgw.server.records import Launch, ReplicaRecord
 from llmgw.wire import RolloutList, RolloutStatus
 
@@ -68,6 +69,8 @@ class Rollouts:
         self.waiting: dict[str, str] = {}
         #: models with a rollout under way (for the start and done events)
         self.rolling: set[str] = set()
+        #: model -> (outdated replicas, updated ones ready) and since when: progress is a change there
+        self.progress: dict[str, tuple[tuple[int, int], float]] = {}
 
     # -- the reconciler's step ------------------------------------------------------------------
 
@@ -110,7 +113,14 @@ class Rollouts:
             r for r in records if r.consecutive_failures >= FAILURES_TO_PAUSE and not cluster.is_outdated(r)
         ]
         if failing and any(r.placement.replaces is None for r in outdated):
-            self._pause(cluster, model, target, failing[0], replacements, now)
+            last = failing[0]
+            failure = f"{last.id} failed {last.consecutive_failures} times in a row, last: {last.reason}"
+            self._pause(cluster, model, target, "its replacements keep failing", failure, records, now)
+            return []
+        stalled = self._stalled(model, wanted, records, outdated, now)
+        if stalled is not None:
+            why = f"no replica replaced within its progress_deadline ({wanted.profile.progress_deadline:g} s)"
+            self._pause(cluster, model, target, why, stalled, records, now)
             return []
         for record in outdated:
             if record.state != "ready":
@@ -170,6 +180,8 @@ class Rollouts:
 
     def _restart(self, cluster: Cluster, record: ReplicaRecord, launch: Launch, now: float, why: str) -> None:
         """Run ``launch`` on ``record``'s placement as a new attempt (a failed one rebuilds on it)."""
+        if record.launch is not None and record.launch != launch:
+            record.rolled_from = record.launch
         record.launch = launch
         if record.state != "backoff":
             record.attempt = cluster.new_attempt()
@@ -179,7 +191,8 @@ class Rollouts:
             record.ready_since = None
         record.consecutive_failures = 0
         cluster.dirty_replicas.add(record.id)
-        cluster.record_event(now, "replica", record.id, f"outdated, {why}")
+        if why:
+            cluster.record_event(now, "replica", record.id, f"outdated, {why}")
 
     def _retire(self, cluster: Cluster, original: str, replacement: ReplicaRecord, now: float) -> None:
         del cluster.replicas[original]
@@ -191,28 +204,86 @@ class Rollouts:
             now, "replica", original, f"replaced: {replacement.id} is ready, stopping the original"
         )
 
+    def _stalled(
+        self,
+        model: str,
+        wanted: Launch,
+        records: list[ReplicaRecord],
+        outdated: list[ReplicaRecord],
+        now: float,
+    ) -> str | None:
+        """What is stuck when ``model``'s rollout made no progress within its profile's progress_deadline.
+
+        Progress is fewer outdated replicas or more updated ones ready. A rollout
+        waiting for room is not stalled (it says why it waits).
+        """
+        old = {r.id for r in outdated}
+        updated = [r for r in records if r.id not in old]
+        mark = (len(outdated), sum(r.state == "ready" for r in updated))
+        seen = self.progress.get(model)
+        if not outdated or model in self.waiting or seen is None or seen[0] != mark:
+            self.progress[model] = (mark, now)
+            return None
+        deadline = wanted.profile.progress_deadline
+        if deadline is None or now - seen[1] < deadline:
+            return None
+        waiting = [r for r in updated if r.state != "ready"]
+        if not waiting:
+            return f"no replacement started in {now - seen[1]:.0f} s"
+        slow = waiting[0]
+        state = f"{slow.state} ({slow.reason})" if slow.reason else slow.state
+        return f"{slow.id} is still {state} after {now - slow.started_at:.0f} s"
+
     def _pause(
         self,
         cluster: Cluster,
         model: str,
         target: str,
-        failed: ReplicaRecord,
-        replacements: list[ReplicaRecord],
+        why: str,
+        failure: str,
+        records: list[ReplicaRecord],
         now: float,
     ) -> None:
-        failure = f"{failed.id} failed {failed.consecutive_failures} times in a row, last: {failed.reason}"
+        """Pause ``model``'s rollout: stop its replacements not ready, put replicas restarted in place
+        and not ready back on the command they ran before."""
+        self.progress.pop(model, None)
         reason = (
-            f"paused: its replacements keep failing; the outdated replicas keep serving. "
+            f"paused: {why}; the outdated replicas keep serving. "
             f"Apply a fixed catalog to resume, or `llmgw ctl rollout undo {model}`"
         )
         self.paused[model] = Pause(target, reason, failure, now)
         self.waiting.pop(model, None)
-        for record in replacements:
-            if record.state != "ready":
+        cluster.record_event(now, "rollout", model, f"{reason}. Failed: {failure}")
+        for record in records:
+            if record.state == "ready":
+                continue
+            if record.placement.replaces is not None:
                 del cluster.replicas[record.id]
                 cluster.dirty_replicas.add(record.id)
+            elif record.rolled_from is not None:
+                self._restart(cluster, record, record.rolled_from, now, "")
+                record.rolled_from = None
+                back = "back on the command it ran before the rollout, which paused"
+                cluster.record_event(now, "replica", record.id, back)
         cluster.schedule_wanted = True
-        cluster.record_event(now, "rollout", model, f"{reason}. Failed: {failure}")
+
+    def launch_for(self, cluster: Cluster, placement: Replica) -> Launch | None:
+        """What a replica just placed runs; called by the reconciler as it records a new placement.
+
+        The catalog's command, except for a drain's replacement of an outdated
+        replica while its model's rollout is paused: that one runs what its
+        original runs (the catalog's command is the one that kept failing), when
+        the placement has the original's shape.
+        """
+        wanted = Launch.of(cluster.catalog, placement.model)
+        original = cluster.replicas.get(placement.replaces) if placement.replaces else None
+        if placement.model not in self.paused or original is None or original.launch is None:
+            return wanted
+        own = original.launch
+        shape = (len(placement.shards), len(placement.shards[0].gpus))
+        if shape != (own.profile.nodes, own.profile.gpus_per_node) or not cluster.is_outdated(original):
+            return wanted
+        return own
 
     # -- what it shows --------------------------------------------------------------------------
 

@@ -42,13 +42,13 @@ from llmgw.wire._hooks import register_strict_collections, register_strict_scala
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
-    "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
-    "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus", "UnplacedStatus",
-    "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange", "CatalogDiff",
-    "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone", "EventEntry",
-    "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
-    "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
-    "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
+    "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
+    "Route", "RouteTable", "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus",
+    "UnplacedStatus", "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange",
+    "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
+    "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
+    "RevokedKey", "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars",
+    "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -63,6 +63,8 @@ T = TypeVar("T")
 #: ``unhealthy`` (was running, now fails its health check, or never became
 #: ready in time), ``exited`` (the process ended), ``stopping``.
 SHARD_STATES = ("starting", "running", "ready", "unhealthy", "exited", "stopping")
+#: how the ``detail`` of an ``exited`` shard a new agent found its predecessor ran (and ended) begins
+PREVIOUS_AGENT_EXIT = "ended with the previous agent"
 
 
 def shard_key(replica_id: str, attempt: int, rank: int) -> str:
@@ -155,6 +157,9 @@ class SyncRequest:
     #: the model sources ``facts.model_sources`` was checked against (the
     #: server's ``check_sources``): a source not in here is not known missing
     checked_sources: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded(10_000))
+    #: a random id per agent process (a new one: the agent restarted); ``leaving``: it stops on purpose
+    instance: str = attrs.field(default="", validator=bounded(text=64))
+    leaving: bool = False
 
 
 @attrs.frozen

@@ -132,9 +132,12 @@ async def test_kill_9_of_the_agent_leaves_no_orphan(server, procs, agent_files):
     assert second["shards"][0]["pid"] != shard["pid"]
     with trio.fail_after(5):
         await again.wait_for_stderr_trio("was running under the previous agent: reporting it exited")
-    # the new agent reported the model sources from its first sync: the replica was rebuilt in place
+    # the new agent reported the model sources from its first sync: the replica was rebuilt in place,
+    # and an agent restart is no failure of the replica's (no backoff, no count)
     messages = [e["message"] for e in (await server.get("/v1/admin/events"))["events"]]
-    assert "rebuilding after 1 failures" in messages and not any("removed" in m for m in messages)
+    assert any(m.startswith("starting again: the agent of ") and "restarted" in m for m in messages), messages
+    assert not any(m.startswith(("failed", "removed")) for m in messages), messages
+    assert second["failures"] == 0
 
     # and a clean stop: SIGTERM stops every shard and exits 0
     new_pgid = pgid_of(second["shards"][0]["pid"])

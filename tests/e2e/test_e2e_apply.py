@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
-from llmgw.ctl.client import write_client_config
-from llmgw.dev.cluster import LocalCluster, program
+from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.processes import free_port
 
 PROFILES = """
@@ -63,14 +61,7 @@ def test_apply_wait_returns_once_a_new_model_serves(cluster, tmp_path):
 
     Then a model no node can hold makes `apply --wait --timeout 3` exit 1, naming the model and why.
     """
-    config = tmp_path / "ctl"
-    tls = cluster.admin_tls
-    write_client_config(config, cluster.server_url, tls.ca_path, tls.cert_path, tls.key_path)
-
-    def ctl(*args: str) -> subprocess.CompletedProcess:
-        argv = [program("llmgw"), "ctl", "--config-dir", str(config), *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
-
+    ctl = cluster.ctl
     models = tmp_path / "models"
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text((PROFILES + FRESH).format(models=models))

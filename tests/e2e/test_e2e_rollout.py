@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from test_e2e_gateway import Load, _routed  # clients through the gateway, counting every outcome
 
-from llmgw.ctl.client import write_client_config
-from llmgw.dev.cluster import LocalCluster, program
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.load import GatewayLoad, gateway_models
 from llmgw.testing.processes import free_port
 from llmgw.wire import RolloutList
 
@@ -40,23 +38,10 @@ def cluster(tmp_path: Path):
         local.start_gateway(free_port())
         local.apply(CATALOG.format(models=tmp_path / "models", args=ARGS))
         local.wait(local.all_ready, "both replicas to be ready")
-        local.wait(lambda: _routed(local), "the gateway to route the model")
+        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
         yield local
     finally:
         local.stop_all()
-
-
-def ctl_runner(cluster: LocalCluster, tmp_path: Path):
-    """A function running `llmgw ctl ARGS...` against the cluster as a separate process."""
-    config = tmp_path / "ctl"
-    tls = cluster.admin_tls
-    write_client_config(config, cluster.server_url, tls.ca_path, tls.cert_path, tls.key_path)
-
-    def ctl(*args: str) -> subprocess.CompletedProcess:
-        argv = [program("llmgw"), "ctl", "--config-dir", str(config), *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=180)
-
-    return ctl
 
 
 def rollout_of(cluster: LocalCluster, model: str = "chat"):
@@ -65,24 +50,19 @@ def rollout_of(cluster: LocalCluster, model: str = "chat"):
     ]
 
 
-def failed_report(load: Load) -> str:
-    return f"{len(load.failures)} failed of {load.ok + len(load.failures)}: {load.failures[:5]}"
-
-
 def test_new_args_roll_every_replica_under_load(cluster, tmp_path):
     """16 clients (half streaming); a catalog changing the args: every shard runs them, no request fails."""
-    ctl = ctl_runner(cluster, tmp_path)
+    ctl = cluster.ctl
     before = {r.id: r.shards[0].pid for r in cluster.replicas().replicas}
     catalog = tmp_path / "new.yaml"
     catalog.write_text(CATALOG.format(models=tmp_path / "models", args=ARGS + ', "--max-model-len", "4096"'))
-    with Load(cluster.gateway_url, 16) as load:
-        cluster.wait(lambda: load.ok >= 32, "the load to get going", 60)
+    with GatewayLoad(cluster.gateway_url, 16) as load:
+        load.wait_served(32, check=cluster.check)
         applied = ctl("apply", "--wait", "--timeout", "150", str(catalog))
         assert applied.returncode == 0, applied.stdout + applied.stderr
         assert "1 outdated" in applied.stdout or "2 outdated" in applied.stdout, applied.stdout
-        served = load.ok
-        cluster.wait(lambda: load.ok >= served + 32, "more requests after the rollout", 60)
-    assert load.failures == [], failed_report(load)
+        load.wait_served(32, check=cluster.check)
+    assert load.failures == [], load.report()
     replicas = cluster.replicas().replicas
     assert len(replicas) == 2 and not any(r.outdated or r.replaces for r in replicas)
     for replica in replicas:
@@ -96,11 +76,11 @@ def test_new_args_roll_every_replica_under_load(cluster, tmp_path):
 def test_args_the_engine_rejects_pause_the_rollout_and_undo_restores(cluster, tmp_path):
     """An unknown flag: the replacements exit, the rollout pauses naming the flag, the old replicas serve
     throughout, and `ctl rollout undo` goes back to the previous revision; no request fails."""
-    ctl = ctl_runner(cluster, tmp_path)
+    ctl = cluster.ctl
     original = {r.id: r.shards[0].pid for r in cluster.replicas().replicas}
     bad = CATALOG.format(models=tmp_path / "models", args=ARGS + ', "--bogus-flag"')
-    with Load(cluster.gateway_url, 16) as load:
-        cluster.wait(lambda: load.ok >= 32, "the load to get going", 60)
+    with GatewayLoad(cluster.gateway_url, 16) as load:
+        load.wait_served(32, check=cluster.check)
         cluster.apply(bad, "bad.yaml")
         cluster.wait(lambda: rollout_of(cluster).state == "paused", "the rollout to pause", 120)
         status = ctl("rollout", "status")
@@ -110,15 +90,13 @@ def test_args_the_engine_rejects_pause_the_rollout_and_undo_restores(cluster, tm
         replicas = cluster.replicas()
         assert {r.id: r.shards[0].pid for r in replicas.replicas} == original  # the old ones serve on
         assert all(r.outdated and r.state == "ready" for r in replicas.replicas)
-        served = load.ok
-        cluster.wait(lambda: load.ok >= served + 32, "requests served while paused", 60)
+        load.wait_served(32, check=cluster.check)
         undone = ctl("rollout", "undo", "chat")
         assert undone.returncode == 0, undone.stdout + undone.stderr
         assert "re-applied catalog revision 1 as revision 3" in undone.stdout, undone.stdout
         cluster.wait(lambda: rollout_of(cluster).state == "done", "the rollout to be done after undo", 30)
-        served = load.ok
-        cluster.wait(lambda: load.ok >= served + 32, "requests served after the undo", 60)
-    assert load.failures == [], failed_report(load)
+        load.wait_served(32, check=cluster.check)
+    assert load.failures == [], load.report()
     replicas = cluster.replicas().replicas
     assert {r.id: r.shards[0].pid for r in replicas} == original and not any(r.outdated for r in replicas)
     assert all("--bogus-flag" not in s.argv for r in replicas for s in r.shards)

@@ -68,8 +68,8 @@ class Rollout(Harness):
         return [f"{e.subject}: {e.message}" for e in self.cluster.event_log.take()]
 
 
-def started(nodes: int = 2, **catalog) -> Rollout:
-    h = Rollout()
+def started(nodes: int = 2, cls: type[Rollout] = Rollout, **catalog) -> Rollout:
+    h = cls()
     for index in range(1, nodes + 1):
         h.join(f"node-{index}")
     h.apply_text(text(**catalog))
@@ -198,6 +198,7 @@ def test_launches_and_paused_rollouts_survive_a_restart(tmp_path):
     assert loaded.replicas["small-0"].launch.profile.args == ()
     assert loaded.is_outdated(loaded.replicas["small-0"])
     assert loaded.rollouts.status(loaded, "small").rollouts[0].state == "paused"
+    assert loaded.rollouts.rolling == {"small"}  # no second "started" event after a restart
     # a row stored before launches were recorded runs the catalog in force
     store._conn.execute("UPDATE replicas SET launch = NULL")
     loaded = load_cluster(store._conn, h.cluster.settings, ENGINES, h.now)
@@ -309,3 +310,51 @@ def test_a_replica_restarted_in_place_that_keeps_failing_pauses_too():
         fail_replacement(h, "small-0")
     assert h.status().state == "paused" and "small-0 failed 3 times in a row" in h.status().failure
     assert "small-1" in h.ready_ids() and h.cluster.is_outdated(h.cluster.replicas["small-1"])
+    # small-0 goes back to what it ran before, and serves again
+    assert h.args_of("small-0") == () and h.cluster.is_outdated(h.cluster.replicas["small-0"])
+    assert "small-0: back on the command it ran before the rollout, which paused" in h.events()
+    h.now += 20
+    h.sync_all()
+    h.run_all("small-0")
+    assert h.cluster.replicas["small-0"].state == "ready" and h.status().state == "paused"
+
+
+def test_a_drain_while_paused_moves_replicas_on_their_own_command():
+    """A paused rollout's catalog command keeps failing: a drain's replacement runs what its original runs."""
+    h = started(nodes=3)
+    h.apply_text(text(args='["--bogus"]'))
+    for _ in range(FAILURES_TO_PAUSE):
+        fail_replacement(h, "small-2")
+    assert h.status().state == "paused"
+    node = h.cluster.replicas["small-0"].placement.rank0.node_id
+    h.cluster.set_cordon(node, True, h.now, drain=True)
+    h.cluster.reconcile(h.now)
+    h.sync_all()
+    [moved] = [r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0"]
+    assert h.args_of(moved.id) == () and h.cluster.is_outdated(moved)  # not the failing --bogus
+    h.run_all(moved.id)
+    h.sync_all()
+    assert "small-0" not in h.cluster.replicas and h.cluster.replicas[moved.id].state == "ready"
+    assert h.status().state == "paused" and h.status().outdated == 2
+
+
+def test_a_rollout_that_makes_no_progress_within_its_deadline_pauses():
+    """progress_deadline 60 s: a replacement still not ready after it pauses the rollout, naming it."""
+    h = started()
+    catalog = text(args='["--max-tokens", "64"]').replace(
+        "gpus_per_node: 2", "gpus_per_node: 2\n    progress_deadline: 60"
+    )
+    h.apply_text(catalog)
+    for _ in range(5):
+        h.now += 10
+        h.sync_all()
+        assert h.status().state == "rolling"  # small-2 starting, within the deadline
+    h.now += 15
+    h.sync_all()
+    status = h.status()
+    assert status.state == "paused", status
+    assert "no replica replaced within its progress_deadline (60 s)" in status.reason
+    assert status.failure.startswith("small-2 is still starting after 65 s"), status.failure
+    assert sorted(h.cluster.replicas) == ["big-0", "small-0", "small-1"] and h.ready_ids() == sorted(
+        h.cluster.replicas
+    )

@@ -1,0 +1,150 @@
+"""Clients sending chat completions through a gateway without pause, counting every outcome.
+
+Used by the end-to-end tests and the benchmarks that change a cluster under
+load (drains, rollouts, removals) and then check that no request failed::
+
+    with GatewayLoad(cluster.gateway_url, 32, models=["chat", "big"]) as load:
+        load.wait_served(64)
+        ...  # drain, apply, roll
+    assert load.failures == [], load.report()
+
+Half the clients stream (even-numbered ones); clients are spread over the
+models in turn. A request counts as failed when the answer is not 200, a
+non-streamed answer has no content, a stream ends without ``[DONE]`` or
+carries an error event, or the connection fails.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+import httpx
+
+__all__ = ["GatewayLoad", "gateway_models"]
+
+
+def gateway_models(url: str) -> list[str] | None:
+    """The model names ``GET url/v1/models`` lists, sorted; None when the gateway does not answer 200."""
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=2)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return sorted(m["id"] for m in response.json()["data"])
+
+
+class GatewayLoad:
+    """``clients`` threads sending requests to ``url`` until stopped (a context manager)."""
+
+    def __init__(
+        self, url: str, clients: int, *, models: Iterable[str] = ("chat",), max_tokens: int = 8
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.models = list(models)
+        self.max_tokens = max_tokens
+        self.stop = threading.Event()
+        #: model -> set once its clients should send no new request
+        self._stopped_models: dict[str, threading.Event] = {m: threading.Event() for m in self.models}
+        #: requests that succeeded, per model
+        self.served: Counter[str] = Counter()
+        #: one line per failed request: ``model: what went wrong``
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(
+                target=self._run, args=(self.models[i % len(self.models)], (i // len(self.models)) % 2 == 0)
+            )
+            for i in range(clients)
+        ]
+        for thread in self.threads:
+            thread.daemon = True
+
+    @property
+    def ok(self) -> int:
+        """Requests that succeeded so far, every model together."""
+        with self.lock:
+            return sum(self.served.values())
+
+    def counts(self) -> tuple[int, int]:
+        """(succeeded, failed) so far."""
+        with self.lock:
+            return sum(self.served.values()), len(self.failures)
+
+    def stop_model(self, model: str) -> None:
+        """Send no new request to ``model``; requests in flight run to their end (and are counted)."""
+        self._stopped_models[model].set()
+
+    def wait_served(
+        self, more: int, timeout: float = 60.0, *, check: Callable[[], object] = lambda: None
+    ) -> None:
+        """Return once ``more`` requests succeeded after this call; raise AssertionError after ``timeout``.
+
+        :param check: called while waiting (a cluster's ``check``, which raises when a process died).
+        """
+        target = self.ok + more
+        deadline = time.monotonic() + timeout
+        while self.ok < target:
+            check()
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{more} more requests did not succeed within {timeout:g} s: {self.report()}"
+                )
+            time.sleep(0.1)
+
+    def report(self) -> str:
+        """What a failed assertion prints: counts per model and the first failures."""
+        with self.lock:
+            served = ", ".join(f"{model} {count}" for model, count in sorted(self.served.items()))
+            return f"{len(self.failures)} failed, served {served or 'none'}: {self.failures[:5]}"
+
+    def _run(self, model: str, stream: bool) -> None:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": self.max_tokens,
+            "stream": stream,
+        }
+        stopped = self._stopped_models[model]
+        with httpx.Client(timeout=30) as client:
+            while not (self.stop.is_set() or stopped.is_set()):
+                try:
+                    outcome = self._one(client, body, stream)
+                except httpx.HTTPError as exc:
+                    outcome = f"{type(exc).__name__}: {exc}"
+                with self.lock:
+                    if outcome is None:
+                        self.served[model] += 1
+                    else:
+                        self.failures.append(f"{model}: {outcome}")
+
+    def _one(self, client: httpx.Client, body: dict, stream: bool) -> str | None:
+        """One request; None when it succeeded, else what went wrong."""
+        url = f"{self.url}/v1/chat/completions"
+        if not stream:
+            response = client.post(url, json=body)
+            if response.status_code != 200:
+                return f"{response.status_code}: {response.text[:200]}"
+            return None if response.json()["choices"][0]["message"]["content"] else "empty answer"
+        with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                return f"stream {response.status_code}: {response.read()[:200]!r}"
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        if not events or events[-1] != "[DONE]":
+            return f"stream ended without [DONE]: {events[-2:]}"
+        errors = [e for e in events[:-1] if "error" in json.loads(e)]
+        return f"stream error event: {errors[0]}" if errors else None
+
+    def __enter__(self) -> GatewayLoad:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)

@@ -4,6 +4,7 @@
   :class:`SyncRequest` to ``POST /v1/agent/sync`` and gets a :class:`SyncReply`.
 - The routes feed: ``GET /v1/routes`` answers a :class:`RouteTable`, built by
   the server's cluster and handed as is to the gateway's balancer.
+- Gateway reports: ``POST /v1/gateway/suspect`` takes a :class:`SuspectReport`.
 - The admin API (``llmgw ctl``): one record per request and answer
   (:class:`NodeList`, :class:`ReplicaList`, :class:`DrainStatus`, ...), and
   :class:`ErrorReply` for every refusal.
@@ -38,6 +39,7 @@ from llmgw.wire._catalog import (
     CatalogRevision,
     CatalogText,
 )
+from llmgw.wire._gateway import SuspectRecorded, SuspectReport
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 
@@ -47,8 +49,9 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange", "CatalogDiff",
     "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone", "EventEntry",
     "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
-    "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
-    "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
+    "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
+    "register_strict_scalars", "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS",
+    "valid_port_range",
 ]  # fmt: skip
 
 T = TypeVar("T")

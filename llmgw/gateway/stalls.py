@@ -5,8 +5,9 @@ Each attempt on a replica is an :class:`Attempt` the replica's
 :class:`StallWatch` looks at them every ``tick`` seconds.
 
 **Stalled** (``--stall-timeout``): a replica with requests in flight that
-had been producing (a byte arrived from it since those requests began to
-pile up) and from which no byte has arrived for the stall timeout. Before
+had been producing (a byte arrived from it at most the stall timeout before
+it last went from no request in flight to one) and from which no byte has
+arrived for the stall timeout. Before
 acting, the gateway asks it ``GET /health`` with a short deadline: any answer
 is a byte, and the replica is only slow (a long generation that is not
 streamed sends nothing until its end). No answer: the replica is stalled.
@@ -137,7 +138,8 @@ class StallWatch:
             if late:
                 replica.breaker.trip(now)
             return
-        if now - replica.last_byte < timeout or replica.last_byte < replica.busy_since:
+        # it had been producing: a byte came within the stall timeout before these requests piled up
+        if now - replica.last_byte < timeout or replica.last_byte < replica.busy_since - timeout:
             return
         replica.checking = True
         self._nursery.start_soon(self._check, replica, replica.last_byte)

@@ -289,6 +289,8 @@ class HttpServer:
                 peer_cert_der=peer_cert[1],
                 client=client,
             )
+            if len(parsed.body) > 1:
+                parsed.body = []  # joined into the request's body: the pieces need not stay for the exchange
             state.busy = True
             try:
                 keep_alive = await self._exchange(stream, request, parsed, link)

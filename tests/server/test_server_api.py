@@ -310,3 +310,28 @@ class TestHostileInput:
             assert "models.small.replicas: expected an integer at most 10000 (llmgw's limit)" in message
             stored = (await admin.get(f"{server}/v1/admin/catalog")).json()
             assert stored["text"] == CATALOG and stored["revision"] == 1
+
+
+async def test_gateway_suspect_report_is_an_event_and_changes_nothing(server, test_pki):
+    """A gateway's stall report is one event per replica a minute; the replica and routes stay as they were."""
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "gateway", "gw-1") as gateway:
+        before = (await admin.get(f"{server}/v1/admin/replicas")).json()
+        routes = (await gateway.get(f"{server}/v1/routes")).json()
+        report = {"replica": "small-0", "reason": "nothing arrived from it for 10.2 s"}
+        for _ in range(3):
+            answered = await gateway.post(f"{server}/v1/gateway/suspect", json=report)
+            assert answered.status_code == 202, answered.text
+        assert answered.json() == {"replica": "small-0", "state": "unknown"}
+        events = (await admin.get(f"{server}/v1/admin/events")).json()["events"]
+        mine = [e["message"] for e in events if e["kind"] == "gateway"]
+        assert mine == [
+            "gateway gw-1 found it stalled: nothing arrived from it for 10.2 s; "
+            "the agent's liveness canary decides whether it is hung"
+        ]
+        assert (await admin.get(f"{server}/v1/admin/replicas")).json() == before
+        assert (await gateway.get(f"{server}/v1/routes")).json() == routes
+        bad = await gateway.post(f"{server}/v1/gateway/suspect", json={"replica": "x" * 300, "reason": "r"})
+        assert bad.status_code == 400 and "replica" in bad.json()["error"]["message"]
+    async with client(test_pki, "node", "node-1") as node:
+        refused = await node.post(f"{server}/v1/gateway/suspect", json=report)
+        assert refused.status_code == 403

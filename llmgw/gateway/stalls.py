@@ -7,9 +7,10 @@ Each attempt on a replica is an :class:`Attempt` the replica's
 **Stalled** (``--stall-timeout``): a replica with requests in flight that
 had been producing (a byte arrived from it at most the stall timeout before
 it last went from no request in flight to one) and from which no byte has
-arrived for the stall timeout. Before
-acting, the gateway asks it ``GET /health`` with a short deadline: any answer
-is a byte, and the replica is only slow (a long generation that is not
+arrived for the stall timeout. Before acting, the gateway asks it
+``GET /health`` with a short deadline (1 s, sent that long before the stall
+timeout is up, so that the verdict comes at it): any answer is a byte, and
+the replica is only slow (a long generation that is not
 streamed sends nothing until its end). No answer: the replica is stalled.
 Then, as when its breaker opens, no request goes to it for the breaker's
 open time; every attempt on it that has sent nothing to its client is
@@ -89,8 +90,8 @@ class StallWatch:
         self.pool = pool
         self.stall_timeout = stall_timeout
         self.report = report
-        self.tick = tick
-        self.check_timeout = check_timeout
+        self.tick = min(tick, stall_timeout / 4)
+        self.check_timeout = min(check_timeout, stall_timeout / 2)
         #: replicas that left the routes with attempts still in flight
         self.departed: set[Upstream] = set()
         #: replicas found stalled so far (for tests and logs)
@@ -138,8 +139,12 @@ class StallWatch:
             if late:
                 replica.breaker.trip(now)
             return
+        # checked from check_timeout before the stall timeout, so that the verdict comes at it
+        silent = now - replica.last_byte
+        if silent < timeout - self.check_timeout:
+            return
         # it had been producing: a byte came within the stall timeout before these requests piled up
-        if now - replica.last_byte < timeout or replica.last_byte < replica.busy_since - timeout:
+        if replica.last_byte < replica.busy_since - timeout:
             return
         replica.checking = True
         self._nursery.start_soon(self._check, replica, replica.last_byte)
@@ -154,6 +159,8 @@ class StallWatch:
                     answered = True
                 except HttpClientError:
                     pass
+            if not answered and replica.last_byte == last_byte:
+                await trio.sleep_until(last_byte + self.stall_timeout)
             if answered or replica.last_byte != last_byte:
                 replica.produced(trio.current_time())  # slow, not stalled: its silence starts again
                 return

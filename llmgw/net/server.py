@@ -35,7 +35,7 @@ from llmgw.net._h1server import (
     has_body,
     response_head,
 )
-from llmgw.net._listen import open_shared_listeners, parse_listen, reason_phrase
+from llmgw.net._listen import open_shared_listeners, parse_listen
 from llmgw.net._records import InvalidJSON, Request, Response
 
 __all__ = [
@@ -434,19 +434,13 @@ class HttpServer:
                 pass
 
     async def _send_raw_error(self, stream: trio.abc.Stream, status: int, message: str) -> None:
-        """Answer outside h11's state machine, for requests h11 can no longer answer; then close."""
+        """Answer a request refused before its handler (a 503 asks to retry in a second); then close."""
         kind = "server_error" if status >= 500 else "invalid_request_error"
         error = {"message": message, "type": kind, "param": None, "code": None}
-        body = jsonlib.dumps({"error": error}).encode()
-        head = (
-            f"HTTP/1.1 {status} {reason_phrase(status)}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-        ).encode("latin-1")
-        with trio.move_on_after(self.limits.write_timeout):
-            try:
-                await stream.send_all(head + body)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        headers = [("content-type", "application/json")]
+        if status == 503:
+            headers.append(("retry-after", "1"))
+        await self._send_refusal(stream, Response(status, headers, jsonlib.dumps({"error": error}).encode()))
 
 
 async def _linger(stream: trio.abc.Stream) -> None:

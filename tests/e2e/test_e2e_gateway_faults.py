@@ -94,7 +94,9 @@ def test_sigstopped_engine_under_load_its_requests_go_elsewhere(tmp_path: Path):
         assert slowest <= STALL + 2, f"a request waited {slowest:.1f} s"
         events = cluster.client.request("GET", "/v1/admin/events", EventList).events
         reports = [e.message for e in events if e.kind == "gateway" and e.subject == victim.id]
-        assert reports and reports[0].startswith("gateway dev-gateway found it stalled: nothing arrived"), reports
+        assert reports and reports[0].startswith("gateway dev-gateway found it stalled: nothing arrived"), (
+            reports
+        )
     finally:
         for pid in stopped:
             try:

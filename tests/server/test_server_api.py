@@ -313,7 +313,7 @@ class TestHostileInput:
 
 
 async def test_gateway_suspect_report_is_an_event_and_changes_nothing(server, test_pki):
-    """A gateway's stall report is one event per replica a minute; the replica and routes stay as they were."""
+    """A gateway's stall report is one event per replica a minute; replicas and routes stay as they were."""
     async with client(test_pki, "admin", "ops") as admin, client(test_pki, "gateway", "gw-1") as gateway:
         before = (await admin.get(f"{server}/v1/admin/replicas")).json()
         routes = (await gateway.get(f"{server}/v1/routes")).json()

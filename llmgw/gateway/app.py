@@ -68,6 +68,8 @@ class GatewayApp:
         self.created = int(time.time())
         self._request_prefix = secrets.token_hex(6)
         self._request_counter = 0
+        #: the last key found valid, and the routes table it was valid in (a new table checks again)
+        self._accepted: tuple[str | None, object] = (None, None)
 
     def precheck(self, head: ParsedRequest) -> Response | None:
         """Before the body of a ``/v1`` request is read: its refusal (no routes yet, no valid key), or None.
@@ -207,8 +209,11 @@ class GatewayApp:
                 "(an operator creates one with `llmgw ctl keys create NAME`).",
                 code="invalid_api_key",
             )
+        if token == self._accepted[0] and table is self._accepted[1]:
+            return None  # checked before the body was read (precheck), or by the request before
         if hashlib.sha256(token.encode()).hexdigest() not in table.keys:
             return openai_error(401, f"Incorrect API key provided: {_masked(token)}.", code="invalid_api_key")
+        self._accepted = (token, table)
         return None
 
     # -- listing -------------------------------------------------------------------------------

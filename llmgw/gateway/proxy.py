@@ -150,67 +150,60 @@ class Proxy:
         ]
         attempt = Attempt(trio.current_time())
         replica.begin(attempt, attempt.start)
-        handed_over = False
         upstream: ClientResponse | None = None
         try:
-            with attempt.scope:
-                try:
-                    upstream = await self.pool.send(
-                        "POST", replica.url + call.path, headers=headers, body=call.body
-                    )
-                    replica.produced(trio.current_time())
-                    status = upstream.status
-                    if status in RETRY_STATUSES:
-                        body = await upstream.read(_ERROR_BODY_LIMIT)
-                        answer = Response(status, _headers(upstream, None, call), body, call.after)
-                        return self._failed(replica, f"status_{status}", f"answered {status}", answer)
-                    replica.succeeded()
-                    call.replica = replica
-                    content_type = upstream.header("content-type") or ""
-                    if content_type.startswith("text/event-stream"):
-                        sse = True
-                    else:
-                        sse = False
-                        length = upstream.header("content-length")
-                        if (
-                            length is not None
-                            and length.isdigit()
-                            and int(length) <= self.settings.buffer_limit
-                        ):
-                            body = await upstream.read()
-                            replica.produced(trio.current_time())
-                            return Response(status, _headers(upstream, replica, call), body, call.after)
-                    handed_over = True
-                    attempt.upstream = upstream
-                    headers_out = _headers(upstream, replica, call)
-                    if sse:
-                        headers_out += (("cache-control", "no-cache"),)
-                    relay = _Relay(replica, upstream, attempt)
-                    body_out = self._relay(call, relay, sse)
-                    return Response(status, headers_out, body_out, relay.after(call.after))
-                except ConnectError as exc:
+            try:
+                upstream = await self.pool.send(
+                    "POST", replica.url + call.path, headers=headers, body=call.body, watch=attempt
+                )
+                replica.produced(trio.current_time())
+                status = upstream.status
+                if status in RETRY_STATUSES:
+                    body = await upstream.read(_ERROR_BODY_LIMIT)
+                    answer = Response(status, _headers(upstream, None, call), body, call.after)
+                    return self._failed(replica, f"status_{status}", f"answered {status}", answer)
+                replica.succeeded()
+                call.replica = replica
+                content_type = upstream.header("content-type") or ""
+                if content_type.startswith("text/event-stream"):
+                    sse = True
+                else:
+                    sse = False
+                    length = upstream.header("content-length")
+                    if length is not None and length.isdigit() and int(length) <= self.settings.buffer_limit:
+                        body = await upstream.read()
+                        replica.last_byte = trio.current_time()
+                        return Response(status, _headers(upstream, replica, call), body, call.after)
+                attempt.handed_over = True
+                headers_out = _headers(upstream, replica, call)
+                if sse:
+                    headers_out += (("cache-control", "no-cache"),)
+                relay = _Relay(replica, upstream, attempt)
+                body_out = self._relay(call, relay, sse)
+                return Response(status, headers_out, body_out, relay.after(call.after))
+            except HttpClientError as exc:
+                if attempt.why is not None:  # the gateway ended it (StallWatch): it sent nothing yet
+                    call.replica = None
+                    kind = "stalled" if replica.suspect else "left_routes"
+                    return self._failed(replica, kind, attempt.why, None)
+                if isinstance(exc, ConnectError):
                     return self._failed(replica, "connect", str(exc), None)
-                except ReadTimeout as exc:
+                if isinstance(exc, ReadTimeout):
                     return self._failed(replica, "timeout", str(exc), None)
-                except HttpClientError as exc:
-                    return self._failed(replica, "closed", str(exc), None)
-            # only reached when the gateway ended the attempt (StallWatch): it sent nothing yet
-            call.replica = None
-            kind = "stalled" if replica.suspect else "left_routes"
-            return self._failed(replica, kind, attempt.why or "ended by the gateway", None)
+                return self._failed(replica, "closed", str(exc), None)
         except BaseException:
-            self._client_left(replica, attempt, upstream is None and not handed_over)
+            self._client_left(replica, attempt)
             raise
         finally:
-            if not handed_over:
+            if not attempt.handed_over:
                 replica.end(attempt)
                 if upstream is not None:
                     upstream.close()
 
-    def _client_left(self, replica: Upstream, attempt: Attempt, waiting: bool) -> None:
-        """The client gave up on an attempt: the replica's failure when it had waited the stall timeout."""
+    def _client_left(self, replica: Upstream, attempt: Attempt) -> None:
+        """The client gave up before its answer: a failure if the replica sent nothing for the stall timeout."""
         waited = trio.current_time() - attempt.start
-        if waiting and waited >= self.settings.stall_timeout:
+        if waited >= self.settings.stall_timeout and replica.last_byte < attempt.start:
             why = f"the client gave up after {waited:.1f} s with no answer"
             self._failed(replica, "client_gave_up", why, None)
         else:

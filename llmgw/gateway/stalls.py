@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 import trio
 
 from llmgw.gateway.balancer import Balancer, Upstream
-from llmgw.net.client import ClientResponse, ConnectionPool, HttpClientError
+from llmgw.net.client import ConnectionPool, HttpClientError
 
 __all__ = ["Attempt", "StallWatch"]
 
@@ -43,29 +43,32 @@ log = logging.getLogger("llmgw.gateway")
 
 
 class Attempt:
-    """One attempt of a request on one replica, which the gateway can end."""
+    """One attempt of a request on one replica, which the gateway can end.
 
-    __slots__ = ("scope", "start", "upstream", "why")
+    It is the ``watch`` of :meth:`llmgw.net.client.ConnectionPool.send`: ending it closes
+    the connection its request went on (a cancel scope per attempt would cost more than
+    the rest of a proxied request), and whatever waits on that connection fails at once.
+    """
+
+    __slots__ = ("connection", "start", "handed_over", "why")
 
     def __init__(self, start: float) -> None:
-        #: wraps the attempt until its response is handed to the client
-        self.scope = trio.CancelScope()
+        #: the pool's connection carrying the request, once it has one
+        self.connection = None
         #: trio time the attempt began
         self.start = start
-        #: the replica's response, once passing through to the client (a stream)
-        self.upstream: ClientResponse | None = None
+        #: its response is passing through to the client (a stream): a retry is no longer possible
+        self.handed_over = False
         #: why the gateway ended it (None: it did not)
         self.why: str | None = None
 
     def abort(self, why: str) -> None:
-        """End the attempt: before the client got anything, its scope is cancelled; after, its stream."""
+        """End the attempt: the proxy retries it elsewhere, or ends the client's stream if it began."""
         if self.why is not None:
             return
         self.why = why
-        if self.upstream is not None:
-            self.upstream.close()  # the relay finds the connection gone and ends the client's stream
-        else:
-            self.scope.cancel()
+        if self.connection is not None:
+            self.connection.close()
 
 
 class StallWatch:
@@ -107,7 +110,7 @@ class StallWatch:
             if not replica.attempts:
                 continue
             why = f"replica {replica.name} left the routes"
-            waiting = [a for a in replica.attempts if a.upstream is None]
+            waiting = [a for a in replica.attempts if not a.handed_over]
             for attempt in waiting:
                 attempt.abort(why)
             if waiting:

@@ -201,7 +201,7 @@ class Proxy:
                     upstream.close()
 
     def _client_left(self, replica: Upstream, attempt: Attempt) -> None:
-        """The client gave up before its answer: a failure if the replica sent nothing for the stall timeout."""
+        """The client gave up before its answer: a failure if the replica sent nothing for the stall time."""
         waited = trio.current_time() - attempt.start
         if waited >= self.settings.stall_timeout and replica.last_byte < attempt.start:
             why = f"the client gave up after {waited:.1f} s with no answer"

@@ -105,8 +105,9 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     type=click.IntRange(1),
     default=128 * 1024 * 1024,
     show_default=True,
-    help="Request body bytes held at once across every client connection; a request that would go "
-    "past it gets 503 (retry), or 413 when it alone is larger. Bodies are read only after the API key.",
+    help="Request body bytes held at once across every client connection (per --workers process); a "
+    "request that would go past it gets 503 (retry), or 413 when it alone is larger. Bodies are read "
+    "only after the API key passed.",
 )
 @click.option(
     "--routing",

@@ -180,3 +180,29 @@ class TestRoutesChange:
                         lines.append(line)
         assert lines[-2:] == ["data: [DONE]", ""] or "data: [DONE]" in lines, lines[-3:]
         assert not any('"error"' in line for line in lines)
+
+    async def test_silent_stream_on_a_leaving_replica_ends_after_the_stall_timeout(self, nursery):
+        """A stream whose replica left the routes and then sends nothing ends with an error event."""
+
+        async def one_event_then_silence(request: Request) -> Response:
+            async def events():
+                yield b'data: {"choices": []}\n\n'
+                await trio.sleep_forever()
+
+            return Response.stream(200, events())
+
+        feed = await serve_feed(nursery, m=[("quiet", await serve(nursery, one_event_then_silence))])
+        _, url = await start_gateway(
+            nursery, feed.url, require_keys=False, proxy=ProxySettings(stall_timeout=1)
+        )
+        lines = []
+        with trio.fail_after(10):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                async with http.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as response:
+                    async for line in response.aiter_lines():
+                        if not lines:
+                            left_at = trio.current_time()
+                            feed.set(routes={"m": []})
+                        lines.append(line)
+        assert 1 <= trio.current_time() - left_at < 3
+        assert "replica quiet left the routes and sent nothing" in lines[-2], lines

@@ -167,6 +167,8 @@ class StallWatch:
             if answered or replica.last_byte != last_byte:
                 replica.produced(trio.current_time())  # slow, not stalled: its silence starts again
                 return
+            if not replica.attempts:
+                return  # nothing waits on it any more: nothing to judge
             silent = trio.current_time() - last_byte
             self._stalled(
                 replica,

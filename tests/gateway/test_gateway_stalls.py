@@ -39,7 +39,7 @@ class TestStalls:
         with trio.fail_after(10):
             await wait_healthy([a.url, b.url])
         feed = await serve_feed(nursery, m=[("a", a.url), ("b", b.url)])
-        stall = 2.0
+        stall = 3.0
         gateway, url = await start_gateway(
             nursery,
             feed.url,

@@ -274,20 +274,29 @@ class TestHostileInput:
             assert 21000 <= replica.spec.port <= 21099
 
     @pytest.mark.parametrize(
-        "body",
+        ("body", "why"),
         [
-            pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-100000-deep"),
-            pytest.param(b'{"revision": ' + b"7" * 5000 + b"}", id="5000-digit-integer"),
-            pytest.param(b"\xff\xfe not utf-8", id="not-utf-8"),
+            pytest.param(
+                b"[" * 100_000 + b"]" * 100_000,
+                "request body nests arrays and objects deeper than 64 levels",
+                id="nested-100000-deep",
+            ),
+            pytest.param(
+                b'{"revision": ' + b"7" * 5000 + b"}",
+                "request body holds a number of 5000 characters; at most 100 are accepted",
+                id="5000-digit-integer",
+            ),
+            pytest.param(b"\xff\xfe not utf-8", "request body is not UTF-8", id="not-utf-8"),
+            pytest.param(b'{"revision": ', "request body is not valid JSON", id="cut-short"),
         ],
     )
-    async def test_unreadable_json_is_a_400(self, server, test_pki, body):
-        """A body Python's JSON reader cannot take gets a 400 saying so, on the agent and the admin API."""
+    async def test_unreadable_json_is_a_400(self, server, test_pki, body, why):
+        """A body the JSON reader cannot take, or that breaks a bound, gets a 400 saying which."""
         async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
             for http, path in ((node, "/v1/agent/sync"), (admin, "/v1/admin/catalog")):
                 response = await http.post(f"{server}{path}", content=body)
                 assert response.status_code == 400, response.text
-                assert "request body is not valid JSON" in response.json()["error"]["message"]
+                assert response.json()["error"]["message"].startswith(why), response.text
             assert (await admin.get(f"{server}/v1/admin/nodes")).status_code == 200
 
     @pytest.mark.parametrize("since", ["1" * 30, "-1", "x"])

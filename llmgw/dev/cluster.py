@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -147,8 +147,11 @@ class LocalCluster:
         )
         return self.server
 
-    def start_gateway(self, port: int, *, keys: bool = False) -> subprocess.Popen:
-        """Start ``llmgw gateway`` on 127.0.0.1:``port`` with a gateway certificate; no keys by default."""
+    def start_gateway(self, port: int, *, keys: bool = False, extra: Sequence[str] = ()) -> subprocess.Popen:
+        """Start ``llmgw gateway`` on 127.0.0.1:``port`` with a gateway certificate; no keys by default.
+
+        ``extra`` are more ``llmgw gateway`` options (``["--stall-timeout", "4"]``).
+        """
         tls = pki.issue_gateway(self.ca, "dev-gateway", out=self.state_dir / "gateway-tls", overwrite=True)
         argv = [
             program("llmgw"),
@@ -166,6 +169,7 @@ class LocalCluster:
         ]
         if not keys:
             argv.append("--no-keys")
+        argv.extend(extra)
         self.gateway = self._start("gateway", argv)
         self.gateway_url = f"http://127.0.0.1:{port}"
         return self.gateway

@@ -30,7 +30,7 @@ from llmgw.gateway.metrics import UNKNOWN_MODEL, GatewayMetrics
 from llmgw.gateway.prefix import prefix_keys, prompt_text
 from llmgw.gateway.proxy import Call, Proxy
 from llmgw.gateway.routes import RoutesWatcher
-from llmgw.net.server import InvalidJSON, Request, Response
+from llmgw.net.server import InvalidJSON, ParsedRequest, Request, Response
 
 __all__ = ["GatewayApp", "SESSION_HEADER", "INFERENCE_ENDPOINTS"]
 
@@ -68,6 +68,19 @@ class GatewayApp:
         self.created = int(time.time())
         self._request_prefix = secrets.token_hex(6)
         self._request_counter = 0
+        #: the last key found valid, and the routes table it was valid in (a new table checks again)
+        self._accepted: tuple[str | None, object] = (None, None)
+
+    def precheck(self, head: ParsedRequest) -> Response | None:
+        """Before the body of a ``/v1`` request is read: its refusal (no routes yet, no valid key), or None.
+
+        Called by the HTTP server for requests with a body once their head is in; a refused
+        body is never held, so anonymous clients cannot fill the gateway's memory.
+        """
+        if not head.target.startswith(b"/v1/"):
+            return None
+        authorization = next((value for name, value in head.headers if name == "authorization"), None)
+        return self._refusal_for(authorization)
 
     async def handle(self, request: Request) -> Response:
         """Answer one request."""
@@ -168,6 +181,9 @@ class GatewayApp:
 
     def _refusal(self, request: Request) -> Response | None:
         """The error to answer instead of serving a /v1 request, or None to serve it."""
+        return self._refusal_for(request.header("authorization"))
+
+    def _refusal_for(self, authorization: str | None) -> Response | None:
         table = self.watcher.table
         if table is None:
             return openai_error(
@@ -178,8 +194,7 @@ class GatewayApp:
             )
         if not self.require_keys:
             return None
-        authorization = request.header("authorization") or ""
-        scheme, _, token = authorization.partition(" ")
+        scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return openai_error(
@@ -194,8 +209,11 @@ class GatewayApp:
                 "(an operator creates one with `llmgw ctl keys create NAME`).",
                 code="invalid_api_key",
             )
+        if token == self._accepted[0] and table is self._accepted[1]:
+            return None  # checked before the body was read (precheck), or by the request before
         if hashlib.sha256(token.encode()).hexdigest() not in table.keys:
             return openai_error(401, f"Incorrect API key provided: {_masked(token)}.", code="invalid_api_key")
+        self._accepted = (token, table)
         return None
 
     # -- listing -------------------------------------------------------------------------------

@@ -101,6 +101,12 @@ class Breaker:
         """A request ended without telling success from failure (its client left)."""
         self.probing = False
 
+    def trip(self, now: float) -> None:
+        """Open at once, whatever the count (the gateway found the replica stalled)."""
+        self.state = BreakerState.OPEN
+        self.opened_at = now
+        self.probing = False
+
     def reopens_in(self, now: float) -> float:
         """Seconds until an open breaker lets a probe through (0 when it would now)."""
         if self.state is not BreakerState.OPEN:
@@ -109,15 +115,40 @@ class Breaker:
 
 
 class Upstream:
-    """One ready replica as this gateway sees it: its route, requests in flight and its breaker."""
+    """One ready replica as this gateway sees it: its route, requests in flight and its breaker.
 
-    __slots__ = ("route", "in_flight", "breaker", "affinity_key")
+    It also keeps what :mod:`llmgw.gateway.stalls` judges it by: the attempts
+    in flight on it, when a byte last came from it, since when it has had
+    requests in flight, and whether it was found stalled and has not answered since.
+    """
+
+    __slots__ = (
+        "route",
+        "in_flight",
+        "breaker",
+        "affinity_key",
+        "attempts",
+        "last_byte",
+        "busy_since",
+        "suspect",
+        "checking",
+    )
 
     def __init__(self, route: Route, breaker: Breaker) -> None:
         self.route = route
         self.in_flight = 0
         self.breaker = breaker
         self.affinity_key = route.replica.encode()
+        #: the attempts in flight on it (:class:`llmgw.gateway.stalls.Attempt`)
+        self.attempts: set = set()
+        #: trio time a byte last arrived from it (-inf: never)
+        self.last_byte = float("-inf")
+        #: trio time its requests in flight went from none to one
+        self.busy_since = 0.0
+        #: found stalled, and nothing has arrived from it since
+        self.suspect = False
+        #: a stall check of it is under way
+        self.checking = False
 
     @property
     def name(self) -> str:
@@ -129,14 +160,24 @@ class Upstream:
         """The base URL of the replica's rank 0."""
         return self.route.url
 
-    def begin(self) -> None:
-        """A request to this replica starts."""
+    def begin(self, attempt: object = None, now: float = 0.0) -> None:
+        """A request to this replica starts (``attempt``, at trio time ``now``, tracked when given)."""
+        if not self.in_flight:
+            self.busy_since = now
         self.in_flight += 1
         self.breaker.attempt()
+        if attempt is not None:
+            self.attempts.add(attempt)
 
-    def end(self) -> None:
+    def end(self, attempt: object = None) -> None:
         """A request to this replica is over, whatever its outcome."""
         self.in_flight -= 1
+        self.attempts.discard(attempt)
+
+    def produced(self, now: float) -> None:
+        """Bytes arrived from this replica at trio time ``now``."""
+        self.last_byte = now
+        self.suspect = False
 
     def succeeded(self) -> None:
         """The replica answered (a response head that is not a failure)."""
@@ -191,10 +232,11 @@ class Balancer:
         self._models: dict[str, tuple[Upstream, ...]] = {}
         self._replicas: dict[Route, Upstream] = {}
 
-    def update(self, routes: Mapping[str, Collection[Route]]) -> None:
+    def update(self, routes: Mapping[str, Collection[Route]]) -> list[Upstream]:
         """Replace the routes; a replica that stays keeps its in-flight count and breaker.
 
-        Requests in flight on a replica that left finish there; new ones no longer go to it.
+        New requests no longer go to a replica that left. Returns the replicas that left
+        (what becomes of their requests in flight is :class:`llmgw.gateway.stalls.StallWatch`'s).
         """
         replicas: dict[Route, Upstream] = {}
         models: dict[str, tuple[Upstream, ...]] = {}
@@ -208,7 +250,9 @@ class Balancer:
                 replicas[route] = replica
                 chosen.append(replica)
             models[model] = tuple(chosen)
+        left = [replica for route, replica in self._replicas.items() if route not in replicas]
         self._replicas, self._models = replicas, models
+        return left
 
     def replicas(self, model: str | None = None) -> tuple[Upstream, ...]:
         """The current replicas of ``model``, or of every model."""

@@ -85,11 +85,29 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     help="Seconds to wait for any data from a replica: its answer, or the next piece of a stream.",
 )
 @click.option(
+    "--stall-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds: a replica with requests in flight that had been answering and then sends nothing "
+    "this long (and does not answer GET /health within 1 s) is taken out like an open breaker, "
+    "reported to the server, and its requests that sent nothing to their clients go elsewhere.",
+)
+@click.option(
     "--max-body-bytes",
     type=click.IntRange(1),
     default=32 * 1024 * 1024,
     show_default=True,
     help="Largest request body accepted (larger: 413).",
+)
+@click.option(
+    "--max-buffered-bytes",
+    type=click.IntRange(1),
+    default=128 * 1024 * 1024,
+    show_default=True,
+    help="Request body bytes held at once across every client connection (per --workers process); a "
+    "request that would go past it gets 503 (retry), or 413 when it alone is larger. Bodies are read "
+    "only after the API key passed.",
 )
 @click.option(
     "--routing",
@@ -133,7 +151,9 @@ def gateway_command(
     breaker_open_seconds: float,
     connect_timeout: float,
     upstream_timeout: float,
+    stall_timeout: float,
     max_body_bytes: int,
+    max_buffered_bytes: int,
     routing: str,
     prefix_load_factor: float,
     workers: int,
@@ -158,6 +178,12 @@ def gateway_command(
     request of that session goes to the same replica while it is ready,
     whatever --routing says.
 
+    Faults: a replica that stops sending while requests wait on it
+    (--stall-timeout) is taken out as an open breaker would be and reported
+    to the server; its requests that sent nothing to their clients go to
+    another replica, as do those on a replica that leaves the routes. The
+    API key is checked before a body is read.
+
     --workers N runs N gateway processes on the one port; /metrics on any of
     them sums the counters of all. Prometheus metrics on GET /metrics;
     GET /health for load balancers. Several gateways may run against one server.
@@ -173,12 +199,17 @@ def gateway_command(
         port=port,
         require_keys=not no_keys,
         proxy=ProxySettings(
-            max_attempts=max_attempts, retry_backoff=retry_backoff, read_timeout=upstream_timeout
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            read_timeout=upstream_timeout,
+            stall_timeout=stall_timeout,
         ),
         breaker_failures=breaker_failures,
         breaker_open_for=breaker_open_seconds,
         connect_timeout=connect_timeout,
-        limits=Limits(max_body_bytes=max_body_bytes, idle_timeout=60.0),
+        limits=Limits(
+            max_body_bytes=max_body_bytes, max_buffered_bytes=max_buffered_bytes, idle_timeout=60.0
+        ),
         routing=routing,
         prefix_load_factor=prefix_load_factor,
     )

@@ -15,9 +15,11 @@ from llmgw.gateway.app import GatewayApp
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
+from llmgw.gateway.reports import SuspectReporter
 from llmgw.gateway.routes import RoutesWatcher, RouteTable
+from llmgw.gateway.stalls import StallWatch
 from llmgw.net.client import ConnectionPool
-from llmgw.net.server import HttpServer, Limits, Request, Response
+from llmgw.net.server import HttpServer, Limits, ParsedRequest, Request, Response
 from llmgw.pki import client_ssl_context
 
 __all__ = ["GatewayConfig", "GatewayError", "Gateway", "serve_gateway"]
@@ -57,8 +59,10 @@ class GatewayConfig:
     routes_request_timeout: float = 30.0
     #: between attempts to reach the server while it does not answer
     routes_retry_interval: float = 0.5
-    #: what clients may send (a larger body is answered 413)
-    limits: Limits = Limits(max_body_bytes=32 * 1024 * 1024, idle_timeout=60.0)
+    #: what clients may send (a larger body is answered 413; past the bytes held for all, 503)
+    limits: Limits = Limits(
+        max_body_bytes=32 * 1024 * 1024, max_buffered_bytes=128 * 1024 * 1024, idle_timeout=60.0
+    )
     #: how a replica is chosen for a request without a session: ``least-outstanding``, ``prefix``, ``random``
     routing: str = "prefix"
     #: with ``prefix`` routing, no replica gets more than this times the mean requests in flight
@@ -84,7 +88,9 @@ class Gateway:
         if (config.cert is None) != (config.key is None):
             raise GatewayError("--cert and --key go together")
         self._feed_tls = client_ssl_context(config.cert, config.key, config.ca) if scheme == "https" else None
-        self.server = HttpServer(self._handle, limits=config.limits, reuse_port=config.reuse_port)
+        self.server = HttpServer(
+            self._handle, limits=config.limits, reuse_port=config.reuse_port, precheck=self._precheck
+        )
         self.app: GatewayApp | None = None
         self.balancer = Balancer(
             breaker_failures=config.breaker_failures,
@@ -95,9 +101,14 @@ class Gateway:
         self.watcher: RoutesWatcher | None = None
         self.metrics: GatewayMetrics | None = None
         self.upstreams: ConnectionPool | None = None
+        self.stalls: StallWatch | None = None
+        self.reporter: SuspectReporter | None = None
 
     async def _handle(self, request: Request) -> Response:  # the server exists before the app does
         return await self.app.handle(request)
+
+    def _precheck(self, head: ParsedRequest) -> Response | None:
+        return self.app.precheck(head) if self.app is not None else None
 
     async def serve(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
@@ -124,9 +135,12 @@ class Gateway:
         async with upstreams, feed:
             self.upstreams = upstreams
             balancer = self.balancer
+            self.reporter = reporter = SuspectReporter(feed, config.server)
+            stall_timeout = config.proxy.stall_timeout
+            self.stalls = stalls = StallWatch(balancer, upstreams, stall_timeout, reporter.report)
 
             def routes_changed(table: RouteTable) -> None:
-                balancer.update(table.routes)
+                stalls.left(balancer.update(table.routes))
                 upstreams.retain_only(replica.url for replica in balancer)
 
             self.watcher = watcher = RoutesWatcher(
@@ -148,6 +162,8 @@ class Gateway:
                             f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
                         ) from None
                     await nursery.start(watcher.run)
+                    await nursery.start(stalls.run)
+                    await nursery.start(reporter.run)
                     log.info("llmgw gateway on http://%s:%d, routes from %s", host, port, config.server)
                     if not config.require_keys:
                         log.warning(

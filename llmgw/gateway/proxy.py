@@ -18,6 +18,12 @@ What "nothing has gone out" means depends on the response:
   gets a last ``data: {"error": {...}}`` event and a properly ended response;
 - any other body is passed through as well; if it breaks, the client's
   connection is closed without ending the body, the only honest signal left.
+
+An attempt the gateway ends (its replica stalled or left the routes, see
+:mod:`llmgw.gateway.stalls`) before anything went to the client is a failed
+attempt too, retried elsewhere. A client that gives up on an attempt that has
+waited ``stall_timeout`` with nothing back counts as a failure of the replica.
+Error messages name replicas by id, never by address.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import trio
 from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.stalls import Attempt
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
 from llmgw.net.server import Response
 
@@ -60,6 +67,9 @@ class ProxySettings:
     read_timeout: float = 600.0
     #: non-streamed bodies up to this size are read whole before the client gets a byte
     buffer_limit: int = 8 * 1024 * 1024
+    #: a replica with requests in flight that sends nothing for this long is stalled
+    #: (:mod:`llmgw.gateway.stalls`); a client that gives up on a replica silent this long fails it
+    stall_timeout: float = 10.0
 
 
 @attrs.define
@@ -138,14 +148,15 @@ class Proxy:
             ("accept", "application/json, text/event-stream"),
             ("x-request-id", call.request_id),
         ]
-        replica.begin()
-        handed_over = False
+        attempt = Attempt(trio.current_time())
+        replica.begin(attempt, attempt.start)
         upstream: ClientResponse | None = None
         try:
             try:
                 upstream = await self.pool.send(
-                    "POST", replica.url + call.path, headers=headers, body=call.body
+                    "POST", replica.url + call.path, headers=headers, body=call.body, watch=attempt
                 )
+                replica.produced(trio.current_time())
                 status = upstream.status
                 if status in RETRY_STATUSES:
                     body = await upstream.read(_ERROR_BODY_LIMIT)
@@ -161,28 +172,42 @@ class Proxy:
                     length = upstream.header("content-length")
                     if length is not None and length.isdigit() and int(length) <= self.settings.buffer_limit:
                         body = await upstream.read()
+                        replica.last_byte = trio.current_time()
                         return Response(status, _headers(upstream, replica, call), body, call.after)
-                handed_over = True
+                attempt.handed_over = True
                 headers_out = _headers(upstream, replica, call)
                 if sse:
                     headers_out += (("cache-control", "no-cache"),)
-                relay = _Relay(replica, upstream)
+                relay = _Relay(replica, upstream, attempt)
                 body_out = self._relay(call, relay, sse)
                 return Response(status, headers_out, body_out, relay.after(call.after))
-            except ConnectError as exc:
-                return self._failed(replica, "connect", str(exc), None)
-            except ReadTimeout as exc:
-                return self._failed(replica, "timeout", str(exc), None)
             except HttpClientError as exc:
+                if attempt.why is not None:  # the gateway ended it (StallWatch): it sent nothing yet
+                    call.replica = None
+                    kind = "stalled" if replica.suspect else "left_routes"
+                    return self._failed(replica, kind, attempt.why, None)
+                if isinstance(exc, ConnectError):
+                    return self._failed(replica, "connect", str(exc), None)
+                if isinstance(exc, ReadTimeout):
+                    return self._failed(replica, "timeout", str(exc), None)
                 return self._failed(replica, "closed", str(exc), None)
-            except BaseException:
-                replica.abandoned()
-                raise
+        except BaseException:
+            self._client_left(replica, attempt)
+            raise
         finally:
-            if not handed_over:
-                replica.end()
+            if not attempt.handed_over:
+                replica.end(attempt)
                 if upstream is not None:
                     upstream.close()
+
+    def _client_left(self, replica: Upstream, attempt: Attempt) -> None:
+        """The client gave up before its answer: a failure if the replica sent nothing for the stall time."""
+        waited = trio.current_time() - attempt.start
+        if waited >= self.settings.stall_timeout and replica.last_byte < attempt.start:
+            why = f"the client gave up after {waited:.1f} s with no answer"
+            self._failed(replica, "client_gave_up", why, None)
+        else:
+            replica.abandoned()
 
     def _failed(
         self, replica: Upstream, kind: str, reason: str, response: Response | None
@@ -190,7 +215,7 @@ class Proxy:
         replica.failed(trio.current_time(), reason)
         self.metrics.upstream_error(replica.name, kind)
         log.info("attempt on replica %s (%s) failed: %s", replica.name, replica.url, reason)
-        return reason, response
+        return _named(reason, replica), response
 
     async def _relay(self, call: Call, relay: _Relay, sse: bool) -> AsyncIterator[bytes]:
         """The replica's body, chunk by chunk as it arrives; ends the stream cleanly if the replica breaks."""
@@ -202,8 +227,8 @@ class Proxy:
                 try:
                     chunk = await upstream.receive_chunk()
                 except HttpClientError as exc:
-                    reason = str(exc)
-                    self._failed(replica, "mid_stream", reason, None)
+                    reason = relay.attempt.why or str(exc)
+                    reason = self._failed(replica, "mid_stream", reason, None)[0]
                     log.warning(
                         "request %s: replica %s broke its response mid-way: %s",
                         call.request_id,
@@ -218,6 +243,7 @@ class Proxy:
                     return
                 if chunk is None:
                     return
+                replica.last_byte = trio.current_time()
                 if first:
                     first = False
                     if sse:
@@ -236,18 +262,19 @@ class _Relay:
     catches that case.
     """
 
-    __slots__ = ("replica", "upstream", "finished")
+    __slots__ = ("replica", "upstream", "attempt", "finished")
 
-    def __init__(self, replica: Upstream, upstream: ClientResponse) -> None:
+    def __init__(self, replica: Upstream, upstream: ClientResponse, attempt: Attempt) -> None:
         self.replica = replica
         self.upstream = upstream
+        self.attempt = attempt
         self.finished = False
 
     def finish(self) -> None:
         """Release the replica and the connection (back to the pool if the body was read whole)."""
         if not self.finished:
             self.finished = True
-            self.replica.end()
+            self.replica.end(self.attempt)
             self.upstream.close()
 
     def after(self, then: Callable[[], object] | None) -> Callable[[], None]:
@@ -268,6 +295,19 @@ def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> 
     if upstream.status == 503 and upstream.header("retry-after") is None:
         passed += (("retry-after", "1"),)
     return (*passed, ("x-request-id", call.request_id))
+
+
+def _named(reason: str, replica: Upstream) -> str:
+    """``reason`` with the replica's address replaced by its id: clients see ids, never addresses."""
+    url = replica.url
+    if url in reason:
+        reason = reason.replace(url, f"replica {replica.name}")
+    origin = url.split("/", 3)
+    origin = "/".join(origin[:3])
+    if origin in reason:
+        reason = reason.replace(origin, f"replica {replica.name}")
+    host = origin.split("//", 1)[-1]
+    return reason.replace(host, replica.name) if host in reason else reason
 
 
 def _sse_error(message: str) -> bytes:

@@ -9,12 +9,22 @@ by :class:`llmgw.net.server.HttpServer` only.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import httptools
 
 from llmgw.net._listen import reason_phrase
 
-__all__ = ["BadRequest", "ParsedRequest", "RequestReader", "response_head", "has_body", "chunk", "CONTINUE"]
+__all__ = [
+    "BadRequest",
+    "BodyBudget",
+    "ParsedRequest",
+    "RequestReader",
+    "response_head",
+    "has_body",
+    "chunk",
+    "CONTINUE",
+]
 
 #: the interim answer to ``Expect: 100-continue``
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -22,18 +32,47 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 
 
 class BadRequest(Exception):
-    """A request the server refuses before its handler sees it: ``status`` and a message for the client."""
+    """A request the server refuses before its handler sees it: ``status`` and a message for the client.
 
-    def __init__(self, status: int, message: str) -> None:
+    ``response``, when given, is the whole answer to send instead (a
+    :class:`llmgw.net.server.Response` a pre-check returned).
+    """
+
+    def __init__(self, status: int, message: str, response: object = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.response = response
+
+
+class BodyBudget:
+    """The request body bytes every connection of one server holds, against a cap (None: no cap)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+#: HTTP versions the server speaks
+_VERSIONS = frozenset({"1.0", "1.1"})
 
 
 class ParsedRequest:
     """One request as read from the wire."""
 
-    __slots__ = ("method", "target", "headers", "body", "size", "keep_alive", "http11", "expects_continue")
+    __slots__ = (
+        "method",
+        "target",
+        "headers",
+        "body",
+        "size",
+        "held",
+        "keep_alive",
+        "http11",
+        "expects_continue",
+    )
 
     def __init__(self) -> None:
         self.method = ""
@@ -42,6 +81,8 @@ class ParsedRequest:
         self.headers: list[tuple[str, str]] = []
         self.body: list[bytes] = []
         self.size = 0
+        #: bytes of the server's :class:`BodyBudget` this request holds
+        self.held = 0
         self.keep_alive = True
         self.http11 = True
         self.expects_continue = False
@@ -56,9 +97,22 @@ class RequestReader:
     only good for answering that error).
     """
 
-    def __init__(self, max_header_bytes: int, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        max_header_bytes: int,
+        max_body_bytes: int,
+        *,
+        budget: BodyBudget | None = None,
+        precheck: Callable[[ParsedRequest], object] | None = None,
+    ) -> None:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
+        #: shared by every connection of the server: bodies held across connections
+        self.budget = budget or BodyBudget(None)
+        #: called with a request with a body once its head is in; a response it returns is sent at once
+        self.precheck = precheck
+        #: budget bytes held by this connection's requests not yet released
+        self.holding = 0
         self.ready: deque[ParsedRequest] = deque()
         #: the request being read, between its first byte and its end
         self.current: ParsedRequest | None = None
@@ -92,6 +146,8 @@ class RequestReader:
             self.upgraded = True
         except httptools.HttpParserError as exc:
             error, self._error = self._error, None
+            if error is None and "HTTP version" in str(exc):
+                error = _unsupported_version(data)
             raise error or BadRequest(400, f"bad request: {exc}") from None
         if self._in_head:
             self._head_fed += len(data)
@@ -106,9 +162,42 @@ class RequestReader:
             raise self.deferred
         return None
 
-    def _refuse(self, status: int, message: str) -> None:
-        self._error = BadRequest(status, message)
+    def release(self, request: ParsedRequest) -> None:
+        """``request`` is done with: the body bytes it held go back to the budget."""
+        held, request.held = request.held, 0
+        self.holding -= held
+        self.budget.used -= held
+
+    def release_all(self) -> None:
+        """The connection is over: every byte its requests held goes back to the budget."""
+        self.budget.used -= self.holding
+        self.holding = 0
+        for request in (self.current, *self.ready):
+            if request is not None:
+                request.held = 0
+
+    def _refuse(self, status: int, message: str, response: object = None) -> None:
+        self._error = BadRequest(status, message, response)
         raise self._error
+
+    def _hold(self, request: ParsedRequest, size: int) -> None:
+        """Count ``size`` more body bytes of ``request`` against the budget, or refuse it."""
+        budget = self.budget
+        if budget.limit is not None and budget.used + size > budget.limit:
+            if request.held + size > budget.limit:
+                self._refuse(
+                    413,
+                    f"request body larger than the {budget.limit} bytes this server holds "
+                    "for all clients together (--max-buffered-bytes)",
+                )
+            self._refuse(
+                503,
+                f"this server already holds {budget.used} bytes of request bodies, its limit "
+                f"(--max-buffered-bytes {budget.limit}); retry shortly",
+            )
+        budget.used += size
+        request.held += size
+        self.holding += size
 
     # -- httptools callbacks -------------------------------------------------------------------------
 
@@ -133,24 +222,50 @@ class RequestReader:
         parser = self._parser
         self._in_head = False
         request.method = parser.get_method().decode("ascii")
-        request.http11 = parser.get_http_version() == "1.1"
+        version = parser.get_http_version()
+        if version not in _VERSIONS:
+            self._refuse(505, f"HTTP/{version} is not supported: send HTTP/1.1 (or HTTP/1.0)")
+        request.http11 = version == "1.1"
+        length = None
+        with_body = False
         for name, value in request.headers:
-            if name == "content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                self._refuse(413, f"request body larger than {self.max_body_bytes} bytes")
+            if name == "content-length" and value.isdigit():
+                length = int(value)
+                if length > self.max_body_bytes:
+                    self._refuse(413, f"request body larger than {self.max_body_bytes} bytes")
+                with_body = length > 0
+            elif name == "transfer-encoding":
+                with_body = True
             elif name == "expect" and value.lower() == "100-continue" and request.http11:
                 request.expects_continue = True
+        if with_body and self.precheck is not None:
+            refusal = self.precheck(request)
+            if refusal is not None:
+                self._refuse(getattr(refusal, "status", 400), "refused before the body", refusal)
+        if length:
+            self._hold(request, length)
 
     def on_body(self, body: bytes) -> None:
         request = self.current
-        request.size += len(body)
-        if request.size > self.max_body_bytes:
+        size = request.size + len(body)
+        if size > self.max_body_bytes:
             self._refuse(413, f"request body larger than {self.max_body_bytes} bytes")
+        if size > request.held:
+            self._hold(request, size - request.held)
+        request.size = size
         request.body.append(body)
 
     def on_message_complete(self) -> None:
         request, self.current = self.current, None
         request.keep_alive = self._parser.should_keep_alive()
         self.ready.append(request)
+
+
+def _unsupported_version(data: bytes) -> BadRequest:
+    """The 505 for a request line whose HTTP version llhttp does not know (``HTTP/9.9``)."""
+    line = data.split(b"\r\n", 1)[0].split(b"\n", 1)[0]
+    version = line.rpartition(b" ")[2].decode("latin-1", "replace")[:16]
+    return BadRequest(505, f"{version or 'this HTTP version'} is not supported: send HTTP/1.1 (or HTTP/1.0)")
 
 
 def response_head(

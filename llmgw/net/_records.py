@@ -9,13 +9,73 @@ from urllib.parse import parse_qsl
 
 import attrs
 
-__all__ = ["Headers", "InvalidJSON", "Request", "Response"]
+__all__ = ["Headers", "InvalidJSON", "Request", "Response", "parse_json", "MAX_JSON_DEPTH", "MAX_JSON_NUMBER"]
 
 Headers = tuple[tuple[str, str], ...]
 
 
 class InvalidJSON(ValueError):
-    """The request body is not valid JSON; the message says where it broke."""
+    """The request body is not valid JSON, or breaks a bound; the message says where or which."""
+
+
+#: JSON request bodies may nest arrays and objects this deep
+MAX_JSON_DEPTH = 64
+#: the longest number literal a JSON request body may hold, in characters
+MAX_JSON_NUMBER = 100
+
+
+def _number(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if len(text) > MAX_JSON_NUMBER:
+            raise InvalidJSON(
+                f"request body holds a number of {len(text)} characters; "
+                f"at most {MAX_JSON_NUMBER} are accepted"
+            )
+        return kind(text)
+
+    return parse
+
+
+def _constant(name: str) -> Any:
+    raise InvalidJSON(f"request body holds {name}, which is not JSON")
+
+
+_DECODER = jsonlib.JSONDecoder(parse_int=_number(int), parse_float=_number(float), parse_constant=_constant)
+_TOO_DEEP = f"request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _check_depth(value: Any) -> None:
+    """Raise :class:`InvalidJSON` when ``value`` nests lists and dicts over :data:`MAX_JSON_DEPTH` deep."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidJSON(_TOO_DEEP)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` parsed as UTF-8 JSON within llmgw's bounds (depth, number length, no NaN).
+
+    :raises InvalidJSON: naming what is wrong.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJSON(f"request body is not UTF-8: {exc}") from None
+    try:
+        value = _DECODER.decode(text.removeprefix("\ufeff"))
+    except RecursionError:
+        raise InvalidJSON(_TOO_DEEP) from None
+    except InvalidJSON:
+        raise
+    except ValueError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    # nesting is only possible past the bound with that many brackets: counting them is cheap
+    if isinstance(value, dict | list) and body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        _check_depth(value)
+    return value
 
 
 def _headers(value: Any) -> Headers:
@@ -60,14 +120,11 @@ class Request:
         return None
 
     def json(self) -> Any:
-        """The body parsed as JSON.
+        """The body parsed as JSON (:func:`parse_json`: bounded depth and numbers).
 
-        :raises InvalidJSON: when the body is not UTF-8 JSON.
+        :raises InvalidJSON: when the body is not UTF-8 JSON or breaks a bound, saying which.
         """
-        try:
-            return jsonlib.loads(self.body)
-        except (ValueError, RecursionError) as exc:  # also bad UTF-8, too deep, an int over 4,300 digits
-            raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+        return parse_json(self.body)
 
 
 @attrs.frozen

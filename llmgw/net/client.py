@@ -238,12 +238,19 @@ class ConnectionPool:
         *,
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
+        watch: Any = None,
     ) -> ClientResponse:
         """Send one request and return once the response head has arrived.
 
         The caller reads the body from the returned response and must
         :meth:`~ClientResponse.close` it (or use :meth:`stream`). ``body``
         goes with ``Content-Length``; ``Host`` is added unless given.
+
+        ``watch``, when given, lets another task end the exchange without a cancel scope
+        (which costs more than the rest of a proxied request): the pool sets
+        ``watch.connection`` to the connection carrying the request and closes it at once
+        when ``watch.why`` is set; whoever sets ``why`` closes ``watch.connection``. The
+        request then fails with :class:`RemoteProtocolError` and is never sent again.
 
         :raises ConnectError: when no connection could be made.
         :raises RemoteProtocolError: when the upstream closed or broke the connection before answering.
@@ -265,10 +272,16 @@ class ConnectionPool:
             connection = self._checkout(origin)
             if connection is None:
                 connection = await self._connect(origin)
+            if watch is not None:
+                watch.connection = connection
+                if watch.why is not None:
+                    connection.close()
             try:
                 return await self._exchange(connection, request, method)
             except RemoteProtocolError as exc:
                 if not connection.reused or exc.response_started or isinstance(exc, ReadTimeout):
+                    raise
+                if watch is not None and watch.why is not None:
                     raise
                 # the upstream closed this kept-alive connection before answering: try a new one
 

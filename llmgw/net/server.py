@@ -28,24 +28,40 @@ from llmgw.net._connection import write_now
 from llmgw.net._h1server import (
     CONTINUE,
     BadRequest,
+    BodyBudget,
     ParsedRequest,
     RequestReader,
     chunk,
     has_body,
     response_head,
 )
-from llmgw.net._listen import open_shared_listeners, parse_listen, reason_phrase
+from llmgw.net._listen import open_shared_listeners, parse_listen
 from llmgw.net._records import InvalidJSON, Request, Response
 
-__all__ = ["Request", "Response", "Limits", "HttpServer", "InvalidJSON", "parse_listen", "serve"]
+__all__ = [
+    "Request",
+    "Response",
+    "Limits",
+    "HttpServer",
+    "InvalidJSON",
+    "ParsedRequest",
+    "Precheck",
+    "parse_listen",
+    "serve",
+]
 
 log = logging.getLogger("llmgw.net.server")
 
 Handler = Callable[["Request"], Awaitable["Response"]]
+#: called with a request's head (no body yet): a :class:`Response` to refuse it at once, or None
+Precheck = Callable[[ParsedRequest], "Response | None"]
 
 _RECEIVE_SIZE = 64 * 1024
 #: requests read ahead on a connection (pipelined) before the server stops reading it
 _MAX_PIPELINED = 16
+#: after refusing a request before its body: how long, and how many bytes, the body is read and dropped
+_LINGER_SECONDS = 2.0
+_LINGER_BYTES = 64 * 1024 * 1024
 
 
 @attrs.frozen
@@ -56,6 +72,8 @@ class Limits:
     max_header_bytes: int = 16 * 1024
     #: a larger body is answered 413
     max_body_bytes: int = 16 * 1024 * 1024
+    #: request body bytes held at once across every connection (None: no cap); past it, 503
+    max_buffered_bytes: int | None = None
     #: from a request's first byte until its body has arrived whole
     request_timeout: float = 30.0
     #: how long a keep-alive connection may wait for its next request
@@ -103,7 +121,12 @@ class HttpServer:
         ssl_context: ssl.SSLContext | None = None,
         limits: Limits = Limits(),
         reuse_port: bool = False,
+        precheck: Precheck | None = None,
     ) -> None:
+        #: before a request's body is read: refuse it without reading the body (see :data:`Precheck`)
+        self.precheck = precheck
+        #: request body bytes held across every connection, against ``limits.max_buffered_bytes``
+        self.buffered = BodyBudget(limits.max_buffered_bytes)
         #: share the port with other processes (``SO_REUSEPORT``): the kernel spreads connections
         self.reuse_port = reuse_port
         self._handler = handler
@@ -204,18 +227,24 @@ class HttpServer:
         self, stream: trio.abc.Stream, state: _ConnectionState, client: tuple, peer_cert: tuple
     ) -> None:
         limits = self.limits
-        link = _Link(RequestReader(limits.max_header_bytes, limits.max_body_bytes))
+        reader = RequestReader(
+            limits.max_header_bytes, limits.max_body_bytes, budget=self.buffered, precheck=self.precheck
+        )
+        link = _Link(reader)
         failure: Exception | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read, stream, link)
-            try:
-                await self._serve_requests(stream, state, link, client, peer_cert)
-            except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-            except Exception as exc:  # raised outside the nursery: no exception group
-                failure = exc
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, stream, link)
+                try:
+                    await self._serve_requests(stream, state, link, client, peer_cert)
+                except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                except Exception as exc:  # raised outside the nursery: no exception group
+                    failure = exc
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            reader.release_all()
         if failure is not None:
             raise failure
 
@@ -260,11 +289,14 @@ class HttpServer:
                 peer_cert_der=peer_cert[1],
                 client=client,
             )
+            if len(parsed.body) > 1:
+                parsed.body = []  # joined into the request's body: the pieces need not stay for the exchange
             state.busy = True
             try:
                 keep_alive = await self._exchange(stream, request, parsed, link)
             finally:
                 state.busy = False
+                reader.release(parsed)
             if not keep_alive or not parsed.keep_alive or reader.upgraded:
                 return
 
@@ -306,7 +338,11 @@ class HttpServer:
             await self._send_raw_error(stream, 408, "request not received in time")
             raise _Closed from None
         except BadRequest as exc:
-            await self._send_raw_error(stream, exc.status, exc.message)
+            if exc.response is not None:
+                await self._send_refusal(stream, exc.response)
+            else:
+                await self._send_raw_error(stream, exc.status, exc.message)
+            await _linger(stream)
             raise _Closed from None
 
     async def _exchange(
@@ -387,20 +423,44 @@ class HttpServer:
             if timeout.cancelled_caught:
                 raise _Closed(f"client read nothing for {self.limits.write_timeout:g}s")
 
-    async def _send_raw_error(self, stream: trio.abc.Stream, status: int, message: str) -> None:
-        """Answer outside h11's state machine, for requests h11 can no longer answer; then close."""
-        kind = "server_error" if status >= 500 else "invalid_request_error"
-        error = {"message": message, "type": kind, "param": None, "code": None}
-        body = jsonlib.dumps({"error": error}).encode()
-        head = (
-            f"HTTP/1.1 {status} {reason_phrase(status)}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-        ).encode("latin-1")
+    async def _send_refusal(self, stream: trio.abc.Stream, response: Response) -> None:
+        """Send a pre-check's refusal (a bytes body), then the connection closes: its body was never read."""
+        body = response.body if isinstance(response.body, bytes) else b""
+        head = response_head(response.status, response.headers, length=len(body), chunked=False, close=True)
         with trio.move_on_after(self.limits.write_timeout):
             try:
                 await stream.send_all(head + body)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+    async def _send_raw_error(self, stream: trio.abc.Stream, status: int, message: str) -> None:
+        """Answer a request refused before its handler (a 503 asks to retry in a second); then close."""
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        error = {"message": message, "type": kind, "param": None, "code": None}
+        headers = [("content-type", "application/json")]
+        if status == 503:
+            headers.append(("retry-after", "1"))
+        await self._send_refusal(stream, Response(status, headers, jsonlib.dumps({"error": error}).encode()))
+
+
+async def _linger(stream: trio.abc.Stream) -> None:
+    """After refusing a request whose body was not read: read and drop what the client still sends, a while.
+
+    Closing at once, with unread bytes in the socket, would reset the connection, and many
+    clients would then report the reset instead of the answer they were sent.
+    """
+    with trio.move_on_after(_LINGER_SECONDS):
+        try:
+            if hasattr(stream, "send_eof"):
+                await stream.send_eof()
+            dropped = 0
+            while dropped < _LINGER_BYTES:
+                data = await stream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    return
+                dropped += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
 
 
 async def serve(

@@ -3,7 +3,8 @@
 Every request arrives over mutual TLS; who is calling is read from the
 client certificate's role (:mod:`llmgw.pki`), never from the request. A node
 may only sync as itself; admin endpoints take admin certificates only; the
-routes feed takes admin or gateway certificates.
+routes feed and gateway reports (``POST /v1/gateway/suspect``) take admin or
+gateway certificates.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from llmgw.wire import (
     EngineList,
     KeyList,
     RevokedKey,
+    SuspectRecorded,
+    SuspectReport,
     SyncReply,
     SyncRequest,
     WireError,
@@ -80,6 +83,7 @@ class ServerApp(CatalogEndpoints):
         self._routes: list[tuple[str, re.Pattern[str], frozenset[Role], Handler]] = []
         self._route("POST", r"/v1/agent/sync", {Role.NODE}, self._sync)
         self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
+        self._route("POST", r"/v1/gateway/suspect", {Role.ADMIN, Role.GATEWAY}, self._gateway_suspect)
         admin = {Role.ADMIN}
         self._route("GET", r"/v1/admin/nodes", admin, self._get_nodes)
         self._route(
@@ -107,6 +111,8 @@ class ServerApp(CatalogEndpoints):
         #: node id -> (what its last sync answer was made from, the answer)
         self._replies: dict[str, tuple[tuple, Response]] = {}
         self._replica_list: tuple[int, Response] | None = None
+        #: replica id -> (when a gateway report on it was last recorded, reports folded since)
+        self._suspects: dict[str, list] = {}
         #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
         self.keys: dict[str, tuple[str, float, float | None]] = {}
 
@@ -265,6 +271,35 @@ class ServerApp(CatalogEndpoints):
         keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
         return answer(self.cluster.route_table(keys))
 
+    async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """A gateway found a replica stalled: an event for the operator, nothing torn down.
+
+        The gateway's word alone changes no replica: the agent's liveness canary (every few
+        seconds on rank 0, judged on the engine's token counters) decides whether it is hung.
+        Reports on one replica are one event per :data:`SUSPECT_EVENT_WINDOW` seconds, with a count.
+        """
+        report = from_json(request.json(), SuspectReport)
+        record = self.cluster.replicas.get(report.replica)
+        state = record.state if record is not None else "unknown"
+        now = self.clock()
+        seen = self._suspects.get(report.replica)
+        if seen is not None and now - seen[0] < SUSPECT_EVENT_WINDOW:
+            seen[1] += 1
+            return answer(SuspectRecorded(report.replica, state), 202)
+        folded = f" ({seen[1]} more reports since the last event)" if seen is not None and seen[1] else ""
+        if len(self._suspects) >= 10_000:
+            self._suspects.clear()
+        self._suspects[report.replica] = [now, 0]
+        log.warning("gateway %s reports replica %s stalled: %s", identity.name, report.replica, report.reason)
+        message = (
+            f"gateway {identity.name} found it stalled: {report.reason}{folded}; "
+            "the agent's liveness canary decides whether it is hung"
+        )
+        self.cluster.record_event(now, "gateway", report.replica, message)
+        async with self._lock:
+            await self.reconciler.save()
+        return answer(SuspectRecorded(report.replica, state), 202)
+
     # -- admin ---------------------------------------------------------------
 
     async def _get_nodes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
@@ -359,6 +394,9 @@ class ServerApp(CatalogEndpoints):
         self.cluster.routes_revision += 1
         self.reconciler.routes_changed()
 
+
+#: seconds within which gateway reports on one replica are counted into one event
+SUSPECT_EVENT_WINDOW = 60.0
 
 #: what an API key name may be; ``ctl keys create --help`` says the same
 KEY_NAME_RULE = "1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"

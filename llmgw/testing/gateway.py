@@ -3,7 +3,8 @@
 :class:`FakeRoutesFeed` serves ``GET /v1/routes`` over plain HTTP with the
 server's long-poll semantics (answer at once when the revision differs from
 the one asked about, else when it changes or after ``poll_timeout``), from
-routes a test sets with :meth:`FakeRoutesFeed.set`::
+routes a test sets with :meth:`FakeRoutesFeed.set`; it keeps the gateway's
+stall reports (``POST /v1/gateway/suspect``) in :attr:`FakeRoutesFeed.suspects`::
 
     feed = FakeRoutesFeed(models=["m"])
     url = await nursery.start(feed.serve)
@@ -118,6 +119,8 @@ class FakeRoutesFeed:
         self.poll_timeout = poll_timeout
         #: polls answered so far
         self.polls = 0
+        #: the gateway's reports (``POST /v1/gateway/suspect`` bodies), oldest first
+        self.suspects: list[dict] = []
         self._changed = trio.Event()
         self.server: HttpServer | None = None
 
@@ -159,6 +162,10 @@ class FakeRoutesFeed:
 
     async def handle(self, request: Request) -> Response:
         """The :class:`llmgw.net.server.HttpServer` handler."""
+        if request.path == "/v1/gateway/suspect" and request.method == "POST":
+            report = request.json()
+            self.suspects.append(report)
+            return Response.json(202, {"replica": report.get("replica"), "state": "unknown"})
         if request.path != "/v1/routes":
             return Response.json(404, {"error": {"message": f"no such endpoint: {request.path}"}})
         known = int(request.query.get("revision", "0"))

@@ -4,6 +4,7 @@
   :class:`SyncRequest` to ``POST /v1/agent/sync`` and gets a :class:`SyncReply`.
 - The routes feed: ``GET /v1/routes`` answers a :class:`RouteTable`, built by
   the server's cluster and handed as is to the gateway's balancer.
+- Gateway reports: ``POST /v1/gateway/suspect`` takes a :class:`SuspectReport`.
 - The admin API (``llmgw ctl``): one record per request and answer
   (:class:`NodeList`, :class:`ReplicaList`, :class:`DrainStatus`, ...), and
   :class:`ErrorReply` for every refusal.
@@ -38,7 +39,9 @@ from llmgw.wire._catalog import (
     CatalogRevision,
     CatalogText,
 )
+from llmgw.wire._gateway import SuspectRecorded, SuspectReport
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
+from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
@@ -47,8 +50,9 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "UnplacedStatus", "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange",
     "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
-    "RevokedKey", "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars",
-    "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
+    "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
+    "register_strict_scalars", "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS",
+    "valid_port_range",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -366,45 +370,6 @@ class EngineList:
     """``GET /v1/admin/engines``."""
 
     engines: tuple[EngineInfo, ...] = ()
-
-
-@attrs.frozen
-class ApiKey:
-    """An API key as listed: its name and dates (the secret is never stored)."""
-
-    name: str
-    created_at: float
-    revoked_at: float | None = None
-
-
-@attrs.frozen
-class KeyList:
-    """``GET /v1/admin/keys``."""
-
-    keys: tuple[ApiKey, ...] = ()
-
-
-@attrs.frozen
-class CreateKey:
-    """``POST /v1/admin/keys``."""
-
-    name: str = attrs.field(validator=bounded(text=253))
-
-
-@attrs.frozen
-class CreatedKey:
-    """The answer to :class:`CreateKey`: the secret, shown this once."""
-
-    name: str
-    secret: str
-
-
-@attrs.frozen
-class RevokedKey:
-    """The answer to ``DELETE /v1/admin/keys/NAME``."""
-
-    name: str
-    revoked_at: float | None
 
 
 @attrs.frozen

@@ -43,7 +43,7 @@ class Pool:
         #: (trio time, URL) of every request sent
         self.sent: list[tuple[float, str]] = []
 
-    async def send(self, method: str, url: str, *, headers=(), body: bytes = b"") -> Answer:
+    async def send(self, method: str, url: str, *, headers=(), body: bytes = b"", watch=None) -> Answer:
         self.sent.append((trio.current_time(), url))
         await trio.lowlevel.checkpoint()
         if any(url.startswith(base) for base in self.down):

@@ -262,20 +262,29 @@ class TestHostileInput:
             assert 21000 <= replica.spec.port <= 21099
 
     @pytest.mark.parametrize(
-        "body",
+        ("body", "why"),
         [
-            pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-100000-deep"),
-            pytest.param(b'{"revision": ' + b"7" * 5000 + b"}", id="5000-digit-integer"),
-            pytest.param(b"\xff\xfe not utf-8", id="not-utf-8"),
+            pytest.param(
+                b"[" * 100_000 + b"]" * 100_000,
+                "request body nests arrays and objects deeper than 64 levels",
+                id="nested-100000-deep",
+            ),
+            pytest.param(
+                b'{"revision": ' + b"7" * 5000 + b"}",
+                "request body holds a number of 5000 characters; at most 100 are accepted",
+                id="5000-digit-integer",
+            ),
+            pytest.param(b"\xff\xfe not utf-8", "request body is not UTF-8", id="not-utf-8"),
+            pytest.param(b'{"revision": ', "request body is not valid JSON", id="cut-short"),
         ],
     )
-    async def test_unreadable_json_is_a_400(self, server, test_pki, body):
-        """A body Python's JSON reader cannot take gets a 400 saying so, on the agent and the admin API."""
+    async def test_unreadable_json_is_a_400(self, server, test_pki, body, why):
+        """A body the JSON reader cannot take, or that breaks a bound, gets a 400 saying which."""
         async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
             for http, path in ((node, "/v1/agent/sync"), (admin, "/v1/admin/catalog")):
                 response = await http.post(f"{server}{path}", content=body)
                 assert response.status_code == 400, response.text
-                assert "request body is not valid JSON" in response.json()["error"]["message"]
+                assert response.json()["error"]["message"].startswith(why), response.text
             assert (await admin.get(f"{server}/v1/admin/nodes")).status_code == 200
 
     @pytest.mark.parametrize("since", ["1" * 30, "-1", "x"])
@@ -298,3 +307,28 @@ class TestHostileInput:
             assert "models.small.replicas: expected an integer at most 10000 (llmgw's limit)" in message
             stored = (await admin.get(f"{server}/v1/admin/catalog")).json()
             assert stored["text"] == CATALOG and stored["revision"] == 1
+
+
+async def test_gateway_suspect_report_is_an_event_and_changes_nothing(server, test_pki):
+    """A gateway's stall report is one event per replica a minute; replicas and routes stay as they were."""
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "gateway", "gw-1") as gateway:
+        before = (await admin.get(f"{server}/v1/admin/replicas")).json()
+        routes = (await gateway.get(f"{server}/v1/routes")).json()
+        report = {"replica": "small-0", "reason": "nothing arrived from it for 10.2 s"}
+        for _ in range(3):
+            answered = await gateway.post(f"{server}/v1/gateway/suspect", json=report)
+            assert answered.status_code == 202, answered.text
+        assert answered.json() == {"replica": "small-0", "state": "unknown"}
+        events = (await admin.get(f"{server}/v1/admin/events")).json()["events"]
+        mine = [e["message"] for e in events if e["kind"] == "gateway"]
+        assert mine == [
+            "gateway gw-1 found it stalled: nothing arrived from it for 10.2 s; "
+            "the agent's liveness canary decides whether it is hung"
+        ]
+        assert (await admin.get(f"{server}/v1/admin/replicas")).json() == before
+        assert (await gateway.get(f"{server}/v1/routes")).json() == routes
+        bad = await gateway.post(f"{server}/v1/gateway/suspect", json={"replica": "x" * 300, "reason": "r"})
+        assert bad.status_code == 400 and "replica" in bad.json()["error"]["message"]
+    async with client(test_pki, "node", "node-1") as node:
+        refused = await node.post(f"{server}/v1/gateway/suspect", json=report)
+        assert refused.status_code == 403

@@ -1,0 +1,76 @@
+"""Telling the server what only the gateway sees: a replica it found stalled.
+
+:meth:`SuspectReporter.report` queues a :class:`~llmgw.wire.SuspectReport`
+(never waits: it is called from the stall watch); :meth:`SuspectReporter.run`
+posts each to ``POST /v1/gateway/suspect`` on the server, with the gateway's
+certificate, through the routes feed's connection pool. A report that cannot
+be delivered is logged and dropped: the agent's canary finds a hung engine
+without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import trio
+
+from llmgw.gateway.balancer import Upstream
+from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.wire import SuspectReport, to_json
+
+__all__ = ["SuspectReporter", "SUSPECT_PATH"]
+
+log = logging.getLogger("llmgw.gateway")
+
+#: the server's endpoint for gateway reports
+SUSPECT_PATH = "/v1/gateway/suspect"
+_QUEUED = 64
+
+
+class SuspectReporter:
+    """Reports stalled replicas to the server, one at a time, in the background.
+
+    :param pool: the connection pool to the server (its TLS context holds the gateway's certificate).
+    :param server: the server's base URL.
+    :param timeout: seconds one report may take.
+    """
+
+    def __init__(self, pool: ConnectionPool, server: str, *, timeout: float = 5.0) -> None:
+        self.pool = pool
+        self.url = server.rstrip("/") + SUSPECT_PATH
+        self.timeout = timeout
+        self._send, self._receive = trio.open_memory_channel[SuspectReport](_QUEUED)
+        #: reports the server accepted (for tests)
+        self.delivered = 0
+
+    def report(self, replica: Upstream, reason: str) -> None:
+        """Queue a report that ``replica`` stalled; dropped (logged) when too many wait already."""
+        try:
+            self._send.send_nowait(SuspectReport(replica.name, reason[:2000]))
+        except trio.WouldBlock:
+            log.warning("not reporting replica %s: %d reports wait already", replica.name, _QUEUED)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver queued reports until cancelled; started at once."""
+        task_status.started()
+        async for report in self._receive:
+            await self._deliver(report)
+
+    async def _deliver(self, report: SuspectReport) -> None:
+        body = json.dumps(to_json(report)).encode()
+        headers = [("content-type", "application/json"), ("accept", "application/json")]
+        why = None
+        with trio.move_on_after(self.timeout) as scope:
+            try:
+                response = await self.pool.request("POST", self.url, headers=headers, body=body, limit=65536)
+            except HttpClientError as exc:
+                why = str(exc)
+            else:
+                if response.status < 300:
+                    self.delivered += 1
+                    return
+                why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
+        if scope.cancelled_caught:
+            why = f"no answer within {self.timeout:g} s"
+        log.warning("could not report replica %s to the server: %s", report.replica, why)

@@ -37,13 +37,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
 import httpx
 import trio
 from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
-from llmgw.agent.facts import present_sources
+from llmgw.agent.facts import with_weights
 from llmgw.agent.process import Child, ProcessRecords
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
@@ -141,6 +140,11 @@ class Agent:
         if facts != self.facts:
             self.facts = facts
             self.notify()
+
+    async def refresh_weights(self, sources: tuple[str, ...] | None = None) -> None:
+        """Look at the models directory again (sources present, copies, free bytes): a copy moved on."""
+        asked = self.check_sources if sources is None else sources
+        self.set_facts(await with_weights(self.facts, self.config.models_dir, asked))
 
     def _report(self, key: str, observed: ObservedShard) -> None:
         if key in self.supervisors:
@@ -420,9 +424,8 @@ class Agent:
             asked = self.check_sources
             if trio.current_time() < next_full:
                 # only the sources to check changed: a quick look at the disk, no discovery
-                sources = await trio.to_thread.run_sync(present_sources, asked, abandon_on_cancel=True)
+                await self.refresh_weights(asked)
                 self.sources_checked = asked
-                self.set_facts(attrs.evolve(self.facts, model_sources=sources))
                 continue
             next_full = trio.current_time() + self.config.sync.facts_interval
             try:

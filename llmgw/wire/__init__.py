@@ -40,6 +40,7 @@ from llmgw.wire._catalog import (
 )
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
+from llmgw.wire._weights import PeerHolder, WeightsEvent, WeightsInfo
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply", "Route", "RouteTable",
@@ -48,7 +49,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone", "EventEntry",
     "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey", "RevokedKey",
     "ErrorDetail", "ErrorReply", "WireError", "converter", "register_strict_scalars", "to_json",
-    "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range",
+    "from_json", "error_message", "shard_key", "SHARD_PORTS", "valid_port_range", "PeerHolder",
+    "WeightsInfo", "WeightsEvent",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -58,11 +60,12 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------------
 
 #: What an agent reports for a shard:
-#: ``starting`` (sidecars or engine starting), ``running`` (process up; a
+#: ``staging`` (waiting for a verified copy of the model's files on this node), ``starting``
+#: (sidecars or engine starting), ``running`` (process up; a
 #: worker stays here), ``ready`` (rank 0 passes its health check),
 #: ``unhealthy`` (was running, now fails its health check, or never became
 #: ready in time), ``exited`` (the process ended), ``stopping``.
-SHARD_STATES = ("starting", "running", "ready", "unhealthy", "exited", "stopping")
+SHARD_STATES = ("staging", "starting", "running", "ready", "unhealthy", "exited", "stopping")
 
 
 def shard_key(replica_id: str, attempt: int, rank: int) -> str:

@@ -107,6 +107,8 @@ class Agent:
         #: why the node is fenced (every shard stopped, replies not applied), or None
         self.fenced: str | None = None
         self._credentials_stamp: tuple | None = None
+        #: ``async (source, progress) -> local path`` for distributable sources (None: not staged)
+        self.stage: Any = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -273,7 +275,7 @@ class Agent:
 
     async def _supervise(self, supervisor: ShardSupervisor, blockers: list[trio.Event]) -> None:
         try:
-            await supervisor.run(after=blockers)
+            await supervisor.run(after=blockers, stage=self.stage)
         except Exception as exc:  # noqa: BLE001 - one shard's failure must not end the agent
             log.exception("shard %s failed in the agent", supervisor.key)
             supervisor.fail(f"the agent could not run it: {exc}")

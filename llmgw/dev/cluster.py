@@ -77,6 +77,11 @@ class LocalNode:
         """The agent's state directory (its shards' logs are under ``logs/``)."""
         return self.root / "agent"
 
+    @property
+    def models_dir(self) -> Path:
+        """The node's own models directory (``--models-dir``): copies of distributable models."""
+        return self.root / "models"
+
 
 class LocalCluster:
     """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
@@ -217,6 +222,10 @@ class LocalCluster:
             str(node.ib_root),
             "--engine",
             f"sim:llmgw-sim={program('llmgw-sim')}",
+            "--models-dir",
+            str(node.models_dir),
+            "--peer-port",
+            "0",
         ]
         if node.fabric:
             argv += ["--fabric", node.fabric]

@@ -31,7 +31,9 @@ def check_source(source: str) -> str | None:
         return "expected a non-empty path or name"
     path = seed_path(source)
     if path is not None:
-        expected = "expected seed:///ABSOLUTE/PATH (seed:// then an absolute directory, e.g. seed:///data/llama)"
+        expected = (
+            "expected seed:///ABSOLUTE/PATH (seed:// then an absolute directory, e.g. seed:///data/llama)"
+        )
         if not path.startswith("/"):
             return f"{expected}, got {source!r}"
         if path.rstrip("/") in ("", "/") or posixpath.normpath(path) != path.rstrip("/") or "//" in path:

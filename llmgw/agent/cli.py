@@ -93,6 +93,11 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     metavar="MB/S",
     help="MB/s served to peers in all (0: no limit)  [default: 0].",
 )
+@click.option(
+    "--seed-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="What stands for / when looking for a seed:///PATH here (simulated nodes)  [default: /].",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def agent(
     config_file: Path | None,
@@ -113,6 +118,7 @@ def agent(
     peer_port: int | None,
     max_uploads: int | None,
     bandwidth_limit: float | None,
+    seed_root: Path | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -140,6 +146,7 @@ def agent(
         "peer_port": peer_port,
         "max_uploads": max_uploads,
         "bandwidth_limit": bandwidth_limit,
+        "seed_root": seed_root and str(seed_root),
     }
     config = load_agent_config(flags, config_file)
     if not verbose:

@@ -147,6 +147,8 @@ class AgentConfig:
     max_uploads: int = 4
     #: MB/s served to peers in all; 0: no limit
     bandwidth_limit: float = 0.0
+    #: what stands for ``/`` when this node looks for a ``seed:///PATH`` (simulated nodes get their own)
+    seed_root: Path = attrs.field(converter=_abs, default=Path("/"))
 
     @property
     def logs_dir(self) -> Path:
@@ -193,10 +195,11 @@ class _AgentFile:
     peer_port: int | None = None
     max_uploads: int | None = None
     bandwidth_limit: float | None = None
+    seed_root: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
-_PATHS = ("cert", "key", "ca", "state_dir", "ib_root", "models_dir")
+_PATHS = ("cert", "key", "ca", "state_dir", "ib_root", "models_dir", "seed_root")
 _TOP_KEYS = frozenset(a.name for a in attrs.fields(_AgentFile))
 _SECTIONS = ("health", "sync")
 _REQUIRED = ("node", "server", "address", "cert", "key", "ca", "state_dir")
@@ -392,6 +395,7 @@ def load_agent_config(
         peer_port=values.get("peer_port", DEFAULT_PEER_PORT),
         max_uploads=values.get("max_uploads", 4),
         bandwidth_limit=float(values.get("bandwidth_limit", 0.0)),
+        seed_root=values.get("seed_root", "/"),
     )
 
 

@@ -28,7 +28,7 @@ from llmgw.agent.models_dir import ModelsDir
 from llmgw.engine import Engine, help_and_version_of
 from llmgw.models import NodeFacts
 from llmgw.node.discovery import discover_node
-from llmgw.weights import seed_path
+from llmgw.weights import is_distributable, seed_path
 
 __all__ = [
     "gather_facts", "check_engines", "present_sources", "weights_facts", "with_weights", "parse_version",
@@ -68,22 +68,22 @@ def present_sources(sources: Iterable[str], models: ModelsDir | None = None) -> 
     present = []
     copied = {c.source for c in models.copies() if c.complete} if models is not None else set()
     for source in set(sources):
-        path = seed_path(source)
-        if path is not None:
-            if os.path.isdir(path) or source in copied:
+        if is_distributable(source):
+            seed = models.seed_dir(source) if models is not None else Path(seed_path(source) or "")
+            if seed.is_dir() or source in copied:
                 present.append(source)
         elif not os.path.isabs(source) or os.path.exists(source):
             present.append(source)
     return tuple(sorted(present))
 
 
-def weights_facts(models: ModelsDir, sources: Iterable[str]) -> dict[str, Any]:
+def weights_facts(models: ModelsDir, sources: tuple[str, ...]) -> dict[str, Any]:
     """The facts about model weights: sources present, copies, free bytes; blocking (run it in a thread).
 
     Called with every discovery, and when the sources to check or a copy changed.
     """
     problem = models.prepare()
-    copies = [] if problem else models.copies()
+    copies = [] if problem else [*models.seed_copies(sources), *models.copies()]
     return {
         "model_sources": present_sources(sources, None if problem else models),
         "model_copies": copies,
@@ -92,10 +92,10 @@ def weights_facts(models: ModelsDir, sources: Iterable[str]) -> dict[str, Any]:
     }
 
 
-async def with_weights(facts: NodeFacts, models_dir: Path, sources: Iterable[str]) -> NodeFacts:
+async def with_weights(facts: NodeFacts, models: ModelsDir, sources: Iterable[str]) -> NodeFacts:
     """``facts`` with the weights' part (:func:`weights_facts`) looked at again, off the event loop."""
     found = await trio.to_thread.run_sync(
-        weights_facts, ModelsDir(models_dir), tuple(sources), abandon_on_cancel=True
+        weights_facts, models, tuple(sources), abandon_on_cancel=True
     )
     problems = [p for p in facts.problems if not p.startswith("models dir ")] + found.pop("problems")
     return attrs.evolve(facts, problems=problems, **found)
@@ -263,9 +263,9 @@ async def gather_facts(
         functools.partial(discover_node, plugins, config.discovery, config.fabrics), abandon_on_cancel=True
     )
     installed, engine_problems = await check_engines(config, engines)
-    weights = await trio.to_thread.run_sync(
-        weights_facts, ModelsDir(config.models_dir), tuple(check_sources), abandon_on_cancel=True
-    )
+    models = ModelsDir(config.models_dir, config.seed_root)
+    sources = tuple(check_sources)
+    weights = await trio.to_thread.run_sync(weights_facts, models, sources, abandon_on_cancel=True)
     return NodeFacts(
         node_id=config.node,
         agent_version=llmgw.__version__,

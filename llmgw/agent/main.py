@@ -68,7 +68,7 @@ async def serve_agent(
         previous = records.shard_records()
 
         peers = PeerFiles(
-            ModelsDir(config.models_dir),
+            ModelsDir(config.models_dir, config.seed_root),
             max_uploads=config.max_uploads,
             bandwidth_limit=config.bandwidth_limit,
         )

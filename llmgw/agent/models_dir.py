@@ -51,9 +51,16 @@ def _write_atomic(path: Path, data: dict) -> None:
 class ModelsDir:
     """One node's models directory; every method is blocking (call it from a worker thread)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, seed_root: Path = Path("/")) -> None:
+        """:param seed_root: what stands for ``/`` when a ``seed:///PATH`` is looked up on this node."""
         self.root = root
         self.meta = root / ".llmgw"
+        self.seed_root = seed_root
+
+    def seed_dir(self, source: str) -> Path | None:
+        """Where the seed ``source`` names is on this node (it may not exist); None for other sources."""
+        path = seed_path(source)
+        return None if path is None else self.seed_root / path.lstrip("/")
 
     def prepare(self) -> str | None:
         """Make the directory if missing; the problem (for ``ctl nodes``), or None."""
@@ -177,18 +184,35 @@ class ModelsDir:
 
     # -- seeds -------------------------------------------------------------------------------------
 
+    def _seed_cache(self, source: str) -> Path:
+        return self.meta / f"seed-{hashlib.sha256(source.encode()).hexdigest()[:32]}.json"
+
+    def seed_copies(self, sources: Iterable[str]) -> list[ModelCopy]:
+        """The seeds among ``sources`` on this node whose manifest was made, as copies (never hashes)."""
+        out = []
+        for source in sources:
+            root = self.seed_dir(source)
+            if root is None or not root.is_dir():
+                continue
+            try:
+                manifest = from_json(json.loads(self._seed_cache(source).read_text())["manifest"], Manifest)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            size = manifest.total_bytes
+            out.append(ModelCopy(manifest.digest, source, size, size, complete=True, seed=True))
+        return out
+
     def seed_manifest(self, source: str, node: str) -> Manifest | None:
         """The manifest of the seed directory ``source`` names on this node, or None when it is not here.
 
         Hashing every file takes a while: the manifest is kept with the stats
         of the files it was made from, and made again only when one changed.
         """
-        directory = seed_path(source)
-        if directory is None or not os.path.isdir(directory):
+        root = self.seed_dir(source)
+        if root is None or not root.is_dir():
             return None
-        root = Path(directory)
         stats = _tree_stats(root)
-        cache = self.meta / f"seed-{hashlib.sha256(source.encode()).hexdigest()[:32]}.json"
+        cache = self._seed_cache(source)
         try:
             data = json.loads(cache.read_text())
             if data["stats"] == stats:

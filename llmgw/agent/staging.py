@@ -83,7 +83,7 @@ class Stager:
         """:param server_context: the agent's current TLS context for the server.
         :param copy_changed: called when a copy gained a verified file (the facts are refreshed)."""
         self.config = config
-        self.models = ModelsDir(config.models_dir)
+        self.models = ModelsDir(config.models_dir, config.seed_root)
         self.peers = peers
         self.server_context = server_context
         self.copy_changed = copy_changed
@@ -122,11 +122,12 @@ class Stager:
         manifest = await trio.to_thread.run_sync(self.models.seed_manifest, source, self.config.node)
         if manifest is None:
             return None
-        self.peers.offer(manifest, Path(seed_path(source) or ""), seed=True)
+        self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
         if self.published.get(source) != manifest.digest:
             answer = await self._call("POST", "/v1/agent/manifests", body=to_json(manifest))
             stored = from_json(answer, Manifest)
             self.published[source] = manifest.digest
+            await self.copy_changed()  # reported as a copy: peers may fetch from here
             if stored.digest != manifest.digest:
                 log.error(
                     "seed %s here differs from the manifest %s made: not served", source, stored.made_by
@@ -163,10 +164,10 @@ class Stager:
         async with lock:
             try:
                 if await self.publish_seed(source) is not None:
-                    return seed_path(source) or source
+                    return str(self.models.seed_dir(source))
             except PeerError as exc:
                 log.warning("seed %s: manifest not sent yet (%s); using it here", source, exc)
-                return seed_path(source) or source
+                return str(self.models.seed_dir(source))
             return await self._copy(source, progress)
 
     async def _copy(self, source: str, progress: Progress) -> str:

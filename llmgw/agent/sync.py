@@ -43,6 +43,7 @@ from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import with_weights
+from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.process import Child, ProcessRecords
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
@@ -146,7 +147,8 @@ class Agent:
     async def refresh_weights(self, sources: tuple[str, ...] | None = None) -> None:
         """Look at the models directory again (sources present, copies, free bytes): a copy moved on."""
         asked = self.check_sources if sources is None else sources
-        self.set_facts(await with_weights(self.facts, self.config.models_dir, asked))
+        models = ModelsDir(self.config.models_dir, self.config.seed_root)
+        self.set_facts(await with_weights(self.facts, models, asked))
 
     def _report(self, key: str, observed: ObservedShard) -> None:
         if key in self.supervisors:

@@ -82,6 +82,11 @@ class LocalNode:
         """The node's own models directory (``--models-dir``): copies of distributable models."""
         return self.root / "models"
 
+    @property
+    def seed_root(self) -> Path:
+        """What stands for this node's ``/`` when it looks for ``seed:///PATH`` sources (its own disk)."""
+        return self.root / "fs"
+
 
 class LocalCluster:
     """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
@@ -226,6 +231,8 @@ class LocalCluster:
             str(node.models_dir),
             "--peer-port",
             "0",
+            "--seed-root",
+            str(node.seed_root),
         ]
         if node.fabric:
             argv += ["--fabric", node.fabric]

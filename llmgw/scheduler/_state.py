@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from llmgw.scheduler._records import NodeView, Shard
 
-#: added to the first part of a node's key when it lacks the weights: any holder comes first
-_NOT_HELD = 1_000_000
 
 class NodeState:
     """A node's free GPUs and ports, and what runs on it, during one :func:`schedule` run.
@@ -61,11 +59,16 @@ class NodeState:
     def key(self, model: str, holds: bool = True) -> tuple[int, int, int, str]:
         """Sort key for placing ``model``: fewest of its shards, fewest GPUs used, fewest shards, id.
 
-        A node that does not hold the model's weights (``holds``; they would be
-        copied there first) comes after every node that does.
+        Replicas spread first; among nodes with as many of its shards, one
+        holding the model's weights (``holds``; elsewhere they are copied
+        first, the replica staging meanwhile) comes first.
         """
-        missing = 0 if holds else _NOT_HELD
-        return (self.model_shards.get(model, 0) + missing, len(self.gpu_owner), self.shards, self.id)
+        return (
+            2 * self.model_shards.get(model, 0) + (0 if holds else 1),
+            len(self.gpu_owner),
+            self.shards,
+            self.id,
+        )
 
     def gpus_with(self, min_memory: int | None) -> list[int]:
         """Indices of the GPUs with at least ``min_memory`` MiB (all of them when None)."""

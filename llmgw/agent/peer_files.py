@@ -38,6 +38,8 @@ __all__ = ["PeerError", "PeerFiles", "fetch_file", "peer_client_context", "verif
 log = logging.getLogger("llmgw.agent.peers")
 
 _CHUNK = 1024 * 1024
+#: seconds without a byte from a peer after which it counts as gone (a machine that stopped answering)
+STALL_TIMEOUT = 30.0
 
 
 class PeerError(Exception):
@@ -231,13 +233,19 @@ async def fetch_file(
     if have == file.size:
         return
     try:
-        tcp = await trio.open_tcp_stream(address, port)
+        with trio.fail_after(STALL_TIMEOUT):
+            tcp = await trio.open_tcp_stream(address, port)
+    except trio.TooSlowError:
+        raise PeerError(f"node {node} ({address}:{port}) did not answer within {STALL_TIMEOUT:g} s") from None
     except OSError as exc:
         raise PeerError(f"node {node} ({address}:{port}) unreachable: {exc.strerror or exc}") from None
     stream = trio.SSLStream(tcp, context, https_compatible=True)
     try:
         try:
-            await stream.do_handshake()
+            with trio.fail_after(STALL_TIMEOUT):
+                await stream.do_handshake()
+        except trio.TooSlowError:
+            raise PeerError(f"node {node}: no TLS handshake within {STALL_TIMEOUT:g} s") from None
         except (trio.BrokenResourceError, ssl.SSLError) as exc:
             raise PeerError(f"TLS with node {node} failed: {exc.__cause__ or exc}") from None
         verify_peer(stream.getpeercert(binary_form=True), ca, node)
@@ -277,7 +285,10 @@ async def _get(
         while True:
             event = connection.next_event()
             if event is h11.NEED_DATA:
-                connection.receive_data(await stream.receive_some(_CHUNK))
+                with trio.move_on_after(STALL_TIMEOUT) as waited:
+                    connection.receive_data(await stream.receive_some(_CHUNK))
+                if waited.cancelled_caught:
+                    raise PeerError(f"node {node} sent nothing for {STALL_TIMEOUT:g} s")
                 continue
             if isinstance(event, h11.Response):
                 status = event.status_code

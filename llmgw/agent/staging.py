@@ -90,8 +90,9 @@ class Stager:
         self.ca = x509.load_pem_x509_certificate(config.ca.read_bytes())
         self.peer_context = peer_client_context(config.cert, config.key)
         self._locks: dict[str, trio.Lock] = {}
-        #: source -> digest of the seed manifest the server accepted from this node
+        #: source -> digest of the server's manifest, and of the one this node sent it
         self.published: dict[str, str] = {}
+        self._posted: dict[str, str] = {}
 
     # -- the server ------------------------------------------------------------------------------
 
@@ -122,17 +123,18 @@ class Stager:
         manifest = await trio.to_thread.run_sync(self.models.seed_manifest, source, self.config.node)
         if manifest is None:
             return None
-        self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
-        if self.published.get(source) != manifest.digest:
+        if self._posted.get(source) != manifest.digest:
             answer = await self._call("POST", "/v1/agent/manifests", body=to_json(manifest))
-            stored = from_json(answer, Manifest)
-            self.published[source] = manifest.digest
-            await self.copy_changed()  # reported as a copy: peers may fetch from here
-            if stored.digest != manifest.digest:
-                log.error(
-                    "seed %s here differs from the manifest %s made: not served", source, stored.made_by
-                )
-                self.peers.offers.pop(manifest.digest, None)
+            self.published[source] = from_json(answer, Manifest).digest
+            self._posted[source] = manifest.digest
+            if self.published[source] != manifest.digest:
+                log.error("seed %s here differs from the server's manifest: copied from peers", source)
+            else:
+                self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
+                await self.copy_changed()  # reported as a copy: peers may fetch from here
+        if self.published[source] != manifest.digest:
+            self.peers.offers.pop(manifest.digest, None)
+            return None
         return manifest
 
     async def watch_seeds(self, sources: Callable[[], tuple[str, ...]]) -> None:
@@ -194,7 +196,8 @@ class Stager:
                 progress(f"fetching 0%: waiting for a node holding {source} to be online")
                 await trio.sleep(RETRY)
                 continue
-            await self._fetch(manifest, missing, holders, progress)
+            if not await self._fetch(manifest, missing, holders, progress):
+                await trio.sleep(RETRY)  # every holder failed every file: ask again who holds it
         await trio.to_thread.run_sync(self.models.touch, manifest.digest)
         await self.copy_changed()
         return str(self.models.copy_dir(manifest.digest))
@@ -231,8 +234,12 @@ class Stager:
         missing: list[ManifestFile],
         holders: list[tuple[str, str, int]],
         progress: Progress,
-    ) -> None:
-        """Fetch each missing file from a holder (another when one fails); returns when each was tried."""
+    ) -> bool:
+        """Fetch each missing file from a holder (another when one fails); returns when each was tried.
+
+        :returns: whether any file was fetched and verified.
+        """
+        fetched = False
         directory = self.models.copy_dir(manifest.digest)
         present = manifest.total_bytes - sum(f.size for f in missing)
         partials = [self.models.partial(manifest.digest, f) for f in missing]
@@ -263,4 +270,6 @@ class Stager:
                 await trio.to_thread.run_sync(os.replace, partial, directory / file.path)
                 await trio.to_thread.run_sync(self.models.mark_verified, manifest, [file.path])
                 await self.copy_changed()
+                fetched = True
                 break
+        return fetched

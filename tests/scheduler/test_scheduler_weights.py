@@ -27,7 +27,7 @@ def test_the_holder_is_chosen_before_nodes_without_the_files():
 
 
 def test_replicas_spread_to_nodes_that_will_copy_the_files():
-    """Three replicas, one holder: one per node, two copying (with a plain path two would be unplaced)."""
+    """Three replicas, one holder: one per node, two copying (a plain path places none)."""
     nodes = [node("a", sources=()), node("b", sources=(SEED,)), node("c", sources=())]
     result = schedule(nodes, seeded(3), [])
     assert nodes_of(result) == ["a", "b", "c"] and not result.unplaced

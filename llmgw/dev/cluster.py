@@ -94,6 +94,8 @@ class LocalCluster:
     def __init__(
         self, state_dir: Path, *, server_port: int = 7443, lost_after: float = 15.0, poll_timeout: float = 5.0
     ) -> None:
+        #: more ``llmgw agent`` flags for every node (``--bandwidth-limit 20``...)
+        self.agent_args: list[str] = []
         self.state_dir = state_dir.resolve()
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -236,6 +238,7 @@ class LocalCluster:
         ]
         if node.fabric:
             argv += ["--fabric", node.fabric]
+        argv += self.agent_args
         node.process = self._start(f"agent-{node.node_id}", argv)
         return node.process
 

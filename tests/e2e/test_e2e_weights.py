@@ -123,3 +123,36 @@ def test_seeded_model_is_copied_verified_and_served(cluster):
     assert sha256(target) == good
     events = cluster.client.request("GET", "/v1/admin/events", EventList).events
     assert any("model-00002.safetensors" in e.message and "failed verification" in e.message for e in events)
+
+
+def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
+    """node-3 copying from node-1 and node-2 (uploads at 10 MB/s) completes when node-1's agent dies."""
+    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
+    local.agent_args = ["--bandwidth-limit", "10"]
+    try:
+        seed = local.add_node(1).seed_root / "data" / "seeded"
+        seed.mkdir(parents=True)
+        for index in range(4):
+            (seed / f"part-{index}.bin").write_bytes(os.urandom(12_000_000))
+        local.start(3)
+        local.apply(CATALOG.replace("replicas: 3", "replicas: 2"))
+        local.wait(lambda: len(local.replicas().replicas) == 2 and local.all_ready(), "2 replicas ready", 120)
+        local.apply(CATALOG)
+
+        def node3_fetching() -> bool:
+            shards = [s for r in local.replicas().replicas for s in r.shards if s.node == "node-3"]
+            return any(s.state == "staging" and s.detail and "fetching" in s.detail for s in shards)
+
+        local.wait(node3_fetching, "node-3 fetching", 60)
+        local.stop(local.nodes["node-1"].process, signal.SIGKILL)
+        local.wait(
+            lambda: any(
+                r.state == "ready" for r in local.replicas().replicas for s in r.shards if s.node == "node-3"
+            ),
+            "node-3's replica ready from node-2's copy",
+            180,
+        )
+        copy = copy_of(local, "node-3")
+        assert {p.name: sha256(p) for p in copy.iterdir()} == {p.name: sha256(p) for p in seed.iterdir()}
+    finally:
+        local.stop_all()

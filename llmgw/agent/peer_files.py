@@ -7,24 +7,26 @@ copy's files once verified. At most ``max_uploads`` files go out at once (a
 peer asking for more gets 503 and tries another node), and all of them
 together within ``bandwidth_limit``.
 
-The client side (:func:`fetch_file`) speaks HTTP/1.1 (h11) over its own TLS
-stream: node certificates carry the client purpose only, so the chain is
+The client side (:func:`fetch_file`) speaks HTTP/1.1 over its own TLS
+connection: node certificates carry the client purpose only, so the chain is
 verified after the handshake (issued by the CA, in its validity, a node's,
 with the node id asked for), not by OpenSSL's server-purpose check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import http.client
 import logging
 import os
 import ssl
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from urllib.parse import quote, unquote
 
 import attrs
-import h11
 import trio
 from cryptography import x509
 
@@ -38,6 +40,8 @@ __all__ = ["PeerError", "PeerFiles", "fetch_file", "peer_client_context", "verif
 log = logging.getLogger("llmgw.agent.peers")
 
 _CHUNK = 1024 * 1024
+#: bytes received before they are written to the partial file
+_WRITE_BLOCK = 8 * 1024 * 1024
 #: seconds without a byte from a peer after which it counts as gone (a machine that stopped answering)
 STALL_TIMEOUT = 30.0
 
@@ -128,13 +132,14 @@ class PeerFiles:
         if self.uploading >= self.max_uploads:
             return Response.text(503, f"busy: {self.uploading} uploads already (--max-uploads)")
         self.uploading += 1
+        sent = [0]
         headers = [("content-range", f"bytes {start}-{max(file.size - 1, start)}/{file.size}")]
         return Response.stream(
             206 if start else 200,
-            self._chunks(path, start, file.size),
+            self._chunks(path, start, file.size, sent),
             content_type="application/octet-stream",
             headers=headers,
-            after=self._done,
+            after=lambda: self._done(identity.name, file, sent[0]),
         )
 
     def _usable(self, offer: _Offer, file: ManifestFile, path: Path) -> bool:
@@ -142,10 +147,11 @@ class PeerFiles:
             return path.is_file() and path.stat().st_size == file.size
         return self.models.trusted(offer.manifest, file)
 
-    def _done(self) -> None:
+    def _done(self, peer: str, file: ManifestFile, sent: int) -> None:
         self.uploading -= 1
+        log.info("served %s to %s: %d bytes", file.path, peer, sent)
 
-    async def _chunks(self, path: Path, start: int, size: int) -> AsyncIterator[bytes]:
+    async def _chunks(self, path: Path, start: int, size: int, sent: list[int]) -> AsyncIterator[bytes]:
         handle = await trio.open_file(path, "rb")
         try:
             await handle.seek(start)
@@ -158,6 +164,7 @@ class PeerFiles:
                     return
                 left -= len(data)
                 self.bytes_served += len(data)
+                sent[0] += len(data)
                 yield data
         finally:
             await handle.aclose()
@@ -224,36 +231,75 @@ async def fetch_file(
     """Fetch ``file`` of copy ``digest`` from ``peer`` (node id, address, port) into ``partial``.
 
     Resumes from the bytes ``partial`` already holds; returns once it holds
-    ``file.size`` bytes (not yet verified: the caller hashes it).
+    ``file.size`` bytes (not yet verified: the caller hashes it). The bytes
+    move in a worker thread with a blocking TLS socket: TLS records are 16 KB,
+    and a trio task per record costs more CPU than the copy itself.
 
-    :raises PeerError: the peer could not be reached, refused, or sent too much or too little.
+    :raises PeerError: the peer could not be reached, refused, stalled, or sent too much or too little.
     """
-    node, address, port = peer
     have = await trio.to_thread.run_sync(_resume_from, partial, file.size)
     if have == file.size:
         return
+    token = trio.lowlevel.current_trio_token()
+    stop = threading.Event()
+
+    def report(size: int) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            trio.from_thread.run_sync(on_bytes, size, trio_token=token)
+
     try:
-        with trio.fail_after(STALL_TIMEOUT):
-            tcp = await trio.open_tcp_stream(address, port)
-    except trio.TooSlowError:
-        raise PeerError(f"node {node} ({address}:{port}) did not answer within {STALL_TIMEOUT:g} s") from None
-    except OSError as exc:
-        raise PeerError(f"node {node} ({address}:{port}) unreachable: {exc.strerror or exc}") from None
-    stream = trio.SSLStream(tcp, context, https_compatible=True)
+        await trio.to_thread.run_sync(
+            _fetch_blocking, context, ca, peer, f"/v1/peer/files/{digest}/{quote(file.path)}", have, file,
+            partial, report, stop, abandon_on_cancel=True,
+        )  # fmt: skip
+    finally:
+        stop.set()  # an abandoned thread stops at its next block
+
+
+def _fetch_blocking(
+    context: ssl.SSLContext,
+    ca: x509.Certificate,
+    peer: tuple[str, str, int],
+    target: str,
+    have: int,
+    file: ManifestFile,
+    partial: Path,
+    report: Callable[[int], None],
+    stop: threading.Event,
+) -> None:
+    node, address, port = peer
+    connection = http.client.HTTPSConnection(address, port, context=context, timeout=STALL_TIMEOUT)
     try:
         try:
-            with trio.fail_after(STALL_TIMEOUT):
-                await stream.do_handshake()
-        except trio.TooSlowError:
-            raise PeerError(f"node {node}: no TLS handshake within {STALL_TIMEOUT:g} s") from None
-        except (trio.BrokenResourceError, ssl.SSLError) as exc:
-            raise PeerError(f"TLS with node {node} failed: {exc.__cause__ or exc}") from None
-        verify_peer(stream.getpeercert(binary_form=True), ca, node)
-        await _get(stream, node, f"/v1/peer/files/{digest}/{quote(file.path)}", have, file, partial, on_bytes)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
-        raise PeerError(f"node {node} broke the connection: {exc.__cause__ or exc!r}") from None
+            connection.connect()
+        except (OSError, ssl.SSLError) as exc:
+            raise PeerError(f"node {node} ({address}:{port}) unreachable: {exc}") from None
+        verify_peer(connection.sock.getpeercert(binary_form=True), ca, node)
+        try:
+            connection.request("GET", target, headers={"Host": node, "Range": f"bytes={have}-"})
+            response = connection.getresponse()
+            if response.status not in (200, 206):
+                text = response.read(300).decode(errors="replace")
+                raise PeerError(f"node {node} answered {response.status}: {text}")
+            received = have
+            with open(partial, "ab") as handle:
+                while not stop.is_set():
+                    block = response.read(_WRITE_BLOCK)
+                    if not block:
+                        break
+                    received += len(block)
+                    if received > file.size:
+                        raise PeerError(f"node {node} sent more than the {file.size} bytes of {file.path}")
+                    handle.write(block)
+                    report(len(block))
+        except TimeoutError:
+            raise PeerError(f"node {node} sent nothing for {STALL_TIMEOUT:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise PeerError(f"node {node} broke the connection: {exc!r}") from None
     finally:
-        await trio.aclose_forcefully(stream)
+        connection.close()
+    if received != file.size and not stop.is_set():
+        raise PeerError(f"node {node} sent {received} of the {file.size} bytes of {file.path}")
 
 
 def _resume_from(partial: Path, size: int) -> int:
@@ -264,48 +310,3 @@ def _resume_from(partial: Path, size: int) -> int:
         partial.unlink()
         return 0
     return have
-
-
-async def _get(
-    stream: trio.SSLStream,
-    node: str,
-    target: str,
-    have: int,
-    file: ManifestFile,
-    partial: Path,
-    on_bytes: Callable[[int], None],
-) -> None:
-    connection = h11.Connection(h11.CLIENT)
-    headers = [("host", node), ("range", f"bytes={have}-"), ("connection", "close")]
-    await stream.send_all(connection.send(h11.Request(method="GET", target=target, headers=headers)))
-    await stream.send_all(connection.send(h11.EndOfMessage()))
-    handle = await trio.open_file(partial, "ab")
-    status, message, received = 0, b"", have
-    try:
-        while True:
-            event = connection.next_event()
-            if event is h11.NEED_DATA:
-                with trio.move_on_after(STALL_TIMEOUT) as waited:
-                    connection.receive_data(await stream.receive_some(_CHUNK))
-                if waited.cancelled_caught:
-                    raise PeerError(f"node {node} sent nothing for {STALL_TIMEOUT:g} s")
-                continue
-            if isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                if status not in (200, 206):
-                    message += bytes(event.data)[:300]
-                    continue
-                received += len(event.data)
-                if received > file.size:
-                    raise PeerError(f"node {node} sent more than the {file.size} bytes of {file.path}")
-                await handle.write(event.data)
-                on_bytes(len(event.data))
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                break
-    finally:
-        await handle.aclose()
-    if status not in (200, 206):
-        raise PeerError(f"node {node} answered {status}: {message.decode(errors='replace')[:300]}")
-    if received != file.size:
-        raise PeerError(f"node {node} sent {received} of the {file.size} bytes of {file.path}")

@@ -34,7 +34,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
 from llmgw.weights import Manifest, ManifestFile, file_sha256, is_distributable, seed_path
-from llmgw.wire import WeightsEvent, WeightsInfo, from_json, to_json
+from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 
 __all__ = ["Stager", "RETRY"]
 
@@ -191,7 +191,7 @@ class Stager:
             missing = await self._check(manifest, progress)
             if not missing:
                 break
-            holders = [(h.node, h.address, h.port) for h in info.holders]
+            holders = list(info.holders)
             if not holders:
                 progress(f"fetching 0%: waiting for a node holding {source} to be online")
                 await trio.sleep(RETRY)
@@ -201,6 +201,14 @@ class Stager:
         await trio.to_thread.run_sync(self.models.touch, manifest.digest)
         await self.copy_changed()
         return str(self.models.copy_dir(manifest.digest))
+
+    async def _holders(self, source: str) -> list[PeerHolder]:
+        """The nodes holding (some of) ``source`` now; empty when the server cannot say."""
+        try:
+            answer = await self._call("GET", "/v1/agent/weights", params={"source": source})
+        except PeerError:
+            return []
+        return list(from_json(answer, WeightsInfo).holders)
 
     async def _check(self, manifest: Manifest, progress: Progress) -> list[ManifestFile]:
         """The files of the copy still to fetch; a file changed since verified is hashed again."""
@@ -232,10 +240,15 @@ class Stager:
         self,
         manifest: Manifest,
         missing: list[ManifestFile],
-        holders: list[tuple[str, str, int]],
+        holders: list[PeerHolder],
         progress: Progress,
     ) -> bool:
         """Fetch each missing file from a holder (another when one fails); returns when each was tried.
+
+        Copies fan out: files are taken in a random order (nodes copying at
+        once start on different files, then trade them), the holders are
+        asked again before each file, and nodes still copying are tried
+        before complete ones (a node without the file answers 404 at once).
 
         :returns: whether any file was fetched and verified.
         """
@@ -248,8 +261,13 @@ class Stager:
         )
         meter = _Meter(manifest.total_bytes, present, progress)
         meter.show()
-        for file, partial in zip(missing, partials, strict=True):
-            for peer in random.sample(holders, len(holders)):
+        order = random.sample(list(zip(missing, partials, strict=True)), len(missing))
+        for position, (file, partial) in enumerate(order):
+            if position:
+                holders = await self._holders(manifest.source) or holders
+            ranked = sorted(holders, key=lambda h: (h.complete, random.random()))
+            for holder in ranked:
+                peer = (holder.node, holder.address, holder.port)
                 try:
                     await fetch_file(
                         self.peer_context, self.ca, peer, manifest.digest, file, partial, meter.add

@@ -56,6 +56,8 @@ class ModelsDir:
         self.root = root
         self.meta = root / ".llmgw"
         self.seed_root = seed_root
+        #: digest -> (the state file's inode, size and mtime when read, what it held)
+        self._loaded: dict[str, tuple[tuple[int, ...], tuple[Manifest, dict[str, list[int]], float]]] = {}
 
     def seed_dir(self, source: str) -> Path | None:
         """Where the seed ``source`` names is on this node (it may not exist); None for other sources."""
@@ -87,13 +89,29 @@ class ModelsDir:
         return self.meta / f"{digest}.json"
 
     def load(self, digest: str) -> tuple[Manifest, dict[str, list[int]], float] | None:
-        """(manifest, verified path -> [size, mtime_ns], last used) of a copy, or None when there is none."""
+        """(manifest, verified path -> [size, mtime_ns], last used) of a copy, or None when there is none.
+
+        Read once per change of the state file (a copy of thousands of files is checked file by file).
+        """
+        path = self._state_path(digest)
         try:
-            data = json.loads(self._state_path(digest).read_text())
+            info = path.stat()
+            stamp: tuple[int, ...] | None = (info.st_ino, info.st_size, info.st_mtime_ns)
+        except OSError:
+            stamp = None
+        cached = self._loaded.get(digest)
+        if cached is not None and stamp is not None and cached[0] == stamp:
+            manifest, verified, last_used = cached[1]
+            return manifest, dict(verified), last_used
+        try:
+            data = json.loads(path.read_text())
             manifest = from_json(data["manifest"], Manifest)
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return manifest, dict(data.get("verified", {})), float(data.get("last_used", 0.0))
+        loaded = (manifest, dict(data.get("verified", {})), float(data.get("last_used", 0.0)))
+        if stamp is not None:
+            self._loaded[digest] = (stamp, loaded)
+        return loaded[0], dict(loaded[1]), loaded[2]
 
     def begin(self, manifest: Manifest) -> None:
         """Record that a copy of ``manifest`` is being made (keeps what was verified before)."""

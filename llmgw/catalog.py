@@ -22,6 +22,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import Catalog, Model, Profile
+from llmgw.weights import check_source
 from llmgw.wire import converter
 
 __all__ = [
@@ -303,8 +304,9 @@ def _check_references(
         if model.profile not in profile_names:
             defined = ", ".join(sorted(profile_names)) or "none defined"
             problems.append(f"{where}.profile: no profile named {model.profile!r} (profiles: {defined})")
-        if not model.source.strip():
-            problems.append(f"{where}.source: expected a non-empty path or name")
+        source_problem = check_source(model.source)
+        if source_problem is not None:
+            problems.append(f"{where}.source: {source_problem}")
         served_name = model.served_name or name
         if served_name in served:
             problems.append(

@@ -20,6 +20,7 @@ __all__ = [
     "DiscoverySettings",
     "GpuReport",
     "AdapterReport",
+    "ModelCopy",
     "NodeFacts",
     "Sidecar",
     "Profile",
@@ -213,6 +214,24 @@ class AdapterReport:
 
 
 @attrs.frozen
+class ModelCopy:
+    """One copy of a distributable model on a node: in its models directory, or the seed itself."""
+
+    #: the manifest digest of the copy (:attr:`llmgw.weights.Manifest.digest`)
+    digest: str = attrs.field(validator=bounded(text=64))
+    #: the catalog source it is a copy of (``seed:///data/llama``)
+    source: str = attrs.field(validator=bounded())
+    bytes_present: int = attrs.field(validator=_non_negative)
+    bytes_total: int = attrs.field(validator=_non_negative)
+    #: every file present and verified against the manifest
+    complete: bool = False
+    #: when a shard last started on it (epoch seconds; 0: never)
+    last_used: float = 0.0
+    #: the seed directory itself (never evicted, never moved), not a copy llmgw made
+    seed: bool = False
+
+
+@attrs.frozen
 class NodeFacts:
     """Everything an agent reports about its node."""
 
@@ -226,6 +245,12 @@ class NodeFacts:
     model_sources: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded(10_000))
     #: discovery problems, one line each (``nvidia-smi failed: ...``)
     problems: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
+    #: copies of distributable models on this node, complete or partial (``--models-dir``)
+    model_copies: tuple[ModelCopy, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
+    #: free bytes of the filesystem of the models directory; None when it cannot be read
+    models_free_bytes: int | None = None
+    #: the port this node serves model files to its peers on; None: it serves none
+    peer_port: int | None = None
 
 
 @attrs.frozen

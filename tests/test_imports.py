@@ -16,6 +16,7 @@ PUBLIC = {
         "DiscoverySettings",
         "GpuReport",
         "AdapterReport",
+        "ModelCopy",
         "NodeFacts",
         "Sidecar",
         "Profile",

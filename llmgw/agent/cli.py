@@ -75,6 +75,29 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     metavar="SECONDS",
     help="Seconds between SIGTERM and SIGKILL when a shard stops  [default: 10].",
 )
+@click.option(
+    "--models-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where copies of distributable models go  [default: /var/lib/llmgw/models].",
+)
+@click.option(
+    "--peer-port",
+    type=int,
+    metavar="PORT",
+    help="Serve model files to other nodes on this port (0: any free port)  [default: 7444].",
+)
+@click.option("--max-uploads", type=int, metavar="N", help="Files served to peers at once  [default: 4].")
+@click.option(
+    "--bandwidth-limit",
+    type=float,
+    metavar="MB/S",
+    help="MB/s served to peers in all (0: no limit)  [default: 0].",
+)
+@click.option(
+    "--seed-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="What stands for / when looking for a seed:///PATH here (simulated nodes)  [default: /].",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def agent(
     config_file: Path | None,
@@ -91,6 +114,11 @@ def agent(
     port_range: str | None,
     engine_options: tuple[str, ...],
     stop_grace: float | None,
+    models_dir: Path | None,
+    peer_port: int | None,
+    max_uploads: int | None,
+    bandwidth_limit: float | None,
+    seed_root: Path | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -117,6 +145,11 @@ def agent(
         "port_range": parse_port_range(port_range) if port_range else None,
         "engines": _engine_options(engine_options),
         "stop_grace": stop_grace,
+        "models_dir": models_dir and str(models_dir),
+        "peer_port": peer_port,
+        "max_uploads": max_uploads,
+        "bandwidth_limit": bandwidth_limit,
+        "seed_root": seed_root and str(seed_root),
     }
     config = load_agent_config(flags, config_file)
     if not verbose:

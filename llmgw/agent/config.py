@@ -15,6 +15,10 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     fabrics = ["ib-a:mlx5_0,mlx5_1"]
     port_range = "20000-20999"            # or [20000, 20999]
     stop_grace = 10.0                     # seconds between SIGTERM and SIGKILL
+    models_dir = "/var/lib/llmgw/models"  # where copies of distributable models go
+    peer_port = 7444                      # serves model files to other nodes (0: any free port)
+    max_uploads = 4                       # files served to peers at once
+    bandwidth_limit = 0                   # MB/s served to peers in all (0: no limit)
 
     [engines.vllm]                        # engine name -> program name -> path
     vllm = "/opt/vllm/bin/vllm"
@@ -64,6 +68,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT_RANGE = (20000, 20999)
+DEFAULT_MODELS_DIR = "/var/lib/llmgw/models"
+DEFAULT_PEER_PORT = 7444
 
 
 class AgentConfigError(LlmgwError):
@@ -133,6 +139,16 @@ class AgentConfig:
     sidecar_timeout: float = 120.0
     health: HealthSettings = HealthSettings()
     sync: SyncSettings = SyncSettings()
+    #: copies of distributable models (``seed://`` sources) go here, one directory per manifest digest
+    models_dir: Path = attrs.field(converter=_abs, default=Path(DEFAULT_MODELS_DIR))
+    #: the port model files are served to other nodes on (mutual TLS, node certificates only); 0: any
+    peer_port: int = DEFAULT_PEER_PORT
+    #: files served to peers at once; a peer asking for more is told to try another node
+    max_uploads: int = 4
+    #: MB/s served to peers in all; 0: no limit
+    bandwidth_limit: float = 0.0
+    #: what stands for ``/`` when this node looks for a ``seed:///PATH`` (simulated nodes get their own)
+    seed_root: Path = attrs.field(converter=_abs, default=Path("/"))
 
     @property
     def logs_dir(self) -> Path:
@@ -175,10 +191,15 @@ class _AgentFile:
     sidecar_timeout: float | None = None
     health: HealthSettings | None = None
     sync: SyncSettings | None = None
+    models_dir: str | None = None
+    peer_port: int | None = None
+    max_uploads: int | None = None
+    bandwidth_limit: float | None = None
+    seed_root: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
-_PATHS = ("cert", "key", "ca", "state_dir", "ib_root")
+_PATHS = ("cert", "key", "ca", "state_dir", "ib_root", "models_dir", "seed_root")
 _TOP_KEYS = frozenset(a.name for a in attrs.fields(_AgentFile))
 _SECTIONS = ("health", "sync")
 _REQUIRED = ("node", "server", "address", "cert", "key", "ca", "state_dir")
@@ -350,6 +371,7 @@ def load_agent_config(
             )
         if name in values:
             values[name] = float(values[name])
+    _check_weights(values)
     for text in values.get("fabrics", ()):
         parse_fabric_option(text)  # a typo is refused before anything starts
     discovery = DiscoverySettings(**{key: values[key] for key in ("nvidia_smi", "ib_root") if key in values})
@@ -369,7 +391,27 @@ def load_agent_config(
         sidecar_timeout=values.get("sidecar_timeout", 120.0),
         health=HealthSettings(**values.get("health", {})),
         sync=SyncSettings(**values.get("sync", {})),
+        models_dir=values.get("models_dir", DEFAULT_MODELS_DIR),
+        peer_port=values.get("peer_port", DEFAULT_PEER_PORT),
+        max_uploads=values.get("max_uploads", 4),
+        bandwidth_limit=float(values.get("bandwidth_limit", 0.0)),
+        seed_root=values.get("seed_root", "/"),
     )
+
+
+def _check_weights(values: Mapping[str, Any]) -> None:
+    """The model-copy settings: a port, at least one upload, a limit >= 0."""
+    port = values.get("peer_port")
+    if port is not None and (type(port) is not int or not 0 <= port <= 65535):
+        raise AgentConfigError(
+            f"--peer-port: expected a port from 0 to 65535 (0: any free port), got {port!r}"
+        )
+    uploads = values.get("max_uploads")
+    if uploads is not None and (type(uploads) is not int or uploads < 1):
+        raise AgentConfigError(f"--max-uploads: expected an integer >= 1, got {uploads!r}")
+    limit = values.get("bandwidth_limit")
+    if limit is not None and (type(limit) not in (int, float) or limit < 0):
+        raise AgentConfigError(f"--bandwidth-limit: expected MB/s >= 0 (0: no limit), got {limit!r}")
 
 
 def _check_server(url: str) -> None:

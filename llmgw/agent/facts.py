@@ -16,17 +16,24 @@ import os
 import shutil
 import signal
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 import llmgw
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.models_dir import ModelsDir
 from llmgw.engine import Engine, help_and_version_of
 from llmgw.models import NodeFacts
 from llmgw.node.discovery import discover_node
+from llmgw.weights import is_distributable, seed_path
 
-__all__ = ["gather_facts", "check_engines", "present_sources", "parse_version", "VERSION_TIMEOUT"]
+__all__ = [
+    "gather_facts", "check_engines", "present_sources", "weights_facts", "with_weights", "parse_version",
+    "VERSION_TIMEOUT",
+]  # fmt: skip
 
 log = logging.getLogger("llmgw.agent")
 
@@ -50,13 +57,48 @@ def parse_version(output: str) -> str | None:
     return None
 
 
-def present_sources(sources: Iterable[str]) -> tuple[str, ...]:
+def present_sources(sources: Iterable[str], models: ModelsDir | None = None) -> tuple[str, ...]:
     """The model sources this node has: absolute paths that exist, and every hub-style name.
 
     A name that is not an absolute path is one the engine resolves itself
     (a hub id such as ``meta-llama/Llama-3.1-8B``), so it counts as present.
+    A distributable source (``seed:///PATH``) is present when its directory
+    exists here or ``models`` holds a complete copy of it.
     """
-    return tuple(sorted(s for s in set(sources) if not os.path.isabs(s) or os.path.exists(s)))
+    present = []
+    copied = {c.source for c in models.copies() if c.complete} if models is not None else set()
+    for source in set(sources):
+        if is_distributable(source):
+            seed = models.seed_dir(source) if models is not None else Path(seed_path(source) or "")
+            if seed.is_dir() or source in copied:
+                present.append(source)
+        elif not os.path.isabs(source) or os.path.exists(source):
+            present.append(source)
+    return tuple(sorted(present))
+
+
+def weights_facts(models: ModelsDir, sources: tuple[str, ...]) -> dict[str, Any]:
+    """The facts about model weights: sources present, copies, free bytes; blocking (run it in a thread).
+
+    Called with every discovery, and when the sources to check or a copy changed.
+    """
+    problem = models.prepare()
+    copies = [] if problem else [*models.seed_copies(sources), *models.copies()]
+    return {
+        "model_sources": present_sources(sources, None if problem else models),
+        "model_copies": copies,
+        "models_free_bytes": models.free_bytes(),
+        "problems": [problem] if problem else [],
+    }
+
+
+async def with_weights(facts: NodeFacts, models: ModelsDir, sources: Iterable[str]) -> NodeFacts:
+    """``facts`` with the weights' part (:func:`weights_facts`) looked at again, off the event loop."""
+    found = await trio.to_thread.run_sync(
+        weights_facts, models, tuple(sources), abandon_on_cancel=True
+    )
+    problems = [p for p in facts.problems if not p.startswith("models dir ")] + found.pop("problems")
+    return attrs.evolve(facts, problems=problems, **found)
 
 
 async def _kill_group(process: trio.Process) -> None:
@@ -204,6 +246,7 @@ async def gather_facts(
     *,
     check_sources: Iterable[str] = (),
     extra_problems: Iterable[str] = (),
+    peer_port: int | None = None,
 ) -> NodeFacts:
     """Discover this node's facts, as the agent reports them at every sync.
 
@@ -212,6 +255,7 @@ async def gather_facts(
     :param plugins: the plugin manager (discovery hooks).
     :param check_sources: the model sources the server asked about.
     :param extra_problems: lines to add (e.g. a plugin that failed to load).
+    :param peer_port: the port this node serves model files on (None: none).
     :returns: the node's :class:`~llmgw.models.NodeFacts`.
     :raises FabricError: a ``--fabric`` declaration this node cannot meet.
     """
@@ -219,13 +263,18 @@ async def gather_facts(
         functools.partial(discover_node, plugins, config.discovery, config.fabrics), abandon_on_cancel=True
     )
     installed, engine_problems = await check_engines(config, engines)
-    sources = await trio.to_thread.run_sync(present_sources, tuple(check_sources), abandon_on_cancel=True)
+    models = ModelsDir(config.models_dir, config.seed_root)
+    sources = tuple(check_sources)
+    weights = await trio.to_thread.run_sync(weights_facts, models, sources, abandon_on_cancel=True)
     return NodeFacts(
         node_id=config.node,
         agent_version=llmgw.__version__,
         gpus=discovery.gpus,
         fabrics=discovery.fabrics,
         engines=installed,
-        model_sources=sources,
-        problems=[*extra_problems, *discovery.problems, *engine_problems],
+        model_sources=weights["model_sources"],
+        problems=[*extra_problems, *discovery.problems, *engine_problems, *weights["problems"]],
+        model_copies=weights["model_copies"],
+        models_free_bytes=weights["models_free_bytes"],
+        peer_port=peer_port,
     )

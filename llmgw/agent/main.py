@@ -12,11 +12,14 @@ from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import gather_facts
+from llmgw.agent.models_dir import ModelsDir
+from llmgw.agent.peer_files import PeerFiles
 from llmgw.agent.process import ProcessRecords, end_leftovers, hold_agent_lock
+from llmgw.agent.staging import Stager
 from llmgw.agent.sync import Agent
 from llmgw.engine import Engine
 from llmgw.errors import PluginError
-from llmgw.pki import client_ssl_context
+from llmgw.pki import client_ssl_context, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.wire import to_json
 
@@ -73,10 +76,17 @@ async def serve_agent(
             log.warning("left by an earlier agent: %s", line)
         previous = records.shard_records()
 
+        peers = PeerFiles(
+            ModelsDir(config.models_dir, config.seed_root),
+            max_uploads=config.max_uploads,
+            bandwidth_limit=config.bandwidth_limit,
+        )
+
         async def refresh(check_sources: tuple[str, ...] = ()) -> Any:
             return await gather_facts(
-                config, plugins, engines, check_sources=check_sources, extra_problems=problems
-            )
+                config, plugins, engines, check_sources=check_sources, extra_problems=problems,
+                peer_port=peers.port,
+            )  # fmt: skip
 
         # the sources the server asked the previous agent about: a first sync that
         # reported none would make the server move replicas off this node
@@ -99,6 +109,7 @@ async def serve_agent(
         agent.sources_checked = check_sources
         agent.adopt_previous(previous)
         async with trio.open_nursery() as nursery:
+            await _serve_peers(nursery, agent, peers)
             syncing = trio.CancelScope()
             nursery.start_soon(_sync, agent, nursery, syncing)
             nursery.start_soon(agent.watch_facts, refresh)
@@ -107,6 +118,25 @@ async def serve_agent(
                 nursery.start_soon(_leave_when_asked, agent, leave, syncing, nursery.cancel_scope)
             task_status.started(agent)
         log.info("agent stopped: every shard ended")
+
+
+async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) -> None:
+    """Serve model files to peers, and stage distributable sources for shards; a port in use is a problem."""
+    config = agent.config
+    try:
+        context = server_ssl_context(config.cert, config.key, config.ca)
+        await nursery.start(peers.serve, context, config.address, config.peer_port)
+    except OSError as exc:
+        where = f"{config.address}:{config.peer_port}"
+        problem = f"peer port {where}: cannot serve model files: {exc.strerror or exc}"
+        log.error("node %s: %s", config.node, problem)
+        agent.facts = attrs.evolve(agent.facts, problems=[*agent.facts.problems, problem])
+    else:
+        agent.facts = attrs.evolve(agent.facts, peer_port=peers.port)
+        log.info("node %s: serving model files to peers on %s:%s", config.node, config.address, peers.port)
+    stager = Stager(config, peers, lambda: agent.ssl_context, agent.refresh_weights)
+    agent.stage = stager.stage
+    nursery.start_soon(stager.watch_seeds, lambda: agent.check_sources)
 
 
 async def _say_when_stopping(agent: Agent) -> None:

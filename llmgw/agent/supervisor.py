@@ -35,11 +35,15 @@ from llmgw.agent.liveness import watch_liveness
 from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
 from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec, Sidecar
+from llmgw.weights import is_distributable
 from llmgw.wire import DesiredShard, ObservedShard
 
 __all__ = ["ShardSupervisor", "shard_log_path"]
 
 log = logging.getLogger("llmgw.agent")
+
+#: ``async (source, progress) -> local path``: see :meth:`ShardSupervisor.run`
+Stage = Callable[[str, Callable[[str], None]], Awaitable[str]]
 
 #: seconds between two readiness checks of a sidecar
 SIDECAR_POLL = 0.1
@@ -134,15 +138,26 @@ class ShardSupervisor:
             log.info("shard %s %s%s", self.key, new, detail)
         self._report(self.observed)
 
-    async def run(self, after: Sequence[trio.Event] = ()) -> None:
+    async def run(self, after: Sequence[trio.Event] = (), stage: Stage | None = None) -> None:
         """Run the shard until cancelled (see :meth:`stop`); every process is gone when it returns.
 
         :param after: events to wait for before starting anything (shards
             being stopped that hold a port this one binds); ``starting`` meanwhile.
+        :param stage: ``async (source, progress) -> local path`` for a
+            distributable model source (:mod:`llmgw.agent.staging`); the shard
+            is ``staging`` (``progress`` lines as its detail) until it returns,
+            and the engine gets the local path.
         """
         with self.cancel_scope:
             for event in after:
                 await event.wait()
+            source = self.desired.spec.model_source
+            if stage is not None and is_distributable(source):
+                path = await stage(source, lambda detail: self._update(state="staging", detail=detail))
+                spec = attrs.evolve(self.desired.spec, model_source=path)
+                self.desired = attrs.evolve(self.desired, spec=spec)
+                if self.observed.state == "staging":
+                    self._update(state="starting", detail=None)
             async with trio.open_nursery() as nursery:
                 await self._run(nursery)
 

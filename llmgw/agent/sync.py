@@ -35,18 +35,18 @@ import random
 import secrets
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import attrs
 import httpx
 import trio
 from cryptography import x509
 
 from llmgw import wire
 from llmgw.agent.config import AgentConfig
-from llmgw.agent.facts import present_sources
+from llmgw.agent.facts import with_weights
+from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.process import Child, ProcessRecords
+from llmgw.agent.replies import describe, error_type, file_stamp, server_message
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
@@ -112,6 +112,8 @@ class Agent:
         self._credentials_stamp: tuple | None = None
         #: this agent process's id in every sync: the server tells a restarted agent by a new one
         self.instance = secrets.token_hex(8)
+        #: ``async (source, progress) -> local path`` for distributable sources (None: not staged)
+        self.stage: Any = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -144,6 +146,12 @@ class Agent:
         if facts != self.facts:
             self.facts = facts
             self.notify()
+
+    async def refresh_weights(self, sources: tuple[str, ...] | None = None) -> None:
+        """Look at the models directory again (sources present, copies, free bytes): a copy moved on."""
+        asked = self.check_sources if sources is None else sources
+        models = ModelsDir(self.config.models_dir, self.config.seed_root)
+        self.set_facts(await with_weights(self.facts, models, asked))
 
     def _report(self, key: str, observed: ObservedShard) -> None:
         if key in self.supervisors:
@@ -179,7 +187,7 @@ class Agent:
         Checked before every sync. A pair that cannot be loaded (half written)
         is logged and tried again once the files change again.
         """
-        stamp = _file_stamp(self.config.cert, self.config.key)
+        stamp = file_stamp(self.config.cert, self.config.key)
         if self._credentials_stamp is None or stamp == self._credentials_stamp:
             self._credentials_stamp = stamp
             return False
@@ -272,7 +280,7 @@ class Agent:
 
     async def _supervise(self, supervisor: ShardSupervisor, blockers: list[trio.Event]) -> None:
         try:
-            await supervisor.run(after=blockers)
+            await supervisor.run(after=blockers, stage=self.stage)
         except Exception as exc:  # noqa: BLE001 - one shard's failure must not end the agent
             log.exception("shard %s failed in the agent", supervisor.key)
             supervisor.fail(f"the agent could not run it: {exc}")
@@ -393,17 +401,17 @@ class Agent:
             nursery.start_soon(call)
             nursery.start_soon(interrupt)
         if "error" in outcome:
-            raise _Unreachable(_describe(outcome["error"]))
+            raise _Unreachable(describe(outcome["error"]))
         response: httpx.Response | None = outcome.get("response")
         if response is None:
             return None
         if response.status_code >= 500:
-            raise _Unreachable(f"HTTP {response.status_code}: {_server_message(response)}")
+            raise _Unreachable(f"HTTP {response.status_code}: {server_message(response)}")
         if response.status_code != 200:
             raise _Refused(
                 f"server {self.config.server} refused node {self.config.node!r} "
-                f"(HTTP {response.status_code}): {_server_message(response)}",
-                revoked=response.status_code == 403 and _error_type(response) == "revoked",
+                f"(HTTP {response.status_code}): {server_message(response)}",
+                revoked=response.status_code == 403 and error_type(response) == "revoked",
             )
         try:
             return from_json(response.json(), SyncReply)
@@ -424,9 +432,8 @@ class Agent:
             asked = self.check_sources
             if trio.current_time() < next_full:
                 # only the sources to check changed: a quick look at the disk, no discovery
-                sources = await trio.to_thread.run_sync(present_sources, asked, abandon_on_cancel=True)
+                await self.refresh_weights(asked)
                 self.sources_checked = asked
-                self.set_facts(attrs.evolve(self.facts, model_sources=sources))
                 continue
             next_full = trio.current_time() + self.config.sync.facts_interval
             try:
@@ -447,17 +454,6 @@ def _on_the_way_out(supervisor: ShardSupervisor, desired: Mapping[str, DesiredSh
 def _shares_resources(a: DesiredShard, b: DesiredShard) -> bool:
     """Whether two shards of this node bind a port in common, or use a GPU in common."""
     return bool(_ports(a) & _ports(b) or set(a.spec.gpus) & set(b.spec.gpus))
-def _file_stamp(*paths: Path) -> tuple:
-    """What tells a rewritten file from the one read before: inode, size and mtime of each (None if gone)."""
-    stamps = []
-    for path in paths:
-        try:
-            info = path.stat()
-        except OSError:
-            stamps.append(None)
-            continue
-        stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
-    return tuple(stamps)
 
 
 def _ports(shard: DesiredShard) -> set[int]:
@@ -466,29 +462,3 @@ def _ports(shard: DesiredShard) -> set[int]:
     if shard.rank == 0 and shard.spec.dist_init_addr:
         ports.add(int(shard.spec.dist_init_addr.rpartition(":")[2]))
     return ports
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, trio.TooSlowError):
-        return "no answer in time"
-    text = str(exc) or type(exc).__name__
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and str(cause) and str(cause) not in text:
-        text = f"{text} ({cause})"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _error_type(response: httpx.Response) -> str | None:
-    """The ``type`` of the server's ErrorReply (``revoked``...), or None."""
-    try:
-        return str(response.json()["error"]["type"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _server_message(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-        return str(data["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:300] or response.reason_phrase

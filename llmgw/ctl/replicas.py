@@ -57,6 +57,7 @@ def replicas(ctx: click.Context, wide: bool, output: str) -> None:
         for r in data.replicas:
             shards = "; ".join(
                 f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "")
+                + (f" ({s.detail})" if s.state == "staging" and s.detail else "")
                 for s in r.shards
             )
             note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")

@@ -77,6 +77,16 @@ class LocalNode:
         """The agent's state directory (its shards' logs are under ``logs/``)."""
         return self.root / "agent"
 
+    @property
+    def models_dir(self) -> Path:
+        """The node's own models directory (``--models-dir``): copies of distributable models."""
+        return self.root / "models"
+
+    @property
+    def seed_root(self) -> Path:
+        """What stands for this node's ``/`` when it looks for ``seed:///PATH`` sources (its own disk)."""
+        return self.root / "fs"
+
 
 class LocalCluster:
     """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
@@ -84,6 +94,8 @@ class LocalCluster:
     def __init__(
         self, state_dir: Path, *, server_port: int = 7443, lost_after: float = 15.0, poll_timeout: float = 5.0
     ) -> None:
+        #: more ``llmgw agent`` flags for every node (``--bandwidth-limit 20``...)
+        self.agent_args: list[str] = []
         self.state_dir = state_dir.resolve()
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -221,9 +233,16 @@ class LocalCluster:
             str(node.ib_root),
             "--engine",
             f"sim:llmgw-sim={program('llmgw-sim')}",
+            "--models-dir",
+            str(node.models_dir),
+            "--peer-port",
+            "0",
+            "--seed-root",
+            str(node.seed_root),
         ]
         if node.fabric:
             argv += ["--fabric", node.fabric]
+        argv += self.agent_args
         node.process = self._start(f"agent-{node.node_id}", argv)
         return node.process
 

@@ -19,6 +19,8 @@ __all__ = ["ETC", "MANAGED_KEYS", "OPT", "STATE_DIR", "TRUST", "UNIT_PATH", "age
 ETC = "/etc/llmgw"
 OPT = "/opt/llmgw"
 STATE_DIR = "/var/lib/llmgw-agent"
+#: copies of distributable models (``llmgw agent --models-dir``)
+MODELS_DIR = "/var/lib/llmgw/models"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}.service"
 TRUST = {
     "debian": ("/usr/local/share/ca-certificates/llmgw-ca.crt", "update-ca-certificates"),
@@ -53,7 +55,7 @@ def _toml_tables(prefix: str, table: dict) -> list[str]:
 
 
 #: agent.toml keys onboarding always writes; any other key found on the node is kept as it is.
-MANAGED_KEYS = ("node", "server", "address", "cert", "key", "ca", "state_dir", "fabrics")
+MANAGED_KEYS = ("node", "server", "address", "cert", "key", "ca", "state_dir", "models_dir", "fabrics")
 
 
 def agent_toml(settings: Settings, current: dict | None = None) -> tuple[str, list[str]]:
@@ -86,6 +88,7 @@ def agent_toml(settings: Settings, current: dict | None = None) -> tuple[str, li
         f"key = {_toml_string(r + ETC + '/node.key')}",
         f"ca = {_toml_string(r + ETC + '/ca.pem')}",
         f"state_dir = {_toml_string(r + STATE_DIR)}",
+        f"models_dir = {_toml_string(r + MODELS_DIR)}",
         f"fabrics = {_toml_value(fabrics)}",
     ]
     kept = []

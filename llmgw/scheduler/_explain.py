@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from llmgw.models import Catalog, Profile
 from llmgw.scheduler._records import NodeView
 from llmgw.scheduler._state import NodeState
+from llmgw.weights import is_distributable
 
 __all__ = ["explain_unplaced", "node_warnings"]
 
@@ -54,7 +55,7 @@ def explain_unplaced(
             rule_out(f"is {node.state}", f"are {node.state}", node.id)
         elif profile.engine not in node.engines:
             rule_out(f"lacks engine {profile.engine}", f"lack engine {profile.engine}", node.id)
-        elif source not in node.sources:
+        elif source not in node.sources and not is_distributable(source):
             rule_out(f"lacks model source {source}", f"lack model source {source}", node.id)
         elif len(node.gpus_with(memory)) < gpus:
             problem = f"; {node.view.facts.problems[0]}" if node.view.facts.problems else ""
@@ -124,7 +125,7 @@ def node_warnings(node: NodeView, catalog: Catalog) -> tuple[str, ...]:
             continue
         if profile.engine not in facts.engines:
             engine_users.setdefault(profile.engine, []).append(name)
-        elif model.source not in facts.model_sources:
+        elif model.source not in facts.model_sources and not is_distributable(model.source):
             source_users.setdefault(model.source, []).append(name)
     lines = list(facts.problems)
     for engine, users in sorted(engine_users.items()):

@@ -11,6 +11,7 @@ from llmgw.models import Catalog, Model, Profile
 from llmgw.scheduler._explain import explain_unplaced
 from llmgw.scheduler._records import NodeView, Removal, Replica, ScheduleResult, Shard, Unplaced, replica_id
 from llmgw.scheduler._state import NodeState
+from llmgw.weights import is_distributable
 
 __all__ = ["schedule"]
 
@@ -172,7 +173,7 @@ def _problem(
             return f"node {node.id} is lost"
         if profile.engine not in node.engines:
             return f"node {node.id} lacks engine {profile.engine}"
-        if model.source not in node.sources:
+        if model.source not in node.sources and not is_distributable(model.source):
             return f"node {node.id} lacks model source {model.source}"
         if profile.nodes > 1 and replica.fabric not in node.fabrics:
             return f"node {node.id} is not on fabric {replica.fabric}"
@@ -300,24 +301,30 @@ def _place(
     def fits(node: NodeState) -> bool:
         return node.fits(gpus, memory, ports)
 
+    copied = is_distributable(model.source)
+
+    def key(node: NodeState) -> tuple[int, int, int, str]:
+        # a node holding the weights first; the others get a copy (staging) when none is left
+        return node.key(name, holds=model.source in node.sources)
+
     pools: dict[str | None, list[_Entry]] = {}
     for node in ordered:
         if (
             not node.ready
             or node.id in avoid
             or profile.engine not in node.engines
-            or model.source not in node.sources
+            or (model.source not in node.sources and not copied)
             or not fits(node)
         ):
             continue
         for pool in _pools_of(node, wanted):
-            pools.setdefault(pool, []).append((node.key(name), node.id))
+            pools.setdefault(pool, []).append((key(node), node.id))
     for heap in pools.values():
         heapq.heapify(heap)
 
     placed: list[Replica] = []
     for position, request in enumerate(requests):
-        chosen = _choose(pools, state, name, wanted, fits)
+        chosen = _choose(pools, state, key, wanted, fits)
         if chosen is None:
             return placed, requests[position:]
         fabric, members = chosen
@@ -347,7 +354,7 @@ def _place(
             if fits(node):
                 for pool in _pools_of(node, wanted):
                     if pool in pools:
-                        heapq.heappush(pools[pool], (node.key(name), node.id))
+                        heapq.heappush(pools[pool], (key(node), node.id))
         placed.append(replica)
     return placed, []
 
@@ -360,7 +367,7 @@ def _pools_of(node: NodeState, wanted: int) -> tuple[str | None, ...]:
 def _choose(
     pools: dict[str | None, list[_Entry]],
     state: dict[str, NodeState],
-    name: str,
+    key: Callable[[NodeState], tuple[int, int, int, str]],
     wanted: int,
     fits: Callable[[NodeState], bool],
 ) -> tuple[str | None, list[NodeState]] | None:
@@ -377,7 +384,7 @@ def _choose(
         while heap and len(entries) < wanted:
             entry = heapq.heappop(heap)
             node = state[entry[1]]
-            if entry[0] == node.key(name) and fits(node):
+            if entry[0] == key(node) and fits(node):
                 entries.append(entry)
         taken[pool] = entries
         if len(entries) == wanted:

@@ -56,9 +56,19 @@ class NodeState:
         """The node's state: ``ready``, ``cordoned`` or ``lost``."""
         return self.view.state
 
-    def key(self, model: str) -> tuple[int, int, int, str]:
-        """Sort key for placing ``model``: fewest of its shards, fewest GPUs used, fewest shards, id."""
-        return (self.model_shards.get(model, 0), len(self.gpu_owner), self.shards, self.id)
+    def key(self, model: str, holds: bool = True) -> tuple[int, int, int, str]:
+        """Sort key for placing ``model``: fewest of its shards, fewest GPUs used, fewest shards, id.
+
+        Replicas spread first; among nodes with as many of its shards, one
+        holding the model's weights (``holds``; elsewhere they are copied
+        first, the replica staging meanwhile) comes first.
+        """
+        return (
+            2 * self.model_shards.get(model, 0) + (0 if holds else 1),
+            len(self.gpu_owner),
+            self.shards,
+            self.id,
+        )
 
     def gpus_with(self, min_memory: int | None) -> list[int]:
         """Indices of the GPUs with at least ``min_memory`` MiB (all of them when None)."""

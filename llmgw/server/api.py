@@ -27,6 +27,7 @@ from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
 from llmgw.server.api_catalog import CatalogEndpoints
 from llmgw.server.cluster import Cluster
+from llmgw.server.manifests import WeightsEndpoints
 from llmgw.server.persist import (
     add_api_key,
     load_api_keys,
@@ -59,7 +60,7 @@ log = logging.getLogger("llmgw.server")
 Handler = Callable[[Request, Identity, dict[str, str]], Awaitable[Response]]
 
 
-class ServerApp(CatalogEndpoints):
+class ServerApp(CatalogEndpoints, WeightsEndpoints):
     """The request handler of ``llmgw server``, and the reconciler's loop."""
 
     def __init__(
@@ -106,6 +107,7 @@ class ServerApp(CatalogEndpoints):
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
         self._route("POST", r"/v1/admin/keys", admin, self._create_key)
         self._route("DELETE", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._revoke_key)
+        self._weights_routes(self._route)
         #: node id -> (the facts it last sent, as JSON and as read): see _read_sync
         self._facts: dict[str, tuple[Any, NodeFacts]] = {}
         #: node id -> (what its last sync answer was made from, the answer)

@@ -359,6 +359,9 @@ class Cluster(ClusterViews):
                     record.consecutive_failures = 0
                     self.dirty_replicas.add(record.id)
             return
+        if any(s is not None and s.state == "staging" for s in observed):
+            record.started_at = now  # copying the weights: the ready timeout counts from the copy's end
+            return
         all_up = all(s is not None and s.state in ("running", "ready") for s in observed)
         if all_up and observed[0] is not None and observed[0].state == "ready":
             record.state = "ready"

@@ -102,6 +102,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE replicas ADD COLUMN launch TEXT;
     """,
+    # Model manifests (files, sizes, sha256) per distributable source: made once by the first holder.
+    """
+    CREATE TABLE manifests (
+        source TEXT PRIMARY KEY,
+        digest TEXT NOT NULL,
+        manifest TEXT NOT NULL,
+        made_by TEXT NOT NULL,
+        made_at REAL NOT NULL
+    );
+    """,
 )
 
 

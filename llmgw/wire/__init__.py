@@ -43,6 +43,7 @@ from llmgw.wire._gateway import SuspectRecorded, SuspectReport
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
+from llmgw.wire._weights import PeerHolder, WeightsEvent, WeightsInfo
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
@@ -52,7 +53,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS",
-    "valid_port_range",
+    "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -62,11 +63,12 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------------
 
 #: What an agent reports for a shard:
-#: ``starting`` (sidecars or engine starting), ``running`` (process up; a
+#: ``staging`` (waiting for a verified copy of the model's files on this node), ``starting``
+#: (sidecars or engine starting), ``running`` (process up; a
 #: worker stays here), ``ready`` (rank 0 passes its health check),
 #: ``unhealthy`` (was running, now fails its health check, or never became
 #: ready in time), ``exited`` (the process ended), ``stopping``.
-SHARD_STATES = ("starting", "running", "ready", "unhealthy", "exited", "stopping")
+SHARD_STATES = ("staging", "starting", "running", "ready", "unhealthy", "exited", "stopping")
 #: how the ``detail`` of an ``exited`` shard a new agent found its predecessor ran (and ended) begins
 PREVIOUS_AGENT_EXIT = "ended with the previous agent"
 

@@ -1,0 +1,142 @@
+"""How fast a seeded model reaches every node: ``python bench/weights.py [--size-mb 1024 --nodes 8]``.
+
+It starts a real local cluster (``llmgw server`` and ``--nodes`` agents, each
+simulated node with its own models directory and seed disk), writes a model of
+``--size-mb`` random bytes in ``--files`` files on node-1's disk only, and
+applies a catalog asking for one single-node replica per node. It prints:
+
+- the time of one local ``cp -r`` of the same files (the baseline, this run,
+  this machine), and the wall time from apply until every node's copy is
+  verified (and until every replica is ready), as a ratio of that ``cp``;
+- bytes each node served to the others (from the agents' logs): the seed
+  node serving less than ``(nodes - 1) x`` the model is the fan-out at work;
+- per-node copy throughput, and CPU seconds (every agent, user + system) per
+  GB copied.
+
+All nodes share one machine's disk and cores here, so the ratio is an upper
+bound of what separate machines would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.processes import free_port
+
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+models:
+  seeded:
+    source: seed:///data/model
+    profile: one
+    replicas: {replicas}
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its waited-for children, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / ticks
+
+
+def verified_copies(cluster: LocalCluster, files: int) -> set[str]:
+    """Nodes whose models dir holds a copy with every file verified."""
+    done = set()
+    for node_id, node in cluster.nodes.items():
+        for state in (
+            (node.models_dir / ".llmgw").glob("*.json") if (node.models_dir / ".llmgw").is_dir() else ()
+        ):
+            if state.name.startswith("seed-"):
+                continue
+            try:
+                if len(json.loads(state.read_text()).get("verified", {})) == files:
+                    done.add(node_id)
+            except ValueError:
+                pass
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--files", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-weights-") as tmp:
+        root = Path(tmp)
+        cluster = LocalCluster(root / "cluster", server_port=free_port(), lost_after=30, poll_timeout=1)
+        try:
+            seed = cluster.add_node(1).seed_root / "data" / "model"
+            seed.mkdir(parents=True)
+            size = args.size_mb * 1_000_000 // args.files
+            for index in range(args.files):
+                with open(seed / f"model-{index:05d}.safetensors", "wb") as handle:
+                    for _ in range(0, size, 8_000_000):
+                        handle.write(os.urandom(min(8_000_000, size - handle.tell())))
+            total = size * args.files
+            started = time.monotonic()
+            subprocess.run(["cp", "-r", str(seed), str(root / "cp-baseline")], check=True)
+            cp_seconds = time.monotonic() - started
+            shutil.rmtree(root / "cp-baseline")
+            cluster.start(args.nodes)
+            agents = {n: node.process.pid for n, node in cluster.nodes.items() if node.process}
+            cpu_before = sum(cpu_seconds(pid) for pid in agents.values())
+            # the seed's manifest (hashing the model once) is made before the clock starts
+            cluster.apply(CATALOG.format(replicas=1))
+            cluster.wait(cluster.all_ready, "the seed node's replica", 600)
+            started = time.monotonic()
+            cluster.apply(CATALOG.format(replicas=args.nodes))
+            done_at: dict[str, float] = {}
+            while len(done_at) < args.nodes - 1:
+                cluster.check()
+                for node_id in verified_copies(cluster, args.files) - set(done_at):
+                    done_at[node_id] = time.monotonic() - started
+                if time.monotonic() - started > 1800:
+                    raise SystemExit(f"timed out: {len(done_at)} of {args.nodes - 1} copies verified")
+                time.sleep(0.05)
+            copies_seconds = max(done_at.values())
+            cluster.wait(
+                lambda: len(cluster.replicas().replicas) == args.nodes and cluster.all_ready(), "ready", 600
+            )
+            ready_seconds = time.monotonic() - started
+            cpu = sum(cpu_seconds(pid) for pid in agents.values()) - cpu_before
+            served: dict[str, int] = {}
+            for node_id in cluster.nodes:
+                log = (cluster.logs / f"agent-{node_id}.log").read_text()
+                served[node_id] = sum(int(m) for m in re.findall(r"served \S+ to \S+: (\d+) bytes", log))
+        finally:
+            cluster.stop_all()
+    copied = total * (args.nodes - 1)
+    print(f"model: {total / 1e6:.0f} MB in {args.files} files, seeded on node-1; {args.nodes} nodes")
+    print(f"baseline: one local cp -r of the files: {cp_seconds:.2f} s ({total / 1e6 / cp_seconds:.0f} MB/s)")
+    print(
+        f"all {args.nodes - 1} copies verified: {copies_seconds:.2f} s "
+        f"= {copies_seconds / cp_seconds:.1f}x the cp; "
+        f"every replica ready: {ready_seconds:.2f} s"
+    )
+    for node_id in sorted(done_at, key=lambda n: int(n.split("-")[1])):
+        print(
+            f"  {node_id}: verified at {done_at[node_id]:.2f} s ({total / 1e6 / done_at[node_id]:.0f} MB/s)"
+        )
+    print(
+        "bytes served to peers: " + ", ".join(f"{n} {b / 1e6:.0f} MB" for n, b in sorted(served.items()) if b)
+    )
+    print(f"  in all {sum(served.values()) / 1e6:.0f} MB for {copied / 1e6:.0f} MB of copies")
+    print(f"CPU (every agent, user + system): {cpu:.1f} s, {cpu / (copied / 1e9):.1f} s per GB copied")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Staging a shard's weights: a verified local copy of a distributable source before the engine starts.
+
+:class:`Stager` turns a ``seed:///PATH`` source into a local path:
+
+- on a node where ``PATH`` exists (the seed), ``PATH`` itself; its manifest
+  is made (once, cached) and sent to the server, and its files served to peers;
+- elsewhere, a copy under ``--models-dir``: the manifest comes from the
+  server with the nodes holding copies; each missing file is fetched from a
+  holder (resumed from its partial bytes), hashed, and kept only when its
+  sha256 matches; a file changed on disk since it was verified is hashed
+  again, and fetched again on a mismatch (an event says so). Every verified
+  file is served to other peers at once, so copies fan out.
+
+Meanwhile the shard reports ``staging`` with ``fetching 40% (...)``; the
+server does not count that time against its ready timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from cryptography import x509
+
+from llmgw.agent.config import AgentConfig
+from llmgw.agent.models_dir import ModelsDir
+from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
+from llmgw.weights import Manifest, ManifestFile, file_sha256, is_distributable, seed_path
+from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
+
+__all__ = ["Stager", "RETRY"]
+
+log = logging.getLogger("llmgw.agent.weights")
+
+#: seconds between two looks at the server while no manifest or holder is there
+RETRY = 1.0
+#: seconds between two progress reports of one copy
+PROGRESS_EVERY = 0.5
+
+Progress = Callable[[str], None]
+
+
+class _Meter:
+    """Bytes of a copy present, for ``fetching 40% (...)`` lines at most every :data:`PROGRESS_EVERY`."""
+
+    def __init__(self, total: int, present: int, progress: Progress) -> None:
+        self.total, self.present, self.progress = total, present, progress
+        self.started, self.start_bytes, self.shown = time.monotonic(), present, 0.0
+
+    def add(self, size: int) -> None:
+        self.present += size
+        now = time.monotonic()
+        if now - self.shown >= PROGRESS_EVERY:
+            self.shown = now
+            self.show()
+
+    def show(self) -> None:
+        rate = (self.present - self.start_bytes) / max(time.monotonic() - self.started, 1e-6) / 1e6
+        percent = 100 * self.present // max(self.total, 1)
+        self.progress(
+            f"fetching {percent}% ({self.present / 1e6:.0f} of {self.total / 1e6:.0f} MB, {rate:.0f} MB/s)"
+        )
+
+
+class Stager:
+    """Local copies of distributable sources for one agent; see the module docstring."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        peers: PeerFiles,
+        server_context: Callable[[], ssl.SSLContext],
+        copy_changed: Callable[[], Awaitable[None]],
+    ) -> None:
+        """:param server_context: the agent's current TLS context for the server.
+        :param copy_changed: called when a copy gained a verified file (the facts are refreshed)."""
+        self.config = config
+        self.models = ModelsDir(config.models_dir, config.seed_root)
+        self.peers = peers
+        self.server_context = server_context
+        self.copy_changed = copy_changed
+        self.ca = x509.load_pem_x509_certificate(config.ca.read_bytes())
+        self.peer_context = peer_client_context(config.cert, config.key)
+        self._locks: dict[str, trio.Lock] = {}
+        #: source -> digest of the server's manifest, and of the one this node sent it
+        self.published: dict[str, str] = {}
+        self._posted: dict[str, str] = {}
+
+    # -- the server ------------------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, *, body: Any = None, params: Any = None) -> Any:
+        url = f"{self.config.server}{path}"
+        try:
+            async with httpx.AsyncClient(verify=self.server_context(), timeout=30) as client:
+                response = await client.request(method, url, json=body, params=params)
+        except httpx.HTTPError as exc:
+            raise PeerError(f"server unreachable: {exc}") from None
+        if response.status_code != 200:
+            raise PeerError(f"server answered {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+    async def report(self, source: str, message: str) -> None:
+        """Tell the server (an event for ``ctl events``) and the log; a failure to tell is logged only."""
+        log.warning("%s: %s", source, message)
+        try:
+            await self._call("POST", "/v1/agent/weights/events", body=to_json(WeightsEvent(source, message)))
+        except PeerError as exc:
+            log.warning("could not report it to the server: %s", exc)
+
+    async def publish_seed(self, source: str) -> Manifest | None:
+        """Make (or reuse) the manifest of the seed ``source`` on this node, send it, serve its files.
+
+        :returns: the manifest, or None when the seed is not on this node.
+        """
+        manifest = await trio.to_thread.run_sync(self.models.seed_manifest, source, self.config.node)
+        if manifest is None:
+            return None
+        if self._posted.get(source) != manifest.digest:
+            answer = await self._call("POST", "/v1/agent/manifests", body=to_json(manifest))
+            self.published[source] = from_json(answer, Manifest).digest
+            self._posted[source] = manifest.digest
+            if self.published[source] != manifest.digest:
+                log.error("seed %s here differs from the server's manifest: copied from peers", source)
+            else:
+                self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
+                await self.copy_changed()  # reported as a copy: peers may fetch from here
+        if self.published[source] != manifest.digest:
+            self.peers.offers.pop(manifest.digest, None)
+            return None
+        return manifest
+
+    async def watch_seeds(self, sources: Callable[[], tuple[str, ...]]) -> None:
+        """Publish every seed of the catalog this node holds, and serve the copies it has; forever."""
+        for copy in await trio.to_thread.run_sync(self.models.copies):
+            known = await trio.to_thread.run_sync(self.models.load, copy.digest)
+            if known is not None:
+                self.peers.offer(known[0], self.models.copy_dir(copy.digest), seed=False)
+        while True:
+            for source in sources():
+                if is_distributable(source) and source not in self.published:
+                    try:
+                        await self.publish_seed(source)
+                    except (PeerError, OSError) as exc:
+                        log.warning("seed %s: cannot publish its manifest yet: %s", source, exc)
+            await trio.sleep(RETRY * 5)
+
+    # -- staging ---------------------------------------------------------------------------------
+
+    async def stage(self, source: str, progress: Progress) -> str:
+        """A local path holding a verified copy of ``source``; waits (reporting progress) until there is one.
+
+        Called by a shard's supervisor before it starts anything; cancelled
+        when the shard is stopped (partial files stay, and are resumed).
+        """
+        lock = self._locks.setdefault(source, trio.Lock())
+        if lock.locked():
+            progress("waiting for the copy another shard on this node is making")
+        async with lock:
+            try:
+                if await self.publish_seed(source) is not None:
+                    return str(self.models.seed_dir(source))
+            except PeerError as exc:
+                log.warning("seed %s: manifest not sent yet (%s); using it here", source, exc)
+                return str(self.models.seed_dir(source))
+            return await self._copy(source, progress)
+
+    async def _copy(self, source: str, progress: Progress) -> str:
+        while True:
+            try:
+                answer = await self._call("GET", "/v1/agent/weights", params={"source": source})
+                info = from_json(answer, WeightsInfo)
+            except PeerError as exc:
+                progress(f"waiting for the server: {exc}")
+                await trio.sleep(RETRY)
+                continue
+            manifest = info.manifest
+            if manifest is None:
+                progress(f"waiting for a node holding {seed_path(source)} to make its manifest")
+                await trio.sleep(RETRY)
+                continue
+            await trio.to_thread.run_sync(self.models.begin, manifest)
+            self.peers.offer(manifest, self.models.copy_dir(manifest.digest), seed=False)
+            missing = await self._check(manifest, progress)
+            if not missing:
+                break
+            holders = list(info.holders)
+            if not holders:
+                progress(f"fetching 0%: waiting for a node holding {source} to be online")
+                await trio.sleep(RETRY)
+                continue
+            if not await self._fetch(manifest, missing, holders, progress):
+                await trio.sleep(RETRY)  # every holder failed every file: ask again who holds it
+        await trio.to_thread.run_sync(self.models.touch, manifest.digest)
+        await self.copy_changed()
+        return str(self.models.copy_dir(manifest.digest))
+
+    async def _holders(self, source: str) -> list[PeerHolder]:
+        """The nodes holding (some of) ``source`` now; empty when the server cannot say."""
+        try:
+            answer = await self._call("GET", "/v1/agent/weights", params={"source": source})
+        except PeerError:
+            return []
+        return list(from_json(answer, WeightsInfo).holders)
+
+    async def _check(self, manifest: Manifest, progress: Progress) -> list[ManifestFile]:
+        """The files of the copy still to fetch; a file changed since verified is hashed again."""
+        missing = []
+        directory = self.models.copy_dir(manifest.digest)
+        for file in manifest.files:
+            if await trio.to_thread.run_sync(self.models.trusted, manifest, file):
+                continue
+            path = directory / file.path
+            if not await trio.to_thread.run_sync(path.is_file):
+                missing.append(file)
+                continue
+            progress(f"verifying {file.path}")
+            digest = await trio.to_thread.run_sync(file_sha256, path)
+            if digest == file.sha256:
+                await trio.to_thread.run_sync(self.models.mark_verified, manifest, [file.path])
+                continue
+            await trio.to_thread.run_sync(self.models.forget_verified, manifest, file.path)
+            await trio.to_thread.run_sync(path.unlink)
+            missing.append(file)
+            await self.report(
+                manifest.source,
+                f"{file.path} of the copy on {self.config.node} failed verification "
+                f"(sha256 {digest[:12]}, manifest {file.sha256[:12]}): fetching it again",
+            )
+        return missing
+
+    async def _fetch(
+        self,
+        manifest: Manifest,
+        missing: list[ManifestFile],
+        holders: list[PeerHolder],
+        progress: Progress,
+    ) -> bool:
+        """Fetch each missing file from a holder (another when one fails); returns when each was tried.
+
+        Copies fan out: files are taken in a random order (nodes copying at
+        once start on different files, then trade them), the holders are
+        asked again before each file, and nodes still copying are tried
+        before complete ones (a node without the file answers 404 at once).
+
+        :returns: whether any file was fetched and verified.
+        """
+        fetched = False
+        directory = self.models.copy_dir(manifest.digest)
+        present = manifest.total_bytes - sum(f.size for f in missing)
+        partials = [self.models.partial(manifest.digest, f) for f in missing]
+        present += await trio.to_thread.run_sync(
+            lambda: sum(p.stat().st_size for p in partials if p.exists())
+        )
+        meter = _Meter(manifest.total_bytes, present, progress)
+        meter.show()
+        order = random.sample(list(zip(missing, partials, strict=True)), len(missing))
+        for position, (file, partial) in enumerate(order):
+            if position:
+                holders = await self._holders(manifest.source) or holders
+            ranked = sorted(holders, key=lambda h: (h.complete, random.random()))
+            for holder in ranked:
+                peer = (holder.node, holder.address, holder.port)
+                try:
+                    await fetch_file(
+                        self.peer_context, self.ca, peer, manifest.digest, file, partial, meter.add
+                    )
+                except PeerError as exc:
+                    log.info("%s from node %s: %s; trying another", file.path, peer[0], exc)
+                    continue
+                digest = await trio.to_thread.run_sync(file_sha256, partial)
+                if digest != file.sha256:
+                    await trio.to_thread.run_sync(partial.unlink)
+                    meter.add(-file.size)  # its bytes are gone: fetched again
+                    await self.report(
+                        manifest.source,
+                        f"{file.path} from node {peer[0]} failed verification (sha256 {digest[:12]}, "
+                        f"manifest {file.sha256[:12]}): fetching it again from another node",
+                    )
+                    continue
+                await trio.to_thread.run_sync(os.replace, partial, directory / file.path)
+                await trio.to_thread.run_sync(self.models.mark_verified, manifest, [file.path])
+                await self.copy_changed()
+                fetched = True
+                break
+        return fetched

@@ -1,0 +1,118 @@
+"""The agents' weights endpoints: manifests of distributable sources, who holds copies, copy events.
+
+Mixed into :class:`llmgw.server.api.ServerApp`, which routes to them (node
+certificates only):
+
+- ``POST /v1/agent/manifests``: a node holding a seed sends the manifest it
+  made; the first one stored for a source stays (answered with the stored one).
+- ``GET /v1/agent/weights?source=S``: the stored manifest of ``S`` (or none
+  yet) and the nodes holding copies of it, complete ones first.
+- ``POST /v1/agent/weights/events``: a node reports something about a copy
+  (a file that failed verification): recorded as an event for ``ctl events``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Callable
+
+from llmgw.net.server import Request, Response
+from llmgw.pki import Identity
+from llmgw.server.cluster import Cluster
+from llmgw.server.replies import Refused, answer
+from llmgw.server.store import Store
+from llmgw.weights import Manifest, is_distributable
+from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
+
+__all__ = ["WeightsEndpoints", "load_manifests", "save_manifest"]
+
+log = logging.getLogger("llmgw.server")
+
+
+def load_manifests(conn: sqlite3.Connection) -> dict[str, Manifest]:
+    """Every stored manifest, by source."""
+    rows = conn.execute("SELECT source, manifest FROM manifests").fetchall()
+    return {source: from_json(json.loads(text), Manifest) for source, text in rows}
+
+
+def save_manifest(conn: sqlite3.Connection, manifest: Manifest, now: float) -> None:
+    """Store ``manifest`` for its source unless one is stored already."""
+    conn.execute(
+        "INSERT OR IGNORE INTO manifests (source, digest, manifest, made_by, made_at) VALUES (?, ?, ?, ?, ?)",
+        (manifest.source, manifest.digest, json.dumps(to_json(manifest)), manifest.made_by, now),
+    )
+
+
+class WeightsEndpoints:
+    """Handlers for ``/v1/agent/manifests`` and ``/v1/agent/weights*``."""
+
+    cluster: Cluster
+    store: Store
+    clock: Callable[[], float]
+    _manifests: dict[str, Manifest] | None = None
+
+    def _weights_routes(self, route: Callable[..., None]) -> None:
+        """Register the handlers with ``route(method, pattern, roles, handler)`` (node certificates)."""
+        from llmgw.pki import Role
+
+        route("POST", r"/v1/agent/manifests", {Role.NODE}, self._post_manifest)
+        route("GET", r"/v1/agent/weights", {Role.NODE}, self._get_weights)
+        route("POST", r"/v1/agent/weights/events", {Role.NODE}, self._post_weights_event)
+
+    async def manifests(self) -> dict[str, Manifest]:
+        """The stored manifests by source (read from the store once)."""
+        if self._manifests is None:
+            self._manifests = await self.store.run(load_manifests)
+        return self._manifests
+
+    async def _post_manifest(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        manifest = from_json(request.json(), Manifest)
+        if not is_distributable(manifest.source):
+            raise Refused(400, f"source: {manifest.source!r} is not a distributable source (seed:///PATH)")
+        if manifest.made_by != identity.name:
+            raise Refused(403, f"made_by: a node sends its own manifests ({identity.name!r})")
+        known = await self.manifests()
+        if manifest.source not in known:
+            now = self.clock()
+            await self.store.write(lambda conn: save_manifest(conn, manifest, now))
+            known[manifest.source] = manifest
+            message = (
+                f"manifest of {manifest.source} made by {identity.name}: {len(manifest.files)} files, "
+                f"{manifest.total_bytes / 1e6:.1f} MB, digest {manifest.digest[:12]}"
+            )
+            self.cluster.record_event(now, "weights", manifest.source, message)
+            log.info(message)
+        elif known[manifest.source].digest != manifest.digest:
+            stored = known[manifest.source]
+            self.cluster.record_event(
+                self.clock(), "weights", manifest.source,
+                f"node {identity.name} holds different files (digest {manifest.digest[:12]}) than the "
+                f"manifest made by {stored.made_by} (digest {stored.digest[:12]}): its seed is not used",
+            )  # fmt: skip
+        return answer(known[manifest.source])
+
+    async def _get_weights(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        source = request.query.get("source", "")
+        if not is_distributable(source):
+            raise Refused(400, f"source: expected a distributable source (seed:///PATH), got {source!r}")
+        manifest = (await self.manifests()).get(source)
+        holders: list[PeerHolder] = []
+        if manifest is not None:
+            for node in self.cluster.nodes.values():
+                facts = node.facts
+                if node.lost or node.node_id == identity.name or facts.peer_port is None:
+                    continue
+                for copy in facts.model_copies:
+                    if copy.digest == manifest.digest and (copy.complete or copy.bytes_present):
+                        holders.append(PeerHolder(node.node_id, node.address, facts.peer_port, copy.complete))
+                        break
+        holders.sort(key=lambda h: (not h.complete, h.node))
+        return answer(WeightsInfo(source, manifest, tuple(holders)))
+
+    async def _post_weights_event(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        event = from_json(request.json(), WeightsEvent)
+        self.cluster.record_event(self.clock(), "weights", identity.name, f"{event.source}: {event.message}")
+        log.warning("node %s: %s: %s", identity.name, event.source, event.message)
+        return answer(event)

@@ -1,0 +1,37 @@
+"""Model weights the fleet copies itself: distributable sources and their manifests.
+
+A catalog ``source`` is one of:
+
+- an absolute path (``/models/llama``): it must already be on a node's disk; never moved;
+- ``seed:///ABSOLUTE/PATH``: a *distributable* path: the files present on any
+  one node are copied by llmgw into the other nodes' models directories
+  (``llmgw agent --models-dir``) when a replica is placed there;
+- any other name (a hub id such as ``meta-llama/Llama-3.1-8B``): handed to the engine as is.
+
+The first node holding a distributable source computes its :class:`Manifest`
+(every file's path, size and sha256); the server keeps it, and every copy is
+verified against it, file by file.
+"""
+
+from llmgw.weights._manifest import (
+    MANIFEST_LIMIT,
+    Manifest,
+    ManifestFile,
+    compute_manifest,
+    file_sha256,
+    safe_relpath,
+)
+from llmgw.weights._sources import SEED_SCHEME, check_source, is_distributable, seed_path
+
+__all__ = [
+    "MANIFEST_LIMIT",
+    "Manifest",
+    "ManifestFile",
+    "compute_manifest",
+    "file_sha256",
+    "safe_relpath",
+    "SEED_SCHEME",
+    "check_source",
+    "is_distributable",
+    "seed_path",
+]

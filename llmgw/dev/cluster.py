@@ -82,9 +82,17 @@ class LocalCluster:
     """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
 
     def __init__(
-        self, state_dir: Path, *, server_port: int = 7443, lost_after: float = 15.0, poll_timeout: float = 5.0
+        self,
+        state_dir: Path,
+        *,
+        server_port: int = 7443,
+        lost_after: float = 15.0,
+        poll_timeout: float = 5.0,
+        store: str | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        #: a ``postgresql://`` URL the server keeps its state in; None: sqlite under the state dir
+        self.store = store
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.server_port = server_port
@@ -127,8 +135,7 @@ class LocalCluster:
             [
                 program("llmgw"),
                 "server",
-                "--state-dir",
-                str(self.state_dir / "server"),
+                *(["--store", self.store] if self.store else ["--state-dir", str(self.state_dir / "server")]),
                 "--listen",
                 f"127.0.0.1:{self.server_port}",
                 "--cert",

@@ -11,6 +11,8 @@ from llmgw.cli import Command, serve_until_signalled
 from llmgw.net.server import parse_listen
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.store import StoreError
+from llmgw.server.store_pg import check_store_url
 
 __all__ = ["server_command"]
 
@@ -21,8 +23,22 @@ log = logging.getLogger("llmgw.server")
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Where the state database lives.",
+    default=None,
+    help="Where the sqlite state database lives (unless --store is given).",
+)
+@click.option(
+    "--store",
+    envvar="LLMGW_STORE",
+    default=None,
+    metavar="postgresql://USER@HOST[:PORT]/DB",
+    help="Keep the state in PostgreSQL instead of sqlite under --state-dir (env LLMGW_STORE). The password "
+    "comes from --store-password-file or libpq's PGPASSWORD / PGPASSFILE, never from the URL.",
+)
+@click.option(
+    "--store-password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file whose first line is the PostgreSQL password.",
 )
 @click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT to serve HTTPS on.")
 @click.option(
@@ -72,7 +88,9 @@ log = logging.getLogger("llmgw.server")
     help="Seconds a sync long-poll waits for a change (the heartbeat).",
 )
 def server_command(
-    state_dir: Path,
+    state_dir: Path | None,
+    store: str | None,
+    store_password_file: Path | None,
     listen: str,
     cert: Path,
     key: Path,
@@ -82,11 +100,18 @@ def server_command(
     max_lost_fraction: float,
     poll_timeout: float,
 ) -> None:
-    """Run the control plane: HTTPS with mutual TLS, state in sqlite, the reconciler.
+    """Run the control plane: HTTPS with mutual TLS, state in sqlite (or PostgreSQL), the reconciler.
 
     Closes the state database and exits 0 on SIGTERM or Ctrl-C.
     """
     host, port = parse_listen(listen, "--listen")
+    if (state_dir is None) == (store is None):
+        raise click.UsageError("give either --state-dir (sqlite) or --store postgresql://... (not both)")
+    if store is not None:
+        try:
+            check_store_url(store)
+        except StoreError as exc:
+            raise click.BadParameter(str(exc).removeprefix("--store: "), param_hint="--store") from None
     config = ServerConfig(
         state_dir=state_dir,
         cert=cert,
@@ -97,6 +122,8 @@ def server_command(
         crl=crl,
         settings=Settings(lost_after=lost_after, max_lost_fraction=max_lost_fraction),
         poll_timeout=poll_timeout,
+        store=store,
+        store_password_file=store_password_file,
     )
     serve_until_signalled(
         lambda: serve_server(config), log=log, stopping="stopping, then closing the state database"

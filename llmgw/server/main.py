@@ -18,6 +18,7 @@ from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
 from llmgw.server.persist import load_cluster
 from llmgw.server.store import open_store
+from llmgw.server.store_pg import open_pg_store
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 __all__ = ["ServerConfig", "ServerError", "serve_server"]
@@ -38,7 +39,8 @@ class ServerError(LlmgwError):
 class ServerConfig:
     """Everything ``llmgw server`` is started with."""
 
-    state_dir: Path
+    #: where the sqlite state database lives (when ``store`` is None)
+    state_dir: Path | None
     cert: Path
     key: Path
     ca: Path
@@ -51,6 +53,10 @@ class ServerConfig:
     poll_timeout: float = 5.0
     #: how often the reconciler runs without being asked
     tick: float = 1.0
+    #: a ``postgresql://`` URL: the state in PostgreSQL instead of sqlite under ``state_dir``
+    store: str | None = None
+    #: a file holding the PostgreSQL password (else libpq's PG* environment)
+    store_password_file: Path | None = None
 
 
 async def serve_server(
@@ -75,7 +81,10 @@ async def serve_server(
         engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
     ssl_context = server_ssl_context(config.cert, config.key, config.ca)
     revocations = RevocationList(config.crl, config.ca) if config.crl else None
-    store = open_store(config.state_dir)
+    if config.store is not None:
+        store = open_pg_store(config.store, config.store_password_file)
+    else:
+        store = open_store(config.state_dir)
     front = _Starting(f"loading the cluster's state from {store.path}")
     try:
         async with trio.open_nursery() as nursery:
@@ -86,7 +95,7 @@ async def serve_server(
                 raise ServerError(
                     f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
                 ) from None
-            log.info("llmgw server listening on https://%s:%s (state in %s)", *address, config.state_dir)
+            log.info("llmgw server listening on https://%s:%s (state in %s)", *address, store.path)
             task_status.started(address)
             started = time.monotonic()
             cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))

@@ -14,7 +14,6 @@ from llmgw.ctl.cli import ctl
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig
 from llmgw.server.persist import add_api_key
-from llmgw.server.store import open_store
 from llmgw.testing.server import start_server
 
 #: a key an older llmgw accepted (``$`` matched before the trailing newline)
@@ -22,15 +21,16 @@ LEGACY = "nl-key\n"
 
 
 @pytest.fixture
-async def server(nursery, test_pki, tmp_path):
-    """A real `llmgw server` whose state already holds the legacy key ``nl-key\\n``; yields its URL."""
+async def server(nursery, test_pki, tmp_path, open_test_store):
+    """A real `llmgw server` (each store) whose state holds the legacy key ``nl-key\\n``; its URL."""
     state = tmp_path / "state"
-    store = open_store(state)
+    store = open_test_store()
     digest = hashlib.sha256(b"legacy-secret").hexdigest()
     await store.write(lambda conn: add_api_key(conn, LEGACY, digest, 1.0, "an older llmgw"))
     store.close()
     config = ServerConfig(
         state_dir=state,
+        store=open_test_store.url,
         cert=test_pki.server.cert_path,
         key=test_pki.server.key_path,
         ca=test_pki.ca.cert_path,

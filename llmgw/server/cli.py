@@ -40,6 +40,20 @@ log = logging.getLogger("llmgw.server")
     default=None,
     help="A file whose first line is the PostgreSQL password.",
 )
+@click.option(
+    "--advertise",
+    default=None,
+    metavar="URL",
+    help="With --store: the URL standbys send clients to while this server leads "
+    "[default: https://LISTEN-ADDRESS, this host's name for 0.0.0.0].",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=1.0),
+    default=6.0,
+    show_default=True,
+    help="With --store: seconds the leader's lease lasts unrenewed; a standby leads after it runs out.",
+)
 @click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT to serve HTTPS on.")
 @click.option(
     "--cert",
@@ -91,6 +105,8 @@ def server_command(
     state_dir: Path | None,
     store: str | None,
     store_password_file: Path | None,
+    advertise: str | None,
+    lease: float,
     listen: str,
     cert: Path,
     key: Path,
@@ -124,6 +140,8 @@ def server_command(
         poll_timeout=poll_timeout,
         store=store,
         store_password_file=store_password_file,
+        advertise=advertise,
+        lease=lease,
     )
     serve_until_signalled(
         lambda: serve_server(config), log=log, stopping="stopping, then closing the state database"

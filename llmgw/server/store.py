@@ -102,6 +102,19 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE replicas ADD COLUMN launch TEXT;
     """,
+    # Several servers on PostgreSQL: who leads (one row, id 1), under which fencing epoch, until when
+    # (seconds since 1970 on the database's clock). Unused on sqlite, where one server is the leader.
+    """
+    CREATE TABLE leader (
+        id INTEGER PRIMARY KEY,
+        holder TEXT NOT NULL,
+        address TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        acquired_at REAL NOT NULL,
+        renewed_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    """,
 )
 
 

@@ -42,6 +42,9 @@ MIGRATION_LOCK = 0x6C6C6D6777
 #: seconds to wait for a connection, and for any one statement, before failing (never hang on the network)
 CONNECT_TIMEOUT = 10
 STATEMENT_TIMEOUT_MS = 15_000
+#: a session idle inside a transaction this long is ended by the database (its process was stopped
+#: mid-write): its locks, the lease row's among them, are released for a standby's takeover
+IDLE_IN_TRANSACTION_MS = 5_000
 
 _TRANSLATIONS = (
     (
@@ -96,7 +99,8 @@ class PgStore:
     def __init__(self, where: str, connect: Callable[[], Any]) -> None:
         #: where the state is, for messages (the URL without any password)
         self.path = where
-        self._connect = connect
+        #: opens a new autocommit connection to the same database (the leader's lease has its own)
+        self.connect = connect
         self._conn = connect()
         self._limiter = trio.CapacityLimiter(1)
         #: called first in every :meth:`write`, in its transaction: raises to refuse it (leadership fencing)
@@ -147,7 +151,7 @@ class PgStore:
     def _connection(self) -> Any:
         if self._conn.closed or self._conn.broken:
             self._conn.close()
-            self._conn = self._connect()
+            self._conn = self.connect()
         return self._conn
 
     def close(self) -> None:
@@ -218,7 +222,8 @@ def open_pg_store(url: str, password_file: Path | None = None) -> PgStore:
                 url,
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT,
-                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
+                f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
                 application_name="llmgw server",
                 **extra,
             )

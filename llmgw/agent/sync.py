@@ -49,6 +49,7 @@ from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
 from llmgw.pki import PkiError, client_ssl_context
+from llmgw.serverlist import ServerList, leader_hint
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
 
 __all__ = ["Agent"]
@@ -58,6 +59,14 @@ log = logging.getLogger("llmgw.agent")
 
 class _Unreachable(Exception):
     """The server could not be reached, or failed (5xx): retry with backoff."""
+
+
+class _NotLeader(Exception):
+    """The server is a standby; ``leader``: the leader it named (None: none leads yet)."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader (the leader: {leader or 'none yet'})")
+        self.leader = leader
 
 
 class _Refused(Exception):
@@ -301,7 +310,7 @@ class Agent:
     async def run(self, shards_nursery: trio.Nursery) -> None:
         """Sync with the server forever; shards are supervised in ``shards_nursery``."""
         self.shards_nursery = shards_nursery
-        url = f"{self.config.server}/v1/agent/sync"
+        servers = ServerList.parse(self.config.server)
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
         async with contextlib.AsyncExitStack() as clients:
@@ -320,9 +329,17 @@ class Agent:
                     self.fence(expired)
                     await trio.sleep(settings.refused_retry)
                     continue
+                server = servers.current
                 try:
-                    reply = await self._sync_once(client, url)
+                    reply = await self._sync_once(client, f"{server}/v1/agent/sync")
+                except _NotLeader as exc:
+                    now = servers.not_leader(server, exc.leader)
+                    log.info("server %s is a standby (leader: %s); syncing with %s", server, exc.leader, now)
+                    await trio.sleep(random.uniform(0.05, 0.25) if exc.leader else settings.backoff_initial)
+                    continue
                 except _Unreachable as exc:
+                    if len(servers) > 1:
+                        log.info("server %s unreachable (%s); next: %s", server, exc, servers.failed(server))
                     failures += 1
                     if outage_since is None:
                         outage_since = time.monotonic()
@@ -393,6 +410,9 @@ class Agent:
         response: httpx.Response | None = outcome.get("response")
         if response is None:
             return None
+        standby, leader = leader_hint(response.status_code, response.headers, _json_or_none(response))
+        if standby:
+            raise _NotLeader(leader)
         if response.status_code >= 500:
             raise _Unreachable(f"HTTP {response.status_code}: {_server_message(response)}")
         if response.status_code != 200:
@@ -472,6 +492,13 @@ def _describe(exc: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text} ({cause})"
     return f"{type(exc).__name__}: {text}"
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 def _error_type(response: httpx.Response) -> str | None:

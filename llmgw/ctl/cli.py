@@ -42,7 +42,11 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 @click.group(cls=Group)
-@click.option("--server", envvar="LLMGW_SERVER", help="The server's URL, https://HOST:7443.")
+@click.option(
+    "--server",
+    envvar="LLMGW_SERVER",
+    help="The server's URL, https://HOST:7443; several comma-separated: requests go to the leader.",
+)
 @click.option("--ca", type=_FILE, help="The CA certificate.")
 @click.option("--cert", type=_FILE, help="An admin certificate.")
 @click.option("--key", type=_FILE, help="Its key.")

@@ -33,6 +33,7 @@ from llmgw.errors import LlmgwError
 from llmgw.net.server import Response
 from llmgw.server.store import Store, StoreError
 from llmgw.server.store_pg import _psycopg
+from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 __all__ = [
@@ -50,8 +51,6 @@ log = logging.getLogger("llmgw.server")
 
 #: the channel a leader that lets go notifies on
 CHANNEL = "llmgw_leader"
-#: the header a standby names the leader's URL in
-LEADER_HEADER = "x-llmgw-leader"
 #: now on the database's clock, as seconds since 1970 (clock_timestamp: not frozen at the transaction's start)
 DB_NOW = "extract(epoch from clock_timestamp())::float8"
 
@@ -275,7 +274,7 @@ def not_leader_reply(lease: Lease) -> Response:
     else:
         message = f"this server is a standby; the leader is {seen.address} (epoch {seen.epoch})"
         headers = ((LEADER_HEADER, seen.address),)
-    body = to_json(ErrorReply(ErrorDetail(message, "not_leader")))
+    body = to_json(ErrorReply(ErrorDetail(message, NOT_LEADER)))
     return Response.json(503, body, headers=headers)
 
 

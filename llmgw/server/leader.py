@@ -120,6 +120,7 @@ class Lease:
     def _try_acquire(self) -> LeaderInfo | None:
         conn = self._connection()
         sent = time.monotonic()
+        self._check_in(conn)
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '1s'")
             row = conn.execute(
@@ -177,6 +178,8 @@ class Lease:
     def _renew(self) -> bool:
         conn = self._connection()
         sent = time.monotonic()
+        self._check_in(conn)
+        conn.execute(f"DELETE FROM servers WHERE seen_at < {DB_NOW} - %s", (self.duration * 20,))
         row = conn.execute(
             f"UPDATE leader SET renewed_at = {DB_NOW}, expires_at = {DB_NOW} + %s"
             f" WHERE id = 1 AND holder = %s AND epoch = %s AND expires_at > {DB_NOW} RETURNING epoch",
@@ -208,18 +211,21 @@ class Lease:
             raise NotLeader(f"the lease of epoch {self.epoch} is over ({holder}); not writing")
 
     async def release(self) -> None:
-        """Let go of the lease now (a leader stopping), and wake the standbys; errors are only logged."""
+        """Let go of the lease now if this server holds it, waking the standbys; leave ``ctl servers``.
+
+        Called once as the server stops; errors are only logged.
+        """
         epoch, self.epoch = self.epoch, None
-        if epoch is None:
-            return
 
         def let_go() -> None:
             conn = self._connection()
-            conn.execute(
-                f"UPDATE leader SET expires_at = {DB_NOW} WHERE id = 1 AND holder = %s AND epoch = %s",
-                (self.holder, epoch),
-            )
-            conn.execute(f"NOTIFY {CHANNEL}")
+            if epoch is not None:
+                conn.execute(
+                    f"UPDATE leader SET expires_at = {DB_NOW} WHERE id = 1 AND holder = %s AND epoch = %s",
+                    (self.holder, epoch),
+                )
+                conn.execute(f"NOTIFY {CHANNEL}")
+            conn.execute("DELETE FROM servers WHERE holder = %s", (self.holder,))
 
         try:
             await self._in_thread(let_go)
@@ -229,6 +235,15 @@ class Lease:
     def step_down(self) -> None:
         """Forget the epoch: from now on every write is refused."""
         self.epoch = None
+
+    def _check_in(self, conn: Any) -> None:
+        """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced."""
+        conn.execute(
+            "INSERT INTO servers (holder, address, started_at, seen_at)"
+            f" VALUES (%s, %s, {DB_NOW}, {DB_NOW})"
+            " ON CONFLICT (holder) DO UPDATE SET seen_at = excluded.seen_at",
+            (self.holder, self.address),
+        )
 
     # -- plumbing ------------------------------------------------------------
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import psycopg
 import pytest
 
 from llmgw import pki
-from llmgw.dev.cluster import LocalCluster
+from llmgw.dev.cluster import LocalCluster, program
 from llmgw.testing.processes import free_port
 from llmgw.wire import CreateKey, to_json
 
@@ -129,3 +131,28 @@ def test_leader_paused_past_its_lease_writes_nothing_and_steps_down(two_servers,
         assert reply.status_code == 503 and reply.headers["x-llmgw-leader"] == f"https://127.0.0.1:{port_b}"
     finally:
         os.kill(local.server.pid, signal.SIGCONT)
+
+
+def test_ctl_servers_lists_the_leader_and_the_standby_through_either(two_servers):
+    """`ctl servers` with both URLs, a standby's first: the leader, its epoch 1 and lease; B stands by."""
+    local, port_a, port_b = two_servers
+    url_a, url_b = f"https://127.0.0.1:{port_a}", f"https://127.0.0.1:{port_b}"
+    ctl = [program("llmgw"), "ctl", "--server", f"{url_b},{url_a}", "--ca", str(local.ca.cert_path)]
+    ctl += ["--cert", str(local.admin_tls.cert_path), "--key", str(local.admin_tls.key_path)]
+
+    def listed() -> dict | None:
+        done = subprocess.run([*ctl, "servers", "-o", "json"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        return data if len(data["servers"]) == 2 else None
+
+    data = local.wait(listed, "both servers to have checked in", 20)
+    leader, standby = data["servers"]
+    assert data["store"] == "postgresql"
+    assert (leader["address"], leader["role"], leader["epoch"]) == (url_a, "leader", 1)
+    assert 0 < leader["expires_in"] <= LEASE and leader["lease_age"] >= 0
+    assert (standby["address"], standby["role"], standby["epoch"]) == (url_b, "standby", None)
+    table = subprocess.run([*ctl, "servers"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert table.splitlines()[0].split() == [
+        *("server", "role", "epoch", "leads", "for", "lease", "left", "last", "seen", "up")
+    ]

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from llmgw.cli import Command, serve_until_signalled
+from llmgw.cli import Group, serve_until_signalled
 from llmgw.net.server import parse_listen
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.migrate import migrate_command
 from llmgw.server.store import StoreError
 from llmgw.server.store_pg import check_store_url
 
@@ -19,7 +20,7 @@ __all__ = ["server_command"]
 log = logging.getLogger("llmgw.server")
 
 
-@click.command("server", cls=Command)
+@click.group("server", cls=Group, invoke_without_command=True)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -58,20 +59,20 @@ log = logging.getLogger("llmgw.server")
 @click.option(
     "--cert",
     type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The server certificate (llmgw ca issue-server).",
+    default=None,
+    help="The server certificate (llmgw ca issue-server). Required to serve.",
 )
 @click.option(
     "--key",
     type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The server certificate's key.",
+    default=None,
+    help="The server certificate's key. Required to serve.",
 )
 @click.option(
     "--ca",
     type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The CA certificate clients' certificates must chain to.",
+    default=None,
+    help="The CA certificate clients' certificates must chain to. Required to serve.",
 )
 @click.option(
     "--crl",
@@ -101,16 +102,18 @@ log = logging.getLogger("llmgw.server")
     show_default=True,
     help="Seconds a sync long-poll waits for a change (the heartbeat).",
 )
+@click.pass_context
 def server_command(
+    ctx: click.Context,
     state_dir: Path | None,
     store: str | None,
     store_password_file: Path | None,
     advertise: str | None,
     lease: float,
     listen: str,
-    cert: Path,
-    key: Path,
-    ca: Path,
+    cert: Path | None,
+    key: Path | None,
+    ca: Path | None,
     crl: Path | None,
     lost_after: float,
     max_lost_fraction: float,
@@ -120,6 +123,11 @@ def server_command(
 
     Closes the state database and exits 0 on SIGTERM or Ctrl-C.
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    missing = [flag for flag, value in (("--cert", cert), ("--key", key), ("--ca", ca)) if value is None]
+    if missing:
+        raise click.UsageError(f"missing {', '.join(missing)}: the server needs its certificate, key and CA")
     host, port = parse_listen(listen, "--listen")
     if (state_dir is None) == (store is None):
         raise click.UsageError("give either --state-dir (sqlite) or --store postgresql://... (not both)")
@@ -146,3 +154,6 @@ def server_command(
     serve_until_signalled(
         lambda: serve_server(config), log=log, stopping="stopping, then closing the state database"
     )
+
+
+server_command.add_command(migrate_command)

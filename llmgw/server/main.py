@@ -20,7 +20,7 @@ from llmgw.pki import RevocationList, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
-from llmgw.server.leader import lead_when_elected
+from llmgw.server.leader import NotLeader, lead_when_elected
 from llmgw.server.persist import load_cluster
 from llmgw.server.store import open_store
 from llmgw.server.store_pg import PgStore, open_pg_store
@@ -161,9 +161,13 @@ class _Starting:
         self.refusal: Callable[[], Response] | None = None
 
     async def handle(self, request: Request) -> Response:
-        """The app's answer once it runs; until then a 503 with kind ``starting``."""
+        """The app's answer once it runs; until then a 503 ``starting`` (a standby's: ``not_leader``)."""
         if self.app is not None:
-            return await self.app.handle(request)
+            try:
+                return await self.app.handle(request)
+            except NotLeader:  # its write was fenced: it just lost the lease, and answers as a standby
+                if self.refusal is None:
+                    raise
         if self.refusal is not None:
             return self.refusal()
         message = f"the server is starting ({self.detail}); try again in a few seconds"

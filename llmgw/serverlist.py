@@ -12,7 +12,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["LEADER_HEADER", "NOT_LEADER", "ServerList", "leader_hint", "parse_servers"]
+__all__ = [
+    "LEADER_HEADER",
+    "NOT_LEADER",
+    "NotLeaderAnswer",
+    "ServerList",
+    "leader_hint",
+    "parse_servers",
+    "raise_for_standby",
+]
 
 #: the header a standby names the leader's URL in
 LEADER_HEADER = "x-llmgw-leader"
@@ -60,6 +68,31 @@ def leader_hint(status: int, headers: Mapping[str, str] | Any, body: Any) -> tup
         return False, None
     leader = headers.get(LEADER_HEADER)
     return True, (leader.rstrip("/") if leader else None)
+
+
+class NotLeaderAnswer(Exception):
+    """A server answered that it is a standby; ``leader``: the leader it named (None: none leads yet)."""
+
+    def __init__(self, server: str, leader: str | None) -> None:
+        super().__init__(f"{server} is a standby (the leader: {leader or 'none yet'})")
+        self.server = server
+        self.leader = leader
+
+
+def raise_for_standby(server: str, status: int, headers: Any, read_json: Any) -> None:
+    """Raise :class:`NotLeaderAnswer` when ``server``'s answer is a standby's.
+
+    ``read_json`` returns the answer's parsed JSON (raising ValueError when it is not JSON).
+    """
+    if status != 503:
+        return
+    try:
+        body = read_json()
+    except ValueError:
+        return
+    standby, leader = leader_hint(status, headers, body)
+    if standby:
+        raise NotLeaderAnswer(server, leader)
 
 
 class ServerList:

@@ -46,3 +46,19 @@ def test_leader_hint_reads_a_standby_answer_only():
     assert leader_hint(503, {}, body) == (True, None)
     assert leader_hint(503, {}, {"error": {"type": "starting"}}) == (False, None)
     assert leader_hint(500, {"x-llmgw-leader": B}, body) == (False, None)
+
+
+def test_raise_for_standby_only_on_a_standby_answer():
+    """Only a 503 not_leader raises, naming the leader; other answers and non-JSON bodies pass."""
+    from llmgw.serverlist import NotLeaderAnswer, raise_for_standby
+
+    body = {"error": {"type": "not_leader", "message": "..."}}
+    with pytest.raises(NotLeaderAnswer) as caught:
+        raise_for_standby(A, 503, {"x-llmgw-leader": B}, lambda: body)
+    assert caught.value.leader == B and str(caught.value) == f"{A} is a standby (the leader: {B})"
+
+    def not_json():
+        raise ValueError("not JSON")
+
+    raise_for_standby(A, 503, {}, not_json)
+    raise_for_standby(A, 200, {"x-llmgw-leader": B}, lambda: body)

@@ -342,10 +342,7 @@ def load_agent_config(
         raise AgentConfigError(
             f"node id {node!r}: use lowercase letters, digits, '.' and '-' (the certificate's common name)"
         )
-    try:
-        servers = parse_servers(values["server"])
-    except ValueError as exc:
-        raise AgentConfigError(str(exc)) from None
+    servers = _check_server(values["server"])
     for name in ("stop_grace", "sidecar_timeout"):
         if name in values and (type(values[name]) not in (int, float) or values[name] < 0):
             raise AgentConfigError(
@@ -375,3 +372,9 @@ def load_agent_config(
     )
 
 
+def _check_server(text: str) -> tuple[str, ...]:
+    """The servers of a ``--server`` value (``https://HOST:PORT``, comma-separated), or a clear error."""
+    try:
+        return parse_servers(text)
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None

@@ -49,7 +49,7 @@ from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
 from llmgw.pki import PkiError, client_ssl_context
-from llmgw.serverlist import ServerList, leader_hint
+from llmgw.serverlist import NotLeaderAnswer, ServerList, raise_for_standby
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
 
 __all__ = ["Agent"]
@@ -59,14 +59,6 @@ log = logging.getLogger("llmgw.agent")
 
 class _Unreachable(Exception):
     """The server could not be reached, or failed (5xx): retry with backoff."""
-
-
-class _NotLeader(Exception):
-    """The server is a standby; ``leader``: the leader it named (None: none leads yet)."""
-
-    def __init__(self, leader: str | None) -> None:
-        super().__init__(f"not the leader (the leader: {leader or 'none yet'})")
-        self.leader = leader
 
 
 class _Refused(Exception):
@@ -332,14 +324,13 @@ class Agent:
                 server = servers.current
                 try:
                     reply = await self._sync_once(client, f"{server}/v1/agent/sync")
-                except _NotLeader as exc:
+                except NotLeaderAnswer as exc:
                     now = servers.not_leader(server, exc.leader)
                     log.info("server %s is a standby (leader: %s); syncing with %s", server, exc.leader, now)
                     await trio.sleep(random.uniform(0.05, 0.25) if exc.leader else settings.backoff_initial)
                     continue
                 except _Unreachable as exc:
-                    if len(servers) > 1:
-                        log.info("server %s unreachable (%s); next: %s", server, exc, servers.failed(server))
+                    log.debug("server %s unreachable (%s); next: %s", server, exc, servers.failed(server))
                     failures += 1
                     if outage_since is None:
                         outage_since = time.monotonic()
@@ -410,9 +401,7 @@ class Agent:
         response: httpx.Response | None = outcome.get("response")
         if response is None:
             return None
-        standby, leader = leader_hint(response.status_code, response.headers, _json_or_none(response))
-        if standby:
-            raise _NotLeader(leader)
+        raise_for_standby(url, response.status_code, response.headers, response.json)
         if response.status_code >= 500:
             raise _Unreachable(f"HTTP {response.status_code}: {_server_message(response)}")
         if response.status_code != 200:
@@ -492,13 +481,6 @@ def _describe(exc: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text} ({cause})"
     return f"{type(exc).__name__}: {text}"
-
-
-def _json_or_none(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
 
 
 def _error_type(response: httpx.Response) -> str | None:

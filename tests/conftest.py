@@ -102,3 +102,7 @@ class TestPki:
 def test_pki(tmp_path: Path) -> TestPki:
     """A fresh CA with a server certificate for 127.0.0.1."""
     return TestPki(tmp_path / "pki")
+
+
+# A throwaway PostgreSQL cluster (session) and a new database per test: see llmgw.testing.postgres.
+from llmgw.testing.postgres import pg_url, postgres_cluster  # noqa: E402, F401

@@ -35,7 +35,11 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     help="agent.toml with any of the settings below (flags override it).",
 )
 @click.option("--node", help="This node's id: the common name of its certificate.")
-@click.option("--server", help="The server's URL, https://HOST:PORT.")
+@click.option(
+    "--server",
+    envvar="LLMGW_SERVER",
+    help="The server's URL, https://HOST:PORT; several servers comma-separated (env LLMGW_SERVER).",
+)
 @click.option("--address", help="The address this node is reached at; engines bind it.")
 @click.option("--cert", type=_PATH, help="This node's certificate (llmgw ca issue-node).")
 @click.option("--key", type=_PATH, help="The certificate's private key.")

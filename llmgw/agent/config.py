@@ -45,7 +45,6 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NewType
-from urllib.parse import urlsplit
 
 import attrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
@@ -54,6 +53,7 @@ from cattrs.gen import make_dict_structure_fn
 from llmgw.errors import LlmgwError
 from llmgw.models import DiscoverySettings
 from llmgw.node.fabric import parse_fabric_option
+from llmgw.serverlist import parse_servers
 from llmgw.wire import SHARD_PORTS, converter, valid_port_range
 
 __all__ = [
@@ -116,7 +116,7 @@ class AgentConfig:
 
     #: this node's id: the common name of its certificate
     node: str
-    #: the server's base URL, ``https://host:port``
+    #: the servers' base URLs, ``https://host:port``, comma-separated (llmgw.serverlist)
     server: str
     #: the address this node is reached at; engines bind it
     address: str
@@ -363,7 +363,7 @@ def load_agent_config(
         raise AgentConfigError(
             f"node id {node!r}: use lowercase letters, digits, '.' and '-' (the certificate's common name)"
         )
-    _check_server(values["server"])
+    servers = _check_server(values["server"])
     for name in ("stop_grace", "sidecar_timeout"):
         if name in values and (type(values[name]) not in (int, float) or values[name] < 0):
             raise AgentConfigError(
@@ -377,7 +377,7 @@ def load_agent_config(
     discovery = DiscoverySettings(**{key: values[key] for key in ("nvidia_smi", "ib_root") if key in values})
     return AgentConfig(
         node=node,
-        server=values["server"].rstrip("/"),
+        server=",".join(servers),
         address=values["address"],
         cert=values["cert"],
         key=values["key"],
@@ -414,13 +414,9 @@ def _check_weights(values: Mapping[str, Any]) -> None:
         raise AgentConfigError(f"--bandwidth-limit: expected MB/s >= 0 (0: no limit), got {limit!r}")
 
 
-def _check_server(url: str) -> None:
-    parts = urlsplit(url)
+def _check_server(text: str) -> tuple[str, ...]:
+    """The servers of a ``--server`` value (``https://HOST:PORT``, comma-separated), or a clear error."""
     try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "https" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise AgentConfigError(
-            f"--server {url!r}: expected https://HOST:PORT, e.g. https://llmgw.example.net:7443"
-        )
+        return parse_servers(text)
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None

@@ -51,6 +51,7 @@ from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
 from llmgw.pki import PkiError, client_ssl_context
+from llmgw.serverlist import NotLeaderAnswer, ServerList, raise_for_standby
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
 
 __all__ = ["Agent"]
@@ -313,7 +314,7 @@ class Agent:
     async def run(self, shards_nursery: trio.Nursery) -> None:
         """Sync with the server forever; shards are supervised in ``shards_nursery``."""
         self.shards_nursery = shards_nursery
-        url = f"{self.config.server}/v1/agent/sync"
+        servers = ServerList.parse(self.config.server)
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
         async with contextlib.AsyncExitStack() as clients:
@@ -332,9 +333,16 @@ class Agent:
                     self.fence(expired)
                     await trio.sleep(settings.refused_retry)
                     continue
+                server = servers.current
                 try:
-                    reply = await self._sync_once(client, url)
+                    reply = await self._sync_once(client, f"{server}/v1/agent/sync")
+                except NotLeaderAnswer as exc:
+                    now = servers.not_leader(server, exc.leader)
+                    log.info("server %s is a standby (leader: %s); syncing with %s", server, exc.leader, now)
+                    await trio.sleep(random.uniform(0.05, 0.25) if exc.leader else settings.backoff_initial)
+                    continue
                 except _Unreachable as exc:
+                    log.debug("server %s unreachable (%s); next: %s", server, exc, servers.failed(server))
                     failures += 1
                     if outage_since is None:
                         outage_since = time.monotonic()
@@ -405,6 +413,7 @@ class Agent:
         response: httpx.Response | None = outcome.get("response")
         if response is None:
             return None
+        raise_for_standby(url, response.status_code, response.headers, response.json)
         if response.status_code >= 500:
             raise _Unreachable(f"HTTP {response.status_code}: {server_message(response)}")
         if response.status_code != 200:

@@ -36,6 +36,7 @@ from llmgw.wire import (
     RevokedKey,
     to_json,
 )
+from llmgw.wire.servers import ControlServers
 
 __all__ = ["ctl"]
 
@@ -43,7 +44,11 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 @click.group(cls=Group)
-@click.option("--server", envvar="LLMGW_SERVER", help="The server's URL, https://HOST:7443.")
+@click.option(
+    "--server",
+    envvar="LLMGW_SERVER",
+    help="The server's URL, https://HOST:7443; several comma-separated: requests go to the leader.",
+)
 @click.option("--ca", type=_FILE, help="The CA certificate.")
 @click.option("--cert", type=_FILE, help="An admin certificate.")
 @click.option("--key", type=_FILE, help="Its key.")
@@ -131,6 +136,33 @@ def events(ctx: click.Context, since: int, limit: int, output: str) -> None:
     for e in data.events:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
         click.echo(f"{e.id:>5} {stamp} {e.kind:<8} {e.subject}: {e.message}")
+
+
+@click.command()
+@output_option
+@click.pass_context
+def servers(ctx: click.Context, output: str) -> None:
+    """The control plane's servers: which one leads, its epoch and lease, the standbys."""
+    data = _client(ctx).request("GET", "/v1/admin/servers", ControlServers)
+    if output == "json":
+        click.echo(json.dumps(to_json(data), indent=2))
+        return
+    if data.store == "sqlite":
+        click.echo("one server, state in sqlite: it leads (run several on --store postgresql://... instead)")
+        return
+    rows = [
+        [
+            s.address,
+            s.role,
+            s.epoch if s.epoch is not None else "-",
+            f"{s.lease_age:.0f}s" if s.lease_age is not None else "-",
+            f"{s.expires_in:.1f}s" if s.expires_in is not None else "-",
+            f"{s.seen_ago:.1f}s",
+            f"{s.up_for:.0f}s",
+        ]
+        for s in data.servers
+    ]
+    click.echo(_table(rows, ["server", "role", "epoch", "leads for", "lease left", "last seen", "up"]))
 
 
 def _node_action(action: str, doc: str) -> click.Command:
@@ -276,6 +308,7 @@ for _command in (
     catalog,
     rollout,
     events,
+    servers,
     cordon,
     uncordon,
     drain,

@@ -19,6 +19,7 @@ import attrs
 import httpx
 
 from llmgw.errors import LlmgwError
+from llmgw.serverlist import ServerList, leader_hint
 from llmgw.wire import WireError, error_message, from_json, to_json
 
 T = TypeVar("T")
@@ -128,7 +129,9 @@ class AdminClient:
 
         self.config = config
         context = client_ssl_context(config.cert, config.key, config.ca)
-        self._http = httpx.Client(base_url=config.server, verify=context, timeout=30)
+        #: the servers (``config.server`` may list several, comma-separated): requests go to the leader
+        self.servers = ServerList([u.strip().rstrip("/") for u in config.server.split(",") if u.strip()])
+        self._http = httpx.Client(verify=context, timeout=30)
 
     @classmethod
     def for_command(cls, ctx: Any) -> AdminClient:
@@ -159,16 +162,7 @@ class AdminClient:
         """
         if body is not None:
             kwargs["json"] = to_json(body)
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.InvalidURL as exc:
-            raise CtlError(f"{method} {path!r}: not a URL path: {exc}") from None
-        except httpx.HTTPError as exc:
-            raise CtlError(f"cannot reach the server at {self.config.server}: {exc}") from None
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
+        response, data = self._send(method, path, kwargs)
         if response.status_code >= 400:
             raise CtlError(_error_message(data, response), response.status_code)
         if data is None:
@@ -179,6 +173,39 @@ class AdminClient:
             return from_json(data, reply)
         except WireError as exc:
             raise CtlError(f"{method} {path}: {exc} (is the server another llmgw version?)") from None
+
+
+    def _send(self, method: str, path: str, kwargs: dict[str, Any]) -> tuple[httpx.Response, Any]:
+        """The answer of the first server that leads: skips one that cannot be connected to, or a standby."""
+        tried: list[str] = []
+        unreachable = 0
+        for _ in range(len(self.servers) + 1):
+            server = self.servers.current
+            try:
+                response = self._http.request(method, server + path, **kwargs)
+            except httpx.InvalidURL as exc:
+                raise CtlError(f"{method} {path!r}: not a URL path: {exc}") from None
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # not sent: another server may answer
+                tried.append(f"{server}: {exc}")
+                self.servers.failed(server)
+                unreachable += 1
+                if unreachable >= len(self.servers):
+                    break
+                continue
+            except httpx.HTTPError as exc:
+                raise CtlError(f"cannot reach the server at {server}: {exc}") from None
+            try:
+                data = response.json()
+            except ValueError:
+                data = None
+            standby, leader = leader_hint(response.status_code, response.headers, data)
+            if not standby:
+                return response, data
+            tried.append(f"{server} is a standby (leader: {leader or 'none yet'})")
+            self.servers.not_leader(server, leader)
+        if len(self.servers) == 1 and unreachable:
+            raise CtlError(f"cannot reach the server at {tried[0]}")
+        raise CtlError("no server answered as the leader: " + "; ".join(dict.fromkeys(tried)))
 
 
 def _error_message(data: Any, response: httpx.Response) -> str:

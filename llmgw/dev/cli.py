@@ -78,11 +78,26 @@ models:
     help="Where to leave admin credentials for llmgw ctl (default: where ctl looks).",
 )
 @click.option("--once", is_flag=True, help="Stop everything and exit once every replica is ready.")
+@click.option(
+    "--store",
+    default=None,
+    metavar="postgresql://USER@HOST[:PORT]/DB",
+    help="Keep the state in this PostgreSQL database and run two servers on it (--server-port and the next "
+    "port): one leads, the other stands by; agents, gateway and ctl know both.",
+)
 def dev(
-    node_count: int, state_dir: Path, server_port: int, gateway_port: int, ctl_dir: Path | None, once: bool
+    node_count: int,
+    state_dir: Path,
+    server_port: int,
+    gateway_port: int,
+    ctl_dir: Path | None,
+    once: bool,
+    store: str | None,
 ) -> None:
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
-    cluster = LocalCluster(state_dir, server_port=server_port)
+    cluster = LocalCluster(state_dir, server_port=server_port, store=store)
+    if store is not None:  # every client of the control plane gets both servers
+        cluster.server_url = f"https://127.0.0.1:{server_port},https://127.0.0.1:{server_port + 1}"
     ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
     models = cluster.state_dir / "models"
     for name in ("llama-sim-8b", "llama-sim-70b"):
@@ -92,6 +107,9 @@ def dev(
     try:
         click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
         cluster.start(node_count)
+        if store is not None:
+            cluster.start_server(port=server_port + 1, name="server-2")
+            click.echo(f"started a standby server on https://127.0.0.1:{server_port + 1}")
         cluster.start_gateway(gateway_port)
         # the sample is what dev runs, also over a state dir where another catalog was applied
         result = cluster.apply(catalog.read_text(), str(catalog), prune=True)

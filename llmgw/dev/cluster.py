@@ -92,11 +92,19 @@ class LocalCluster:
     """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
 
     def __init__(
-        self, state_dir: Path, *, server_port: int = 7443, lost_after: float = 15.0, poll_timeout: float = 5.0
+        self,
+        state_dir: Path,
+        *,
+        server_port: int = 7443,
+        lost_after: float = 15.0,
+        poll_timeout: float = 5.0,
+        store: str | None = None,
     ) -> None:
         #: more ``llmgw agent`` flags for every node (``--bandwidth-limit 20``...)
         self.agent_args: list[str] = []
         self.state_dir = state_dir.resolve()
+        #: a ``postgresql://`` URL the server keeps its state in; None: sqlite under the state dir
+        self.store = store
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.server_port = server_port
@@ -132,17 +140,19 @@ class LocalCluster:
             self._client = AdminClient(config)
         return self._client
 
-    def start_server(self) -> subprocess.Popen:
-        """Start ``llmgw server`` on 127.0.0.1:``server_port`` with its state under the state dir."""
-        self.server = self._start(
-            "server",
+    def start_server(self, *, port: int | None = None, name: str = "server") -> subprocess.Popen:
+        """Start ``llmgw server`` on 127.0.0.1:``port`` (``server_port``) with its state under the state dir.
+
+        Another ``name`` (and port) starts one more server on the same ``store``: it is not :attr:`server`.
+        """
+        process = self._start(
+            name,
             [
                 program("llmgw"),
                 "server",
-                "--state-dir",
-                str(self.state_dir / "server"),
+                *(["--store", self.store] if self.store else ["--state-dir", str(self.state_dir / "server")]),
                 "--listen",
-                f"127.0.0.1:{self.server_port}",
+                f"127.0.0.1:{port or self.server_port}",
                 "--cert",
                 str(self.server_tls.cert_path),
                 "--key",
@@ -157,7 +167,9 @@ class LocalCluster:
                 str(self.poll_timeout),
             ],
         )
-        return self.server
+        if name == "server":
+            self.server = process
+        return process
 
     def start_gateway(self, port: int, *, keys: bool = False, extra: Sequence[str] = ()) -> subprocess.Popen:
         """Start ``llmgw gateway`` on 127.0.0.1:``port`` with a gateway certificate; no keys by default.
@@ -351,9 +363,9 @@ class LocalCluster:
 
     def stop_all(self) -> None:
         """Stop every agent (they stop their engines), then the server; leave no process behind."""
-        agents = [p for name, p in self._processes if name not in ("server", "gateway")]
+        agents = [p for name, p in self._processes if not name.startswith(("server", "gateway"))]
         gateways = [p for name, p in self._processes if name == "gateway"]
-        servers = [p for name, p in self._processes if name == "server"]
+        servers = [p for name, p in self._processes if name.startswith("server")]
         for group in (gateways, agents, servers):
             for process in group:
                 process._llmgw_stopped = True  # type: ignore[attr-defined]

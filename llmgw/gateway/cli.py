@@ -29,7 +29,8 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
     "--server",
     envvar="LLMGW_SERVER",
     required=True,
-    help="The control plane's URL, https://HOST:7443 (env LLMGW_SERVER); routes are read from it.",
+    help="The control plane's URL, https://HOST:7443, or several comma-separated (env LLMGW_SERVER); "
+    "routes are read from it (from the leader, moving on when one fails).",
 )
 @click.option("--ca", type=_FILE, help="The CA certificate the server's certificate must chain to.")
 @click.option(

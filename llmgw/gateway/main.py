@@ -21,6 +21,7 @@ from llmgw.gateway.stalls import StallWatch
 from llmgw.net.client import ConnectionPool
 from llmgw.net.server import HttpServer, Limits, ParsedRequest, Request, Response
 from llmgw.pki import client_ssl_context
+from llmgw.serverlist import parse_servers
 
 __all__ = ["GatewayConfig", "GatewayError", "Gateway", "serve_gateway"]
 
@@ -80,9 +81,11 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        scheme = urlsplit(config.server).scheme
-        if scheme not in ("http", "https"):
-            raise GatewayError(f"--server {config.server!r}: expected https://HOST:PORT")
+        try:
+            servers = parse_servers(config.server, schemes=("http", "https"))
+        except ValueError as exc:
+            raise GatewayError(str(exc)) from None
+        scheme = "https" if any(urlsplit(url).scheme == "https" for url in servers) else "http"
         if scheme == "https" and config.ca is None:
             raise GatewayError("--ca is required to verify the server's certificate")
         if (config.cert is None) != (config.key is None):

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import trio
 
 from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.serverlist import ServerList, leader_hint
 from llmgw.wire import RouteTable, WireError, error_message, from_json
 
 __all__ = ["RoutesError", "RoutesWatcher"]
@@ -56,7 +57,8 @@ class RoutesWatcher:
         retry_interval: float = 0.5,
     ) -> None:
         self.pool = pool
-        self.server = server.rstrip("/")
+        #: the servers (``server`` may list several, comma-separated); polls go to ``servers.current``
+        self.servers = ServerList.parse(server, schemes=("http", "https"))
         self.on_update = on_update
         self.request_timeout = request_timeout
         self.retry_interval = retry_interval
@@ -67,6 +69,11 @@ class RoutesWatcher:
         #: trio time the current outage began; None while the feed answers
         self.outage_since: float | None = None
         self._started = trio.current_time()
+
+    @property
+    def server(self) -> str:
+        """The server polled now."""
+        return self.servers.current
 
     @property
     def up(self) -> bool:
@@ -95,10 +102,24 @@ class RoutesWatcher:
 
     async def _poll(self, wait: bool) -> RouteTable:
         revision = self.table.revision if self.table is not None else 0
-        url = f"{self.server}/v1/routes?revision={revision}&wait={1 if wait else 0}"
-        with trio.fail_after(self.request_timeout):  # the pool's read timeout covers a silent server too
-            response = await self.pool.request("GET", url, headers=[("accept", "application/json")])
+        server = self.server
+        url = f"{server}/v1/routes?revision={revision}&wait={1 if wait else 0}"
+        try:
+            with trio.fail_after(self.request_timeout):  # the pool's read timeout covers a silent server too
+                response = await self.pool.request("GET", url, headers=[("accept", "application/json")])
+        except (HttpClientError, trio.TooSlowError):
+            self.servers.failed(server)
+            raise
         if response.status != 200:
+            try:
+                body = json.loads(response.content or b"")
+            except ValueError:
+                body = None
+            standby, leader = leader_hint(response.status, dict(response.headers), body)
+            if standby:
+                self.servers.not_leader(server, leader)
+                leading = leader or "none yet"
+                raise RoutesError(f"{server} is a standby (leader: {leading}); next: {self.server}")
             raise RoutesError(f"the server answered {response.status}: {_error_message(response.content)}")
         try:
             data = response.json()

@@ -26,6 +26,7 @@ from llmgw.models import NodeFacts
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
 from llmgw.server.api_catalog import CatalogEndpoints
+from llmgw.server.api_servers import control_servers
 from llmgw.server.cluster import Cluster
 from llmgw.server.manifests import WeightsEndpoints
 from llmgw.server.persist import (
@@ -103,6 +104,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         self._route("GET", r"/v1/admin/rollouts", admin, self._get_rollouts)
         self._route("POST", r"/v1/admin/rollouts/(?P<model>[^/]+)/undo", admin, self._undo_rollout)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
+        self._route("GET", r"/v1/admin/servers", admin, self._get_servers)
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
         self._route("POST", r"/v1/admin/keys", admin, self._create_key)
@@ -346,6 +348,9 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         since = query_int(request.query.get("since", "0"), "since")
         limit = min(query_int(request.query.get("limit", "200"), "limit"), 10_000)
         return answer(await self.store.run(lambda conn: recent_events(conn, since, limit)))
+
+    async def _get_servers(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        return answer(await control_servers(self.store))
 
     async def _get_engines(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         engines = tuple(

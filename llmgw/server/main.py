@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -16,8 +20,10 @@ from llmgw.pki import RevocationList, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
+from llmgw.server.leader import NotLeader, lead_when_elected
 from llmgw.server.persist import load_cluster
 from llmgw.server.store import open_store
+from llmgw.server.store_pg import PgStore, open_pg_store
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 __all__ = ["ServerConfig", "ServerError", "serve_server"]
@@ -38,7 +44,8 @@ class ServerError(LlmgwError):
 class ServerConfig:
     """Everything ``llmgw server`` is started with."""
 
-    state_dir: Path
+    #: where the sqlite state database lives (when ``store`` is None)
+    state_dir: Path | None
     cert: Path
     key: Path
     ca: Path
@@ -51,6 +58,14 @@ class ServerConfig:
     poll_timeout: float = 5.0
     #: how often the reconciler runs without being asked
     tick: float = 1.0
+    #: a ``postgresql://`` URL: the state in PostgreSQL instead of sqlite under ``state_dir``
+    store: str | None = None
+    #: a file holding the PostgreSQL password (else libpq's PG* environment)
+    store_password_file: Path | None = None
+    #: the URL standbys send clients to while this one leads (PostgreSQL); default: the listen address
+    advertise: str | None = None
+    #: seconds the leader's lease lasts without renewal (PostgreSQL): a standby takes over after it
+    lease: float = 6.0
 
 
 async def serve_server(
@@ -75,7 +90,10 @@ async def serve_server(
         engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
     ssl_context = server_ssl_context(config.cert, config.key, config.ca)
     revocations = RevocationList(config.crl, config.ca) if config.crl else None
-    store = open_store(config.state_dir)
+    if config.store is not None:
+        store = open_pg_store(config.store, config.store_password_file)
+    else:
+        store = open_store(config.state_dir)
     front = _Starting(f"loading the cluster's state from {store.path}")
     try:
         async with trio.open_nursery() as nursery:
@@ -86,28 +104,51 @@ async def serve_server(
                 raise ServerError(
                     f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
                 ) from None
-            log.info("llmgw server listening on https://%s:%s (state in %s)", *address, config.state_dir)
+            log.info("llmgw server listening on https://%s:%s (state in %s)", *address, store.path)
             task_status.started(address)
-            started = time.monotonic()
-            cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
-            app = ServerApp(
-                cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout
-            )
-            await app.load_keys()
-            front.detail = "placing the stored catalog's replicas"
-            await nursery.start(app.run_reconciler, config.tick)
-            front.app = app
-            if loaded is not None:
-                loaded.set()
-            log.info(
-                "state loaded in %.1f s: %d nodes, %d replicas, catalog revision %d",
-                time.monotonic() - started,
-                len(cluster.nodes),
-                len(cluster.replicas),
-                cluster.catalog_revision,
-            )
+            lead = partial(_lead, config, store, engines, revocations, front, loaded)
+            if isinstance(store, PgStore):
+                advertise = config.advertise or _default_advertise(*address)
+                await lead_when_elected(store, front, lead, address=advertise, duration=config.lease)
+            else:
+                await lead(nursery)
     finally:
         store.close()
+
+
+async def _lead(
+    config: ServerConfig,
+    store: Any,
+    engines: dict[str, Engine],
+    revocations: RevocationList | None,
+    front: _Starting,
+    loaded: trio.Event | None,
+    nursery: trio.Nursery,
+) -> None:
+    """Load the cluster from the store, start the reconciler in ``nursery``, and hand requests to the app."""
+    started = time.monotonic()
+    front.detail = f"loading the cluster's state from {store.path}"
+    cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
+    app = ServerApp(cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout)
+    await app.load_keys()
+    front.detail = "placing the stored catalog's replicas"
+    await nursery.start(app.run_reconciler, config.tick)
+    front.app = app
+    if loaded is not None:
+        loaded.set()
+    log.info(
+        "state loaded in %.1f s: %d nodes, %d replicas, catalog revision %d",
+        time.monotonic() - started,
+        len(cluster.nodes),
+        len(cluster.replicas),
+        cluster.catalog_revision,
+    )
+
+
+def _default_advertise(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"https://{host}:{port}"
 
 
 class _Starting:
@@ -116,10 +157,18 @@ class _Starting:
     def __init__(self, detail: str) -> None:
         self.detail = detail
         self.app: ServerApp | None = None
+        #: the answer while there is no app, instead of "starting" (a standby's "not the leader")
+        self.refusal: Callable[[], Response] | None = None
 
     async def handle(self, request: Request) -> Response:
-        """The app's answer once it runs; until then a 503 with kind ``starting``."""
+        """The app's answer once it runs; until then a 503 ``starting`` (a standby's: ``not_leader``)."""
         if self.app is not None:
-            return await self.app.handle(request)
+            try:
+                return await self.app.handle(request)
+            except NotLeader:  # its write was fenced: it just lost the lease, and answers as a standby
+                if self.refusal is None:
+                    raise
+        if self.refusal is not None:
+            return self.refusal()
         message = f"the server is starting ({self.detail}); try again in a few seconds"
         return Response.json(503, to_json(ErrorReply(ErrorDetail(message, "starting"))))

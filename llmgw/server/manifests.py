@@ -40,7 +40,8 @@ def load_manifests(conn: sqlite3.Connection) -> dict[str, Manifest]:
 def save_manifest(conn: sqlite3.Connection, manifest: Manifest, now: float) -> None:
     """Store ``manifest`` for its source unless one is stored already."""
     conn.execute(
-        "INSERT OR IGNORE INTO manifests (source, digest, manifest, made_by, made_at) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO manifests (source, digest, manifest, made_by, made_at) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (source) DO NOTHING",
         (manifest.source, manifest.digest, json.dumps(to_json(manifest)), manifest.made_by, now),
     )
 

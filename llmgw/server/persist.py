@@ -240,21 +240,16 @@ def restore_changes(cluster: Cluster, changes: Changes) -> None:
 def write_changes(conn: sqlite3.Connection, changes: Changes) -> None:
     """Store ``changes`` in the caller's transaction (``Store.write``); runs in the store's thread."""
     if changes.catalog is not None:
-        conn.execute(
-            "INSERT OR REPLACE INTO catalog (revision, text, author, applied_at) VALUES (?, ?, ?, ?)",
-            (*changes.catalog, changes.now),
-        )
+        upsert = _upsert("catalog", "revision", "text", "author", "applied_at")
+        conn.execute(upsert, (*changes.catalog, changes.now))
     conn.executemany("DELETE FROM nodes WHERE node_id = ?", [(n,) for n in changes.gone_nodes])
     conn.executemany(
-        "INSERT OR REPLACE INTO nodes (node_id, address, facts, port_range, cordoned, draining, lost,"
-        " cert_serial, cert_not_after, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _upsert("nodes", *_NODE_COLUMNS),
         changes.nodes,
     )
     conn.executemany("DELETE FROM replicas WHERE replica_id = ?", [(r,) for r in changes.gone_replicas])
     conn.executemany(
-        "INSERT OR REPLACE INTO replicas (replica_id, model, placement, attempt, failures,"
-        " consecutive_failures, sent_revision, state, reason, changed_at, launch)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _upsert("replicas", *_REPLICA_COLUMNS),
         changes.replicas,
     )
     for event in changes.events:
@@ -263,6 +258,25 @@ def write_changes(conn: sqlite3.Connection, changes: Changes) -> None:
         _trim_events(conn, changes.now)
     for key, value in changes.settings:
         Store.set_setting(conn, key, value)
+
+
+#: the columns of a node's row and a replica's, key first, in the order of take_changes' tuples
+_NODE_COLUMNS = (
+    "node_id", "address", "facts", "port_range", "cordoned", "draining", "lost",
+    "cert_serial", "cert_not_after", "first_seen", "last_seen",
+)  # fmt: skip
+_REPLICA_COLUMNS = (
+    "replica_id", "model", "placement", "attempt", "failures", "consecutive_failures",
+    "sent_revision", "state", "reason", "changed_at", "launch",
+)  # fmt: skip
+
+
+def _upsert(table: str, key: str, *columns: str) -> str:
+    """An insert of a whole row replacing the one with the same ``key`` (sqlite and PostgreSQL alike)."""
+    names = ", ".join((key, *columns))
+    marks = ", ".join("?" * (1 + len(columns)))
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns)
+    return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({key}) DO UPDATE SET {updates}"
 
 
 def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:

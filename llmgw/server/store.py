@@ -112,6 +112,26 @@ MIGRATIONS: tuple[str, ...] = (
         made_at REAL NOT NULL
     );
     """,
+    # Several servers on PostgreSQL: who leads (one row, id 1), under which fencing epoch, until when
+    # (seconds since 1970 on the database's clock), and every server's last check-in (ctl servers).
+    # Unused on sqlite, where the one server leads.
+    """
+    CREATE TABLE leader (
+        id INTEGER PRIMARY KEY,
+        holder TEXT NOT NULL,
+        address TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        acquired_at REAL NOT NULL,
+        renewed_at REAL NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    CREATE TABLE servers (
+        holder TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        seen_at REAL NOT NULL
+    );
+    """,
 )
 
 

@@ -103,7 +103,9 @@ def test_server_restart_adopts_running_replicas(cluster):
 
     cluster.wait(adopted, "every shard to be reported again after the restart", 60)
     after = {r.id: pids(cluster, r.id) for r in cluster.replicas().replicas}
-    assert after == before
+    events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+    said = "\n".join(f"{e.kind} {e.subject}: {e.message}" for e in events[-30:])
+    assert after == before, f"replicas restarted; the last events:\n{said}"
     catalog = cluster.client.request("GET", "/v1/admin/catalog", CatalogText)
     assert "big:" in catalog.text
 

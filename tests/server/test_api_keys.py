@@ -12,7 +12,6 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
 from llmgw.server.persist import add_api_key
-from llmgw.server.store import open_store
 from llmgw.testing.server import start_server
 
 #: a key an older llmgw accepted (``$`` matched before the trailing newline)
@@ -20,14 +19,14 @@ LEGACY = "nl-key\n"
 
 
 @pytest.fixture
-async def server(nursery, test_pki, tmp_path):
-    """A real `llmgw server` whose state already holds the legacy key ``nl-key\\n``; yields its URL."""
+async def server(nursery, test_pki, tmp_path, open_test_store):
+    """A real `llmgw server` (each store) whose state holds the legacy key ``nl-key\\n``; its URL."""
     state = tmp_path / "state"
-    store = open_store(state)
+    store = open_test_store()
     digest = hashlib.sha256(b"legacy-secret").hexdigest()
     await store.write(lambda conn: add_api_key(conn, LEGACY, digest, 1.0, "an older llmgw"))
     store.close()
-    config = test_pki.server_config(state)
+    config = test_pki.server_config(state, store=open_test_store.url)
     return await start_server(nursery, config, {"sim": SimEngine()})
 
 

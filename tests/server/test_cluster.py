@@ -257,14 +257,14 @@ def test_drain_keeps_the_ready_count():
     assert h.cluster.desired_for(source) == ()
 
 
-async def test_state_survives_a_restart(tmp_path):
+async def test_state_survives_a_restart(open_test_store):
     """Flushed state loads back: catalog, replicas with their attempts, nodes not lost at once."""
     h = Harness()
     h.join("node-1")
     h.apply()
     h.sync_all()
     h.run_all("small-0")
-    store = open_store(tmp_path)
+    store = open_test_store()
     await store.write(lambda conn: flush(conn, h.cluster, h.now))
     later = h.now + 3600
     loaded = await store.run(lambda conn: load_cluster(conn, h.cluster.settings, ENGINES, later))
@@ -278,11 +278,11 @@ async def test_state_survives_a_restart(tmp_path):
     assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
 
 
-async def test_events_are_bounded_to_the_newest(tmp_path, monkeypatch):
+async def test_events_are_bounded_to_the_newest(open_test_store, monkeypatch):
     """The store keeps the newest MAX_EVENTS events; older ones go as new ones are flushed."""
     monkeypatch.setattr(persist, "MAX_EVENTS", 5)
     h = Harness()
-    store = open_store(tmp_path)
+    store = open_test_store()
     try:
         for i in range(12):
             h.cluster.record_event(h.now, "node", f"node-{i}", "registered")
@@ -441,9 +441,9 @@ def test_repeated_refusals_are_one_event_with_a_count():
     assert operator == ["cordoned", "cordoned"], "operator actions are never folded"
 
 
-async def test_events_older_than_the_retention_are_deleted(tmp_path):
+async def test_events_older_than_the_retention_are_deleted(open_test_store):
     """Events past persist.MAX_EVENT_AGE are deleted at the next flush that stores an event."""
-    store = open_store(tmp_path / "state")
+    store = open_test_store()
     try:
         cluster = Cluster()
         cluster.record_event(1000.0, "node", "node-1", "old")

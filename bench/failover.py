@@ -1,0 +1,138 @@
+"""Leader kills under load, and what they cost: ``python bench/failover.py``.
+
+It starts a throwaway PostgreSQL (``initdb``, as the tests do; or uses
+``--store URL``), ``--servers`` ``llmgw server`` processes on it, ``--nodes``
+agents running the sim engine, ``llmgw gateway``, a model of ``--replicas``
+single-node replicas, and ``--clients`` clients (half streaming) sending chat
+completions through the gateway without pause; every client of the control
+plane knows every server. Then ``--kills`` times: ``kill -9`` the leader,
+wait until another server leads (its admin API answers and the events say
+so) and every shard is reported to it again, restart the killed server (a
+standby now). It prints:
+
+- takeover time (kill to a new leader answering) p50 and max;
+- requests served and failed during the whole run (failed must be 0);
+- shards whose engine PID changed (must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
+from llmgw.testing.processes import free_port
+from llmgw.wire import EventList
+
+sys.path.insert(0, str(Path(__file__).parent))
+from rollout import Load  # noqa: E402  (the same clients as the rollout benchmark)
+
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
+models:
+  chat:
+    source: {models}/chat
+    profile: one
+    replicas: {replicas}
+"""
+
+
+def pids(local: LocalCluster) -> dict[tuple[str, int], int | None]:
+    """(replica, rank) -> engine PID as the leader reports it."""
+    return {(r.id, s.rank): s.pid for r in local.replicas().replicas for s in r.shards}
+
+
+def last_leader(local: LocalCluster) -> tuple[int, str]:
+    """The newest 'leader' event: its id and its subject (the server that leads)."""
+    events = local.client.request("GET", "/v1/admin/events", EventList).events
+    return max((e.id, e.subject) for e in events if e.kind == "leader")
+
+
+def run(args: argparse.Namespace, store: str, root: Path) -> None:
+    ports = [free_port() for _ in range(args.servers)]
+    urls = [f"https://127.0.0.1:{port}" for port in ports]
+    local = LocalCluster(root / "cluster", server_port=ports[0], lost_after=10, poll_timeout=1, store=store)
+    local.server_url = ",".join(urls)
+    processes = {}
+    try:
+        (root / "models" / "chat").mkdir(parents=True)
+        processes[urls[0]] = local.start_server()
+        local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "a server to lead")
+        for index, port in enumerate(ports[1:], start=2):
+            processes[urls[index - 1]] = local.start_server(port=port, name=f"server-{index}")
+        for index in range(1, args.nodes + 1):
+            local.start_agent(local.add_node(index))
+        local.start_gateway(free_port())
+        local.apply(CATALOG.format(models=root / "models", replicas=args.replicas))
+        local.wait(local.all_ready, "every replica to be ready")
+        before = pids(local)
+        takeovers: list[float] = []
+        with Load(local.gateway_url, args.clients) as load:
+            local.wait(lambda: load.ok >= 50, "the load to get going", 60)
+            for kill in range(1, args.kills + 1):
+                event, leader = last_leader(local)
+                killed = time.monotonic()
+                local.stop(processes[leader], signal.SIGKILL)
+                local.wait(lambda e=event: last_leader(local)[0] > e, "another server to lead", 60)
+                takeovers.append(time.monotonic() - killed)
+                new = last_leader(local)[1]
+
+                def adopted() -> bool:
+                    now = pids(local)
+                    return local.all_ready() and all(now.get(key) for key in before)
+
+                local.wait(adopted, "every shard to be reported to the new leader", 60)
+                print(f"kill {kill}: {leader} -> {new} in {takeovers[-1]:.1f} s", flush=True)
+                index = urls.index(leader)
+                processes[leader] = local.start_server(port=ports[index], name=f"server-{index + 1}-{kill}")
+            served = load.ok
+            local.wait(lambda: load.ok >= served + 50, "more requests after the last kill", 60)
+        after = pids(local)
+        restarted = sum(1 for key, pid in before.items() if after.get(key) != pid)
+        print(
+            f"{args.kills} leader kills, {args.servers} servers, lease 6 s: takeover p50 "
+            f"{statistics.median(takeovers):.1f} s, max {max(takeovers):.1f} s; "
+            f"requests {load.ok} served, {load.failed} failed; shards restarted {restarted} of {len(before)}"
+        )
+        if load.errors:
+            print("first failures:", load.errors[:5])
+    finally:
+        local.stop_all()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", help="a postgresql:// URL to use instead of a throwaway cluster")
+    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--kills", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-failover-") as tmp:
+        if args.store:
+            run(args, args.store, Path(tmp))
+            return
+        bindir = find_postgres_bin()
+        if bindir is None:
+            sys.exit("PostgreSQL is not installed (apt-get install postgresql), or pass --store URL")
+        postgres = PostgresCluster(Path(tempfile.mkdtemp(prefix="llmgw-pg-")), bindir)
+        try:
+            postgres.start()
+            run(args, postgres.url(postgres.create_database()), Path(tmp))
+        finally:
+            postgres.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Several servers on one PostgreSQL database, one leader: the lease, its fencing epoch, the step-down.
+
+The lease is the row ``leader`` (id 1): who holds it, under which epoch, and
+until when, on the database's clock (``clock_timestamp()``), so no server's
+own clock decides. A standby takes an expired lease by raising the epoch; the
+leader renews it every third of its length from its own connection. Every
+write of the leader runs :meth:`Lease.fence` first, in the write's
+transaction: it takes the row ``FOR SHARE`` and refuses the write unless the
+epoch is still the leader's and the lease has not expired, so a leader that
+was paused past its lease (SIGSTOP, a long GC, a partition) cannot write when
+it resumes: it notices (:class:`NotLeader`) and steps down. A takeover waits
+for the row's share lock, so no write of the old epoch lands after a new one
+begins; a leader stopped inside a transaction is cut off by the database
+after ``idle_in_transaction_session_timeout`` (the lease's length).
+
+``NOTIFY llmgw_leader`` on release only wakes standbys early; they poll the
+row anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from llmgw.errors import LlmgwError
+from llmgw.net.server import Response
+from llmgw.server.store import Store, StoreError
+from llmgw.server.store_pg import _psycopg
+from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
+from llmgw.wire import ErrorDetail, ErrorReply, to_json
+
+__all__ = [
+    "CHANNEL",
+    "LEADER_HEADER",
+    "LeaderInfo",
+    "Lease",
+    "LostLease",
+    "NotLeader",
+    "lead_when_elected",
+    "not_leader_reply",
+]
+
+log = logging.getLogger("llmgw.server")
+
+#: the channel a leader that lets go notifies on
+CHANNEL = "llmgw_leader"
+#: now on the database's clock, as seconds since 1970 (clock_timestamp: not frozen at the transaction's start)
+DB_NOW = "extract(epoch from clock_timestamp())::float8"
+
+
+class NotLeader(LlmgwError):
+    """A write refused because this server no longer holds the lease under its epoch."""
+
+
+class LostLease(LlmgwError):
+    """The leader could not keep its lease (taken over, expired, or unrenewable): it steps down."""
+
+
+@attrs.frozen
+class LeaderInfo:
+    """The lease row as one server read it."""
+
+    holder: str
+    address: str
+    epoch: int
+    #: seconds since it was taken, and until it expires (negative: expired), on the database's clock
+    age: float
+    expires_in: float
+
+
+class Lease:
+    """This server's side of the lease, on its own connection (renewals never wait behind the store's writes).
+
+    :param connect: opens a new autocommit psycopg connection to the store's database.
+    :param address: the URL clients reach this server at (shown to others while it leads).
+    :param duration: the lease's length in seconds.
+    """
+
+    def __init__(self, connect: Callable[[], Any], address: str, duration: float) -> None:
+        self._connect = connect
+        self._conn: Any = None
+        self._limiter = trio.CapacityLimiter(1)
+        self.address = address
+        #: unique per process: a restarted server never mistakes an older process's lease for its own
+        self.holder = f"{address}#{secrets.token_hex(4)}"
+        self.duration = duration
+        #: the epoch this server leads under; None while it is a standby
+        self.epoch: int | None = None
+        #: time.monotonic() after which this server may no longer assume it leads, whatever the database says
+        self.deadline = 0.0
+        #: the last lease row read (the leader a standby points clients to)
+        self.seen: LeaderInfo | None = None
+
+    # -- standby -------------------------------------------------------------
+
+    async def acquire(self) -> LeaderInfo:
+        """Wait until this server holds the lease; return the row it replaced (holder '' when there was none).
+
+        Polls every fifth of the lease, and wakes early on a ``NOTIFY`` from a leader letting go.
+        Errors reaching the database are logged and retried.
+        """
+        while True:
+            try:
+                won = await self._in_thread(self._try_acquire)
+                if won is not None:
+                    return won
+                await self._in_thread(self._wait_for_notify)
+            except Exception as exc:  # unreachable, or the row is locked by a leader stopped mid-write
+                log.warning("cannot take the lease yet: %s", str(exc).strip())
+                self._drop_connection()
+                await trio.sleep(self.duration / 5)
+
+    def _try_acquire(self) -> LeaderInfo | None:
+        conn = self._connection()
+        sent = time.monotonic()
+        self._check_in(conn)
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '1s'")
+            row = conn.execute(
+                f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
+                " FROM leader WHERE id = 1 FOR UPDATE"
+            ).fetchone()
+            previous = LeaderInfo(*row) if row else LeaderInfo("", "", 0, 0.0, 0.0)
+            self.seen = previous if row else None
+            if row is not None and previous.expires_in > 0:
+                return None
+            epoch = previous.epoch + 1
+            conn.execute(
+                "INSERT INTO leader (id, holder, address, epoch, acquired_at, renewed_at, expires_at)"
+                f" VALUES (1, %s, %s, %s, {DB_NOW}, {DB_NOW}, {DB_NOW} + %s)"
+                " ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, address = excluded.address,"
+                " epoch = excluded.epoch, acquired_at = excluded.acquired_at,"
+                " renewed_at = excluded.renewed_at, expires_at = excluded.expires_at",
+                (self.holder, self.address, epoch, self.duration),
+            )
+        self.epoch = epoch
+        self.deadline = sent + self.duration * 0.9
+        self.seen = LeaderInfo(self.holder, self.address, epoch, 0.0, self.duration)
+        return previous
+
+    def _wait_for_notify(self) -> None:
+        conn = self._connection()
+        conn.execute(f"LISTEN {CHANNEL}")
+        for _ in conn.notifies(timeout=self.duration / 5, stop_after=1):
+            pass
+
+    # -- leader --------------------------------------------------------------
+
+    async def keep(self) -> None:
+        """Renew the lease every third of its length until it cannot be kept; raises :class:`LostLease` then.
+
+        Runs beside the leader's work; it raises without writing when this
+        process finds itself past its local deadline (it was paused).
+        """
+        while True:
+            await trio.sleep(self.duration / 3)
+            late = time.monotonic() - self.deadline
+            if late > 0:
+                raise LostLease(
+                    f"the lease (epoch {self.epoch}) ran out {late:.1f} s ago while this server was paused"
+                )
+            try:
+                kept = await self._in_thread(self._renew)
+            except Exception as exc:
+                log.warning("cannot renew the lease (epoch %s): %s", self.epoch, str(exc).strip())
+                self._drop_connection()
+                continue
+            if not kept:
+                raise LostLease(f"the lease (epoch {self.epoch}) was taken over or expired in the database")
+
+    def _renew(self) -> bool:
+        conn = self._connection()
+        sent = time.monotonic()
+        self._check_in(conn)
+        conn.execute(f"DELETE FROM servers WHERE seen_at < {DB_NOW} - %s", (self.duration * 20,))
+        row = conn.execute(
+            f"UPDATE leader SET renewed_at = {DB_NOW}, expires_at = {DB_NOW} + %s"
+            f" WHERE id = 1 AND holder = %s AND epoch = %s AND expires_at > {DB_NOW} RETURNING epoch",
+            (self.duration, self.holder, self.epoch),
+        ).fetchone()
+        if row is None:
+            return False
+        self.deadline = sent + self.duration * 0.9
+        return True
+
+    def fence(self, conn: Any) -> None:
+        """The store's ``before_write``: refuse this write unless this server still leads under its epoch.
+
+        Runs in the write's transaction, which then holds the lease row (``FOR
+        SHARE``) until it commits: a takeover waits for it.
+
+        :raises NotLeader: this server is a standby, or its epoch is over, or its lease ran out.
+        """
+        if self.epoch is None:
+            raise NotLeader("this server is a standby; only the leader writes")
+        late = time.monotonic() - self.deadline
+        if late > 0:
+            raise NotLeader(f"the lease (epoch {self.epoch}) ran out {late:.1f} s ago; not writing")
+        row = conn.execute(
+            f"SELECT holder, epoch, expires_at - {DB_NOW} FROM leader WHERE id = 1 FOR SHARE"
+        ).fetchone()
+        if row is None or row[1] != self.epoch or row[2] <= 0:
+            holder = f"{row[0]} holds epoch {row[1]}" if row else "no lease row"
+            raise NotLeader(f"the lease of epoch {self.epoch} is over ({holder}); not writing")
+
+    async def release(self) -> None:
+        """Let go of the lease now if this server holds it, waking the standbys; leave ``ctl servers``.
+
+        Called once as the server stops; errors are only logged.
+        """
+        epoch, self.epoch = self.epoch, None
+
+        def let_go() -> None:
+            conn = self._connection()
+            if epoch is not None:
+                conn.execute(
+                    f"UPDATE leader SET expires_at = {DB_NOW} WHERE id = 1 AND holder = %s AND epoch = %s",
+                    (self.holder, epoch),
+                )
+                conn.execute(f"NOTIFY {CHANNEL}")
+            conn.execute("DELETE FROM servers WHERE holder = %s", (self.holder,))
+
+        try:
+            await self._in_thread(let_go)
+        except Exception as exc:
+            log.warning("could not release the lease (epoch %s): %s", epoch, str(exc).strip())
+
+    def step_down(self) -> None:
+        """Forget the epoch: from now on every write is refused."""
+        self.epoch = None
+
+    def _check_in(self, conn: Any) -> None:
+        """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced."""
+        conn.execute(
+            "INSERT INTO servers (holder, address, started_at, seen_at)"
+            f" VALUES (%s, %s, {DB_NOW}, {DB_NOW})"
+            " ON CONFLICT (holder) DO UPDATE SET seen_at = excluded.seen_at",
+            (self.holder, self.address),
+        )
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def read(self) -> LeaderInfo | None:
+        """The lease row now (None when no server ever led)."""
+
+        def read() -> LeaderInfo | None:
+            row = self._connection().execute(
+                f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
+                " FROM leader WHERE id = 1"
+            ).fetchone()
+            return LeaderInfo(*row) if row else None
+
+        self.seen = await self._in_thread(read)
+        return self.seen
+
+    async def _in_thread(self, work: Callable[[], Any]) -> Any:
+        async with self._limiter:
+            return await trio.to_thread.run_sync(work)
+
+    def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._drop_connection()
+            self._conn = self._connect()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        """Close the lease's connection (the server is stopping)."""
+        self._drop_connection()
+
+
+def not_leader_reply(lease: Lease) -> Response:
+    """A standby's answer to every request: 503 ``not_leader``, naming the leader (``x-llmgw-leader``)."""
+    seen = lease.seen
+    if seen is None or seen.expires_in <= 0 or not seen.address:
+        message = "this server is a standby and no server leads right now; try again in a few seconds"
+        headers: tuple[tuple[str, str], ...] = ()
+    else:
+        message = f"this server is a standby; the leader is {seen.address} (epoch {seen.epoch})"
+        headers = ((LEADER_HEADER, seen.address),)
+    body = to_json(ErrorReply(ErrorDetail(message, NOT_LEADER)))
+    return Response.json(503, body, headers=headers)
+
+
+async def lead_when_elected(
+    store: Any, front: Any, lead: Callable[[trio.Nursery], Awaitable[None]], *, address: str, duration: float
+) -> None:
+    """Be a standby until this server holds the lease, then lead until it is lost; again, forever.
+
+    Called by ``serve_server`` on a PostgreSQL store, once listening.
+    While a standby, ``front`` answers every request with :func:`not_leader_reply`.
+    Leading is ``lead(nursery)``: load the state, start the reconciler in
+    ``nursery`` and hand requests to the app, as a single server starts; it
+    adopts running replicas as a restart does. A lost lease, a fenced write
+    or a store that cannot be written cancels that nursery; events record
+    every change of leader and why. The lease is released (standbys wake at
+    once) when the server stops.
+    """
+    psycopg = _psycopg()
+    lease = Lease(store.connect, address, duration)
+    store.before_write = lease.fence
+    front.refusal = lambda: not_leader_reply(lease)
+    try:
+        while True:
+            front.app = None
+            previous = await lease.acquire()
+            if not previous.holder:
+                why = "no server led before"
+            else:
+                why = f"the lease of {previous.address} (epoch {previous.epoch}) expired"
+            log.warning("this server leads now (epoch %d): %s", lease.epoch, why)
+            reason = "stopped"
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(lease.keep)
+                    message = f"{address} leads (epoch {lease.epoch}): {why}"
+                    event = partial(Store.add_event, kind="leader", subject=address, message=message)
+                    await store.write(event)
+                    await lead(nursery)
+            except* (LostLease, NotLeader, StoreError, psycopg.OperationalError) as group:
+                reason = "; ".join(str(e).strip() for e in _leaves(group))
+            epoch = lease.epoch
+            lease.step_down()
+            front.app = None
+            log.warning("stepped down (epoch %s): %s", epoch, reason)
+    finally:
+        with trio.CancelScope(shield=True):
+            await lease.release()
+        lease.close()
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves

@@ -1,0 +1,167 @@
+"""Failover of the control plane: two servers on PostgreSQL, agents, gateway and ctl knowing both."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.dev.cluster import LocalCluster, program
+from llmgw.testing.processes import free_port
+from llmgw.wire import EventList
+
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
+  tp4x2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 4
+models:
+  chat:
+    source: {models}/chat
+    profile: one
+    replicas: 2
+  big:
+    source: {models}/big
+    profile: tp4x2
+    replicas: 1
+"""
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Load:
+    """Clients sending chat completions through the gateway in threads (half streaming), counting outcomes."""
+
+    def __init__(self, url: str, clients: int) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.ok = 0
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i % 2 == 0,)) for i in range(clients)]
+
+    def _run(self, stream: bool) -> None:
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    outcome = self._one(client, {**body, "stream": stream}, stream)
+                except httpx.HTTPError as exc:
+                    outcome = f"{type(exc).__name__}: {exc}"
+                with self.lock:
+                    if outcome is None:
+                        self.ok += 1
+                    else:
+                        self.failures.append(outcome)
+
+    def _one(self, client: httpx.Client, body: dict, stream: bool) -> str | None:
+        url = f"{self.url}/v1/chat/completions"
+        if not stream:
+            response = client.post(url, json=body)
+            return None if response.status_code == 200 else f"{response.status_code}: {response.text[:200]}"
+        with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                return f"stream {response.status_code}: {response.read()[:200]!r}"
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        if not events or events[-1] != "[DONE]":
+            return f"stream ended without [DONE]: {events[-2:]}"
+        errors = [e for e in events[:-1] if "error" in json.loads(e)]
+        return f"stream error event: {errors[0]}" if errors else None
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def shard_pids(local: LocalCluster) -> dict[str, list[int]]:
+    return {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
+
+
+def routed(local: LocalCluster) -> bool:
+    try:
+        response = httpx.get(f"{local.gateway_url}/v1/models", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and "chat" in [m["id"] for m in response.json()["data"]]
+
+
+def test_killing_the_leader_fails_no_request_and_restarts_no_engine(tmp_path: Path, pg_url: str):
+    """kill -9 the leader under load: the standby leads, agents and gateway follow, 0 failures, 0 restarts."""
+    port_a, port_b = free_port(), free_port()
+    local = LocalCluster(tmp_path / "cluster", server_port=port_a, lost_after=4, poll_timeout=1, store=pg_url)
+    url_a, url_b = f"https://127.0.0.1:{port_a}", f"https://127.0.0.1:{port_b}"
+    # every client of the control plane (admin client, agents, gateway) gets both servers
+    local.server_url = f"{url_a},{url_b}"
+    try:
+        for name in ("chat", "big"):
+            (tmp_path / "models" / name).mkdir(parents=True)
+        local.start_server()
+        local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "server A to lead")
+        local.start_server(port=port_b, name="server-b")
+        for index in (1, 2, 3):
+            local.start_agent(local.add_node(index))
+        local.start_gateway(free_port())
+        local.apply(CATALOG.format(models=tmp_path / "models"))
+        local.wait(local.all_ready, "every replica to be ready")
+        local.wait(lambda: routed(local), "the gateway to route the model")
+        before = shard_pids(local)
+
+        with Load(local.gateway_url, 16) as load:
+            local.wait(lambda: load.ok >= 32, "the load to get going", 60)
+            killed = time.monotonic()
+            local.stop(local.server, signal.SIGKILL)
+            events = local.wait(
+                lambda: [e for e in local.client.request("GET", "/v1/admin/events", EventList).events
+                         if e.kind == "leader" and e.subject == url_b],
+                "server B to lead",
+                30,
+            )  # fmt: skip
+            took = time.monotonic() - killed
+
+            def adopted() -> bool:
+                shards = [s for r in local.replicas().replicas for s in r.shards]
+                return local.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
+
+            local.wait(adopted, "every shard to be reported to server B", 60)
+            served = load.ok
+            local.wait(lambda: load.ok >= served + 32, "more requests after the takeover", 60)
+        assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}"
+        assert took < 15, f"server B took {took:.1f} s to lead"
+        assert "epoch 2" in events[0].message
+        assert shard_pids(local) == before, "no engine was restarted"
+
+        # ctl with both servers keeps working; the first one is dead
+        ctl = [program("llmgw"), "ctl", "--server", local.server_url, "--ca", str(local.ca.cert_path)]
+        ctl += ["--cert", str(local.admin_tls.cert_path), "--key", str(local.admin_tls.key_path)]
+        done = subprocess.run([*ctl, "nodes"], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert all(f"node-{i}" in done.stdout for i in (1, 2, 3))
+
+        # and the new leader rebuilds a killed shard
+        victim = before["chat-0"][0]
+        os.kill(victim, signal.SIGKILL)
+        local.wait(
+            lambda: shard_pids(local)["chat-0"] != [victim] and local.all_ready(),
+            "the new leader to rebuild chat-0",
+            60,
+        )
+    finally:
+        local.stop_all()

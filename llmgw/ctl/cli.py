@@ -139,7 +139,7 @@ def events(ctx: click.Context, since: int, limit: int, output: str) -> None:
 
 
 @click.command()
-@output_option
+@output_option()
 @click.pass_context
 def servers(ctx: click.Context, output: str) -> None:
     """The control plane's servers: which one leads, its epoch and lease, the standbys."""

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
+from llmgw.testing.load import GatewayLoad
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
@@ -39,56 +38,6 @@ models:
 """
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Load:
-    """Clients sending chat completions through the gateway in threads (half streaming), counting outcomes."""
-
-    def __init__(self, url: str, clients: int) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.ok = 0
-        self.failures: list[str] = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i % 2 == 0,)) for i in range(clients)]
-
-    def _run(self, stream: bool) -> None:
-        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-        with httpx.Client(timeout=30) as client:
-            while not self.stop.is_set():
-                try:
-                    outcome = self._one(client, {**body, "stream": stream}, stream)
-                except httpx.HTTPError as exc:
-                    outcome = f"{type(exc).__name__}: {exc}"
-                with self.lock:
-                    if outcome is None:
-                        self.ok += 1
-                    else:
-                        self.failures.append(outcome)
-
-    def _one(self, client: httpx.Client, body: dict, stream: bool) -> str | None:
-        url = f"{self.url}/v1/chat/completions"
-        if not stream:
-            response = client.post(url, json=body)
-            return None if response.status_code == 200 else f"{response.status_code}: {response.text[:200]}"
-        with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                return f"stream {response.status_code}: {response.read()[:200]!r}"
-            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
-        if not events or events[-1] != "[DONE]":
-            return f"stream ended without [DONE]: {events[-2:]}"
-        errors = [e for e in events[:-1] if "error" in json.loads(e)]
-        return f"stream error event: {errors[0]}" if errors else None
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
 
 
 def shard_pids(local: LocalCluster) -> dict[str, list[int]]:
@@ -124,7 +73,7 @@ def test_killing_the_leader_fails_no_request_and_restarts_no_engine(tmp_path: Pa
         local.wait(lambda: routed(local), "the gateway to route the model")
         before = shard_pids(local)
 
-        with Load(local.gateway_url, 16) as load:
+        with GatewayLoad(local.gateway_url, 16) as load:
             local.wait(lambda: load.ok >= 32, "the load to get going", 60)
             killed = time.monotonic()
             local.stop(local.server, signal.SIGKILL)

@@ -82,9 +82,17 @@ class LocalCluster:
     """A CA, a server and nodes under ``state_dir``; start and stop its parts one by one."""
 
     def __init__(
-        self, state_dir: Path, *, server_port: int = 7443, lost_after: float = 15.0, poll_timeout: float = 5.0
+        self,
+        state_dir: Path,
+        *,
+        server_port: int = 7443,
+        lost_after: float = 15.0,
+        poll_timeout: float = 5.0,
+        sim: str | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
+        #: the program agents start as the sim engine (a wrapper injecting faults); ``llmgw-sim`` by default
+        self.sim = sim
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.server_port = server_port
@@ -220,7 +228,7 @@ class LocalCluster:
             "--ib-root",
             str(node.ib_root),
             "--engine",
-            f"sim:llmgw-sim={program('llmgw-sim')}",
+            f"sim:llmgw-sim={self.sim or program('llmgw-sim')}",
         ]
         if node.fabric:
             argv += ["--fabric", node.fabric]

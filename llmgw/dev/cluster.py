@@ -99,12 +99,15 @@ class LocalCluster:
         lost_after: float = 15.0,
         poll_timeout: float = 5.0,
         store: str | None = None,
+        sim: str | None = None,
     ) -> None:
         #: more ``llmgw agent`` flags for every node (``--bandwidth-limit 20``...)
         self.agent_args: list[str] = []
         self.state_dir = state_dir.resolve()
         #: a ``postgresql://`` URL the server keeps its state in; None: sqlite under the state dir
         self.store = store
+        #: the program agents start as the sim engine (a wrapper injecting faults); ``llmgw-sim`` by default
+        self.sim = sim
         self.logs = self.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.server_port = server_port
@@ -244,7 +247,7 @@ class LocalCluster:
             "--ib-root",
             str(node.ib_root),
             "--engine",
-            f"sim:llmgw-sim={program('llmgw-sim')}",
+            f"sim:llmgw-sim={self.sim or program('llmgw-sim')}",
             "--models-dir",
             str(node.models_dir),
             "--peer-port",

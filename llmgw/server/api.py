@@ -58,6 +58,9 @@ __all__ = ["ServerApp"]
 
 log = logging.getLogger("llmgw.server")
 
+#: seconds between two looks at the revocation list (one ``stat`` each)
+REVOCATION_CHECK = 0.2
+
 Handler = Callable[[Request, Identity, dict[str, str]], Awaitable[Response]]
 
 
@@ -135,7 +138,17 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
 
     async def run_reconciler(self, interval: float = 1.0, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile when asked and every ``interval`` seconds (lost nodes, backoff); runs until cancelled."""
-        await self.reconciler.run(interval, on_tick=self._reload_revocations, task_status=task_status)
+        await self.reconciler.run(interval, task_status=task_status)
+
+    async def watch_revocations(self, interval: float = REVOCATION_CHECK) -> None:
+        """Every ``interval`` seconds, reload the revocation list if it changed and fence revoked nodes.
+
+        Started with the reconciler; runs until cancelled. A check is one ``stat``: frequent
+        enough that the routes drop a revoked node well within a second of ``ca revoke``.
+        """
+        while True:
+            await self._reload_revocations()
+            await trio.sleep(interval)
 
     async def fence_revoked(self) -> None:
         """Declare lost at once every node whose last certificate is revoked (``Cluster.fence_node``).

@@ -133,6 +133,7 @@ async def _lead(
     await app.load_keys()
     front.detail = "placing the stored catalog's replicas"
     await nursery.start(app.run_reconciler, config.tick)
+    nursery.start_soon(app.watch_revocations)
     front.app = app
     if loaded is not None:
         loaded.set()

@@ -11,20 +11,44 @@ load (drains, rollouts, removals) and then check that no request failed::
 Half the clients stream (even-numbered ones); clients are spread over the
 models in turn. A request counts as failed when the answer is not 200, a
 non-streamed answer has no content, a stream ends without ``[DONE]`` or
-carries an error event, or the connection fails.
+carries an error event, or the connection fails. Every request is also kept
+as an :class:`Answer` (which replica answered, when, streamed or not) for
+tests that check where requests went.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
+import attrs
 import httpx
 
-__all__ = ["GatewayLoad", "gateway_models"]
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.processes import free_port
+
+__all__ = ["Answer", "GatewayLoad", "gateway_models", "routed_cluster"]
+
+
+@attrs.frozen
+class Answer:
+    """One request of a :class:`GatewayLoad`: how it went and which replica answered."""
+
+    model: str
+    stream: bool
+    #: the ``x-llmgw-replica`` header of the answer; "" when there was none (no answer, or a refusal)
+    replica: str
+    #: ``time.time()`` when the request was sent and when its answer ended
+    began: float
+    ended: float
+    #: what went wrong, as in :attr:`GatewayLoad.failures`; None when it succeeded
+    failure: str | None
 
 
 def gateway_models(url: str) -> list[str] | None:
@@ -36,6 +60,40 @@ def gateway_models(url: str) -> list[str] | None:
     if response.status_code != 200:
         return None
     return sorted(m["id"] for m in response.json()["data"])
+
+
+@contextlib.contextmanager
+def routed_cluster(
+    root: Path,
+    catalog: str,
+    *,
+    nodes: int = 2,
+    gateway: Sequence[str] = (),
+    sim: str | None = None,
+    lost_after: float = 10,
+) -> Iterator[LocalCluster]:
+    """A server, ``nodes`` agents and a gateway routing every model of ``catalog``; all stopped after.
+
+    ``catalog`` names its models' sources ``{models}/NAME``: the directories are made under
+    ``root/models``. Yields once every replica is ready and the gateway lists every model.
+    :param gateway: more ``llmgw gateway`` options; :param sim: the sim program (see :class:`LocalCluster`).
+    """
+    cluster = LocalCluster(
+        root / "cluster", server_port=free_port(), lost_after=lost_after, poll_timeout=1, sim=sim
+    )
+    for name in re.findall(r"\{models\}/([\w.-]+)", catalog):
+        (root / "models" / name).mkdir(parents=True, exist_ok=True)
+    try:
+        cluster.start(nodes)
+        cluster.start_gateway(free_port(), extra=gateway)
+        cluster.apply(catalog.format(models=root / "models"))
+        cluster.wait(cluster.all_ready, "every replica to be ready", 60)
+        models = sorted({r.model for r in cluster.replicas().replicas})
+        routed = lambda: gateway_models(cluster.gateway_url) == models  # noqa: E731
+        cluster.wait(routed, f"the gateway to route {models}", 30)
+        yield cluster
+    finally:
+        cluster.stop_all()
 
 
 class GatewayLoad:
@@ -54,6 +112,8 @@ class GatewayLoad:
         self.served: Counter[str] = Counter()
         #: one line per failed request: ``model: what went wrong``
         self.failures: list[str] = []
+        #: every request that ended, in the order they ended
+        self.answers: list[Answer] = []
         self.lock = threading.Lock()
         self.threads = [
             threading.Thread(
@@ -112,25 +172,30 @@ class GatewayLoad:
         stopped = self._stopped_models[model]
         with httpx.Client(timeout=30) as client:
             while not (self.stop.is_set() or stopped.is_set()):
+                began, replica = time.time(), [""]
                 try:
-                    outcome = self._one(client, body, stream)
+                    outcome = self._one(client, body, stream, replica)
                 except httpx.HTTPError as exc:
                     outcome = f"{type(exc).__name__}: {exc}"
+                answer = Answer(model, stream, replica[0], began, time.time(), outcome)
                 with self.lock:
+                    self.answers.append(answer)
                     if outcome is None:
                         self.served[model] += 1
                     else:
                         self.failures.append(f"{model}: {outcome}")
 
-    def _one(self, client: httpx.Client, body: dict, stream: bool) -> str | None:
-        """One request; None when it succeeded, else what went wrong."""
+    def _one(self, client: httpx.Client, body: dict, stream: bool, replica: list[str]) -> str | None:
+        """One request; None when it succeeded, else what went wrong. ``replica[0]``: who answered."""
         url = f"{self.url}/v1/chat/completions"
         if not stream:
             response = client.post(url, json=body)
+            replica[0] = response.headers.get("x-llmgw-replica", "")
             if response.status_code != 200:
                 return f"{response.status_code}: {response.text[:200]}"
             return None if response.json()["choices"][0]["message"]["content"] else "empty answer"
         with client.stream("POST", url, json=body) as response:
+            replica[0] = response.headers.get("x-llmgw-replica", "")
             if response.status_code != 200:
                 return f"stream {response.status_code}: {response.read()[:200]!r}"
             events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]

@@ -16,8 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.processes import free_port
+from llmgw.testing.load import routed_cluster
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(240)
@@ -38,69 +37,53 @@ models:
 STALL = 4.0
 
 
-def _routed(cluster: LocalCluster) -> bool:
-    try:
-        response = httpx.get(f"{cluster.gateway_url}/v1/models", timeout=2)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200 and [m["id"] for m in response.json()["data"]] == ["chat"]
-
-
 def test_sigstopped_engine_under_load_its_requests_go_elsewhere(tmp_path: Path):
     """SIGSTOP one of two engines under 8 clients: every request succeeds, none waits over stall + 2 s."""
-    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    (tmp_path / "models" / "chat").mkdir(parents=True)
     stopped: list[int] = []
-    try:
-        cluster.start(2)
-        cluster.start_gateway(free_port(), extra=["--stall-timeout", str(STALL)])
-        cluster.apply(CATALOG.format(models=tmp_path / "models"))
-        cluster.wait(cluster.all_ready, "both replicas to be ready", 60)
-        cluster.wait(lambda: _routed(cluster), "the gateway to route the model", 30)
-        victim = cluster.replicas().replicas[0]
-        results: list[tuple[int, float, str]] = []
-        lock = threading.Lock()
-        stop = threading.Event()
+    with routed_cluster(tmp_path, CATALOG, gateway=["--stall-timeout", str(STALL)]) as cluster:
+        try:
+            victim = cluster.replicas().replicas[0]
+            results: list[tuple[int, float, str]] = []
+            lock = threading.Lock()
+            stop = threading.Event()
 
-        def client() -> None:
-            body = {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
-            with httpx.Client(base_url=cluster.gateway_url, timeout=30) as http:
-                while not stop.is_set():
-                    began = time.monotonic()
-                    try:
-                        response = http.post("/v1/chat/completions", json=body)
-                        outcome = (response.status_code, response.headers.get("x-llmgw-replica", ""))
-                    except httpx.HTTPError as exc:
-                        outcome = (0, str(exc))
-                    with lock:
-                        results.append((outcome[0], time.monotonic() - began, outcome[1]))
+            def client() -> None:
+                body = {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+                with httpx.Client(base_url=cluster.gateway_url, timeout=30) as http:
+                    while not stop.is_set():
+                        began = time.monotonic()
+                        try:
+                            response = http.post("/v1/chat/completions", json=body)
+                            outcome = (response.status_code, response.headers.get("x-llmgw-replica", ""))
+                        except httpx.HTTPError as exc:
+                            outcome = (0, str(exc))
+                        with lock:
+                            results.append((outcome[0], time.monotonic() - began, outcome[1]))
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        cluster.wait(lambda: len(results) > 200, "requests to flow through the gateway", 30)
-        stopped.append(victim.shards[0].pid)
-        os.kill(stopped[0], signal.SIGSTOP)
-        stopped_at = len(results)
-        time.sleep(STALL + 8)  # load goes on through the stall, its detection and the retries
-        stop.set()
-        for thread in threads:
-            thread.join(40)
-        after = results[stopped_at:]
-        failed = [r for r in after if r[0] != 200]
-        assert not failed, failed[:5]
-        slowest = max(seconds for _, seconds, _ in after)
-        print(f"{len(after)} requests after SIGSTOP, slowest {slowest:.2f} s (stall timeout {STALL:g} s)")
-        assert slowest <= STALL + 2, f"a request waited {slowest:.1f} s"
-        events = cluster.client.request("GET", "/v1/admin/events", EventList).events
-        reports = [e.message for e in events if e.kind == "gateway" and e.subject == victim.id]
-        assert reports and reports[0].startswith("gateway dev-gateway found it stalled: nothing arrived"), (
-            reports
-        )
-    finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        cluster.stop_all()
+            threads = [threading.Thread(target=client, daemon=True) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            cluster.wait(lambda: len(results) > 200, "requests to flow through the gateway", 30)
+            stopped.append(victim.shards[0].pid)
+            os.kill(stopped[0], signal.SIGSTOP)
+            stopped_at = len(results)
+            time.sleep(STALL + 8)  # load goes on through the stall, its detection and the retries
+            stop.set()
+            for thread in threads:
+                thread.join(40)
+            after = results[stopped_at:]
+            failed = [r for r in after if r[0] != 200]
+            assert not failed, failed[:5]
+            slowest = max(seconds for _, seconds, _ in after)
+            print(f"{len(after)} requests after SIGSTOP, slowest {slowest:.2f} s (stall timeout {STALL:g} s)")
+            assert slowest <= STALL + 2, f"a request waited {slowest:.1f} s"
+            events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+            reports = [e.message for e in events if e.kind == "gateway" and e.subject == victim.id]
+            found = "gateway dev-gateway found it stalled: nothing arrived"
+            assert reports and reports[0].startswith(found), reports
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass

@@ -7,21 +7,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import GatewayLoad, gateway_models
+from llmgw.testing.load import CHAT_CATALOG, GatewayLoad, gateway_models
 from llmgw.testing.processes import free_port
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,7 +21,7 @@ def cluster(tmp_path: Path):
         (tmp_path / "models" / "chat").mkdir(parents=True)
         local.start(3)
         local.start_gateway(free_port())
-        local.apply(CATALOG.format(models=tmp_path / "models"))
+        local.apply(CHAT_CATALOG.format(models=tmp_path / "models"))
         local.wait(local.all_ready, "both replicas to be ready")
         local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
         yield local

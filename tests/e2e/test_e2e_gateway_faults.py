@@ -16,23 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.testing.load import routed_cluster
+from llmgw.testing.load import CHAT_CATALOG, routed_cluster
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(240)
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
 #: seconds (the default is 10; shorter keeps the test short)
 STALL = 4.0
 
@@ -40,7 +28,7 @@ STALL = 4.0
 def test_sigstopped_engine_under_load_its_requests_go_elsewhere(tmp_path: Path):
     """SIGSTOP one of two engines under 8 clients: every request succeeds, none waits over stall + 2 s."""
     stopped: list[int] = []
-    with routed_cluster(tmp_path, CATALOG, gateway=["--stall-timeout", str(STALL)]) as cluster:
+    with routed_cluster(tmp_path, CHAT_CATALOG, gateway=["--stall-timeout", str(STALL)]) as cluster:
         try:
             victim = cluster.replicas().replicas[0]
             results: list[tuple[int, float, str]] = []

@@ -4,6 +4,8 @@ Agents, gateways and ``ctl`` take a comma-separated list. They talk to one
 server at a time; when it cannot be reached they move to the next, and when
 it answers 503 ``not_leader`` (a standby, see :mod:`llmgw.server.leader`) they
 move to the leader it names in the ``x-llmgw-leader`` header, else to the next.
+A standby answers reads itself (the admin API's, the routes feed) from the
+store, marking them with the ``x-llmgw-standby`` header.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from urllib.parse import urlsplit
 __all__ = [
     "LEADER_HEADER",
     "NOT_LEADER",
+    "STANDBY_HEADER",
     "NotLeaderAnswer",
     "ServerList",
     "leader_hint",
@@ -26,6 +29,8 @@ __all__ = [
 LEADER_HEADER = "x-llmgw-leader"
 #: the error type of a standby's answer
 NOT_LEADER = "not_leader"
+#: the header on a standby's read (from the store, as the leader last wrote it): which revision, how old
+STANDBY_HEADER = "x-llmgw-standby"
 
 
 def parse_servers(text: str, flag: str = "--server", schemes: Sequence[str] = ("https",)) -> tuple[str, ...]:

@@ -14,7 +14,8 @@ begins; a leader stopped inside a transaction is cut off by the database
 after ``idle_in_transaction_session_timeout`` (the lease's length).
 
 ``NOTIFY llmgw_leader`` on release only wakes standbys early; they poll the
-row anyway.
+row anyway. Meanwhile a standby answers reads from the store
+(:mod:`llmgw.server.standby`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -35,6 +36,9 @@ from llmgw.server.store import Store, StoreError
 from llmgw.server.store_pg import _psycopg
 from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
+
+if TYPE_CHECKING:
+    from llmgw.server.standby import StandbyView
 
 __all__ = [
     "CHANNEL",
@@ -104,16 +108,22 @@ class Lease:
         """Wait until this server holds the lease; return the row it replaced (holder '' when there was none).
 
         Polls every fifth of the lease, and wakes early on a ``NOTIFY`` from a leader letting go.
-        Errors reaching the database are logged and retried.
+        Errors reaching the database are logged (the first of a run of them as a warning) and retried.
         """
+        failing = False
         while True:
             try:
                 won = await self._in_thread(self._try_acquire)
+                if failing:
+                    log.warning("the store answers again; competing for the lease")
+                    failing = False
                 if won is not None:
                     return won
                 await self._in_thread(self._wait_for_notify)
             except Exception as exc:  # unreachable, or the row is locked by a leader stopped mid-write
-                log.warning("cannot take the lease yet: %s", str(exc).strip())
+                level = logging.DEBUG if failing else logging.WARNING
+                log.log(level, "cannot take the lease yet: %s", str(exc).strip())
+                failing = True
                 self._drop_connection()
                 await trio.sleep(self.duration / 5)
 
@@ -159,19 +169,29 @@ class Lease:
         Runs beside the leader's work; it raises without writing when this
         process finds itself past its local deadline (it was paused).
         """
+        #: (time.monotonic() of the first failed renewal in a row, the last error), None while they succeed
+        failing: tuple[float, str] | None = None
         while True:
             await trio.sleep(self.duration / 3)
             late = time.monotonic() - self.deadline
             if late > 0:
+                if failing is not None:
+                    raise LostLease(
+                        f"the lease (epoch {self.epoch}) ran out {late:.1f} s ago: it could not be "
+                        f"renewed for {time.monotonic() - failing[0]:.1f} s (last error: {failing[1]})"
+                    )
                 raise LostLease(
                     f"the lease (epoch {self.epoch}) ran out {late:.1f} s ago while this server was paused"
                 )
             try:
                 kept = await self._in_thread(self._renew)
             except Exception as exc:
-                log.warning("cannot renew the lease (epoch %s): %s", self.epoch, str(exc).strip())
+                error = str(exc).strip() or type(exc).__name__
+                log.warning("cannot renew the lease (epoch %s): %s", self.epoch, error)
+                failing = (failing[0] if failing else time.monotonic(), error)
                 self._drop_connection()
                 continue
+            failing = None
             if not kept:
                 raise LostLease(f"the lease (epoch {self.epoch}) was taken over or expired in the database")
 
@@ -294,12 +314,20 @@ def not_leader_reply(lease: Lease) -> Response:
 
 
 async def lead_when_elected(
-    store: Any, front: Any, lead: Callable[[trio.Nursery], Awaitable[None]], *, address: str, duration: float
+    store: Any,
+    front: Any,
+    lead: Callable[[trio.Nursery], Awaitable[None]],
+    *,
+    address: str,
+    duration: float,
+    view: StandbyView | None = None,
 ) -> None:
     """Be a standby until this server holds the lease, then lead until it is lost; again, forever.
 
     Called by ``serve_server`` on a PostgreSQL store, once listening.
-    While a standby, ``front`` answers every request with :func:`not_leader_reply`.
+    While a standby, ``front.standby`` (``view``'s handler) answers reads from
+    the store and ``front.refusal`` (:func:`not_leader_reply`) everything
+    else; without a ``view``, the refusal answers every request.
     Leading is ``lead(nursery)``: load the state, start the reconciler in
     ``nursery`` and hand requests to the app, as a single server starts; it
     adopts running replicas as a restart does. A lost lease, a fenced write
@@ -311,33 +339,51 @@ async def lead_when_elected(
     lease = Lease(store.connect, address, duration)
     store.before_write = lease.fence
     front.refusal = lambda: not_leader_reply(lease)
+    if view is not None:
+        view.refusal = front.refusal
     try:
-        while True:
-            front.app = None
-            previous = await lease.acquire()
-            if not previous.holder:
-                why = "no server led before"
-            else:
-                why = f"the lease of {previous.address} (epoch {previous.epoch}) expired"
-            log.warning("this server leads now (epoch %d): %s", lease.epoch, why)
-            reason = "stopped"
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(lease.keep)
-                    message = f"{address} leads (epoch {lease.epoch}): {why}"
-                    event = partial(Store.add_event, kind="leader", subject=address, message=message)
-                    await store.write(event)
-                    await lead(nursery)
-            except* (LostLease, NotLeader, StoreError, psycopg.OperationalError) as group:
-                reason = "; ".join(str(e).strip() for e in _leaves(group))
-            epoch = lease.epoch
-            lease.step_down()
-            front.app = None
-            log.warning("stepped down (epoch %s): %s", epoch, reason)
+        async with trio.open_nursery() as standby:
+            while True:
+                front.app = None
+                following = None
+                if view is not None:
+                    following = await standby.start(view.follow)
+                    front.standby = view.handle
+                previous = await lease.acquire()
+                if not previous.holder:
+                    why = "no server led before"
+                else:
+                    why = f"the lease of {previous.address} (epoch {previous.epoch}) expired"
+                log.warning("this server leads now (epoch %d): %s", lease.epoch, why)
+                reason = "stopped"
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(lease.keep)
+                        message = f"{address} leads (epoch {lease.epoch}): {why}"
+                        event = partial(Store.add_event, kind="leader", subject=address, message=message)
+                        await store.write(event)
+                        await lead(nursery)
+                        _stop_following(front, view, following)  # the app answers from now on
+                except* (LostLease, NotLeader, StoreError, psycopg.OperationalError) as group:
+                    reason = "; ".join(str(e).strip() for e in _leaves(group))
+                _stop_following(front, view, following)
+                epoch = lease.epoch
+                lease.step_down()
+                front.app = None
+                log.warning("stepped down (epoch %s): %s", epoch, reason)
     finally:
         with trio.CancelScope(shield=True):
             await lease.release()
         lease.close()
+
+
+def _stop_following(front: Any, view: StandbyView | None, following: trio.CancelScope | None) -> None:
+    """This server leads (or stepped down): its standby view stops answering and following."""
+    front.standby = None
+    if following is not None:
+        following.cancel()
+    if view is not None:
+        view.clear()
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

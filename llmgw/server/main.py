@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
 from llmgw.server.leader import NotLeader, lead_when_elected
 from llmgw.server.persist import load_cluster
+from llmgw.server.standby import StandbyView
 from llmgw.server.store import open_store
 from llmgw.server.store_pg import PgStore, open_pg_store
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
@@ -109,7 +110,17 @@ async def serve_server(
             lead = partial(_lead, config, store, engines, revocations, front, loaded)
             if isinstance(store, PgStore):
                 advertise = config.advertise or _default_advertise(*address)
-                await lead_when_elected(store, front, lead, address=advertise, duration=config.lease)
+                view = StandbyView(
+                    store,
+                    engines,
+                    config.settings,
+                    revocations=revocations,
+                    poll_timeout=config.poll_timeout,
+                    stale_after=config.lease,
+                )
+                await lead_when_elected(
+                    store, front, lead, address=advertise, duration=config.lease, view=view
+                )
             else:
                 await lead(nursery)
     finally:
@@ -160,15 +171,19 @@ class _Starting:
         self.app: ServerApp | None = None
         #: the answer while there is no app, instead of "starting" (a standby's "not the leader")
         self.refusal: Callable[[], Response] | None = None
+        #: a standby's handler (reads from the store, else the refusal), while there is no app
+        self.standby: Callable[[Request], Awaitable[Response]] | None = None
 
     async def handle(self, request: Request) -> Response:
-        """The app's answer once it runs; until then a 503 ``starting`` (a standby's: ``not_leader``)."""
+        """The app's answer once it runs; until then 503 ``starting`` (a standby: its own answers)."""
         if self.app is not None:
             try:
                 return await self.app.handle(request)
             except NotLeader:  # its write was fenced: it just lost the lease, and answers as a standby
                 if self.refusal is None:
                     raise
+        if self.standby is not None:
+            return await self.standby(request)
         if self.refusal is not None:
             return self.refusal()
         message = f"the server is starting ({self.detail}); try again in a few seconds"

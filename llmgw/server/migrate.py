@@ -20,8 +20,8 @@ from llmgw.server.store_pg import PgStore, open_pg_store, redact
 
 __all__ = ["copy_state", "migrate_command"]
 
-#: tables only PostgreSQL servers use (the lease and the servers' check-ins): never copied
-NOT_COPIED = frozenset({"leader", "servers", "sqlite_sequence"})
+#: tables only PostgreSQL servers use (the lease, the servers' check-ins, the change feed): never copied
+NOT_COPIED = frozenset({"leader", "servers", "feed", "sqlite_sequence"})
 
 
 async def copy_state(source: Store, target: PgStore) -> dict[str, int]:

@@ -132,6 +132,15 @@ MIGRATIONS: tuple[str, ...] = (
         seen_at REAL NOT NULL
     );
     """,
+    # The change feed (PostgreSQL): one revision, moved in the transaction of every write of the leader;
+    # standbys reload their read-only view when it moved, and resume from it after a reconnect.
+    """
+    CREATE TABLE feed (
+        id INTEGER PRIMARY KEY,
+        revision BIGINT NOT NULL
+    );
+    INSERT INTO feed (id, revision) VALUES (1, 0);
+    """,
 )
 
 

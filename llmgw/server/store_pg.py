@@ -29,7 +29,16 @@ import trio
 
 from llmgw.server.store import MIGRATIONS, StoreError, _statements
 
-__all__ = ["PgConn", "PgStore", "check_store_url", "open_pg_store", "pg_migration", "schema_version"]
+__all__ = [
+    "FEED_CHANNEL",
+    "PgConn",
+    "PgStore",
+    "check_store_url",
+    "feed_revision",
+    "open_pg_store",
+    "pg_migration",
+    "schema_version",
+]
 
 T = TypeVar("T")
 
@@ -38,6 +47,10 @@ PG_MIGRATIONS: dict[int, str] = {}
 
 #: the advisory lock servers migrating the same database take turns on ("llmgw" in ASCII)
 MIGRATION_LOCK = 0x6C6C6D6777
+
+#: the channel every write of the leader notifies on commit (a wake-up hint for standbys, never per heartbeat:
+#: a heartbeat writes nothing)
+FEED_CHANNEL = "llmgw_changes"
 
 #: seconds to wait for a connection, and for any one statement, before failing (never hang on the network)
 CONNECT_TIMEOUT = 10
@@ -129,6 +142,8 @@ class PgStore:
     async def write(self, fn: Callable[[PgConn], T]) -> T:
         """Run ``fn(conn)`` inside one transaction: committed when it returns, rolled back when it raises.
 
+        The transaction also moves the change feed's revision (table ``feed``) and notifies
+        :data:`FEED_CHANNEL`, so standbys reload their view (:mod:`llmgw.server.standby`).
         Not retried: a connection lost during the commit leaves unknown whether it landed.
         """
 
@@ -138,7 +153,10 @@ class PgStore:
                 wrapped = PgConn(conn)
                 if self.before_write is not None:
                     self.before_write(wrapped)
-                return fn(wrapped)
+                result = fn(wrapped)
+                conn.execute("UPDATE feed SET revision = revision + 1 WHERE id = 1")
+                conn.execute(f"NOTIFY {FEED_CHANNEL}")  # delivered on commit; a hint, standbys poll too
+                return result
 
         return await self._in_thread(transaction)
 
@@ -237,6 +255,11 @@ def open_pg_store(url: str, password_file: Path | None = None) -> PgStore:
         store.close()
         raise
     return store
+
+
+def feed_revision(conn: Any) -> int:
+    """The change feed's revision: how many writes leaders made (``conn``: psycopg's or a :class:`PgConn`)."""
+    return conn.execute("SELECT revision FROM feed WHERE id = 1").fetchone()[0]
 
 
 def schema_version(conn: PgConn) -> int:

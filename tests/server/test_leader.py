@@ -7,8 +7,8 @@ import time
 import pytest
 import trio
 
-from llmgw.server.leader import Lease, NotLeader
-from llmgw.server.store import Store
+from llmgw.server.leader import Lease, LostLease, NotLeader
+from llmgw.server.store import Store, StoreError
 from llmgw.server.store_pg import open_pg_store
 
 
@@ -89,3 +89,23 @@ async def test_released_lease_wakes_a_standby_at_once(store):
     finally:
         a.close()
         b.close()
+
+
+async def test_leader_that_cannot_renew_says_so_not_that_it_was_paused(store):
+    """A leader whose renewals fail (the database unreachable) steps down naming the error, not a pause."""
+    a = Lease(store.connect, "https://a", 0.6)
+    try:
+        await a.acquire()
+
+        def unreachable():
+            raise StoreError("postgresql://llmgw@db/llmgw: cannot connect to PostgreSQL: connection refused")
+
+        a._connect = unreachable
+        a._drop_connection()
+        with trio.fail_after(5), pytest.raises(LostLease) as lost:
+            await a.keep()
+        message = str(lost.value)
+        assert "could not be renewed for" in message and "connection refused" in message, message
+        assert "paused" not in message
+    finally:
+        a.close()

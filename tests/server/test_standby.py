@@ -1,0 +1,184 @@
+"""Standbys on PostgreSQL: reads and the routes feed from the store, writes refused naming the leader.
+
+Two real servers (in this process, over real mutual TLS) share one throwaway
+PostgreSQL database; the first leads, the second is a standby.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import pytest
+import trio
+from llmgw_engine_sim import SimEngine
+
+from llmgw.server.cluster import Settings
+from llmgw.server.main import serve_server
+from llmgw.server.persist import add_api_key
+from llmgw.server.standby import StandbyView
+from llmgw.server.store_pg import feed_revision, open_pg_store
+from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER
+from llmgw.testing.processes import wait_for
+from llmgw.testing.server import start_server
+from llmgw.wire import SyncReply, from_json
+from tests.server.test_server_api import CATALOG, client, sync_body
+
+
+@pytest.fixture
+async def servers(nursery, test_pki, tmp_path, pg_url):
+    """(leader URL, standby URL): server A started first leads; B, started after, is a standby."""
+
+    def config(name: str):
+        return test_pki.server_config(
+            tmp_path / name, store=pg_url, lease=3.0, poll_timeout=3.0, settings=Settings(lost_after=30)
+        )
+
+    engines = {"sim": SimEngine()}
+    leader = await start_server(nursery, config("a"), engines)
+    host, port = await nursery.start(partial(serve_server, config("b"), dict(engines)))
+    return leader, f"https://{host}:{port}"
+
+
+async def until(check, what: str):
+    """Wait (10 s at most) until ``check()`` (plain or async) returns something true; return it."""
+    with trio.fail_after(10):
+        return await wait_for(check, what)
+
+
+async def ready_replica(leader: str, test_pki) -> None:
+    """node-1 syncs to the leader, the catalog is applied, node-1 reports its shard ready."""
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
+        reply = await node.post(f"{leader}/v1/agent/sync", json=sync_body("node-1"))
+        assert reply.status_code == 200, reply.text
+        applied = await admin.post(f"{leader}/v1/admin/catalog", json={"text": CATALOG})
+        assert applied.status_code == 200, applied.text
+        with trio.fail_after(5):
+            body = {**sync_body("node-1", from_json(reply.json(), SyncReply).revision), "wait": True}
+            placed = from_json((await node.post(f"{leader}/v1/agent/sync", json=body)).json(), SyncReply)
+        (shard,) = placed.shards
+        ready = {"replica_id": shard.replica_id, "attempt": shard.attempt, "rank": 0, "state": "ready"}
+        body = {**sync_body("node-1", placed.revision), "observed": [ready]}
+        assert (await node.post(f"{leader}/v1/agent/sync", json=body)).status_code == 200
+
+
+async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_the_leader(servers, test_pki):
+    """Reads on the standby show the leader's writes, marked as a standby's; writes: 503 naming the leader."""
+    leader, standby = servers
+    await ready_replica(leader, test_pki)
+    async with client(test_pki, "admin", "ops") as admin:
+        created = await admin.post(f"{leader}/v1/admin/keys", json={"name": "team-a"})
+        assert created.status_code == 201, created.text
+
+        async def replica_ready_on_standby():
+            reply = await admin.get(f"{standby}/v1/admin/replicas")
+            replicas = reply.json()["replicas"] if reply.status_code == 200 else []
+            return reply if [r["state"] for r in replicas] == ["ready"] else None
+
+        reply = await until(replica_ready_on_standby, "the standby to show the ready replica")
+        assert reply.headers[STANDBY_HEADER].startswith("revision ")
+        nodes = (await admin.get(f"{standby}/v1/admin/nodes")).json()["nodes"]
+        assert [n["node_id"] for n in nodes] == ["node-1"]
+        keys = (await admin.get(f"{standby}/v1/admin/keys")).json()["keys"]
+        assert [k["name"] for k in keys] == ["team-a"]
+        catalog = (await admin.get(f"{standby}/v1/admin/catalog")).json()
+        assert (catalog["revision"], catalog["text"]) == (1, CATALOG)
+        events = (await admin.get(f"{standby}/v1/admin/events")).json()["events"]
+        assert any(e["message"] == "catalog applied by ops" for e in events), events
+        servers_seen = (await admin.get(f"{standby}/v1/admin/servers")).json()["servers"]
+        assert [(s["address"], s["role"]) for s in servers_seen] == [(leader, "leader"), (standby, "standby")]
+        diff = await admin.post(f"{standby}/v1/admin/catalog/diff", json={"text": CATALOG})
+        assert diff.status_code == 200, diff.text
+
+        refused = await admin.post(f"{standby}/v1/admin/keys", json={"name": "team-b"})
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "not_leader"
+        assert refused.headers[LEADER_HEADER] == leader
+        keys = (await admin.get(f"{leader}/v1/admin/keys")).json()["keys"]
+        assert [k["name"] for k in keys] == ["team-a"], "the standby wrote nothing"
+    async with client(test_pki, "node", "node-1") as node:
+        sync = await node.post(f"{standby}/v1/agent/sync", json=sync_body("node-1"))
+        assert sync.status_code == 503 and sync.headers[LEADER_HEADER] == leader, (
+            "agents sync with the leader"
+        )
+
+
+async def test_routes_feed_on_a_standby_follows_the_leaders_writes(servers, test_pki):
+    """A gateway long-polling a standby gets the routes, then is woken when the leader revokes a key."""
+    leader, standby = servers
+    await ready_replica(leader, test_pki)
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "gateway", "gw") as gateway:
+        created = await admin.post(f"{leader}/v1/admin/keys", json={"name": "team-a"})
+        assert created.status_code == 201, created.text
+
+        async def routed():
+            reply = await gateway.get(f"{standby}/v1/routes")
+            table = reply.json() if reply.status_code == 200 else {}
+            return table if table.get("routes", {}).get("small") and table.get("keys") else None
+
+        table = await until(routed, "the standby's routes feed to route small with the key")
+        assert table["routes"]["small"][0]["url"].startswith("http://127.0.0.5:")
+        assert list(table["keys"].values()) == ["team-a"]
+        same = await gateway.get(f"{standby}/v1/routes", params={"revision": table["revision"]})
+        assert same.json()["revision"] == table["revision"], (
+            "a reload that changed no route keeps the revision"
+        )
+
+        async def revoke():
+            await trio.sleep(0.3)
+            assert (await admin.delete(f"{leader}/v1/admin/keys/team-a")).status_code == 200
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(revoke)
+                started = trio.current_time()
+                params = {"revision": table["revision"], "wait": 1}
+                woken = await gateway.get(f"{standby}/v1/routes", params=params)
+                waited = trio.current_time() - started
+        assert woken.status_code == 200 and woken.json()["keys"] == {}, woken.text
+        assert woken.json()["revision"] != table["revision"]
+        assert waited < 2.5, f"the long-poll answered after {waited:.1f} s: at its timeout, not on the change"
+
+
+async def test_a_reader_that_lost_its_connection_resumes_from_its_revision(pg_url, caplog):
+    """Writes made while a standby's connections are cut, and one without NOTIFY, all reach its view."""
+    leader_store, reader_store = open_pg_store(pg_url), open_pg_store(pg_url)
+    view = StandbyView(reader_store, {"sim": SimEngine()}, Settings(), poll=0.3)
+    caplog.set_level(logging.WARNING, "llmgw.server")
+    try:
+        async with trio.open_nursery() as nursery:
+            following = await nursery.start(view.follow)
+            await until((lambda: view.view is not None), "the first view")
+            await leader_store.write(lambda c: add_api_key(c, "before", "a" * 64, 1.0, "ops"))
+            await until((lambda: "before" in view.view.app.keys), "the view to see the first key")
+            seen = view.view.revision
+
+            # cut every connection of the reader: its listener is gone, so no NOTIFY reaches it
+            await leader_store.run(
+                lambda c: c.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchall()
+            )
+            again = open_pg_store(pg_url)
+            await again.write(lambda c: add_api_key(c, "meanwhile", "b" * 64, 2.0, "ops"))
+            again.close()
+            await until((lambda: "meanwhile" in view.view.app.keys), "the view to catch up")
+            assert view.view.revision == seen + 1
+            assert any("cannot follow the store" in r.getMessage() for r in caplog.records)
+
+            # a write that moves the revision without any NOTIFY is found by the poll
+            def quiet(c):
+                c.execute(
+                    "INSERT INTO api_keys (name, sha256, created_at) VALUES ('quiet', ?, 3.0)", ("c" * 64,)
+                )
+                c.execute("UPDATE feed SET revision = revision + 1 WHERE id = 1")
+
+            fresh = open_pg_store(pg_url)
+            await fresh.run(quiet)
+            assert await fresh.run(feed_revision) == seen + 2
+            fresh.close()
+            await until((lambda: "quiet" in view.view.app.keys), "the poll to find the quiet write")
+            following.cancel()
+    finally:
+        leader_store.close()
+        reader_store.close()

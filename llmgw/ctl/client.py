@@ -10,6 +10,7 @@ that directory, so ``llmgw ctl nodes`` works with no flags.
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -19,7 +20,7 @@ import attrs
 import httpx
 
 from llmgw.errors import LlmgwError
-from llmgw.serverlist import ServerList, leader_hint
+from llmgw.serverlist import STANDBY_HEADER, ServerList, leader_hint
 from llmgw.wire import WireError, error_message, from_json, to_json
 
 T = TypeVar("T")
@@ -132,6 +133,8 @@ class AdminClient:
         #: the servers (``config.server`` may list several, comma-separated): requests go to the leader
         self.servers = ServerList([u.strip().rstrip("/") for u in config.server.split(",") if u.strip()])
         self._http = httpx.Client(verify=context, timeout=30)
+        #: whether the note that a standby answered was printed (once per client)
+        self._noted_standby = False
 
     @classmethod
     def for_command(cls, ctx: Any) -> AdminClient:
@@ -200,12 +203,25 @@ class AdminClient:
                 data = None
             standby, leader = leader_hint(response.status_code, response.headers, data)
             if not standby:
+                self._note_standby(server, response)
                 return response, data
             tried.append(f"{server} is a standby (leader: {leader or 'none yet'})")
             self.servers.not_leader(server, leader)
         if len(self.servers) == 1 and unreachable:
             raise CtlError(f"cannot reach the server at {tried[0]}")
         raise CtlError("no server answered as the leader: " + "; ".join(dict.fromkeys(tried)))
+
+
+    def _note_standby(self, server: str, response: httpx.Response) -> None:
+        """Say on stderr, once, that a standby answered from the store (its ``x-llmgw-standby`` header)."""
+        view = response.headers.get(STANDBY_HEADER)
+        if view is not None and not self._noted_standby:
+            self._noted_standby = True
+            print(
+                f"note: {server} is a standby; this is the state the leader last stored ({view}); "
+                "shards' live state (PIDs, logs) only the leader knows",
+                file=sys.stderr,
+            )
 
 
 def _error_message(data: Any, response: httpx.Response) -> str:

@@ -11,8 +11,10 @@ from functools import partial
 
 import pytest
 import trio
+from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
+from llmgw.ctl.cli import ctl
 from llmgw.server.cluster import Settings
 from llmgw.server.main import serve_server
 from llmgw.server.persist import add_api_key
@@ -95,6 +97,12 @@ async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_th
         assert refused.headers[LEADER_HEADER] == leader
         keys = (await admin.get(f"{leader}/v1/admin/keys")).json()["keys"]
         assert [k["name"] for k in keys] == ["team-a"], "the standby wrote nothing"
+    issued = test_pki.client("admin", "ops")
+    options = ["--server", standby, "--ca", str(test_pki.ca.cert_path)]
+    options += ["--cert", str(issued.cert_path), "--key", str(issued.key_path)]
+    result = await trio.to_thread.run_sync(lambda: CliRunner().invoke(ctl, [*options, "nodes"]))
+    assert result.exit_code == 0 and "node-1" in result.stdout, result.output
+    assert f"note: {standby} is a standby; this is the state the leader last stored" in result.stderr
     async with client(test_pki, "node", "node-1") as node:
         sync = await node.post(f"{standby}/v1/agent/sync", json=sync_body("node-1"))
         assert sync.status_code == 503 and sync.headers[LEADER_HEADER] == leader, (

@@ -1,4 +1,4 @@
-"""Several servers on one PostgreSQL database: one leads, standbys point to it, a paused leader is fenced."""
+"""Servers on one PostgreSQL database: one leads, standbys read and redirect, a paused leader is fenced."""
 
 from __future__ import annotations
 
@@ -30,12 +30,17 @@ def admin(local: LocalCluster, port: int) -> httpx.Client:
     return httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=30)
 
 
-def status(client: httpx.Client, path: str = "/v1/admin/nodes") -> int | None:
-    """The status ``client`` gets for ``path``; None while the server cannot be reached."""
+def role(client: httpx.Client) -> str | None:
+    """``leader`` or ``standby``, by how the server answers ``ctl nodes``; None while it cannot answer it."""
     try:
-        return client.get(path).status_code
+        reply = client.get("/v1/admin/nodes")
     except httpx.HTTPError:
         return None
+    if reply.status_code == 503 and reply.json()["error"]["type"] == "not_leader":
+        return "standby"
+    if reply.status_code != 200:
+        return None
+    return "standby" if "x-llmgw-standby" in reply.headers else "leader"
 
 
 def leader_row(url: str) -> tuple[str, int]:
@@ -53,17 +58,20 @@ def two_servers(tmp_path: Path, pg_url: str):
         port_b = free_port()
         local.start_server(port=port_b, name="server-b")
         with admin(local, port_b) as b:
-            local.wait(lambda: status(b) == 503, "server B to answer as a standby")
+            local.wait(lambda: role(b) == "standby", "server B to answer as a standby")
         yield local, local.server_port, port_b
     finally:
         local.stop_all()
 
 
-def test_standby_answers_not_the_leader_naming_it(two_servers):
-    """A standby answers 503 not_leader with the leader's URL in its message and the x-llmgw-leader header."""
+def test_standby_reads_from_the_store_and_answers_writes_naming_the_leader(two_servers):
+    """A standby answers reads (marked as its view) and a write with 503 not_leader naming the leader."""
     local, port_a, port_b = two_servers
     with admin(local, port_b) as b:
-        reply = b.get("/v1/admin/nodes")
+        read = b.get("/v1/admin/events")
+        reply = b.post("/v1/admin/keys", json=to_json(CreateKey("on-the-standby")))
+    assert read.status_code == 200 and read.headers["x-llmgw-standby"].startswith("revision ")
+    assert any(e["kind"] == "leader" for e in read.json()["events"]), "A's election, read from the store"
     assert reply.status_code == 503
     assert reply.json()["error"]["type"] == "not_leader"
     assert reply.headers["x-llmgw-leader"] == f"https://127.0.0.1:{port_a}"
@@ -76,7 +84,7 @@ def test_standby_takes_over_from_a_killed_leader_and_records_why(two_servers, pg
     killed = time.monotonic()
     local.stop(local.server, signal.SIGKILL)
     with admin(local, port_b) as b:
-        local.wait(lambda: status(b) == 200, "server B to lead", LEASE + 10)
+        local.wait(lambda: role(b) == "leader", "server B to lead", LEASE + 10)
         took = time.monotonic() - killed
         events = b.get("/v1/admin/events").json()["events"]
     assert took < LEASE + 5
@@ -95,7 +103,7 @@ def test_leader_paused_past_its_lease_writes_nothing_and_steps_down(two_servers,
     os.kill(local.server.pid, signal.SIGSTOP)
     try:
         with admin(local, port_b) as b:
-            local.wait(lambda: status(b) == 200, "server B to lead", LEASE + 15)
+            local.wait(lambda: role(b) == "leader", "server B to lead", LEASE + 15)
         # a write sent to the paused leader: it is read when A resumes, past its lease
         with admin(local, port_a) as a:
             import threading
@@ -127,7 +135,8 @@ def test_leader_paused_past_its_lease_writes_nothing_and_steps_down(two_servers,
         assert leader_row(pg_url) == (f"https://127.0.0.1:{port_b}", 2)
         assert answers and not (isinstance(answers[0], httpx.Response) and answers[0].status_code < 300)
         with admin(local, port_a) as a:
-            reply = a.get("/v1/admin/nodes")
+            local.wait(lambda: role(a) == "standby", "server A to answer as a standby", 20)
+            reply = a.post("/v1/admin/keys", json=to_json(CreateKey("on-a-again")))
         assert reply.status_code == 503 and reply.headers["x-llmgw-leader"] == f"https://127.0.0.1:{port_b}"
     finally:
         os.kill(local.server.pid, signal.SIGCONT)

@@ -300,9 +300,15 @@ class Lease:
         self._drop_connection()
 
 
-def not_leader_reply(lease: Lease) -> Response:
-    """A standby's answer to every request: 503 ``not_leader``, naming the leader (``x-llmgw-leader``)."""
+def not_leader_reply(lease: Lease, *, loading: bool = False) -> Response:
+    """A standby's answer to every request: 503 ``not_leader``, naming the leader (``x-llmgw-leader``).
+
+    ``loading``: this server took the lease and is loading the state: 503 ``starting`` instead.
+    """
     seen = lease.seen
+    if loading:
+        message = f"this server leads now (epoch {lease.epoch}) and is loading the cluster's state; try again"
+        return Response.json(503, to_json(ErrorReply(ErrorDetail(message, "starting"))))
     if seen is None or seen.expires_in <= 0 or not seen.address:
         message = "this server is a standby and no server leads right now; try again in a few seconds"
         headers: tuple[tuple[str, str], ...] = ()
@@ -338,7 +344,8 @@ async def lead_when_elected(
     psycopg = _psycopg()
     lease = Lease(store.connect, address, duration)
     store.before_write = lease.fence
-    front.refusal = lambda: not_leader_reply(lease)
+    loading = False  # between taking the lease and answering as the leader
+    front.refusal = lambda: not_leader_reply(lease, loading=loading)
     if view is not None:
         view.refusal = front.refusal
     try:
@@ -356,6 +363,7 @@ async def lead_when_elected(
                     why = f"the lease of {previous.address} (epoch {previous.epoch}) expired"
                 log.warning("this server leads now (epoch %d): %s", lease.epoch, why)
                 reason = "stopped"
+                loading = True
                 try:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(lease.keep)
@@ -363,9 +371,11 @@ async def lead_when_elected(
                         event = partial(Store.add_event, kind="leader", subject=address, message=message)
                         await store.write(event)
                         await lead(nursery)
+                        loading = False
                         _stop_following(front, view, following)  # the app answers from now on
                 except* (LostLease, NotLeader, StoreError, psycopg.OperationalError) as group:
                     reason = "; ".join(str(e).strip() for e in _leaves(group))
+                loading = False
                 _stop_following(front, view, following)
                 epoch = lease.epoch
                 lease.step_down()

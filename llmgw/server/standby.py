@@ -10,7 +10,9 @@ wakes it when a write of the leader commits (a hint only: nothing is lost
 when a notification is), and it reads the revision every :data:`POLL`
 seconds anyway. When the revision moved it reads a new view. A standby that
 lost its connection resumes from the revision its view holds: the view is
-read whole, so nothing written meanwhile is missed.
+read whole, so nothing written meanwhile is missed (after a failure it reads
+anew whatever the revision says: a crashed database may have lost its last
+commits under asynchronous commit, and numbered new ones alike).
 
 What it answers from the view: ``GET`` under ``/v1/admin/`` (nodes,
 replicas, events, servers, keys, catalog, rollouts, drains, engines), ``POST
@@ -129,7 +131,9 @@ class StandbyView:
                     try:
                         revision = await trio.to_thread.run_sync(self._look, listener)
                         self.checked_at = trio.current_time()
-                        if self.view is None or revision != self.view.revision:
+                        # after a failure, read anew whatever the revision: a database that crashed
+                        # may have lost its last commits (asynchronous commit) and counted them again
+                        if self.view is None or revision != self.view.revision or failing is not None:
                             await self._reload(revision)
                             await trio.sleep(MIN_GAP)
                     except Exception as exc:

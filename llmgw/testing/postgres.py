@@ -78,6 +78,21 @@ class PostgresCluster:
                 os.chown(path, self._user.pw_uid, self._user.pw_gid)
         self._run([self.bindir / "initdb", "-D", self.data, "-U", SUPERUSER, "--auth=trust", "-E", "UTF8"])
         self.port = free_port()
+        self._launch(timeout)
+
+    def crash(self) -> None:
+        """Kill the server's whole process group at once (SIGKILL): clients lose their connections."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            wait_until(lambda: not group_alive(self.process.pid), 10, "PostgreSQL's processes to be gone")
+
+    def restart(self, timeout: float = 60) -> None:
+        """Start ``postgres`` again on the same data and port (after :meth:`crash`); it recovers first."""
+        self._launch(timeout)
+
+    def _launch(self, timeout: float) -> None:
         argv = [
             self.bindir / "postgres",
             "-D", self.data,
@@ -89,7 +104,7 @@ class PostgresCluster:
             "-c", "full_page_writes=off",
             "-c", "max_connections=200",
         ]  # fmt: skip
-        with open(self.log, "wb") as log:
+        with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [str(a) for a in argv],
                 stdin=subprocess.DEVNULL,

@@ -26,12 +26,10 @@ import time
 from pathlib import Path
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.load import GatewayLoad
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
-
-sys.path.insert(0, str(Path(__file__).parent))
-from rollout import Load  # noqa: E402  (the same clients as the rollout benchmark)
 
 CATALOG = """
 profiles:
@@ -77,7 +75,7 @@ def run(args: argparse.Namespace, store: str, root: Path) -> None:
         local.wait(local.all_ready, "every replica to be ready")
         before = pids(local)
         takeovers: list[float] = []
-        with Load(local.gateway_url, args.clients) as load:
+        with GatewayLoad(local.gateway_url, args.clients) as load:
             local.wait(lambda: load.ok >= 50, "the load to get going", 60)
             for kill in range(1, args.kills + 1):
                 event, leader = last_leader(local)
@@ -102,10 +100,11 @@ def run(args: argparse.Namespace, store: str, root: Path) -> None:
         print(
             f"{args.kills} leader kills, {args.servers} servers, lease 6 s: takeover p50 "
             f"{statistics.median(takeovers):.1f} s, max {max(takeovers):.1f} s; "
-            f"requests {load.ok} served, {load.failed} failed; shards restarted {restarted} of {len(before)}"
+            f"requests {load.ok} served, {len(load.failures)} failed; "
+            f"shards restarted {restarted} of {len(before)}"
         )
-        if load.errors:
-            print("first failures:", load.errors[:5])
+        if load.failures:
+            print("first failures:", load.failures[:5])
     finally:
         local.stop_all()
 

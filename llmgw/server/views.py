@@ -292,6 +292,8 @@ class ClusterViews:
         for shard in record.placement.shards:
             node = self.nodes.get(shard.node_id)
             observed = None
+            # "unknown" until the node's agent reported (after a restart; always on a standby)
+            missing = "unknown" if node is not None and not node.reported else "pending"
             if node is not None:
                 observed = node.observed.get(shard_key(record.id, record.attempt, shard.rank))
             shards.append(
@@ -300,7 +302,7 @@ class ClusterViews:
                     node=shard.node_id,
                     gpus=tuple(shard.gpus),
                     port=shard.port,
-                    state=observed.state if observed else "pending",
+                    state=observed.state if observed else missing,
                     pid=observed.pid if observed else None,
                     detail=observed.detail if observed else None,
                     argv=observed.argv if observed else (),

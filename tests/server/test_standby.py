@@ -15,10 +15,12 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
+from llmgw.net.server import Request, Response
 from llmgw.server.cluster import Settings
 from llmgw.server.main import serve_server
 from llmgw.server.persist import add_api_key
 from llmgw.server.standby import StandbyView
+from llmgw.server.store import StoreError
 from llmgw.server.store_pg import feed_revision, open_pg_store
 from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER
 from llmgw.testing.processes import wait_for
@@ -79,6 +81,8 @@ async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_th
 
         reply = await until(replica_ready_on_standby, "the standby to show the ready replica")
         assert reply.headers[STANDBY_HEADER].startswith("revision ")
+        (shard,) = reply.json()["replicas"][0]["shards"]
+        assert shard["state"] == "unknown" and shard["pid"] is None, "only the leader hears the agents"
         nodes = (await admin.get(f"{standby}/v1/admin/nodes")).json()["nodes"]
         assert [n["node_id"] for n in nodes] == ["node-1"]
         keys = (await admin.get(f"{standby}/v1/admin/keys")).json()["keys"]
@@ -190,3 +194,37 @@ async def test_a_reader_that_lost_its_connection_resumes_from_its_revision(pg_ur
     finally:
         leader_store.close()
         reader_store.close()
+
+
+async def test_a_standby_that_cannot_reach_the_store_stops_answering_from_its_view(pg_url, caplog):
+    """Past stale_after without reaching the store, the view is not served: clients get the refusal."""
+    store = open_pg_store(pg_url)
+    view = StandbyView(store, {"sim": SimEngine()}, Settings(), poll=0.2, stale_after=1.0)
+    view.refusal = lambda: Response.json(503, {"error": {"type": "not_leader"}})
+    caplog.set_level(logging.WARNING, "llmgw.server")
+    request = Request("GET", "/v1/admin/events")
+    try:
+        async with trio.open_nursery() as nursery:
+            following = await nursery.start(view.follow)
+            await until(lambda: view.view is not None, "the first view")
+            assert (await view.handle(request)).status == 401, (
+                "served (the app refuses a request without a certificate)"
+            )
+
+            def unreachable():
+                raise StoreError("cannot connect to PostgreSQL: connection refused")
+
+            store.connect = unreachable
+            await store.run(
+                lambda c: c.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchall()
+            )
+            await until(lambda: view.checked_at is not None and trio.current_time() - view.checked_at > 1.0,
+                        "the view to go stale")  # fmt: skip
+            assert (await view.handle(request)).status == 503
+            assert any("cannot follow the store" in r.getMessage() for r in caplog.records)
+            following.cancel()
+    finally:
+        store.close()

@@ -107,7 +107,8 @@ class Lease:
     async def acquire(self) -> LeaderInfo:
         """Wait until this server holds the lease; return the row it replaced (holder '' when there was none).
 
-        Polls every fifth of the lease, and wakes early on a ``NOTIFY`` from a leader letting go.
+        Polls every fifth of the lease and when the lease it read runs out, and wakes early on a
+        ``NOTIFY`` from a leader letting go.
         Errors reaching the database are logged (the first of a run of them as a warning) and retried.
         """
         failing = False
@@ -156,9 +157,11 @@ class Lease:
         return previous
 
     def _wait_for_notify(self) -> None:
+        # until the lease as last read runs out (a killed leader's is taken at once), a fifth of it at most
+        left = self.seen.expires_in if self.seen is not None else self.duration
         conn = self._connection()
         conn.execute(f"LISTEN {CHANNEL}")
-        for _ in conn.notifies(timeout=self.duration / 5, stop_after=1):
+        for _ in conn.notifies(timeout=min(self.duration / 5, max(left, 0.0) + 0.02), stop_after=1):
             pass
 
     # -- leader --------------------------------------------------------------

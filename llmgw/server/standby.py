@@ -213,13 +213,15 @@ class StandbyView:
         if request.path == "/v1/routes" and request.query.get("wait") == "1":
             await self._wait_routes(request.query.get("revision", ""))
             view = self.view
-            if view is None:
+            if view is None or not self._fresh():
                 return self.refusal()
             request = attrs.evolve(
                 request, target=f"{request.path}?{urlencode({**request.query, 'wait': '0'})}"
             )
         response = await view.app.handle(request)
-        note = f"revision {view.revision}, read {time.time() - view.read_at:.1f} s ago"
+        # the view is current as of the last look at the feed, however long ago it was read
+        checked = trio.current_time() - (self.checked_at or trio.current_time())
+        note = f"revision {view.revision}, checked {checked:.1f} s ago"
         return attrs.evolve(response, headers=(*response.headers, (STANDBY_HEADER, note)))
 
     async def _wait_routes(self, known: str) -> None:

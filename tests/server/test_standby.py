@@ -114,6 +114,37 @@ async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_th
         )
 
 
+async def test_heartbeats_move_no_revision(servers, test_pki, pg_url):
+    """Syncs that report nothing new write nothing: the change feed (and its NOTIFY) stays put.
+
+    It waits 2 s (two reconciler ticks) on purpose, to show that nothing happens in that window.
+    """
+    leader, _ = servers
+    await ready_replica(leader, test_pki)
+    async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
+
+        async def ready():
+            replicas = (await admin.get(f"{leader}/v1/admin/replicas")).json()["replicas"]
+            return replicas and replicas[0]["state"] == "ready" and replicas[0]
+
+        replica = await until(ready, "the replica to be ready on the leader")
+        observed = [{"replica_id": replica["id"], "attempt": replica["attempt"], "rank": 0, "state": "ready"}]
+        store = open_pg_store(pg_url)
+        try:
+            await trio.sleep(1.5)  # the leader's last write after the replica became ready has landed
+            before = await store.run(feed_revision)
+            revision = 0
+            for _ in range(10):
+                body = {**sync_body("node-1", revision), "observed": observed}
+                reply = await node.post(f"{leader}/v1/agent/sync", json=body)
+                assert reply.status_code == 200, reply.text
+                revision = from_json(reply.json(), SyncReply).revision
+                await trio.sleep(0.2)
+            assert await store.run(feed_revision) == before
+        finally:
+            store.close()
+
+
 async def test_routes_feed_on_a_standby_follows_the_leaders_writes(servers, test_pki):
     """A gateway long-polling a standby gets the routes, then is woken when the leader revokes a key."""
     leader, standby = servers

@@ -57,7 +57,8 @@ class StandInFile:
 
     def pointer(self) -> bytes:
         """The LFS pointer git stores for an LFS file."""
-        return f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n".encode()
+        spec = "version https://git-lfs.github.com/spec/v1"
+        return f"{spec}\noid sha256:{self.sha256}\nsize {self.size}\n".encode()
 
     def read(self, start: int) -> Any:
         """Chunks of the content from byte ``start`` on."""
@@ -364,9 +365,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 f"{self.hub.cdn}/cdn/{file.sha256}?repo={quote(repo, safe='')}&file={quote(path, safe='')}"
             )
             headers = {
-                **common, "Location": target, "ETag": f'"{file.blob_id}"', "X-Linked-Etag": f'"{file.sha256}"',
-                "X-Linked-Size": str(file.size), "Content-Length": "0",
-            }  # fmt: skip
+                **common,
+                "Location": target,
+                "ETag": f'"{file.blob_id}"',
+                "X-Linked-Etag": f'"{file.sha256}"',
+                "X-Linked-Size": str(file.size),
+                "Content-Length": "0",
+            }
             self._send(302, headers, head=True)
             return
         self._content(f"{repo}/{path}", file, {**common, "ETag": f'"{file.blob_id}"'}, head)

@@ -118,6 +118,8 @@ class HubStandIn:
         self.requests: Counter[str] = Counter()
         self.bytes_served: Counter[str] = Counter()
         self.downloads: Counter[str] = Counter()
+        #: ``(repo/path, first byte)`` of every content GET, in order (a resumed download starts past 0)
+        self.starts: list[tuple[str, int]] = []
         #: Authorization headers the CDN origin received (the library must not send the token there)
         self.cdn_authorizations: list[str] = []
         self._servers: list[http.server.ThreadingHTTPServer] = []
@@ -412,6 +414,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if head:
             return
         self.hub._count(key, self.hub.downloads)
+        with self.hub._lock:
+            self.hub.starts.append((key, start))
         began = time.monotonic()
         sent = 0
         for chunk in file.read(start):

@@ -88,18 +88,23 @@ class HubFetcher:
         """
         ref = hub_ref(source)
         assert ref is not None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._renew, source)
+        failure: HubError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._renew, source)
+            try:
                 if manifest is None:
                     manifest = await self._make_manifest(source, ref, progress)
                 await self._download_missing(ref, manifest, progress)
+            except HubError as exc:
+                failure = exc
+            except PeerError as exc:
+                failure = HubError(f"cannot tell the server about the download: {exc}")
+            except OSError as exc:
+                failure = HubError(f"cannot write the download to {self.stager.models.root}: {exc}")
+            finally:
                 nursery.cancel_scope.cancel()
-        except HubError as exc:
-            await self._back_off(source, str(exc), exc.retry_after, progress)
-            return
-        except (PeerError, OSError) as exc:
-            await self._back_off(source, f"cannot keep what the hub sent: {exc}", None, progress)
+        if failure is not None:
+            await self._back_off(source, str(failure), failure.retry_after, progress)
             return
         self.failures.pop(source, None)
         self.reported.pop(source, None)

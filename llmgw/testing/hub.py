@@ -167,7 +167,9 @@ class HubStandIn:
             server.daemon_threads = True
             server.stand_in = self  # type: ignore[attr-defined]
             server.role = role  # type: ignore[attr-defined]
-            thread = threading.Thread(target=server.serve_forever, name=f"hub stand-in {role}", daemon=True)
+            thread = threading.Thread(
+                target=server.serve_forever, args=(0.05,), name=f"hub stand-in {role}", daemon=True
+            )
             thread.start()
             self._servers.append(server)
             self._threads.append(thread)

@@ -321,6 +321,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         info = {
             "_id": commit[:24], "id": repo, "modelId": repo, "author": repo.split("/")[0], "sha": commit,
             "private": self.hub.token is not None, "gated": False, "disabled": False, "tags": [],
+            "downloads": 0, "likes": 0,
             "lastModified": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()), "siblings": siblings,
         }  # fmt: skip
         self._send(200, {"Content-Type": "application/json"}, json.dumps(info).encode(), head)

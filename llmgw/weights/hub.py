@@ -157,14 +157,13 @@ def resolve(settings: HubSettings, ref: HubRef) -> HubModel:
         raise HubError(f"the hub at {settings.endpoint} gave no commit or file list for {_what(ref)}")
     files = []
     for sibling in info.siblings:
-        size = sibling.lfs.size if sibling.lfs is not None else sibling.size
+        lfs = sibling.lfs  # a dict before huggingface_hub 0.21, a dict subclass since
+        size = lfs["size"] if lfs is not None else sibling.size
         if size is None:
             raise HubError(
                 f"the hub at {settings.endpoint} gave no size for {sibling.rfilename} of {_what(ref)}"
             )
-        files.append(
-            HubFile(sibling.rfilename, size, sibling.lfs.sha256 if sibling.lfs is not None else None)
-        )
+        files.append(HubFile(sibling.rfilename, size, lfs["sha256"] if lfs is not None else None))
     return HubModel(ref.repo, info.sha, tuple(files))
 
 

@@ -38,7 +38,7 @@ class TestStandInWithTheRealClient:
         siblings = {s.rfilename: s for s in info.siblings}
         assert {name: s.size for name, s in siblings.items()} == {n: len(d) for n, d in files.items()}
         weights = files["model.safetensors"]
-        assert siblings["model.safetensors"].lfs.sha256 == hashlib.sha256(weights).hexdigest()
+        assert siblings["model.safetensors"].lfs["sha256"] == hashlib.sha256(weights).hexdigest()
         assert siblings["config.json"].lfs is None
 
     def test_hf_hub_download_and_snapshot_download_get_every_file(self, hub, model, tmp_path):
@@ -64,7 +64,7 @@ class TestStandInWithTheRealClient:
 
     def test_unknown_revision_is_the_hubs_revision_not_found(self, hub, model):
         """404 with X-Error-Code RevisionNotFound: the library raises its RevisionNotFoundError."""
-        from huggingface_hub.errors import RevisionNotFoundError
+        from huggingface_hub.utils import RevisionNotFoundError
 
         with pytest.raises(RevisionNotFoundError):
             HfApi(endpoint=hub.endpoint, token=False).model_info(REPO, revision="nope")

@@ -102,6 +102,16 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     type=click.Path(file_okay=False, path_type=Path),
     help="What stands for / when looking for a seed:///PATH here (simulated nodes)  [default: /].",
 )
+@click.option(
+    "--hub-endpoint",
+    metavar="URL",
+    help="The Hugging Face Hub hf:// sources come from  [default: $HF_ENDPOINT, else https://huggingface.co].",
+)
+@click.option(
+    "--hub-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A file holding the Hub token (read at each use, never logged)  [default: no token].",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def agent(
     config_file: Path | None,
@@ -123,6 +133,8 @@ def agent(
     max_uploads: int | None,
     bandwidth_limit: float | None,
     seed_root: Path | None,
+    hub_endpoint: str | None,
+    hub_token_file: Path | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -154,10 +166,13 @@ def agent(
         "max_uploads": max_uploads,
         "bandwidth_limit": bandwidth_limit,
         "seed_root": seed_root and str(seed_root),
+        "hub_endpoint": hub_endpoint,
+        "hub_token_file": hub_token_file and str(hub_token_file),
     }
     config = load_agent_config(flags, config_file)
     if not verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # huggingface_hub's HTTP client
     leaving: list[trio.Event] = []
 
     async def serve() -> None:

@@ -19,6 +19,8 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     peer_port = 7444                      # serves model files to other nodes (0: any free port)
     max_uploads = 4                       # files served to peers at once
     bandwidth_limit = 0                   # MB/s served to peers in all (0: no limit)
+    hub_endpoint = "https://huggingface.co"  # hf:// sources (default: $HF_ENDPOINT, else this)
+    hub_token_file = "/etc/llmgw/hf-token"   # the Hub token, read at each use, never logged
 
     [engines.vllm]                        # engine name -> program name -> path
     vllm = "/opt/vllm/bin/vllm"
@@ -45,6 +47,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NewType
+from urllib.parse import urlsplit
 
 import attrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
@@ -70,6 +73,7 @@ __all__ = [
 DEFAULT_PORT_RANGE = (20000, 20999)
 DEFAULT_MODELS_DIR = "/var/lib/llmgw/models"
 DEFAULT_PEER_PORT = 7444
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
 
 class AgentConfigError(LlmgwError):
@@ -149,6 +153,12 @@ class AgentConfig:
     bandwidth_limit: float = 0.0
     #: what stands for ``/`` when this node looks for a ``seed:///PATH`` (simulated nodes get their own)
     seed_root: Path = attrs.field(converter=_abs, default=Path("/"))
+    #: the Hugging Face Hub ``hf://`` sources are downloaded from (a mirror works)
+    hub_endpoint: str = DEFAULT_HUB_ENDPOINT
+    #: a file holding the Hub token (read at each use, never logged); None: no token is sent
+    hub_token_file: Path | None = attrs.field(
+        default=None, converter=lambda p: None if p is None else _abs(p)
+    )
 
     @property
     def logs_dir(self) -> Path:
@@ -196,10 +206,12 @@ class _AgentFile:
     max_uploads: int | None = None
     bandwidth_limit: float | None = None
     seed_root: str | None = None
+    hub_endpoint: str | None = None
+    hub_token_file: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
-_PATHS = ("cert", "key", "ca", "state_dir", "ib_root", "models_dir", "seed_root")
+_PATHS = ("cert", "key", "ca", "state_dir", "ib_root", "models_dir", "seed_root", "hub_token_file")
 _TOP_KEYS = frozenset(a.name for a in attrs.fields(_AgentFile))
 _SECTIONS = ("health", "sync")
 _REQUIRED = ("node", "server", "address", "cert", "key", "ca", "state_dir")
@@ -396,7 +408,28 @@ def load_agent_config(
         max_uploads=values.get("max_uploads", 4),
         bandwidth_limit=float(values.get("bandwidth_limit", 0.0)),
         seed_root=values.get("seed_root", "/"),
+        hub_endpoint=_hub_endpoint(values.get("hub_endpoint")),
+        hub_token_file=_hub_token_file(values.get("hub_token_file")),
     )
+
+
+def _hub_endpoint(given: str | None) -> str:
+    """``--hub-endpoint``, else ``$HF_ENDPOINT``, else the public Hub; ``http(s)://HOST[:PORT][/PATH]``."""
+    where = "--hub-endpoint" if given else "HF_ENDPOINT (the default of --hub-endpoint)"
+    text = given or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB_ENDPOINT
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise AgentConfigError(f"{where}: expected http(s)://HOST[:PORT][/PATH], got {text!r}")
+    return text.rstrip("/")
+
+
+def _hub_token_file(given: str | None) -> str | None:
+    """``--hub-token-file``: a readable file (its content is not looked at here, nor ever logged)."""
+    if given is None:
+        return None
+    if not os.path.isfile(given) or not os.access(given, os.R_OK):
+        raise AgentConfigError(f"--hub-token-file {given}: expected a readable file holding the Hub token")
+    return given
 
 
 def _check_weights(values: Mapping[str, Any]) -> None:

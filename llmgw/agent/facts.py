@@ -63,14 +63,17 @@ def present_sources(sources: Iterable[str], models: ModelsDir | None = None) -> 
     A name that is not an absolute path is one the engine resolves itself
     (a hub id such as ``meta-llama/Llama-3.1-8B``), so it counts as present.
     A distributable source (``seed:///PATH``) is present when its directory
-    exists here or ``models`` holds a complete copy of it.
+    exists here or ``models`` holds a complete copy of it; an ``hf://`` source
+    only when ``models`` holds a complete copy.
     """
     present = []
     copied = {c.source for c in models.copies() if c.complete} if models is not None else set()
     for source in set(sources):
         if is_distributable(source):
-            seed = models.seed_dir(source) if models is not None else Path(seed_path(source) or "")
-            if seed.is_dir() or source in copied:
+            seed = models.seed_dir(source) if models is not None else None
+            if seed is None and models is None and seed_path(source) is not None:
+                seed = Path(seed_path(source) or "")
+            if (seed is not None and seed.is_dir()) or source in copied:
                 present.append(source)
         elif not os.path.isabs(source) or os.path.exists(source):
             present.append(source)

@@ -1,6 +1,6 @@
 """Staging a shard's weights: a verified local copy of a distributable source before the engine starts.
 
-:class:`Stager` turns a ``seed:///PATH`` source into a local path:
+:class:`Stager` turns a ``seed:///PATH`` or ``hf://ORG/NAME`` source into a local path:
 
 - on a node where ``PATH`` exists (the seed), ``PATH`` itself; its manifest
   is made (once, cached) and sent to the server, and its files served to peers;
@@ -9,7 +9,10 @@
   holder (resumed from its partial bytes), hashed, and kept only when its
   sha256 matches; a file changed on disk since it was verified is hashed
   again, and fetched again on a mismatch (an event says so). Every verified
-  file is served to other peers at once, so copies fan out.
+  file is served to other peers at once, so copies fan out;
+- for ``hf://``, while no node holds a complete copy, the one node given the
+  server's lease downloads it from the Hub (:mod:`llmgw.agent.hub_fetch`) and
+  makes the manifest; the others copy from it (and from each other) as above.
 
 Meanwhile the shard reports ``staging`` with ``fetching 40% (...)``; the
 server does not count that time against its ready timeout.
@@ -21,7 +24,6 @@ import logging
 import os
 import random
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,11 @@ import trio
 from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.copy_meter import CopyMeter, Progress
+from llmgw.agent.hub_fetch import HubFetcher
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
-from llmgw.weights import Manifest, ManifestFile, file_sha256, is_distributable, seed_path
+from llmgw.weights import Manifest, ManifestFile, file_sha256, hub_ref, seed_path
 from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 
 __all__ = ["Stager", "RETRY"]
@@ -42,34 +46,6 @@ log = logging.getLogger("llmgw.agent.weights")
 
 #: seconds between two looks at the server while no manifest or holder is there
 RETRY = 1.0
-#: seconds between two progress reports of one copy
-PROGRESS_EVERY = 0.5
-
-Progress = Callable[[str], None]
-
-
-class _Meter:
-    """Bytes of a copy present, for ``fetching 40% (...)`` lines at most every :data:`PROGRESS_EVERY`."""
-
-    def __init__(self, total: int, present: int, progress: Progress) -> None:
-        self.total, self.present, self.progress = total, present, progress
-        self.started, self.start_bytes, self.shown = time.monotonic(), present, 0.0
-
-    def add(self, size: int) -> None:
-        self.present += size
-        now = time.monotonic()
-        if now - self.shown >= PROGRESS_EVERY:
-            self.shown = now
-            self.show()
-
-    def show(self) -> None:
-        rate = (self.present - self.start_bytes) / max(time.monotonic() - self.started, 1e-6) / 1e6
-        percent = 100 * self.present // max(self.total, 1)
-        self.progress(
-            f"fetching {percent}% ({self.present / 1e6:.0f} of {self.total / 1e6:.0f} MB, {rate:.0f} MB/s)"
-        )
-
-
 class Stager:
     """Local copies of distributable sources for one agent; see the module docstring."""
 
@@ -93,6 +69,7 @@ class Stager:
         #: source -> digest of the server's manifest, and of the one this node sent it
         self.published: dict[str, str] = {}
         self._posted: dict[str, str] = {}
+        self.hub = HubFetcher(self)
 
     # -- the server ------------------------------------------------------------------------------
 
@@ -145,7 +122,7 @@ class Stager:
                 self.peers.offer(known[0], self.models.copy_dir(copy.digest), seed=False)
         while True:
             for source in sources():
-                if is_distributable(source) and source not in self.published:
+                if seed_path(source) is not None and source not in self.published:
                     try:
                         await self.publish_seed(source)
                     except (PeerError, OSError) as exc:
@@ -164,6 +141,8 @@ class Stager:
         if lock.locked():
             progress("waiting for the copy another shard on this node is making")
         async with lock:
+            if hub_ref(source) is not None:
+                return await self._copy(source, progress)
             try:
                 if await self.publish_seed(source) is not None:
                     return str(self.models.seed_dir(source))
@@ -182,15 +161,32 @@ class Stager:
                 await trio.sleep(RETRY)
                 continue
             manifest = info.manifest
-            if manifest is None:
+            if manifest is not None:
+                await trio.to_thread.run_sync(self.models.begin, manifest)
+                self.peers.offer(manifest, self.models.copy_dir(manifest.digest), seed=False)
+                missing = await self._check(manifest, progress)
+                if not missing:
+                    break
+            if hub_ref(source) is not None and not any(h.complete for h in info.holders):
+                # no node has it all: one node (the lease's) downloads from the hub, the rest wait or copy
+                try:
+                    lease = await self.hub.claim(source)
+                except PeerError as exc:
+                    progress(f"waiting for the server: {exc}")
+                    await trio.sleep(RETRY)
+                    continue
+                if lease.granted:
+                    await self.hub.run(source, manifest, progress)
+                    continue
+                if manifest is None:
+                    why = f": {lease.status}" if lease.status else ""
+                    progress(f"waiting for node {lease.node} to download {source} from the hub{why}")
+                    await trio.sleep(RETRY)
+                    continue
+            elif manifest is None:
                 progress(f"waiting for a node holding {seed_path(source)} to make its manifest")
                 await trio.sleep(RETRY)
                 continue
-            await trio.to_thread.run_sync(self.models.begin, manifest)
-            self.peers.offer(manifest, self.models.copy_dir(manifest.digest), seed=False)
-            missing = await self._check(manifest, progress)
-            if not missing:
-                break
             holders = list(info.holders)
             if not holders:
                 progress(f"fetching 0%: waiting for a node holding {source} to be online")
@@ -259,7 +255,7 @@ class Stager:
         present += await trio.to_thread.run_sync(
             lambda: sum(p.stat().st_size for p in partials if p.exists())
         )
-        meter = _Meter(manifest.total_bytes, present, progress)
+        meter = CopyMeter(manifest.total_bytes, present, progress)
         meter.show()
         order = random.sample(list(zip(missing, partials, strict=True)), len(missing))
         for position, (file, partial) in enumerate(order):

@@ -81,6 +81,8 @@ class ShardSupervisor:
         """
         self.desired = desired
         self.engine = engine
+        #: the model source was staged to a local copy (the engine runs with HF_HUB_OFFLINE=1)
+        self.staged = False
         self.config = config
         self._report = report
         self._on_spawn = on_spawn
@@ -155,6 +157,7 @@ class ShardSupervisor:
             if stage is not None and is_distributable(source):
                 path = await stage(source, lambda detail: self._update(state="staging", detail=detail))
                 spec = attrs.evolve(self.desired.spec, model_source=path)
+                self.staged = True
                 self.desired = attrs.evolve(self.desired, spec=spec)
                 if self.observed.state == "staging":
                     self._update(state="starting", detail=None)
@@ -214,6 +217,9 @@ class ShardSupervisor:
             detail = f"engine {self.engine.name} could not build its command: {exc}"
             self._update(state="exited", detail=detail)
             await trio.sleep_forever()
+        if self.staged:
+            # the engine gets a local copy; it must not look for the model on a hub itself
+            command = attrs.evolve(command, env={**command.env, "HF_HUB_OFFLINE": "1"})
         # reported with the next change of state
         self.observed = attrs.evolve(self.observed, argv=command.argv, env=command.env)
         if self.desired.rank == 0 and spec.nnodes > 1 and self.engine.wait_for_workers:

@@ -9,6 +9,12 @@ certificates only):
   yet) and the nodes holding copies of it, complete ones first.
 - ``POST /v1/agent/weights/events``: a node reports something about a copy
   (a file that failed verification): recorded as an event for ``ctl events``.
+- ``POST /v1/agent/weights/hub``: a node asks to download an ``hf://``
+  source from the Hub. One node at a time holds that lease (renewed while it
+  downloads, :data:`HUB_LEASE` seconds, lost with the node); the others are
+  told which node has it and how it goes (a Hub error while it backs off),
+  and copy from peers. The lease is kept in memory: after a server restart
+  the downloading node takes it again with its next renewal.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from llmgw.pki import Identity
 from llmgw.server.cluster import Cluster
 from llmgw.server.replies import Refused, answer
 from llmgw.server.store import Store
-from llmgw.weights import Manifest, is_distributable
-from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
+from llmgw.weights import Manifest, hub_ref, is_distributable
+from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 
-__all__ = ["WeightsEndpoints", "load_manifests", "save_manifest"]
+__all__ = ["HUB_LEASE", "WeightsEndpoints", "load_manifests", "save_manifest"]
+
+#: seconds a node's Hub download lease lasts without a renewal
+HUB_LEASE = 15.0
 
 log = logging.getLogger("llmgw.server")
 
@@ -53,6 +62,8 @@ class WeightsEndpoints:
     store: Store
     clock: Callable[[], float]
     _manifests: dict[str, Manifest] | None = None
+    #: source -> (the node downloading it from the Hub, lease end on :attr:`clock`, its status)
+    _hub_leases: dict[str, tuple[str, float, str]] | None = None
 
     def _weights_routes(self, route: Callable[..., None]) -> None:
         """Register the handlers with ``route(method, pattern, roles, handler)`` (node certificates)."""
@@ -61,6 +72,7 @@ class WeightsEndpoints:
         route("POST", r"/v1/agent/manifests", {Role.NODE}, self._post_manifest)
         route("GET", r"/v1/agent/weights", {Role.NODE}, self._get_weights)
         route("POST", r"/v1/agent/weights/events", {Role.NODE}, self._post_weights_event)
+        route("POST", r"/v1/agent/weights/hub", {Role.NODE}, self._post_hub_claim)
 
     async def manifests(self) -> dict[str, Manifest]:
         """The stored manifests by source (read from the store once)."""
@@ -72,6 +84,8 @@ class WeightsEndpoints:
         manifest = from_json(request.json(), Manifest)
         if not is_distributable(manifest.source):
             raise Refused(400, f"source: {manifest.source!r} is not a distributable source (seed:///PATH)")
+        if hub_ref(manifest.source) is not None and len(manifest.revision) != 40:
+            raise Refused(400, f"revision: expected the 40-hex commit {manifest.source} was downloaded at")
         if manifest.made_by != identity.name:
             raise Refused(403, f"made_by: a node sends its own manifests ({identity.name!r})")
         known = await self.manifests()
@@ -79,9 +93,10 @@ class WeightsEndpoints:
             now = self.clock()
             await self.store.write(lambda conn: save_manifest(conn, manifest, now))
             known[manifest.source] = manifest
+            pinned = f", revision pinned to commit {manifest.revision}" if manifest.revision else ""
             message = (
                 f"manifest of {manifest.source} made by {identity.name}: {len(manifest.files)} files, "
-                f"{manifest.total_bytes / 1e6:.1f} MB, digest {manifest.digest[:12]}"
+                f"{manifest.total_bytes / 1e6:.1f} MB, digest {manifest.digest[:12]}{pinned}"
             )
             self.cluster.record_event(now, "weights", manifest.source, message)
             log.info(message)
@@ -117,3 +132,20 @@ class WeightsEndpoints:
         self.cluster.record_event(self.clock(), "weights", identity.name, f"{event.source}: {event.message}")
         log.warning("node %s: %s: %s", identity.name, event.source, event.message)
         return answer(event)
+
+    async def _post_hub_claim(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        claim = from_json(request.json(), HubClaim)
+        if hub_ref(claim.source) is None:
+            raise Refused(400, f"source: expected hf://ORG/NAME[@REVISION], got {claim.source!r}")
+        leases = self._hub_leases if self._hub_leases is not None else {}
+        self._hub_leases = leases
+        now = self.clock()
+        holder, until, status = leases.get(claim.source, ("", 0.0, ""))
+        node = self.cluster.nodes.get(holder)
+        free = not holder or until < now or node is None or node.lost
+        if free or holder == identity.name:
+            if holder != identity.name:
+                log.info("node %s downloads %s from the hub", identity.name, claim.source)
+            leases[claim.source] = (identity.name, now + HUB_LEASE, claim.status)
+            return answer(HubLease(claim.source, identity.name, granted=True, status=claim.status))
+        return answer(HubLease(claim.source, holder, granted=False, status=status))

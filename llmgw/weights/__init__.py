@@ -6,9 +6,12 @@ A catalog ``source`` is one of:
 - ``seed:///ABSOLUTE/PATH``: a *distributable* path: the files present on any
   one node are copied by llmgw into the other nodes' models directories
   (``llmgw agent --models-dir``) when a replica is placed there;
+- ``hf://ORG/NAME[@REVISION]``: a model on a Hugging Face Hub (``llmgw agent
+  --hub-endpoint``); one node downloads it (:mod:`llmgw.weights.hub`), pinning
+  the revision to its commit, and the others copy it from peers like a seed;
 - any other name (a hub id such as ``meta-llama/Llama-3.1-8B``): handed to the engine as is.
 
-The first node holding a distributable source computes its :class:`Manifest`
+The first node holding (or downloading) a distributable source computes its :class:`Manifest`
 (every file's path, size and sha256); the server keeps it, and every copy is
 verified against it, file by file.
 """
@@ -21,7 +24,15 @@ from llmgw.weights._manifest import (
     file_sha256,
     safe_relpath,
 )
-from llmgw.weights._sources import SEED_SCHEME, check_source, is_distributable, seed_path
+from llmgw.weights._sources import (
+    HF_SCHEME,
+    SEED_SCHEME,
+    HubRef,
+    check_source,
+    hub_ref,
+    is_distributable,
+    seed_path,
+)
 
 __all__ = [
     "MANIFEST_LIMIT",
@@ -30,7 +41,10 @@ __all__ = [
     "compute_manifest",
     "file_sha256",
     "safe_relpath",
+    "HF_SCHEME",
+    "HubRef",
     "SEED_SCHEME",
+    "hub_ref",
     "check_source",
     "is_distributable",
     "seed_path",

@@ -69,6 +69,8 @@ class Manifest:
     files: tuple[ManifestFile, ...] = attrs.field(converter=tuple, validator=_unique)
     #: the node that made it
     made_by: str = attrs.field(default="", validator=bounded(text=253))
+    #: for an ``hf://`` source, the commit its files were downloaded at (the revision, pinned); else empty
+    revision: str = attrs.field(default="", validator=bounded(text=64))
 
     @property
     def digest(self) -> str:

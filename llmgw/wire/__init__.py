@@ -43,7 +43,7 @@ from llmgw.wire._gateway import SuspectRecorded, SuspectReport
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
-from llmgw.wire._weights import PeerHolder, WeightsEvent, WeightsInfo
+from llmgw.wire._weights import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
@@ -53,7 +53,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS",
-    "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent",
+    "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
 ]  # fmt: skip
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ import attrs
 from llmgw.models import bounded
 from llmgw.weights import Manifest
 
-__all__ = ["PeerHolder", "WeightsEvent", "WeightsInfo"]
+__all__ = ["HubClaim", "HubLease", "PeerHolder", "WeightsEvent", "WeightsInfo"]
 
 
 @attrs.frozen
@@ -36,3 +36,23 @@ class WeightsEvent:
 
     source: str = attrs.field(validator=bounded())
     message: str = attrs.field(validator=bounded())
+
+
+@attrs.frozen
+class HubClaim:
+    """``POST /v1/agent/weights/hub``: a node asks to be (or stay) the node downloading ``source``."""
+
+    source: str = attrs.field(validator=bounded())
+    #: how its download goes (a Hub error while it backs off), shown to the nodes waiting for it
+    status: str = attrs.field(default="", validator=bounded())
+
+
+@attrs.frozen
+class HubLease:
+    """The answer: which node downloads ``source`` from the Hub (one per fleet), and how it goes."""
+
+    source: str
+    node: str
+    #: whether the asking node is that node
+    granted: bool = False
+    status: str = ""

@@ -7,7 +7,16 @@ import os
 import pytest
 
 from llmgw.agent.models_dir import ModelsDir
-from llmgw.weights import Manifest, ManifestFile, check_source, compute_manifest, is_distributable, seed_path
+from llmgw.weights import (
+    HubRef,
+    Manifest,
+    ManifestFile,
+    check_source,
+    compute_manifest,
+    hub_ref,
+    is_distributable,
+    seed_path,
+)
 from llmgw.wire import from_json, to_json
 
 
@@ -34,6 +43,12 @@ class TestSources:
             ("seed:///data/../m", "without '.', '..' or empty parts"),
             ("seed:///data//m", "without '.', '..' or empty parts"),
             ("s3://bucket/m", "unknown source scheme s3://"),
+            ("hf://gpt2", "expected hf://ORG/NAME or hf://ORG/NAME@REVISION"),
+            ("hf://a/b/c", "expected hf://ORG/NAME or hf://ORG/NAME@REVISION"),
+            ("hf://acme/m@", "REVISION is a branch, tag or commit"),
+            ("hf://acme/m@a..b", "REVISION is a branch, tag or commit"),
+            ("hf://acme/m o", "ORG and NAME are letters, digits"),
+            ("hf://ac--me/m", "no '..' or '--' in ORG or NAME"),
             ("  ", "expected a non-empty path or name"),
         ],
     )
@@ -42,10 +57,30 @@ class TestSources:
         problem = check_source(source)
         assert problem is not None and words in problem
 
-    @pytest.mark.parametrize("source", ["seed:///data/m", "/models/x", "meta-llama/Llama-3.1-8B"])
+    def test_hub_source_names_a_repo_and_revision(self):
+        """hf://ORG/NAME[@REVISION]: distributable; the revision may be a branch, tag, commit or PR ref."""
+        assert hub_ref("hf://Qwen/Qwen2.5-0.5B") == HubRef("Qwen/Qwen2.5-0.5B", None)
+        assert hub_ref("hf://acme/m@refs/pr/1") == HubRef("acme/m", "refs/pr/1")
+        assert is_distributable("hf://acme/m@main") and hub_ref("seed:///m") is None
+
+    @pytest.mark.parametrize(
+        "source", ["seed:///data/m", "/models/x", "meta-llama/Llama-3.1-8B", "hf://acme/m.v2@0123abcd"]
+    )
     def test_good_sources_pass(self, source):
         """Paths, seeds and hub names are accepted."""
         assert check_source(source) is None
+
+    def test_catalog_names_the_field_of_a_bad_hub_source(self):
+        """ctl validate names models.NAME.source and the expected spelling for a bad hf:// source."""
+        from llmgw.catalog import parse_catalog
+        from llmgw.errors import CatalogError
+        from llmgw.plugins import get_plugin_manager
+
+        engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
+        text = "profiles: {one: {engine: sim}}\nmodels: {m: {source: 'hf://gpt2', profile: one}}\n"
+        with pytest.raises(CatalogError) as caught:
+            parse_catalog(text, engines)
+        assert any("models.m.source" in p and "hf://ORG/NAME" in p for p in caught.value.problems)
 
     def test_catalog_names_the_field(self):
         """ctl validate names models.NAME.source for a bad seed source."""

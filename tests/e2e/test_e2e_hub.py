@@ -1,0 +1,175 @@
+"""End to end: an ``hf://`` model is downloaded from the Hub once per fleet, then copied node to node.
+
+Real ``llmgw server`` and ``llmgw agent`` processes on 127.0.0.x, the real
+``huggingface_hub`` library in the agents, and the Hub stand-in
+(:mod:`llmgw.testing.hub`, a real HTTP server in this process) counting what
+it serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.hub import HubStandIn
+from llmgw.testing.processes import free_port
+from llmgw.wire import EventList
+
+pytestmark = pytest.mark.timeout(300)
+
+#: a few MB: two LFS weight files (sha256 from the Hub) and two small files hashed by the downloading node
+FILES = {
+    "model-00001-of-00002.safetensors": 4_000_000,
+    "model-00002-of-00002.safetensors": 4_000_000,
+    "tokenizer.json": 300_000,
+    "config.json": 200,
+}
+
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+models:
+  tiny:
+    source: hf://acme/tiny-sim@main
+    profile: one
+    replicas: 4
+"""
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def copy_of(cluster: LocalCluster, node: str) -> Path:
+    """The one copy in ``node``'s models directory."""
+    [copy] = [p for p in cluster.nodes[node].models_dir.iterdir() if not p.name.startswith(".")]
+    return copy
+
+
+def shards(cluster: LocalCluster):
+    return [s for r in cluster.replicas().replicas for s in r.shards]
+
+
+@pytest.fixture
+def hub():
+    with HubStandIn() as stand_in:
+        yield stand_in
+
+
+def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path, hub: HubStandIn):
+    """4 replicas on 4 nodes: the stand-in served each file exactly once; every copy matches; served."""
+    contents = {name: os.urandom(size) for name, size in FILES.items()}
+    commit = hub.add_model("acme/tiny-sim", contents)
+    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
+    cluster.agent_args = ["--hub-endpoint", hub.endpoint]
+    try:
+        cluster.start(4)
+        cluster.apply(CATALOG)
+        seen: set[str] = set()
+
+        def ready() -> bool:
+            seen.update(s.detail or "" for s in shards(cluster) if s.state == "staging")
+            return len(cluster.replicas().replicas) == 4 and cluster.all_ready()
+
+        cluster.wait(ready, "4 replicas ready", 120)
+        assert sorted(s.node for s in shards(cluster)) == ["node-1", "node-2", "node-3", "node-4"]
+        assert dict(hub.downloads) == {f"acme/tiny-sim/{name}": 1 for name in FILES}
+        assert dict(hub.bytes_served) == {f"acme/tiny-sim/{name}": size for name, size in FILES.items()}
+        assert hub.cdn_authorizations == []
+        for shard in shards(cluster):
+            copy = copy_of(cluster, shard.node)
+            assert {p.name: sha256(p) for p in copy.iterdir()} == {
+                name: hashlib.sha256(data).hexdigest() for name, data in contents.items()
+            }
+            assert str(copy) in shard.argv, "the engine should be given the node's own copy"
+            assert shard.env.get("HF_HUB_OFFLINE") == "1"
+        assert any("from the hub" in line for line in seen), seen
+        events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+        assert any(f"revision pinned to commit {commit}" in e.message for e in events)
+
+        port = free_port()
+        cluster.start_gateway(port)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+        def answered() -> bool:
+            try:
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                return httpx.post(url, json=body, timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        cluster.wait(answered, "a chat completion through the gateway", 30)
+    finally:
+        cluster.stop_all()
+
+
+def one_node(tmp_path: Path, hub: HubStandIn, *extra: str) -> LocalCluster:
+    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
+    cluster.agent_args = ["--hub-endpoint", hub.endpoint, *extra]
+    cluster.start(1)
+    cluster.apply(CATALOG.replace("replicas: 4", "replicas: 1"))
+    return cluster
+
+
+def detail(cluster: LocalCluster) -> str:
+    return " ".join(s.detail or "" for s in shards(cluster) if s.state == "staging")
+
+
+def test_hub_errors_are_the_reason_on_the_replica_until_the_hub_answers(tmp_path: Path, hub: HubStandIn):
+    """401 names the token setting, 404 the repo, 429 when to retry; then the download goes through."""
+    hub.add_model("acme/tiny-sim", {"config.json": b"{}", "model.safetensors": os.urandom(2_000_000)})
+    hub.token = "the-right-token"
+    cluster = one_node(tmp_path, hub)
+    try:
+        reason = cluster.wait(lambda: "401" in detail(cluster) and detail(cluster), "a 401 reason", 60)
+        assert "token is missing or wrong" in reason and "--hub-token-file" in reason, reason
+        assert "the-right-token" not in (cluster.logs / "agent-node-1.log").read_text()
+        hub.token, hub.fail = None, 404
+        reason = cluster.wait(lambda: "404" in detail(cluster) and detail(cluster), "a 404 reason", 30)
+        assert "no model repo acme/tiny-sim" in reason, reason
+        hub.fail, hub.retry_after = 429, 3
+        reason = cluster.wait(lambda: "429" in detail(cluster) and detail(cluster), "a 429 reason", 30)
+        assert "rate limited" in reason and "retry after 3 s" in reason, reason
+        events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+        assert {code for code in ("401", "404", "429") if any(code in e.message for e in events)} == {
+            "401",
+            "404",
+            "429",
+        }
+        hub.fail = None
+        cluster.wait(cluster.all_ready, "the replica ready once the hub answers", 60)
+    finally:
+        cluster.stop_all()
+
+
+def test_an_agent_restart_resumes_the_hub_download(tmp_path: Path, hub: HubStandIn):
+    """The agent killed mid-download: restarted, it asks only for the bytes it lacks (Range)."""
+    size = 30_000_000
+    hub.add_model("acme/tiny-sim", {"config.json": b"{}", "model.safetensors": os.urandom(size)})
+    hub.rate = 6_000_000
+    cluster = one_node(tmp_path, hub)
+    try:
+        node = cluster.nodes["node-1"]
+
+        def partial_bytes() -> int:
+            found = list(node.models_dir.glob("*/model.safetensors.llmgw-partial"))
+            return found[0].stat().st_size if found else 0
+
+        cluster.wait(lambda: partial_bytes() > 0, "part of the file on disk", 60)
+        cluster.stop(node.process, signal.SIGKILL)
+        kept = partial_bytes()
+        cluster.start_agent(node)
+        cluster.wait(cluster.all_ready, "the replica ready after the restart", 90)
+        starts = [start for key, start in hub.starts if key.endswith("model.safetensors")]
+        assert starts[0] == 0 and starts[-1] == kept > 0, (starts, kept)
+        assert hub.bytes_served["acme/tiny-sim/model.safetensors"] < 2 * size
+    finally:
+        cluster.stop_all()

@@ -233,7 +233,7 @@ def _copying(
 ) -> frozenset[str]:
     """Distributable sources a placed replica runs on a node without a complete copy (being copied)."""
     held = {
-        view.node_id: set(view.facts.model_sources) | {c.source for c in view.facts.model_copies if c.complete}
+        view.node_id: {*view.facts.model_sources, *(c.source for c in view.facts.model_copies if c.complete)}
         for view in views
     }
     out: set[str] = set()

@@ -17,6 +17,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
@@ -52,7 +53,7 @@ class WeightsEndpoints:
     cluster: Cluster
     store: Store
     clock: Callable[[], float]
-    _manifests: dict[str, Manifest] | None = None
+    reconciler: Any
 
     def _weights_routes(self, route: Callable[..., None]) -> None:
         """Register the handlers with ``route(method, pattern, roles, handler)`` (node certificates)."""
@@ -63,10 +64,8 @@ class WeightsEndpoints:
         route("POST", r"/v1/agent/weights/events", {Role.NODE}, self._post_weights_event)
 
     async def manifests(self) -> dict[str, Manifest]:
-        """The stored manifests by source (read from the store once)."""
-        if self._manifests is None:
-            self._manifests = await self.store.run(load_manifests)
-        return self._manifests
+        """The stored manifests by source (the cluster's: read from the store with it)."""
+        return self.cluster.manifests
 
     async def _post_manifest(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         manifest = from_json(request.json(), Manifest)
@@ -78,7 +77,8 @@ class WeightsEndpoints:
         if manifest.source not in known:
             now = self.clock()
             await self.store.write(lambda conn: save_manifest(conn, manifest, now))
-            known[manifest.source] = manifest
+            self.cluster.note_manifest(manifest)
+            self.reconciler.request()  # its size is known: placing now counts disk room for it
             message = (
                 f"manifest of {manifest.source} made by {identity.name}: {len(manifest.files)} files, "
                 f"{manifest.total_bytes / 1e6:.1f} MB, digest {manifest.digest[:12]}"

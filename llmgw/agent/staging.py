@@ -34,7 +34,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
 from llmgw.weights import Manifest, ManifestFile, file_sha256, is_distributable, seed_path
-from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
+from llmgw.wire import PeerHolder, StagingProgress, WeightsEvent, WeightsInfo, from_json, to_json
 
 __all__ = ["Stager", "RETRY"]
 
@@ -45,7 +45,8 @@ RETRY = 1.0
 #: seconds between two progress reports of one copy
 PROGRESS_EVERY = 0.5
 
-Progress = Callable[[str], None]
+#: ``progress(detail, staged=None)``: a line for people, and the copy's bytes when fetching
+Progress = Callable[..., None]
 
 
 class _Meter:
@@ -66,7 +67,8 @@ class _Meter:
         rate = (self.present - self.start_bytes) / max(time.monotonic() - self.started, 1e-6) / 1e6
         percent = 100 * self.present // max(self.total, 1)
         self.progress(
-            f"fetching {percent}% ({self.present / 1e6:.0f} of {self.total / 1e6:.0f} MB, {rate:.0f} MB/s)"
+            f"fetching {percent}% ({self.present / 1e6:.0f} of {self.total / 1e6:.0f} MB, {rate:.0f} MB/s)",
+            StagingProgress(self.present, self.total, rate * 1e6),
         )
 
 

@@ -29,6 +29,7 @@ from llmgw.server.api_catalog import CatalogEndpoints
 from llmgw.server.api_servers import control_servers
 from llmgw.server.cluster import Cluster
 from llmgw.server.manifests import WeightsEndpoints
+from llmgw.server.models_view import model_list
 from llmgw.server.persist import (
     add_api_key,
     load_api_keys,
@@ -100,6 +101,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         self._route("GET", r"/v1/admin/nodes/(?P<node>[^/]+)/drain", admin, self._get_drain)
         self._route("POST", r"/v1/admin/nodes/(?P<node>[^/]+)/lost", admin, self._declare_lost)
         self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
+        self._route("GET", r"/v1/admin/models", admin, self._get_models)
         self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
         self._route("POST", r"/v1/admin/catalog/diff", admin, self._diff_catalog)
@@ -280,6 +282,9 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         response = answer(reply)
         self._replies[node_id] = (key, response)
         return response
+
+    async def _get_models(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        return answer(model_list(self.cluster))
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = query_int(request.query.get("revision", "0"), "revision")

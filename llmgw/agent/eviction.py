@@ -221,7 +221,7 @@ def weights_in_use(agent: Any) -> tuple[set[str], set[str]]:
     A shard's source becomes the local path of its copy once staged; a shard
     stays listed until its processes are gone (stopping included).
     """
-    sources = set(getattr(agent, "stage_sources", ()))
+    sources = set(agent.prestage.sources) if agent.prestage is not None else set()
     paths: set[str] = set()
     for supervisor in list(agent.supervisors.values()):
         source = supervisor.desired.spec.model_source

@@ -15,6 +15,7 @@ from llmgw.agent.eviction import RoomMaker, weights_in_use
 from llmgw.agent.facts import gather_facts
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerFiles
+from llmgw.agent.prestage import PreStager
 from llmgw.agent.process import ProcessRecords, end_leftovers, hold_agent_lock
 from llmgw.agent.staging import Stager
 from llmgw.agent.sync import Agent
@@ -147,6 +148,7 @@ async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) ->
         node=config.node,
     )
     agent.stage = room.wrap(stager.stage)
+    agent.prestage = PreStager(nursery, agent.stage)
     nursery.start_soon(stager.watch_seeds, lambda: agent.check_sources)
 
 

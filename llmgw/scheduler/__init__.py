@@ -33,7 +33,7 @@ How it decides:
 
 from __future__ import annotations
 
-from llmgw.scheduler._disk import DEFAULT_HEADROOM, format_bytes
+from llmgw.scheduler._disk import DEFAULT_HEADROOM, DiskRoom, format_bytes
 from llmgw.scheduler._explain import explain_unplaced, node_warnings
 from llmgw.scheduler._place import schedule
 from llmgw.scheduler._records import (
@@ -51,6 +51,7 @@ from llmgw.scheduler._records import (
 __all__ = [
     "DEFAULT_HEADROOM",
     "DEFAULT_PORT_RANGE",
+    "DiskRoom",
     "NODE_STATES",
     "NodeView",
     "Removal",

@@ -269,7 +269,8 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
     def _sync_reply(self, node_id: str) -> Response:
         """The sync answer for ``node_id``, encoded once per revision of what it says."""
         shards = self.cluster.desired_for(node_id)
-        key = (self.cluster.revision, self.cluster.sources_revision, shards)
+        stage = self.cluster.rollouts.stage_sources().get(node_id, ())
+        key = (self.cluster.revision, self.cluster.sources_revision, shards, stage)
         cached = self._replies.get(node_id)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -277,6 +278,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             revision=self.cluster.revision,
             shards=shards,
             check_sources=self.cluster.sources_to_check(),
+            stage_sources=stage,
             lost_after=self.cluster.settings.lost_after,
         )
         response = answer(reply)

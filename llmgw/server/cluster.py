@@ -276,7 +276,7 @@ class Cluster(ClusterViews):
             node_id
             for node_id in before.keys() | after.keys()
             if before.get(node_id, ()) != after.get(node_id, ())
-        )
+        ) | self.rollouts.take_stage_changed()
         if changed:
             self.revision += 1
             for node_id in changed:

@@ -1,4 +1,4 @@
-"""Disk room: a node is chosen for a copy only when its models directory can take it, and the reason says so."""
+"""Disk room: a node gets a copy only when its models directory can take it, and the reason says so."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def disk_node(
 
 
 def copy(source: str, present: int, *, complete: bool = False, last_used: float = 0.0) -> ModelCopy:
-    return ModelCopy((source[-1] * 64)[:64].replace("/", "a"), source, present, SIZES[source], complete, last_used)
+    return ModelCopy(
+        (source[-1] * 64)[:64].replace("/", "a"), source, present, SIZES[source], complete, last_used
+    )
 
 
 def nodes_of(result) -> list[str]:
@@ -35,7 +37,7 @@ def nodes_of(result) -> list[str]:
 
 
 def test_a_node_without_room_is_never_chosen_and_the_reason_names_its_free_bytes():
-    """4.2 GB to copy: node-2 with 1.1 GB free gets nothing, node-1 (one GPU) one; the second replica waits."""
+    """4.2 GB to copy: node-2 with 1.1 GB free gets nothing, node-1 (one GPU) one; the second waits."""
     nodes = [disk_node("node-1", 10 * GB, gpus=1), disk_node("node-2", 1_100_000_000)]
     result = schedule(nodes, chat(2), [], sizes=SIZES)
     assert nodes_of(result) == ["node-1"]

@@ -141,11 +141,16 @@ async def test_room_maker_waits_while_every_copy_is_in_use(tmp_path, monkeypatch
 
     monkeypatch.setattr(room, "_manifest", manifest)
     lines: list[str] = []
+    said = trio.Event()
+
+    def progress(line: str, *rest: object) -> None:
+        lines.append(line)
+        said.set()
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(room.make_room, "seed:///new", lambda line, *rest: lines.append(line))
+        nursery.start_soon(room.make_room, "seed:///new", progress)
         with trio.fail_after(5):
-            while not lines:
-                await trio.sleep(0.01)
+            await said.wait()
         free[0] = 6 * MB
     assert lines[0] == (
         "waiting for disk room: the copy needs 5.0 MB more, 1.0 MB free, and the other copies here are in use"

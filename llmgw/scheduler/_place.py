@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
-from llmgw.scheduler._disk import DEFAULT_HEADROOM
+from llmgw.scheduler._disk import DEFAULT_HEADROOM, format_bytes
 from llmgw.scheduler._explain import explain_unplaced
 from llmgw.scheduler._records import NodeView, Removal, Replica, ScheduleResult, Shard, Unplaced, replica_id
 from llmgw.scheduler._state import NodeState
@@ -143,6 +143,8 @@ def _keep(
             reason = next(
                 filter(None, (state[shard.node_id].conflict(shard) for shard in replica.shards)), None
             )
+        if reason is None:
+            reason = _no_room(replica, state, _source_of(replica, catalog, launches), sizes)
         if reason is not None:
             removed.append(Removal(replica, reason))
             generations[replica.id] = max(generations.get(replica.id, 0), replica.generation + 1)
@@ -211,6 +213,27 @@ def _problem(
                     f"GPU {gpu} on {node.id} has {memory} MiB, "
                     f"profile {model.profile} needs {profile.min_gpu_memory_mib}"
                 )
+    return None
+
+
+def _no_room(
+    replica: Replica, state: dict[str, NodeState], source: str | None, sizes: Mapping[str, int]
+) -> str | None:
+    """Why a node of ``replica`` cannot take the copy it makes (placed before its size was known); or None.
+
+    Checked without headroom: a copy under way keeps its place while the disk can take it at all.
+    """
+    size = sizes.get(source) if source is not None else None
+    if size is None:
+        return None
+    for node_id in replica.node_ids:
+        disk = state[node_id].disk
+        if not disk.fits(source, size, 0.0):  # type: ignore[arg-type]
+            unused = f", {format_bytes(disk.unused_bytes)} in unused copies" if disk.unused_bytes else ""
+            return (
+                f"node {node_id} has no disk room for the {format_bytes(size)} copy of {source} "
+                f"({format_bytes(disk.free or 0)} free{unused})"
+            )
     return None
 
 

@@ -146,3 +146,16 @@ def test_a_copy_under_way_keeps_its_room():
     [unplaced] = result.unplaced
     assert unplaced.model == "old"
     assert "a (4.0 GB free, 3.2 GB promised to copies under way)" in unplaced.reason, unplaced.reason
+
+
+def test_a_copy_placed_before_its_size_was_known_leaves_a_node_without_room():
+    """Placed with no manifest yet, chat-0 copies to a node with 1 GB free: once the size is known it is
+    removed with the reason, and placed on a node with room; a copy with room keeps its place."""
+    staging = Replica("chat-0", "chat", 0, [Shard(0, "a", (0,), 20000)])
+    nodes = [disk_node("a", GB, copy(SEED, 100_000_000)), disk_node("b", 10 * GB)]
+    result = schedule(nodes, chat(1), [staging], sizes=SIZES)
+    [removal] = result.removed
+    assert removal.reason == "node a has no disk room for the 4.2 GB copy of seed:///data/chat (1.0 GB free)"
+    assert nodes_of(result) == ["b"]
+    roomy = [disk_node("a", 4_150_000_000, copy(SEED, 100_000_000))]
+    assert schedule(roomy, chat(1), [staging], sizes=SIZES).placements == (staging,)

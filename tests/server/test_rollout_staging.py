@@ -33,6 +33,9 @@ def manifest(source: str, size: int) -> Manifest:
     return Manifest(source, (ManifestFile("model.safetensors", size, "a" * 64),), made_by="node-1")
 
 
+OLD_COPY = ModelCopy(manifest(OLD, 2 * GB).digest, OLD, 2 * GB, 2 * GB, complete=True)
+
+
 class Weights(Harness):
     """The cluster harness with nodes whose copies and free bytes the test sets."""
 
@@ -81,10 +84,11 @@ class Weights(Harness):
 
 
 def serving_old(free_2: int = 10 * GB) -> Weights:
-    """chat-0 and chat-1 ready on node-1 and node-2, both holding OLD; NEW's manifest (1 GB) is stored."""
+    """chat-0 and chat-1 ready on node-1 (OLD's seed) and node-2 (a copy of OLD); NEW's manifest (1 GB) is
+    stored."""
     h = Weights()
     h.set_weights("node-1", free=10 * GB, sources=(OLD,))
-    h.set_weights("node-2", free=free_2, sources=(OLD,))
+    h.set_weights("node-2", free=free_2, sources=(OLD,), copies=(OLD_COPY,))
     h.join("node-1")
     h.join("node-2")
     h.cluster.note_manifest(manifest(OLD, 2 * GB))
@@ -128,7 +132,7 @@ def test_a_rollout_to_new_weights_copies_them_before_it_restarts_anything():
     assert status.state == "staging" and "node-1 0%, node-2 0%" in status.reason, status.reason
 
     partial = ModelCopy("b" * 64, NEW, GB // 2, GB)
-    h.set_weights("node-2", free=10 * GB, sources=(OLD,), copies=(partial,))
+    h.set_weights("node-2", free=10 * GB, sources=(OLD,), copies=(OLD_COPY, partial))
     h.now += 1
     h.sync_all()
     assert "node-2 50%" in h.cluster.rollouts.status(h.cluster, "chat").rollouts[0].reason
@@ -151,7 +155,7 @@ def test_a_node_without_room_beside_the_old_copy_is_not_asked_to_stage():
     h.apply_source(NEW)
     assert h.cluster.rollouts.stage_sources() == {"node-1": (NEW,)}
     on_2 = next(r for r in ("chat-0", "chat-1") if h.node_of(r) == "node-2")
-    assert h.source_of(on_2) == NEW
+    assert h.source_of(on_2) == NEW, "restarted in place: its old copy, unused now, makes the room"
 
 
 def test_models_view_lists_source_size_digest_holders_and_copies():

@@ -1,4 +1,4 @@
-"""End to end: a node whose disk has no room for a model's copy is never chosen, and ``ctl replicas`` says why.
+"""End to end: a node without disk room for a model's copy is never chosen, and ``ctl replicas`` says why.
 
 Real ``llmgw server`` and ``llmgw agent`` processes; node-3's models
 directory is a 16 MB tmpfs (a real filesystem that is really full for a
@@ -58,7 +58,7 @@ def cluster(tmp_path: Path):
 
 def test_a_node_without_disk_room_is_never_chosen_and_ctl_replicas_says_why(cluster):
     """One replica per node: node-1 holds the seed, node-2 stages a copy (shown as staging with progress),
-    node-3 (16 MB free) never gets one; the third replica is unplaced with node-3's free bytes as the reason."""
+    node-3 (16 MB free) never gets one; the third replica is unplaced, node-3's free bytes in the reason."""
     cluster.apply(CATALOG.format(replicas=1))
     cluster.wait(lambda: len(cluster.replicas().replicas) == 1 and cluster.all_ready(), "seeded-0 ready", 60)
 

@@ -40,7 +40,7 @@ from llmgw.agent.peer_files import PeerFiles
 from llmgw.models import ModelCopy
 from llmgw.scheduler import DEFAULT_HEADROOM, format_bytes
 from llmgw.serverlist import parse_servers
-from llmgw.weights import Manifest
+from llmgw.weights import Manifest, seed_path
 from llmgw.wire import WeightsInfo, from_json
 
 __all__ = ["RoomMaker", "Eviction", "choose_evictions", "weights_in_use"]
@@ -157,12 +157,18 @@ class RoomMaker:
     async def make_room(self, source: str, progress: Progress) -> None:
         """Evict unused copies until a copy of ``source`` fits; wait while it cannot (see the module doc).
 
-        Returns at once on the seed's node, or when the size is not known yet.
+        Returns at once on the seed's node; waits for a seed's manifest (its
+        size); returns when another source's size is not known yet.
         """
         seed = self.models.seed_dir(source)
         if seed is not None and await trio.to_thread.run_sync(seed.is_dir):
             return
         manifest = await self._manifest(source)
+        while manifest is None and seed is not None:
+            # a seed's copy cannot start before its holder made the manifest: wait for it, to know its size
+            progress(f"waiting for a node holding {seed_path(source)} to make its manifest")
+            await trio.sleep(ROOM_RETRY / 2)
+            manifest = await self._manifest(source)
         if manifest is None:
             return
         said = ""
@@ -210,8 +216,7 @@ class RoomMaker:
             f"to make room for {manifest.source} ({format_bytes(plan.missing)} to fetch, "
             f"{format_bytes(plan.free)} was free)"
         )
-        log.info("%s: %s", victim.source, message)
-        await self.report(victim.source, message)
+        await self.report(victim.source, message)  # logged there too
 
 
 def weights_in_use(agent: Any) -> tuple[set[str], set[str]]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from llmgw.wire import StagingProgress
+
 __all__ = ["PROGRESS_EVERY", "CopyMeter", "Progress"]
 
 #: seconds between two progress reports of one copy
 PROGRESS_EVERY = 0.5
 
-Progress = Callable[[str], None]
+#: ``progress(detail, staged=None)``: a line for people; when fetching, the copy's StagingProgress
+Progress = Callable[..., None]
 
 
 class CopyMeter:
@@ -33,4 +36,7 @@ class CopyMeter:
         rate = (self.present - self.start_bytes) / max(time.monotonic() - self.started, 1e-6) / 1e6
         percent = 100 * self.present // max(self.total, 1)
         sizes = f"{self.present / 1e6:.0f} of {self.total / 1e6:.0f} MB"
-        self.progress(f"{self.label} {percent}% ({sizes}, {rate:.0f} MB/s)")
+        self.progress(
+            f"{self.label} {percent}% ({sizes}, {rate:.0f} MB/s)",
+            StagingProgress(self.present, self.total, rate * 1e6),
+        )

@@ -11,9 +11,11 @@ import trio
 from cryptography import x509
 
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.eviction import RoomMaker, weights_in_use
 from llmgw.agent.facts import gather_facts
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerFiles
+from llmgw.agent.prestage import PreStager
 from llmgw.agent.process import ProcessRecords, end_leftovers, hold_agent_lock
 from llmgw.agent.staging import Stager
 from llmgw.agent.sync import Agent
@@ -135,7 +137,18 @@ async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) ->
         agent.facts = attrs.evolve(agent.facts, peer_port=peers.port)
         log.info("node %s: serving model files to peers on %s:%s", config.node, config.address, peers.port)
     stager = Stager(config, peers, lambda: agent.ssl_context, agent.refresh_weights)
-    agent.stage = stager.stage
+    room = RoomMaker(
+        stager.models,
+        peers,
+        server=config.server,
+        server_context=lambda: agent.ssl_context,
+        in_use=lambda: weights_in_use(agent),
+        report=stager.report,
+        copies_changed=agent.refresh_weights,
+        node=config.node,
+    )
+    agent.stage = room.wrap(stager.stage)
+    agent.prestage = PreStager(nursery, agent.stage)
     nursery.start_soon(stager.watch_seeds, lambda: agent.check_sources)
 
 

@@ -192,6 +192,12 @@ class ModelsDir:
             )
         return out
 
+    def remove(self, digest: str) -> None:
+        """Delete the copy ``digest`` (evicted): its state file first, so it is never reported half gone."""
+        self._state_path(digest).unlink(missing_ok=True)
+        self._loaded.pop(digest, None)
+        shutil.rmtree(self.copy_dir(digest), ignore_errors=True)
+
     def complete_copy(self, source: str) -> Manifest | None:
         """The manifest of a complete copy of ``source`` here, or None."""
         for copy in self.copies():

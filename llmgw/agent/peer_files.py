@@ -85,6 +85,8 @@ class PeerFiles:
         self.offers: dict[str, _Offer] = {}
         #: uploads in progress, and bytes sent since start (for tests and benchmarks)
         self.uploading = 0
+        #: copy digest -> its files being sent now (such a copy is not evicted)
+        self.sending: dict[str, int] = {}
         self.bytes_served = 0
         self.port: int | None = None
 
@@ -132,6 +134,7 @@ class PeerFiles:
         if self.uploading >= self.max_uploads:
             return Response.text(503, f"busy: {self.uploading} uploads already (--max-uploads)")
         self.uploading += 1
+        self.sending[digest] = self.sending.get(digest, 0) + 1
         sent = [0]
         headers = [("content-range", f"bytes {start}-{max(file.size - 1, start)}/{file.size}")]
         return Response.stream(
@@ -139,7 +142,7 @@ class PeerFiles:
             self._chunks(path, start, file.size, sent),
             content_type="application/octet-stream",
             headers=headers,
-            after=lambda: self._done(identity.name, file, sent[0]),
+            after=lambda: self._done(identity.name, file, sent[0], digest),
         )
 
     def _usable(self, offer: _Offer, file: ManifestFile, path: Path) -> bool:
@@ -147,8 +150,12 @@ class PeerFiles:
             return path.is_file() and path.stat().st_size == file.size
         return self.models.trusted(offer.manifest, file)
 
-    def _done(self, peer: str, file: ManifestFile, sent: int) -> None:
+    def _done(self, peer: str, file: ManifestFile, sent: int, digest: str = "") -> None:
         self.uploading -= 1
+        if self.sending.get(digest, 0) > 1:
+            self.sending[digest] -= 1
+        else:
+            self.sending.pop(digest, None)
         log.info("served %s to %s: %d bytes", file.path, peer, sent)
 
     async def _chunks(self, path: Path, start: int, size: int, sent: list[int]) -> AsyncIterator[bytes]:

@@ -43,7 +43,8 @@ __all__ = ["ShardSupervisor", "shard_log_path"]
 log = logging.getLogger("llmgw.agent")
 
 #: ``async (source, progress) -> local path``: see :meth:`ShardSupervisor.run`
-Stage = Callable[[str, Callable[[str], None]], Awaitable[str]]
+#: ``async (source, progress) -> local path``; ``progress(detail, staged=None)`` (a StagingProgress)
+Stage = Callable[[str, Callable[..., None]], Awaitable[str]]
 
 #: seconds between two readiness checks of a sidecar
 SIDECAR_POLL = 0.1
@@ -130,6 +131,8 @@ class ShardSupervisor:
         new = changes.get("state", current)
         if current == "stopping" or (current == "exited" and new != "stopping"):
             return  # final states: a late probe or watcher says nothing more
+        if new != "staging":
+            changes["staged"] = None
         if current == "unhealthy" and new in ("starting", "running", "ready"):
             return  # the server tears an unhealthy shard down; it does not come back
         if new != current:
@@ -155,7 +158,7 @@ class ShardSupervisor:
                 await event.wait()
             source = self.desired.spec.model_source
             if stage is not None and is_distributable(source):
-                path = await stage(source, lambda detail: self._update(state="staging", detail=detail))
+                path = await stage(source, self._staging)
                 spec = attrs.evolve(self.desired.spec, model_source=path)
                 self.staged = True
                 self.desired = attrs.evolve(self.desired, spec=spec)
@@ -163,6 +166,10 @@ class ShardSupervisor:
                     self._update(state="starting", detail=None)
             async with trio.open_nursery() as nursery:
                 await self._run(nursery)
+
+    def _staging(self, detail: str, staged: object = None) -> None:
+        """What staging reports: ``detail`` for people, ``staged`` (bytes, rate) for ``ctl replicas``."""
+        self._update(state="staging", detail=detail, staged=staged)
 
     async def _engine_gone(self) -> None:
         """What each sidecar's stop waits for: the engine's process group is gone."""

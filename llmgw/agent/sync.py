@@ -115,6 +115,8 @@ class Agent:
         self.instance = secrets.token_hex(8)
         #: ``async (source, progress) -> local path`` for distributable sources (None: not staged)
         self.stage: Any = None
+        #: copies the server asks for ahead of any shard (:mod:`llmgw.agent.prestage`); None: none made
+        self.prestage: Any = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -386,6 +388,8 @@ class Agent:
                 if reply.revision != self.revision:
                     self.apply(reply)
                 self.note_sources(reply)
+                if self.prestage is not None:
+                    self.prestage.update(reply.stage_sources)
 
     async def _sync_once(self, client: httpx.AsyncClient, url: str) -> SyncReply | None:
         """One sync call; None when a local change cut the long-poll short."""

@@ -20,6 +20,7 @@ from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
 from llmgw.ctl.catalog import apply, catalog, diff
 from llmgw.ctl.client import AdminClient, CtlError, segment
+from llmgw.ctl.models import models
 from llmgw.ctl.options import output_option
 from llmgw.ctl.replicas import describe, replicas
 from llmgw.ctl.rollout import rollout
@@ -302,6 +303,7 @@ for _command in (
     engine_check,
     nodes,
     replicas,
+    models,
     describe,
     apply,
     diff,

@@ -23,12 +23,17 @@ How it decides:
   range. It prefers nodes with the fewest replicas of its model, then the
   fewest used GPUs, then the lowest node id. A multi-node replica takes nodes
   of one fabric; an island node (no fabric) only takes single-node replicas.
+- A node without a copy of a distributable source gets a replica of it only
+  when its models directory has room for the copy plus a headroom
+  (``schedule(..., sizes=..., headroom=...)``), counting the copies no
+  replica there uses (its agent evicts them, least recently used first).
 - A replica with no place is in :attr:`ScheduleResult.unplaced` with a reason
   that names the closest miss.
 """
 
 from __future__ import annotations
 
+from llmgw.scheduler._disk import DEFAULT_HEADROOM, DiskRoom, format_bytes
 from llmgw.scheduler._explain import explain_unplaced, node_warnings
 from llmgw.scheduler._place import schedule
 from llmgw.scheduler._records import (
@@ -44,7 +49,9 @@ from llmgw.scheduler._records import (
 )
 
 __all__ = [
+    "DEFAULT_HEADROOM",
     "DEFAULT_PORT_RANGE",
+    "DiskRoom",
     "NODE_STATES",
     "NodeView",
     "Removal",
@@ -53,6 +60,7 @@ __all__ = [
     "Shard",
     "Unplaced",
     "explain_unplaced",
+    "format_bytes",
     "node_warnings",
     "replica_id",
     "schedule",

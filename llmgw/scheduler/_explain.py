@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from llmgw.models import Catalog, Profile
+from llmgw.scheduler._disk import format_bytes
 from llmgw.scheduler._records import NodeView
 from llmgw.scheduler._state import NodeState
 from llmgw.weights import is_distributable
@@ -16,14 +17,20 @@ SHOWN = 5
 
 
 def explain_unplaced(
-    nodes: Sequence[NodeState], profile: Profile, source: str, avoid: frozenset[str] = frozenset()
+    nodes: Sequence[NodeState],
+    profile: Profile,
+    source: str,
+    avoid: frozenset[str] = frozenset(),
+    weights: tuple[str, int | None, float] | None = None,
 ) -> str:
     """Say why no set of ``nodes`` can take one replica of ``profile`` now.
 
     Called once per model that has a replica left without a place, with the
     run's node states at that moment. Every node is counted under the first
     thing that rules it out; nodes that would fit are counted per fabric for a
-    multi-node profile, so the closest miss shows.
+    multi-node profile, so the closest miss shows. ``weights`` is (model,
+    size of its copy in bytes or None, headroom): a node that cannot take the
+    copy is named with its free bytes and the bytes it could evict.
 
     :returns: one line, e.g. ``needs 2 nodes with 8 free GPUs on one fabric;
         fabric ib-a has 1 such node (node-1), fabric ib-b has 0; 3 nodes lack
@@ -40,6 +47,7 @@ def explain_unplaced(
     if not nodes:
         return f"{head}; no node has registered"
 
+    model, size, headroom = weights if weights is not None else ("", None, 0.0)
     ruled_out: dict[tuple[str, str], list[str]] = {}
     busy: list[tuple[int, str]] = []
     by_fabric: dict[str, list[str]] = {name: [] for node in nodes for name in node.fabrics}
@@ -71,6 +79,17 @@ def explain_unplaced(
                 "has no free port left in its range",
                 "have no free port left in their range",
                 f"{node.id} ({node.low}-{node.high})",
+            )
+        elif not node.disk.fits(source, size, headroom):
+            what = f"{model}'s {format_bytes(size or 0)} of weights (+{headroom:.0%} headroom)"
+            unused = node.disk.unused_bytes
+            evictable = f", {format_bytes(unused)} in unused copies" if unused else ""
+            if node.disk.reserved:
+                evictable += f", {format_bytes(node.disk.reserved)} promised to copies under way"
+            rule_out(
+                f"has no disk room for {what}",
+                f"have no disk room for {what}",
+                f"{node.id} ({format_bytes(node.disk.free or 0)} free{evictable})",
             )
         elif node.fabrics:
             for name in node.fabrics:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
+from llmgw.scheduler._disk import DEFAULT_HEADROOM, format_bytes
 from llmgw.scheduler._explain import explain_unplaced
 from llmgw.scheduler._records import NodeView, Removal, Replica, ScheduleResult, Shard, Unplaced, replica_id
 from llmgw.scheduler._state import NodeState
@@ -36,6 +37,8 @@ def schedule(
     replace: Iterable[str] = (),
     roll: Iterable[str] = (),
     launches: Mapping[str, tuple[Model, Profile]] | None = None,
+    sizes: Mapping[str, int] | None = None,
+    headroom: float = DEFAULT_HEADROOM,
 ) -> ScheduleResult:
     """Decide where every replica of ``catalog`` runs, starting from ``placements``.
 
@@ -62,18 +65,29 @@ def schedule(
         placed replicas that run another command than the catalog asks (a
         rollout under way): such a replica is checked against what it runs
         (its shape, engine, source), so it stays until it is replaced.
+    :param sizes: distributable source -> bytes of a complete copy (its
+        manifest's): a node without the copy is chosen only when its models
+        directory has room for it plus ``headroom`` × the size, counting
+        copies it could evict (:mod:`llmgw.scheduler._disk`). A source not in
+        here (no manifest yet) is placed without that check.
+    :param headroom: the share of a model's size kept free beyond its copy.
     :returns: the placements to run, the replicas that found no place with
         the reason, and the input replicas dropped with the reason.
     :raises ValueError: when two nodes have the same id.
     """
+    views = sorted(nodes, key=lambda view: view.node_id)
+    placements = list(placements)
+    launches = launches or {}
+    sizes = sizes or {}
+    copying = _copying(views, catalog, placements, launches)
     state: dict[str, NodeState] = {}
-    for view in sorted(nodes, key=lambda view: view.node_id):
+    for view in views:
         if view.node_id in state:
             raise ValueError(f"node {view.node_id} appears twice")
-        state[view.node_id] = NodeState(view)
+        state[view.node_id] = NodeState(view, copying)
     ordered = list(state.values())
 
-    kept, removed, generations = _keep(state, catalog, placements, launches or {})
+    kept, removed, generations = _keep(state, catalog, placements, launches, sizes)
     removed += _scale_down(state, catalog, kept)
     moves = [(i, True) for i in sorted(set(replace))] + [(i, False) for i in sorted(set(roll) - set(replace))]
     requests = _requests(catalog, kept, generations, moves)
@@ -88,13 +102,14 @@ def schedule(
             unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in group]
             continue
         for run in _by_avoid(group):
-            placed, left = _place(ordered, state, model_name, model, profile, run)
+            placed, left = _place(ordered, state, model_name, model, profile, run, sizes, headroom)
             new += placed
             if left:
                 failed.append((model_name, model, profile, left))
     # Explained once everything is placed, so the reason describes the nodes as the result leaves them.
     for model_name, model, profile, left in failed:
-        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid)
+        weights = (model_name, sizes.get(model.source), headroom)
+        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid, weights)
         unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in left]
 
     return ScheduleResult(
@@ -109,8 +124,14 @@ def _keep(
     catalog: Catalog,
     placements: Iterable[Replica],
     launches: Mapping[str, tuple[Model, Profile]],
+    sizes: Mapping[str, int],
 ) -> tuple[dict[str, Replica], list[Removal], dict[str, int]]:
-    """Check every placed replica, in id order, and claim the resources of those that stay."""
+    """Check every placed replica, in id order, and claim the resources of those that stay.
+
+    A replica that stays uses, on each of its nodes, the source it runs and
+    the one the catalog asks for (a rollout brings that there): their copies
+    are not evictable, and what they lack is reserved.
+    """
     kept: dict[str, Replica] = {}
     removed: list[Removal] = []
     generations: dict[str, int] = {}
@@ -122,13 +143,19 @@ def _keep(
             reason = next(
                 filter(None, (state[shard.node_id].conflict(shard) for shard in replica.shards)), None
             )
+        if reason is None:
+            reason = _no_room(replica, state, _source_of(replica, catalog, launches), sizes)
         if reason is not None:
             removed.append(Removal(replica, reason))
             generations[replica.id] = max(generations.get(replica.id, 0), replica.generation + 1)
             continue
         kept[replica.id] = replica
+        sources = {_source_of(replica, catalog, {}), _source_of(replica, catalog, launches)} - {None}
         for shard in replica.shards:
-            state[shard.node_id].claim(shard, replica.id, replica.model)
+            node = state[shard.node_id]
+            node.claim(shard, replica.id, replica.model)
+            for source in sorted(sources):  # type: ignore[type-var]
+                node.disk.use(source, sizes.get(source))  # type: ignore[arg-type]
     for replica in list(kept.values()):
         original = kept.get(replica.replaces) if replica.replaces else None
         if replica.replaces and (original is None or original.model != replica.model):
@@ -187,6 +214,58 @@ def _problem(
                     f"profile {model.profile} needs {profile.min_gpu_memory_mib}"
                 )
     return None
+
+
+def _no_room(
+    replica: Replica, state: dict[str, NodeState], source: str | None, sizes: Mapping[str, int]
+) -> str | None:
+    """Why a node of ``replica`` cannot take the copy it makes (placed before its size was known); or None.
+
+    Checked without headroom: a copy under way keeps its place while the disk can take it at all.
+    """
+    size = sizes.get(source) if source is not None else None
+    if size is None:
+        return None
+    for node_id in replica.node_ids:
+        disk = state[node_id].disk
+        if not disk.fits(source, size, 0.0):  # type: ignore[arg-type]
+            unused = f", {format_bytes(disk.unused_bytes)} in unused copies" if disk.unused_bytes else ""
+            return (
+                f"node {node_id} has no disk room for the {format_bytes(size)} copy of {source} "
+                f"({format_bytes(disk.free or 0)} free{unused})"
+            )
+    return None
+
+
+def _source_of(
+    replica: Replica, catalog: Catalog, launches: Mapping[str, tuple[Model, Profile]]
+) -> str | None:
+    """The source ``replica`` runs: its launch's, else the catalog's; None when its model left the catalog."""
+    launch = launches.get(replica.id)
+    if launch is not None:
+        return launch[0].source
+    model = catalog.models.get(replica.model)
+    return model.source if model is not None else None
+
+
+def _copying(
+    views: list[NodeView],
+    catalog: Catalog,
+    placements: list[Replica],
+    launches: Mapping[str, tuple[Model, Profile]],
+) -> frozenset[str]:
+    """Distributable sources a placed replica runs on a node without a complete copy (being copied)."""
+    held = {
+        view.node_id: {*view.facts.model_sources, *(c.source for c in view.facts.model_copies if c.complete)}
+        for view in views
+    }
+    out: set[str] = set()
+    for replica in placements:
+        source = _source_of(replica, catalog, launches)
+        if source is not None and is_distributable(source) and source not in out:
+            if any(source not in held.get(node_id, ()) for node_id in replica.node_ids):
+                out.add(source)
+    return frozenset(out)
 
 
 def _scale_down(state: dict[str, NodeState], catalog: Catalog, kept: dict[str, Replica]) -> list[Removal]:
@@ -289,6 +368,8 @@ def _place(
     model: Model,
     profile: Profile,
     requests: list[_Request],
+    sizes: Mapping[str, int],
+    headroom: float,
 ) -> tuple[list[Replica], list[_Request]]:
     """Place ``requests`` (replicas of one model avoiding the same nodes) one by one.
 
@@ -298,10 +379,11 @@ def _place(
     ports = 1 if wanted == 1 else 2
     avoid = requests[0].avoid
 
-    def fits(node: NodeState) -> bool:
-        return node.fits(gpus, memory, ports)
-
     copied = is_distributable(model.source)
+    size = sizes.get(model.source) if copied else None
+
+    def fits(node: NodeState) -> bool:
+        return node.fits(gpus, memory, ports) and node.disk.fits(model.source, size, headroom)
 
     def key(node: NodeState) -> tuple[int, int, int, str]:
         # a node holding the weights first; the others get a copy (staging) when none is left
@@ -351,6 +433,7 @@ def _place(
         )
         for shard, node in zip(shards, members, strict=True):
             node.claim(shard, replica.id, name)
+            node.disk.use(model.source, size)
             if fits(node):
                 for pool in _pools_of(node, wanted):
                     if pool in pools:

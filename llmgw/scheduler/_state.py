@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmgw.scheduler._disk import DiskRoom
 from llmgw.scheduler._records import NodeView, Shard
 
 
@@ -30,9 +31,11 @@ class NodeState:
         "ports_in_range",
         "shards",
         "model_shards",
+        "disk",
     )
 
-    def __init__(self, view: NodeView) -> None:
+    def __init__(self, view: NodeView, copying: frozenset[str] = frozenset()) -> None:
+        """:param copying: sources being copied to some node now (see :class:`DiskRoom`)."""
         facts = view.facts
         self.view = view
         self.id = facts.node_id
@@ -50,6 +53,8 @@ class NodeState:
         self.ports_in_range = 0
         self.shards = 0
         self.model_shards: dict[str, int] = {}
+        #: what the models directory can still take
+        self.disk = DiskRoom(view.facts, copying)
 
     @property
     def state(self) -> str:

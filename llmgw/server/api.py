@@ -29,6 +29,7 @@ from llmgw.server.api_catalog import CatalogEndpoints
 from llmgw.server.api_servers import control_servers
 from llmgw.server.cluster import Cluster
 from llmgw.server.manifests import WeightsEndpoints
+from llmgw.server.models_view import model_list
 from llmgw.server.persist import (
     add_api_key,
     load_api_keys,
@@ -100,6 +101,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         self._route("GET", r"/v1/admin/nodes/(?P<node>[^/]+)/drain", admin, self._get_drain)
         self._route("POST", r"/v1/admin/nodes/(?P<node>[^/]+)/lost", admin, self._declare_lost)
         self._route("GET", r"/v1/admin/replicas", admin, self._get_replicas)
+        self._route("GET", r"/v1/admin/models", admin, self._get_models)
         self._route("GET", r"/v1/admin/catalog", admin, self._get_catalog)
         self._route("POST", r"/v1/admin/catalog", admin, self._apply_catalog)
         self._route("POST", r"/v1/admin/catalog/diff", admin, self._diff_catalog)
@@ -267,7 +269,8 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
     def _sync_reply(self, node_id: str) -> Response:
         """The sync answer for ``node_id``, encoded once per revision of what it says."""
         shards = self.cluster.desired_for(node_id)
-        key = (self.cluster.revision, self.cluster.sources_revision, shards)
+        stage = self.cluster.rollouts.stage_sources().get(node_id, ())
+        key = (self.cluster.revision, self.cluster.sources_revision, shards, stage)
         cached = self._replies.get(node_id)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -275,11 +278,15 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             revision=self.cluster.revision,
             shards=shards,
             check_sources=self.cluster.sources_to_check(),
+            stage_sources=stage,
             lost_after=self.cluster.settings.lost_after,
         )
         response = answer(reply)
         self._replies[node_id] = (key, response)
         return response
+
+    async def _get_models(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        return answer(model_list(self.cluster))
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = query_int(request.query.get("revision", "0"), "revision")

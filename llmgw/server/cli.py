@@ -96,6 +96,14 @@ log = logging.getLogger("llmgw.server")
     "none of them lost: the server suspects its own network (ctl nodes lost declares one anyway).",
 )
 @click.option(
+    "--disk-headroom",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.05,
+    show_default=True,
+    help="A node gets a copy of a model's weights only when its models directory's filesystem has the "
+    "copy's size plus this share of it free (counting copies no replica uses, which its agent evicts).",
+)
+@click.option(
     "--poll-timeout",
     type=float,
     default=5.0,
@@ -117,6 +125,7 @@ def server_command(
     crl: Path | None,
     lost_after: float,
     max_lost_fraction: float,
+    disk_headroom: float,
     poll_timeout: float,
 ) -> None:
     """Run the control plane: HTTPS with mutual TLS, state in sqlite (or PostgreSQL), the reconciler.
@@ -144,7 +153,9 @@ def server_command(
         host=host,
         port=port,
         crl=crl,
-        settings=Settings(lost_after=lost_after, max_lost_fraction=max_lost_fraction),
+        settings=Settings(
+            lost_after=lost_after, max_lost_fraction=max_lost_fraction, disk_headroom=disk_headroom
+        ),
         poll_timeout=poll_timeout,
         store=store,
         store_password_file=store_password_file,

@@ -12,11 +12,10 @@ should run, the routes feed, the admin API's status views) is in
 
 from __future__ import annotations
 
-import attrs
-
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import ScheduleResult, Unplaced
 from llmgw.server.agent_restart import left_agent, note_agent, start_again
+from llmgw.server.drain import drain_moves
 from llmgw.server.events import EventLog
 from llmgw.server.plan import SchedulePlan
 from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
@@ -24,6 +23,7 @@ from llmgw.server.rollout import Rollouts
 from llmgw.server.silence import SilenceWatch
 from llmgw.server.stopping import StopOrder
 from llmgw.server.views import ClusterViews
+from llmgw.weights import Manifest
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 
 __all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event", "SchedulePlan"]
@@ -71,6 +71,10 @@ class Cluster(ClusterViews):
         self._before: tuple[dict[str, tuple[DesiredShard, ...]], frozenset[str]] | None = None
         #: the mass-silence episode under way, if any (see :meth:`_detect_lost`)
         self.silence = SilenceWatch()
+        #: the stored manifest of every distributable source (its size is what a copy takes on disk)
+        self.manifests: dict[str, Manifest] = {}
+        #: when the scheduler last ran (replicas without a place are tried again every ``unplaced_retry``)
+        self.scheduled_at = 0.0
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -158,6 +162,11 @@ class Cluster(ClusterViews):
         node.reported = True
         return wanted
 
+    def note_manifest(self, manifest: Manifest) -> None:
+        """The first manifest of a source was stored: placing now knows how much disk a copy takes."""
+        self.manifests[manifest.source] = manifest
+        self.schedule_wanted = True
+
     def record_certificate(self, node_id: str, serial: int, not_after: float) -> None:
         """Remember the certificate a node synced with: ctl nodes warns when it expires or is revoked."""
         node = self.nodes[node_id]
@@ -224,11 +233,13 @@ class Cluster(ClusterViews):
             self._judge(record, now)
         if self._waiting_for_sources(now):
             return None
-        moves = self._drain_moves(now)
+        moves = drain_moves(self, now)
         rolls = self.rollouts.step(self, now)
-        if not (self.schedule_wanted or moves or rolls):
+        retry = bool(self.unplaced) and now - self.scheduled_at >= self.settings.unplaced_retry
+        if not (self.schedule_wanted or moves or rolls or retry):
             return None
         self.schedule_wanted = False
+        self.scheduled_at = now
         return SchedulePlan(
             nodes=tuple(node.view() for node in self.nodes.values()),
             catalog=self.catalog,
@@ -240,6 +251,8 @@ class Cluster(ClusterViews):
                 for r in self.replicas.values()
                 if r.launch is not None and self.is_outdated(r)
             ),
+            sizes=tuple((source, m.total_bytes) for source, m in sorted(self.manifests.items())),
+            headroom=self.settings.disk_headroom,
         )
 
     def finish(self, now: float, result: ScheduleResult | None = None) -> frozenset[str]:
@@ -263,7 +276,7 @@ class Cluster(ClusterViews):
             node_id
             for node_id in before.keys() | after.keys()
             if before.get(node_id, ()) != after.get(node_id, ())
-        )
+        ) | self.rollouts.take_stage_changed()
         if changed:
             self.revision += 1
             for node_id in changed:
@@ -391,45 +404,6 @@ class Cluster(ClusterViews):
             record.id,
             f"failed: {reason}; tearing down every shard, rebuild in {delay:.1f} s "
             f"(failure {record.failures})",
-        )
-
-    def _drain_moves(self, now: float) -> list[str]:
-        """Replica ids to move off draining nodes now: one at a time per node."""
-        moves = []
-        replacing = {r.placement.replaces for r in self.replicas.values() if r.placement.replaces}
-        for node in sorted(self.nodes.values(), key=lambda n: n.node_id):
-            if not node.draining:
-                continue
-            on_node = sorted(
-                r.id
-                for r in self.replicas.values()
-                if node.node_id in r.placement.node_ids and not r.placement.replaces
-            )
-            for replica_id in on_node:
-                replacement = self._replacement_of(replica_id)
-                if replacement is not None and replacement.state == "ready":
-                    self._retire(replica_id, replacement, now)
-            on_node = [i for i in on_node if i in self.replicas]
-            if not on_node:
-                if not any(node.node_id in r.placement.node_ids for r in self.replicas.values()):
-                    node.draining = False
-                    self.dirty_nodes.add(node.node_id)
-                    self.record_event(now, "node", node.node_id, "drained: no replica left; still cordoned")
-                continue
-            if not any(i in replacing for i in on_node):
-                moves.append(on_node[0])
-        return moves
-
-    def _replacement_of(self, replica_id: str) -> ReplicaRecord | None:
-        return next((r for r in self.replicas.values() if r.placement.replaces == replica_id), None)
-
-    def _retire(self, replica_id: str, replacement: ReplicaRecord, now: float) -> None:
-        del self.replicas[replica_id]
-        self.dirty_replicas.add(replica_id)
-        replacement.placement = attrs.evolve(replacement.placement, replaces=None)
-        self.dirty_replicas.add(replacement.id)
-        self.record_event(
-            now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original"
         )
 
     def _apply_schedule(self, now: float, result: ScheduleResult) -> None:

@@ -23,6 +23,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
@@ -61,7 +62,7 @@ class WeightsEndpoints:
     cluster: Cluster
     store: Store
     clock: Callable[[], float]
-    _manifests: dict[str, Manifest] | None = None
+    reconciler: Any
     #: source -> (the node downloading it from the Hub, lease end on :attr:`clock`, its status)
     _hub_leases: dict[str, tuple[str, float, str]] | None = None
 
@@ -75,15 +76,13 @@ class WeightsEndpoints:
         route("POST", r"/v1/agent/weights/hub", {Role.NODE}, self._post_hub_claim)
 
     async def manifests(self) -> dict[str, Manifest]:
-        """The stored manifests by source (read from the store once)."""
-        if self._manifests is None:
-            self._manifests = await self.store.run(load_manifests)
-        return self._manifests
+        """The stored manifests by source (the cluster's: read from the store with it)."""
+        return self.cluster.manifests
 
     async def _post_manifest(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         manifest = from_json(request.json(), Manifest)
         if not is_distributable(manifest.source):
-            raise Refused(400, f"source: {manifest.source!r} is not a distributable source (seed:///PATH)")
+            raise Refused(400, f"source: {manifest.source!r} is not a distributable source (seed:///PATH or hf://ORG/NAME)")
         if hub_ref(manifest.source) is not None and len(manifest.revision) != 40:
             raise Refused(400, f"revision: expected the 40-hex commit {manifest.source} was downloaded at")
         if manifest.made_by != identity.name:
@@ -92,7 +91,8 @@ class WeightsEndpoints:
         if manifest.source not in known:
             now = self.clock()
             await self.store.write(lambda conn: save_manifest(conn, manifest, now))
-            known[manifest.source] = manifest
+            self.cluster.note_manifest(manifest)
+            self.reconciler.request()  # its size is known: placing now counts disk room for it
             pinned = f", revision pinned to commit {manifest.revision}" if manifest.revision else ""
             message = (
                 f"manifest of {manifest.source} made by {identity.name}: {len(manifest.files)} files, "

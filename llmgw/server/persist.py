@@ -19,6 +19,7 @@ from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.manifests import load_manifests
 from llmgw.server.records import Launch
 from llmgw.server.store import Store
 from llmgw.wire import (
@@ -101,6 +102,7 @@ def load_cluster(
             cert_serial=int(serial, 16) if serial else None,
             cert_not_after=not_after,
         )
+    cluster.manifests = load_manifests(conn)
     cluster.rollouts.load(Store.get_setting(conn, "paused_rollouts", {}))
     cluster.rollouts.rolling = set(Store.get_setting(conn, "rolling_models", []))
     for placement, attempt, failures, consecutive, sent, state, reason, launch in conn.execute(

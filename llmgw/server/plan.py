@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 
 from llmgw.models import Catalog
-from llmgw.scheduler import NodeView, Replica, ScheduleResult, schedule
+from llmgw.scheduler import DEFAULT_HEADROOM, NodeView, Replica, ScheduleResult, schedule
 from llmgw.server.records import Launch
 
 __all__ = ["SchedulePlan"]
@@ -32,6 +32,10 @@ class SchedulePlan:
     roll: tuple[str, ...] = ()
     #: what each outdated replica runs, so the scheduler keeps it until it is replaced
     launches: tuple[tuple[str, Launch], ...] = ()
+    #: distributable source -> bytes of a complete copy (its manifest's), for disk room
+    sizes: tuple[tuple[str, int], ...] = ()
+    #: the share of a model's size a node keeps free beyond its copy
+    headroom: float = DEFAULT_HEADROOM
 
     def run(self) -> ScheduleResult:
         """Schedule (a pure function of the plan); called once, in any thread."""
@@ -43,4 +47,6 @@ class SchedulePlan:
             replace=self.replace,
             roll=self.roll,
             launches=launches,
+            sizes=dict(self.sizes),
+            headroom=self.headroom,
         )

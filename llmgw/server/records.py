@@ -31,6 +31,11 @@ class Settings:
     #: which of its model sources it has (so replicas spread, not pile onto
     #: the first node that answered)
     source_wait: float = 10.0
+    #: the share of a model's size a node must have free beyond the copy of its weights
+    disk_headroom: float = 0.05
+    #: seconds between two tries to place replicas that found no place, when nothing else changed
+    #: (a node's disk got room, a copy was evicted: free bytes are not watched sync by sync)
+    unplaced_retry: float = 5.0
 
 
 #: the timings ``llmgw server`` runs with unless told otherwise

@@ -14,8 +14,11 @@ the replicas) moves each model's rollout on:
   outdated replicas (the scheduler's ``roll=``, which may use the same nodes),
   each ready before its original stops; with no room for one, the rollout
   *waits* and says why;
-- up to ``rollout.max_unavailable`` outdated replicas that serve are
-  restarted in place (they serve nothing until ready again);
+- a new distributable source is copied to the nodes of the outdated
+  replicas first (:mod:`llmgw.server.rollout_staging`), while they serve;
+- up to ``rollout.max_unavailable`` outdated replicas that serve, and whose
+  nodes hold the new weights, are restarted in place (they serve nothing
+  until ready again);
 - a replica on the new command (a replacement, or one restarted in place)
   that fails :data:`FAILURES_TO_PAUSE` times in a row (a failure is an exit,
   a failed health check, or its ready timeout) *pauses* the rollout: the
@@ -36,6 +39,7 @@ import attrs
 from llmgw.models import Catalog
 from llmgw.scheduler import Replica
 from llmgw.server.records import Launch, ReplicaRecord
+from llmgw.server.rollout_staging import copied_bytes, stage_ahead, staging_note
 from llmgw.wire import RolloutList, RolloutStatus
 
 if TYPE_CHECKING:
@@ -70,7 +74,11 @@ class Rollouts:
         #: models with a rollout under way (for the start and done events)
         self.rolling: set[str] = set()
         #: model -> (outdated replicas, updated ones ready) and since when: progress is a change there
-        self.progress: dict[str, tuple[tuple[int, int], float]] = {}
+        self.progress: dict[str, tuple[tuple[int, int, int], float]] = {}
+        #: model -> node id -> the new source it copies ahead of the rollout (``SyncReply.stage_sources``)
+        self.staging: dict[str, dict[str, str]] = {}
+        #: nodes whose sources to stage changed since the reconciler last looked (their long-polls wake)
+        self.stage_changed: set[str] = set()
 
     # -- the reconciler's step ------------------------------------------------------------------
 
@@ -87,13 +95,30 @@ class Rollouts:
         for record in cluster.replicas.values():
             by_model.setdefault(record.placement.model, []).append(record)
         rolls: list[str] = []
+        before = self.stage_sources()
+        self.staging = {}
         for model in sorted(by_model):
             wanted = Launch.of(cluster.catalog, model)
             if wanted is not None:
                 rolls += self._step_model(cluster, model, wanted, by_model[model], now)
         for model in set(self.paused) - set(by_model):
             del self.paused[model]
+        after = self.stage_sources()
+        self.stage_changed |= {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
         return rolls
+
+    def stage_sources(self) -> dict[str, tuple[str, ...]]:
+        """Node id -> the sources it should copy ahead of the rollouts under way (its sync answer's)."""
+        out: dict[str, set[str]] = {}
+        for stage in self.staging.values():
+            for node_id, source in stage.items():
+                out.setdefault(node_id, set()).add(source)
+        return {node_id: tuple(sorted(sources)) for node_id, sources in out.items()}
+
+    def take_stage_changed(self) -> set[str]:
+        """The nodes whose sources to stage changed since the last call (the reconciler wakes them)."""
+        changed, self.stage_changed = self.stage_changed, set()
+        return changed
 
     def _step_model(
         self, cluster: Cluster, model: str, wanted: Launch, records: list[ReplicaRecord], now: float
@@ -117,7 +142,7 @@ class Rollouts:
             failure = f"{last.id} failed {last.consecutive_failures} times in a row, last: {last.reason}"
             self._pause(cluster, model, target, "its replacements keep failing", failure, records, now)
             return []
-        stalled = self._stalled(model, wanted, records, outdated, now)
+        stalled = self._stalled(cluster, model, wanted, records, outdated, now)
         if stalled is not None:
             why = f"no replica replaced within its progress_deadline ({wanted.profile.progress_deadline:g} s)"
             self._pause(cluster, model, target, why, stalled, records, now)
@@ -147,15 +172,20 @@ class Rollouts:
                 f"started: {len(outdated)} outdated replica(s) to replace "
                 f"(max_surge {rollout.max_surge}, max_unavailable {rollout.max_unavailable})",
             )
+        stage, copying = stage_ahead(cluster, wanted, outdated)
+        if stage:
+            self.staging[model] = stage
         moving = {r.placement.replaces for r in replacements}
         candidates = sorted((r for r in outdated if r.id not in moving), key=lambda r: r.placement.index)
         unavailable = sum(r.state != "ready" for r in records if r.placement.replaces is None)
-        in_place = candidates[: max(0, rollout.max_unavailable - unavailable)]
+        restartable = [r for r in candidates if r.id not in copying]
+        in_place = restartable[: max(0, rollout.max_unavailable - unavailable)]
         for record in in_place:
             self._restart(
                 cluster, record, wanted, now, "restarted in place on the new command (max_unavailable)"
             )
-        candidates = candidates[len(in_place) :]
+        restarted = {r.id for r in in_place}
+        candidates = [r for r in candidates if r.id not in restarted]
         surge = candidates[: max(0, rollout.max_surge - len(replacements))]
         self._note_waiting(cluster, model, {r.id for r in candidates}, rollout.max_unavailable, now)
         if model in self.waiting and not cluster.schedule_wanted:
@@ -206,6 +236,7 @@ class Rollouts:
 
     def _stalled(
         self,
+        cluster: Cluster,
         model: str,
         wanted: Launch,
         records: list[ReplicaRecord],
@@ -214,12 +245,13 @@ class Rollouts:
     ) -> str | None:
         """What is stuck when ``model``'s rollout made no progress within its profile's progress_deadline.
 
-        Progress is fewer outdated replicas or more updated ones ready. A rollout
-        waiting for room is not stalled (it says why it waits).
+        Progress is fewer outdated replicas, more updated ones ready, or more
+        bytes of the new weights copied. A rollout waiting for room is not
+        stalled (it says why it waits).
         """
         old = {r.id for r in outdated}
         updated = [r for r in records if r.id not in old]
-        mark = (len(outdated), sum(r.state == "ready" for r in updated))
+        mark = (len(outdated), sum(r.state == "ready" for r in updated), copied_bytes(cluster, wanted))
         seen = self.progress.get(model)
         if not outdated or model in self.waiting or seen is None or seen[0] != mark:
             self.progress[model] = (mark, now)
@@ -308,6 +340,8 @@ class Rollouts:
                 state, reason = "done", None
             elif name in self.waiting:
                 state, reason = "waiting", self.waiting[name]
+            elif name in self.staging:
+                state, reason = "staging", staging_note(cluster, self.staging[name])
             else:
                 state, reason = "rolling", None
             rollout = cluster.catalog.models[name].rollout

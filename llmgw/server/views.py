@@ -24,11 +24,13 @@ from llmgw.wire import (
     DrainStatus,
     NodeList,
     NodeStatus,
+    ObservedShard,
     ReplicaList,
     ReplicaStatus,
     Route,
     RouteTable,
     ShardStatus,
+    StagingProgress,
     UnplacedStatus,
     shard_key,
 )
@@ -289,6 +291,7 @@ class ClusterViews:
 
     def _replica_status(self, record: ReplicaRecord) -> ReplicaStatus:
         shards = []
+        staged: list[ObservedShard] = []
         for shard in record.placement.shards:
             node = self.nodes.get(shard.node_id)
             observed = None
@@ -296,6 +299,8 @@ class ClusterViews:
             missing = "unknown" if node is not None and not node.reported else "pending"
             if node is not None:
                 observed = node.observed.get(shard_key(record.id, record.attempt, shard.rank))
+            if observed is not None and observed.state == "staging":
+                staged.append(observed)
             shards.append(
                 ShardStatus(
                     rank=shard.rank,
@@ -311,10 +316,11 @@ class ClusterViews:
                     engine_version=observed.engine_version if observed else None,
                 )
             )
+        staging, eta = _staging(staged) if staged and record.state == "starting" else (None, None)
         return ReplicaStatus(
             id=record.id,
             model=record.placement.model,
-            state=record.state,
+            state="staging" if staged and record.state == "starting" else record.state,
             attempt=record.attempt,
             failures=record.failures,
             reason=record.reason,
@@ -322,7 +328,24 @@ class ClusterViews:
             replaces=record.placement.replaces,
             shards=tuple(shards),
             outdated=self.is_outdated(record),
+            staging=staging,
+            eta=eta,
         )
+
+
+def _staging(shards: list[ObservedShard]) -> tuple[StagingProgress | None, float | None]:
+    """A staging replica's copies summed (bytes, rate), and the slowest shard's seconds left."""
+    progress = [s.staged for s in shards if s.staged is not None]
+    if not progress:
+        return None, None
+    total = StagingProgress(
+        sum(p.bytes_present for p in progress),
+        sum(p.bytes_total for p in progress),
+        sum(p.rate for p in progress),
+    )
+    etas = [p.eta for p in progress]
+    eta = None if len(progress) < len(shards) or None in etas else max(e for e in etas if e is not None)
+    return total, eta
 
 
 @attrs.frozen

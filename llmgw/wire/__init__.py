@@ -43,7 +43,17 @@ from llmgw.wire._gateway import SuspectRecorded, SuspectReport
 from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
 from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
-from llmgw.wire._weights import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo
+from llmgw.wire._weights import (
+    CopyProgress,
+    HubClaim,
+    HubLease,
+    ModelList,
+    ModelStatus,
+    PeerHolder,
+    StagingProgress,
+    WeightsEvent,
+    WeightsInfo,
+)
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
@@ -54,6 +64,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS",
     "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
+    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -98,6 +109,8 @@ class ObservedShard:
     #: the shard's log file on its node, and the engine's version as the node found it
     log_path: str | None = None
     engine_version: str | None = None
+    #: while ``staging``: the copy's bytes present, total and rate (None: not fetching yet)
+    staged: StagingProgress | None = None
 
     @property
     def key(self) -> str:
@@ -176,6 +189,9 @@ class SyncReply:
     shards: tuple[DesiredShard, ...] = attrs.field(converter=tuple, default=())
     #: model sources the agent should report on (exists on disk or not)
     check_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: distributable sources to copy into the models directory now, with no shard yet (a rollout's
+    #: new weights, staged before it stops the replicas running the old ones)
+    stage_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: seconds without a sync after which the server declares the node lost
     lost_after: float = 30.0
 
@@ -305,7 +321,7 @@ class ReplicaStatus:
 
     id: str
     model: str
-    #: ``starting``, ``ready`` or ``backoff``
+    #: ``staging`` (a shard waits for its copy of the weights), ``starting``, ``ready`` or ``backoff``
     state: str
     attempt: int
     failures: int
@@ -316,6 +332,10 @@ class ReplicaStatus:
     shards: tuple[ShardStatus, ...] = ()
     #: runs another command than the catalog in force asks for (a rollout replaces it)
     outdated: bool = False
+    #: while ``staging``: its shards' copies summed (rate summed, ETA of the slowest)
+    staging: StagingProgress | None = None
+    #: while ``staging``: seconds left for the slowest shard's copy (None: not known yet)
+    eta: float | None = None
 
 
 @attrs.frozen

@@ -15,8 +15,9 @@ class RolloutStatus:
     """One model's rollout in ``GET /v1/admin/rollouts`` (``ctl rollout status``)."""
 
     model: str
-    #: ``done`` (nothing outdated), ``rolling``, ``waiting`` (no room to surge),
-    #: or ``paused`` (its replacements kept failing)
+    #: ``done`` (nothing outdated), ``rolling``, ``staging`` (the new weights are copied to the
+    #: outdated replicas' nodes first), ``waiting`` (no room to surge), or ``paused`` (its
+    #: replacements kept failing)
     state: str
     #: the catalog revision in force (what the replicas are rolled to)
     revision: int

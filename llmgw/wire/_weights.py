@@ -7,7 +7,17 @@ import attrs
 from llmgw.models import bounded
 from llmgw.weights import Manifest
 
-__all__ = ["HubClaim", "HubLease", "PeerHolder", "WeightsEvent", "WeightsInfo"]
+__all__ = [
+    "PeerHolder",
+    "WeightsEvent",
+    "WeightsInfo",
+    "HubClaim",
+    "HubLease",
+    "StagingProgress",
+    "CopyProgress",
+    "ModelStatus",
+    "ModelList",
+]
 
 
 @attrs.frozen
@@ -56,3 +66,59 @@ class HubLease:
     #: whether the asking node is that node
     granted: bool = False
     status: str = ""
+
+
+@attrs.frozen
+class StagingProgress:
+    """How far a copy of weights got: reported per staging shard, summed per replica for ``ctl replicas``."""
+
+    bytes_present: int
+    bytes_total: int
+    #: bytes per second over the copy so far (0: not measured yet)
+    rate: float = 0.0
+
+    @property
+    def percent(self) -> int:
+        """Whole percent of the bytes present (100 for an empty model)."""
+        return 100 * self.bytes_present // self.bytes_total if self.bytes_total else 100
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the current rate; None while the rate is not known."""
+        if self.rate <= 0:
+            return None
+        return max(0, self.bytes_total - self.bytes_present) / self.rate
+
+
+@attrs.frozen
+class CopyProgress:
+    """A copy of a model being made on a node (``ctl models``' copies in progress)."""
+
+    node: str
+    bytes_present: int
+    bytes_total: int
+
+
+@attrs.frozen
+class ModelStatus:
+    """One catalog model's weights for ``ctl models``: where they come from, how big, who holds them."""
+
+    name: str
+    source: str
+    #: the revision the source is pinned to (a hub commit), when it has one
+    revision: str | None = None
+    #: bytes of a complete copy and its manifest digest; None until a holder made the manifest
+    size: int | None = None
+    digest: str | None = None
+    #: nodes with a complete, verified copy (or the seed, or the path for a plain source)
+    holders: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    copying: tuple[CopyProgress, ...] = attrs.field(converter=tuple, default=())
+    #: whether llmgw copies it between nodes (seed:// and the like); False: it must be on the node already
+    distributable: bool = False
+
+
+@attrs.frozen
+class ModelList:
+    """``GET /v1/admin/models``: every catalog model's weights."""
+
+    models: tuple[ModelStatus, ...] = attrs.field(converter=tuple, default=())

@@ -1,0 +1,51 @@
+"""``llmgw ctl models``: each catalog model's weights: source, revision, size, holders, copies under way."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from llmgw.ctl.client import AdminClient
+from llmgw.ctl.options import output_option
+from llmgw.scheduler import format_bytes
+from llmgw.wire import ModelList, ModelStatus, to_json
+
+__all__ = ["models", "model_rows"]
+
+HEADERS = ["model", "source", "revision", "size", "digest", "holders", "copying"]
+
+
+def model_rows(data: ModelList) -> list[list[str]]:
+    """One table row per model (what ``ctl models`` prints)."""
+    return [_row(m) for m in data.models]
+
+
+def _row(model: ModelStatus) -> list[str]:
+    copying = ", ".join(
+        f"{c.node} {100 * c.bytes_present // c.bytes_total if c.bytes_total else 100}%" for c in model.copying
+    )
+    return [
+        model.name,
+        model.source,
+        model.revision or "-",
+        format_bytes(model.size) if model.size is not None else "-",
+        model.digest[:12] if model.digest else "-",
+        ", ".join(model.holders) or "none",
+        copying or "-",
+    ]
+
+
+@click.command()
+@output_option()
+@click.pass_context
+def models(ctx: click.Context, output: str) -> None:
+    """List the catalog's models: source, pinned revision, size, digest, nodes holding a verified copy,
+    and copies under way (node and percent). Size and digest show once a holder made the manifest."""
+    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/models", ModelList)
+    if output == "json":
+        click.echo(json.dumps(to_json(data), indent=2))
+        return
+    rows = model_rows(data)
+    click.echo(tabulate(rows, headers=HEADERS, tablefmt="simple") if rows else "(no model in the catalog)")

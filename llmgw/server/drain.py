@@ -1,0 +1,65 @@
+"""Draining a node: its replicas move one at a time, each replacement ready before its original stops.
+
+:func:`drain_moves` is called by :meth:`Cluster.begin <llmgw.server.cluster.Cluster.begin>`
+on every reconcile; the moves it returns are the scheduler's ``replace=``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from llmgw.server.records import ReplicaRecord
+
+if TYPE_CHECKING:
+    from llmgw.server.cluster import Cluster
+
+__all__ = ["drain_moves"]
+
+
+def drain_moves(cluster: Cluster, now: float) -> list[str]:
+    """Replica ids to move off draining nodes now: one at a time per node.
+
+    Retires each original whose replacement is ready, and ends the drain of
+    a node with no replica left (it stays cordoned).
+    """
+    moves = []
+    replicas = cluster.replicas
+    replacing = {r.placement.replaces for r in replicas.values() if r.placement.replaces}
+    for node in sorted(cluster.nodes.values(), key=lambda n: n.node_id):
+        if not node.draining:
+            continue
+        on_node = sorted(
+            r.id
+            for r in replicas.values()
+            if node.node_id in r.placement.node_ids and not r.placement.replaces
+        )
+        for replica_id in on_node:
+            replacement = _replacement_of(cluster, replica_id)
+            if replacement is not None and replacement.state == "ready":
+                _retire(cluster, replica_id, replacement, now)
+        on_node = [i for i in on_node if i in replicas]
+        if not on_node:
+            if not any(node.node_id in r.placement.node_ids for r in replicas.values()):
+                node.draining = False
+                cluster.dirty_nodes.add(node.node_id)
+                cluster.record_event(now, "node", node.node_id, "drained: no replica left; still cordoned")
+            continue
+        if not any(i in replacing for i in on_node):
+            moves.append(on_node[0])
+    return moves
+
+
+def _replacement_of(cluster: Cluster, replica_id: str) -> ReplicaRecord | None:
+    return next((r for r in cluster.replicas.values() if r.placement.replaces == replica_id), None)
+
+
+def _retire(cluster: Cluster, replica_id: str, replacement: ReplicaRecord, now: float) -> None:
+    del cluster.replicas[replica_id]
+    cluster.dirty_replicas.add(replica_id)
+    replacement.placement = attrs.evolve(replacement.placement, replaces=None)
+    cluster.dirty_replicas.add(replacement.id)
+    cluster.record_event(
+        now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original"
+    )

@@ -1,0 +1,113 @@
+"""Rollouts stage before they roll: a new distributable source is copied to the outdated nodes first.
+
+When a rollout changes a model's source to a distributable one (``seed://``),
+:func:`stage_ahead` asks every node running an outdated replica of the model
+to copy the new weights now (``SyncReply.stage_sources``), while the old
+replicas go on serving. A replica is restarted in place (``max_unavailable``)
+only once each of its nodes holds a verified copy, so it is down for an
+engine start, not for a copy. Surge replacements stage themselves, beside
+the replicas they replace, and count only once ready.
+
+A node whose disk has no room for the new copy beside the old one (counted
+as the scheduler counts, :class:`~llmgw.scheduler.DiskRoom`) is not asked:
+its replica is restarted in place as before, and its agent evicts the old
+copy, unused by then, to make room.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmgw.scheduler import DiskRoom, format_bytes
+from llmgw.server.records import Launch, NodeRecord, ReplicaRecord
+from llmgw.weights import is_distributable
+
+if TYPE_CHECKING:
+    from llmgw.server.cluster import Cluster
+
+__all__ = ["stage_ahead", "staging_note", "copied_bytes"]
+
+
+def stage_ahead(
+    cluster: Cluster, wanted: Launch, outdated: list[ReplicaRecord]
+) -> tuple[dict[str, str], set[str]]:
+    """Where ``wanted``'s weights are copied ahead of the rollout, and which replicas wait for them.
+
+    Called by :meth:`Rollouts.step <llmgw.server.rollout.Rollouts.step>` for each
+    model with outdated replicas that serve.
+
+    :returns: node id -> the source it should copy now, and the ids of the
+        outdated replicas with a node still copying it (not restarted in place yet).
+    """
+    source = wanted.model.source
+    if not is_distributable(source):
+        return {}, set()
+    manifest = cluster.manifests.get(source)
+    size = manifest.total_bytes if manifest is not None else None
+    stage: dict[str, str] = {}
+    waiting: set[str] = set()
+    for record in outdated:
+        launch = cluster.launch_of(record)
+        if launch is None or launch.model.source == source:
+            continue
+        for node_id in record.placement.node_ids:
+            node = cluster.nodes.get(node_id)
+            if node is None or node.lost or source in node.facts.model_sources:
+                continue
+            if node_id in stage or _room_beside(cluster, node, source, size):
+                stage[node_id] = source
+                waiting.add(record.id)
+    return stage, waiting
+
+
+def _room_beside(cluster: Cluster, node: NodeRecord, source: str, size: int | None) -> bool:
+    """Whether ``node`` can take a copy of ``source`` beside the copies its replicas use now."""
+    disk = DiskRoom(node.facts)
+    for record in cluster.replicas.values():
+        launch = cluster.launch_of(record)
+        if launch is not None and node.node_id in record.placement.node_ids:
+            used = cluster.manifests.get(launch.model.source)
+            disk.use(launch.model.source, used.total_bytes if used is not None else None)
+    return disk.fits(source, size, cluster.settings.disk_headroom)
+
+
+def copied_bytes(cluster: Cluster, wanted: Launch) -> int:
+    """Bytes of ``wanted``'s distributable source in copies on live nodes (0 for other sources).
+
+    A rollout whose copies grow is making progress (its progress_deadline).
+    """
+    source = wanted.model.source
+    if not is_distributable(source):
+        return 0
+    return sum(
+        copy.bytes_present
+        for node in cluster.nodes.values()
+        if not node.lost
+        for copy in node.facts.model_copies
+        if copy.source == source and not copy.seed
+    )
+
+
+def staging_note(cluster: Cluster, stage: dict[str, str]) -> str:
+    """What ``ctl rollout status`` says while the new weights are copied ahead: nodes and percent."""
+    parts = []
+    for node_id, source in sorted(stage.items()):
+        node = cluster.nodes.get(node_id)
+        copy = None
+        if node is not None:
+            copy = max(
+                (c for c in node.facts.model_copies if c.source == source),
+                key=lambda c: c.bytes_present,
+                default=None,
+            )
+        if copy is not None and copy.bytes_total:
+            parts.append(f"{node_id} {100 * copy.bytes_present // copy.bytes_total}%")
+        else:
+            parts.append(f"{node_id} 0%")
+    source = next(iter(stage.values()))
+    manifest = cluster.manifests.get(source)
+    size = f" ({format_bytes(manifest.total_bytes)})" if manifest is not None else ""
+    return (
+        f"copying the new weights {source}{size} to the outdated replicas' nodes before they are "
+        f"restarted or replaced: {', '.join(parts)}; the outdated replicas keep serving"
+    )

@@ -1,0 +1,68 @@
+"""How `ctl models` shows each model's weights, and `ctl replicas` a staging replica."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from llmgw.ctl import models as module
+from llmgw.ctl import replicas as replicas_module
+from llmgw.wire import CopyProgress, ModelList, ModelStatus, ReplicaList, ReplicaStatus, StagingProgress
+
+DATA = ModelList(
+    (
+        ModelStatus(
+            "chat",
+            "seed:///data/chat",
+            size=4_200_000_000,
+            digest="ab" * 32,
+            holders=("node-1", "node-3"),
+            copying=(CopyProgress("node-2", 1_680_000_000, 4_200_000_000),),
+            distributable=True,
+        ),
+        ModelStatus("plain", "/models/plain", holders=()),
+    )
+)
+
+
+def run(monkeypatch, module, command, data, *args: str) -> str:
+    class Client:
+        def request(self, *args, **kwargs):
+            return data
+
+    monkeypatch.setattr(module.AdminClient, "for_command", staticmethod(lambda ctx: Client()))
+    result = CliRunner().invoke(command, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_models_table(monkeypatch):
+    """One row per model: source, revision, size, short digest, holders, copies under way with percent."""
+    lines = run(monkeypatch, module, module.models, DATA).splitlines()
+    assert lines[0].split() == ["model", "source", "revision", "size", "digest", "holders", "copying"]
+    assert lines[2].split() == [
+        "chat", "seed:///data/chat", "-", "4.2", "GB", "abababababab", "node-1,", "node-3", "node-2", "40%"
+    ]  # fmt: skip
+    assert lines[3].split() == ["plain", "/models/plain", "-", "-", "-", "none", "-"]
+
+
+def test_models_json(monkeypatch):
+    """-o json prints the admin API's record as is."""
+    data = json.loads(run(monkeypatch, module, module.models, DATA, "-o", "json"))
+    assert data["models"][0]["copying"] == [
+        {"node": "node-2", "bytes_present": 1_680_000_000, "bytes_total": 4_200_000_000}
+    ]
+    assert data["models"][0]["holders"] == ["node-1", "node-3"]
+
+
+def test_replicas_shows_a_staging_replica_with_percent_bytes_rate_and_eta(monkeypatch):
+    """The state column says staging; the note says how far the copy is and when it should end."""
+    staging = ReplicaStatus(
+        "chat-1", "chat", "staging", 3, 0, None, None, None,
+        staging=StagingProgress(1_680_000_000, 4_200_000_000, 35e6), eta=72.0,
+    )  # fmt: skip
+    output = run(monkeypatch, replicas_module, replicas_module.replicas, ReplicaList((staging,)))
+    row = output.splitlines()[2]
+    assert "staging" in row
+    assert "fetching 40% (1.7 GB of 4.2 GB, 35 MB/s, ETA 1 min 12 s)" in row, row

@@ -102,6 +102,11 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     type=click.Path(file_okay=False, path_type=Path),
     help="What stands for / when looking for a seed:///PATH here (simulated nodes)  [default: /].",
 )
+@click.option(
+    "--metrics-listen",
+    metavar="HOST:PORT",
+    help="Serve GET /metrics and /health in plain HTTP on HOST:PORT  [default: not served].",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def agent(
     config_file: Path | None,
@@ -123,6 +128,7 @@ def agent(
     max_uploads: int | None,
     bandwidth_limit: float | None,
     seed_root: Path | None,
+    metrics_listen: str | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -154,6 +160,7 @@ def agent(
         "max_uploads": max_uploads,
         "bandwidth_limit": bandwidth_limit,
         "seed_root": seed_root and str(seed_root),
+        "metrics_listen": metrics_listen,
     }
     config = load_agent_config(flags, config_file)
     if not verbose:

@@ -52,6 +52,7 @@ from cattrs.gen import make_dict_structure_fn
 
 from llmgw.errors import LlmgwError
 from llmgw.models import DiscoverySettings
+from llmgw.net._listen import parse_listen
 from llmgw.node.fabric import parse_fabric_option
 from llmgw.serverlist import parse_servers
 from llmgw.wire import SHARD_PORTS, converter, valid_port_range
@@ -149,6 +150,8 @@ class AgentConfig:
     bandwidth_limit: float = 0.0
     #: what stands for ``/`` when this node looks for a ``seed:///PATH`` (simulated nodes get their own)
     seed_root: Path = attrs.field(converter=_abs, default=Path("/"))
+    #: ``HOST:PORT`` to serve ``/metrics`` and ``/health`` on in plain HTTP; None: not served
+    metrics_listen: str | None = None
 
     @property
     def logs_dir(self) -> Path:
@@ -196,6 +199,7 @@ class _AgentFile:
     max_uploads: int | None = None
     bandwidth_limit: float | None = None
     seed_root: str | None = None
+    metrics_listen: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
@@ -396,7 +400,18 @@ def load_agent_config(
         max_uploads=values.get("max_uploads", 4),
         bandwidth_limit=float(values.get("bandwidth_limit", 0.0)),
         seed_root=values.get("seed_root", "/"),
+        metrics_listen=_check_listen(values.get("metrics_listen")),
     )
+
+
+def _check_listen(text: str | None) -> str | None:
+    """``metrics_listen`` as given, once it reads as HOST:PORT (else an error naming the flag)."""
+    if text is not None:
+        try:
+            parse_listen(text, "--metrics-listen")
+        except LlmgwError as exc:
+            raise AgentConfigError(str(exc)) from None
+    return text
 
 
 def _check_weights(values: Mapping[str, Any]) -> None:

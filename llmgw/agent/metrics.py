@@ -68,7 +68,12 @@ class AgentMetrics:
 
     def started(self, supervisor: Any) -> None:
         """The agent is about to start ``supervisor``'s shard."""
-        self.starts.labels(supervisor.desired.spec.served_name).inc()
+        model = supervisor.desired.spec.served_name
+        self.starts.labels(model).inc()
+        for cause in ("exited", "unhealthy", "hung"):  # at 0 from the start: increase() sees the first
+            self.failures.labels(model, cause)
+        for result in ("ok", "busy", "failed", "hung"):
+            self.canaries.labels(model, result)
 
     def shard_changed(self, supervisor: Any, before: ObservedShard | None, after: ObservedShard) -> None:
         """A shard's observed state changed from ``before`` to ``after`` (called by the agent)."""

@@ -8,7 +8,7 @@ separate plain-HTTP address (``--metrics-listen HOST:PORT``) through
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -36,21 +36,29 @@ def render_registry(registry: CollectorRegistry, accept: str | None) -> Response
 
 
 def observability_handler(
-    registry: Callable[[], CollectorRegistry], health: Callable[[], Awaitable[Health]]
+    registry: Callable[[], CollectorRegistry],
+    health: Callable[[], Awaitable[Health]],
+    extra: Mapping[str, Callable[[], object]] | None = None,
 ) -> Callable[[Request], Awaitable[Response]]:
-    """An HTTP handler answering ``GET /metrics`` and ``GET /health`` (everything else: 404).
+    """An HTTP handler answering ``GET /metrics``, ``GET /health`` and ``extra`` (everything else: 404).
 
-    Used for ``--metrics-listen``: that port serves nothing but these two, so it
+    Used for ``--metrics-listen``: that port serves nothing but these, so it
     needs no client certificate and can face a Prometheus without one.
+    ``extra`` maps more paths to functions returning a JSON-able answer
+    (the server's Prometheus service discovery of engines, ``/sd/engines``).
     """
+    extra = dict(extra or {})
+    paths = ("/metrics", "/health", *extra)
 
     async def handle(request: Request) -> Response:
-        if request.path not in ("/metrics", "/health"):
-            return Response.json(404, {"error": f"no such endpoint: {request.path} (try /metrics, /health)"})
+        if request.path not in paths:
+            return Response.json(404, {"error": f"no such endpoint: {request.path} (try {', '.join(paths)})"})
         if request.method not in ("GET", "HEAD"):
             return Response.json(405, {"error": f"{request.method} is not allowed on {request.path}"})
         if request.path == "/metrics":
             return render_registry(registry(), request.header("accept"))
+        if request.path in extra:
+            return Response.json(200, extra[request.path]())
         status, body = await health()
         return Response.json(status, body)
 

@@ -172,7 +172,9 @@ def _model_of(cluster: Any) -> Callable[[str], str | None]:
 
 async def _serve_metrics(nursery: trio.Nursery, metrics: ServerMetrics, host: str, port: int) -> None:
     """Serve ``/metrics`` and ``/health`` in plain HTTP on ``host:port`` (``--metrics-listen``)."""
-    handler = observability_handler(lambda: metrics.registry, metrics.health)
+    handler = observability_handler(
+        lambda: metrics.registry, metrics.health, {"/sd/engines": metrics.engine_targets}
+    )
     try:
         metrics.listen_address = await nursery.start(HttpServer(handler).serve, host, port)
     except OSError as exc:
@@ -181,7 +183,7 @@ async def _serve_metrics(nursery: trio.Nursery, metrics: ServerMetrics, host: st
 
 
 async def _observe(metrics: ServerMetrics, revocations: RevocationList | None, request: Request) -> Response:
-    """``/metrics`` or ``/health`` on the HTTPS port: any certificate of the CA that is not revoked."""
+    """``/metrics``, ``/health``, ``/sd/engines`` on the HTTPS port: any CA certificate not revoked."""
     try:
         identity = peer_identity(request.peer_cert_der)
     except IdentityError as exc:
@@ -192,6 +194,8 @@ async def _observe(metrics: ServerMetrics, revocations: RevocationList | None, r
         return Response.json(403, to_json(ErrorReply(ErrorDetail(message, "revoked"))))
     if request.path == "/metrics":
         return render_registry(metrics.registry, request.header("accept"))
+    if request.path == "/sd/engines":
+        return Response.json(200, metrics.engine_targets())
     status, body = await metrics.health()
     return Response.json(status, body)
 
@@ -202,7 +206,7 @@ def _default_advertise(host: str, port: int) -> str:
     return f"https://{host}:{port}"
 
 
-_OBSERVED = ("/metrics", "/health")
+_OBSERVED = ("/metrics", "/health", "/sd/engines")
 
 
 class _Starting:

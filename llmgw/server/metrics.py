@@ -27,7 +27,7 @@ Prometheus scrapes them on ``--metrics-listen`` (plain HTTP, ``/metrics`` and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ NODE_STATES = ("ready", "cordoned", "draining", "lost")
 #: every state a replica is counted in
 REPLICA_STATES = ("starting", "staging", "ready", "backoff")
 ROLLOUT_STATES = ("done", "rolling", "waiting", "paused")
+FAILURE_CAUSES = ("hung", "unhealthy", "exited", "ready_timeout", "shard_gone", "other")
 #: seconds a store check in ``/health`` may take before the store counts as not answering
 STORE_CHECK_TIMEOUT = 2.0
 #: a reconciler that has not run for this many ticks is reported stuck by ``/health``
@@ -77,6 +78,8 @@ class ServerMetrics:
     def __init__(self, cert: Path | None = None, *, tick: float = 1.0) -> None:
         self.registry = CollectorRegistry()
         register_process_collectors(self.registry)
+        # first: its scrape makes the failure series of new models exist before they are collected
+        self.registry.register(_ClusterCollector(self))
         r = self.registry
         self.reconcile_runs = Counter("llmgw_server_reconcile_runs", "Reconciler runs finished.", registry=r)
         self.reconcile_duration = Histogram(
@@ -127,9 +130,9 @@ class ServerMetrics:
         #: trio time of the last reconciler run, and of the last failed store write (None: none yet)
         self.last_run: float | None = None
         self.last_store_error: tuple[float, str] | None = None
+        self._touched: set[str] = set()
         #: the (host, port) ``--metrics-listen`` is bound to, once serving
         self.listen_address: tuple[str, int] | None = None
-        self.registry.register(_ClusterCollector(self))
 
     # -- counted as it happens ----------------------------------------------------------------------
 
@@ -146,6 +149,14 @@ class ServerMetrics:
             self.store_errors.inc()
             self.last_store_error = (trio.current_time(), str(error).strip() or type(error).__name__)
 
+    def touch(self, models: Iterable[str]) -> None:
+        """Make every model's failure series exist at 0, so the first failure shows in ``increase()``."""
+        for model in models:
+            if model not in self._touched:
+                self._touched.add(model)
+                for cause in FAILURE_CAUSES:
+                    self.replica_failures.labels(model, cause)
+
     def answered(self, endpoint: str, status: int) -> None:
         """A request to ``endpoint`` (the handler's name) was answered ``status``."""
         self.requests.labels(endpoint, str(status)).inc()
@@ -157,6 +168,32 @@ class ServerMetrics:
             cause = failure_cause(event.message)
             if cause is not None:
                 self.replica_failures.labels(model_of(event.subject) or "(unknown)", cause).inc()
+
+    # -- Prometheus' service discovery of engines ---------------------------------------------------
+
+    def engine_targets(self) -> list[dict[str, Any]]:
+        """``GET /sd/engines``: rank 0 of every placed replica, in Prometheus' ``http_sd_config`` shape.
+
+        One target group per replica: ``["ADDRESS:PORT"]`` of rank 0 (where the
+        engine serves ``/metrics``), labelled ``model``, ``replica``, ``node``
+        and ``engine``. Empty while this server does not lead.
+        """
+        app = self.front.app if self.front is not None else None
+        if app is None:
+            return []
+        cluster = app.cluster
+        groups = []
+        for record in sorted(cluster.replicas.values(), key=lambda r: r.id):
+            rank0 = record.placement.shards[0]
+            node = cluster.nodes.get(rank0.node_id)
+            if node is None or record.state == "backoff":
+                continue
+            launch = record.launch
+            labels = {"model": record.placement.model, "replica": record.id, "node": rank0.node_id}
+            if launch is not None:
+                labels["engine"] = launch.profile.engine
+            groups.append({"targets": [f"{node.address}:{rank0.port}"], "labels": labels})
+        return groups
 
     # -- /health ------------------------------------------------------------------------------------
 
@@ -252,6 +289,7 @@ class _ClusterCollector:
             yield expiry
             return
         cluster = app.cluster
+        metrics.touch(cluster.catalog.models)
         yield from _node_families(cluster, expiry)
         yield from _replica_families(cluster)
         yield GaugeMetricFamily(
@@ -274,6 +312,16 @@ def _node_families(cluster: Any, expiry: GaugeMetricFamily) -> Iterator[Metric]:
     for state, count in states.items():
         nodes.add_metric([state], count)
     yield nodes
+    each = GaugeMetricFamily(
+        "llmgw_server_node_state",
+        "Each node's state: 1 for the state it is in (ready, cordoned, draining, lost), 0 for the others.",
+        labels=["node", "state"],
+    )
+    for node in sorted(cluster.nodes.values(), key=lambda n: n.node_id):
+        current = cluster.node_state(node)
+        for state in NODE_STATES:
+            each.add_metric([node.node_id, state], int(state == current))
+    yield each
     yield age
     yield expiry
 

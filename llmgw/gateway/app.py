@@ -88,7 +88,22 @@ class GatewayApp:
         if not head.target.startswith(b"/v1/"):
             return None
         authorization = next((value for name, value in head.headers if name == "authorization"), None)
-        return self._refusal_for(authorization)
+        refusal = self._refusal_for(authorization)
+        if refusal is None:
+            return None
+        start = trio.current_time()
+        path = head.target.decode("latin-1").split("?", 1)[0]
+        endpoint = INFERENCE_ENDPOINTS.get(path, path)
+        request_id = self._next_request_id()
+
+        def refused() -> None:
+            seconds = trio.current_time() - start
+            if path in INFERENCE_ENDPOINTS:
+                self.metrics.request_done(UNKNOWN_MODEL, endpoint, refusal.status, seconds)
+            _access(None, request_id, endpoint, UNKNOWN_MODEL, None, refusal.status, seconds, None)
+
+        headers = (*refusal.headers, ("x-request-id", request_id))
+        return Response(refusal.status, headers, refusal.body, after=refused)
 
     async def handle(self, request: Request) -> Response:
         """Answer one request."""
@@ -129,7 +144,7 @@ class GatewayApp:
                 self.metrics.request_done(label, endpoint, response.status, seconds)
                 if key is not None:
                     self.metrics.by_key(key, label, response.status, None)
-                _access(request, request_id, endpoint, label, None, response.status, seconds, key)
+                _access(request.client, request_id, endpoint, label, None, response.status, seconds, key)
 
             headers = (*response.headers, ("x-request-id", request_id))
             return Response(response.status, headers, response.body, after=refused)
@@ -142,7 +157,7 @@ class GatewayApp:
             seconds = trio.current_time() - start
             self.metrics.request_done(label, endpoint, status, seconds)
             self.metrics.by_key(call.key, label, status, call.usage)
-            _access(request, request_id, endpoint, label, call, status, seconds, call.key)
+            _access(request.client, request_id, endpoint, label, call, status, seconds, call.key)
 
         call.after = done
         try:
@@ -286,7 +301,7 @@ class GatewayApp:
 
 
 def _access(
-    request: Request,
+    peer: tuple[str, int] | None,
     request_id: str,
     endpoint: str,
     model: str,
@@ -301,7 +316,7 @@ def _access(
     replica = call.replica.name if call is not None and call.replica is not None else None
     ttft = call.ttft if call is not None else None
     usage = call.usage if call is not None else None
-    client = request.client[0] if request.client else None
+    client = peer[0] if peer else None
     fields = {
         "request_id": request_id,
         "client": client,

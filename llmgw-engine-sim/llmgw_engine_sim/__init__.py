@@ -19,10 +19,10 @@ __all__ = ["PROGRESS", "SimEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sim")
 
-#: the sim's counters at /metrics, named as vLLM's (``sim:`` for ``vllm:``)
+#: the sim's counters at /metrics, named as vLLM's
 PROGRESS = ProgressMetrics(
-    tokens=("sim:generation_tokens_total", "sim:prompt_tokens_total"),
-    running=("sim:num_requests_running",),
+    tokens=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
+    running=("vllm:num_requests_running",),
 )
 
 

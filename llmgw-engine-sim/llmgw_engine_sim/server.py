@@ -2,8 +2,8 @@
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /metrics`` (token
-counters and request gauges, named as vLLM names its own with ``sim:`` for
-``vllm:``) and the debug ``GET /sim/info``. Errors have OpenAI's shape:
+counters, request gauges and latency histograms, named and labelled as vLLM's:
+see :mod:`llmgw_engine_sim.batch`) and the debug ``GET /sim/info``. Errors have OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
 
 With ``--max-num-seqs N`` at most N generations run at once and the others
@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from llmgw.net.server import InvalidJSON, Request, Response
-from llmgw_engine_sim.batch import Batch
+from llmgw_engine_sim.batch import Batch, Timing
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 from llmgw_engine_sim.prefix_cache import Prefill, PrefillOptions
 
@@ -117,7 +117,7 @@ class SimApp:
         self.shutting_down = False
         self.inference_requests = 0
         #: the seats of --max-num-seqs and the counters of /metrics
-        self.batch = Batch(options.max_num_seqs)
+        self.batch = Batch(options.max_num_seqs, options.served_model_names[0])
         #: set when a peer was lost or hangs (``--on-peer-loss abort-on-request``): awaited by
         #: every inference request before anything else (it aborts the process, or hangs)
         self.peer_problem: Callable[[], Awaitable[None]] | None = None
@@ -183,8 +183,9 @@ class SimApp:
         return Response.json(200, {"object": "list", "data": data})
 
     async def _metrics(self, request: Request) -> Response:
-        text = self.batch.prometheus(self.options.served_model_names[0])
-        return Response.text(200, text, content_type="text/plain; version=0.0.4")
+        return Response(
+            200, (("content-type", "text/plain; version=0.0.4; charset=utf-8"),), self.batch.prometheus()
+        )
 
     async def _sim_info(self, request: Request) -> Response:
         return Response.json(200, {**self._info(), "ready": self.ready, "requests": self.inference_requests})
@@ -334,6 +335,7 @@ class _Job:
     stream: bool
     include_usage: bool
     start: float
+    timing: Timing
 
     @classmethod
     def build(
@@ -378,6 +380,7 @@ class _Job:
             stream=stream,
             include_usage=bool(stream_options.get("include_usage")),
             start=trio.current_time(),
+            timing=Timing(trio.current_time()),
         )
 
     def due(self, position: int) -> float:
@@ -398,16 +401,17 @@ class _Job:
         """
         batch = self.app.batch
         longest = max(len(gen.tokens) for gen in self.generations)
-        async with batch.seat():
+        async with batch.seat(self.timing):
             self.start = trio.current_time()
-            batch.prompt_tokens += self.prompt_tokens
+            batch.prompt(self.prompt_tokens)
             for position in range(longest):
                 await trio.sleep_until(self.due(position))
                 for i, gen in enumerate(self.generations):
                     if position < len(gen.tokens):
                         last = position == len(gen.tokens) - 1
-                        batch.generation_tokens += 1
+                        batch.token(self.timing)
                         yield i, gen.tokens[position], gen.finish_reason if last else None
+            batch.finished(self.timing, self.generations[-1].finish_reason)
 
     def usage(self) -> dict[str, int]:
         """OpenAI's usage counts for this job."""

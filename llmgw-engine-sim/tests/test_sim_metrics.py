@@ -1,4 +1,4 @@
-"""The sim's /metrics (vLLM's counters and gauges under ``sim:``) and --max-num-seqs' waiting seats."""
+"""The sim's /metrics (vLLM's names and labels) and --max-num-seqs' waiting seats."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from llmgw.agent.liveness import parse_samples
 from llmgw.testing.processes import wait_until
 
 NAMES = (
-    "sim:generation_tokens_total",
-    "sim:prompt_tokens_total",
-    "sim:num_requests_running",
-    "sim:num_requests_waiting",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
 )
 
 
@@ -41,8 +41,8 @@ def test_counters_count_every_token_and_the_plugin_reads_them(start_sim):
     complete(sim, 3, usages)
     complete(sim, 5, usages)
     after = metrics(sim)
-    assert after["sim:generation_tokens_total"] == sum(u["completion_tokens"] for u in usages) == 8
-    assert after["sim:prompt_tokens_total"] == sum(u["prompt_tokens"] for u in usages)
+    assert after["vllm:generation_tokens_total"] == sum(u["completion_tokens"] for u in usages) == 8
+    assert after["vllm:prompt_tokens_total"] == sum(u["prompt_tokens"] for u in usages)
     assert set(PROGRESS.tokens) | set(PROGRESS.running) <= set(NAMES)
 
 
@@ -56,11 +56,13 @@ def test_max_num_seqs_makes_requests_wait_while_tokens_keep_coming(start_sim):
     for thread in threads:
         thread.start()
     try:
-        wait_until(lambda: metrics(sim)["sim:num_requests_waiting"] == 1, 5, "a request to wait", sim.process)
-        first = metrics(sim)
-        assert first["sim:num_requests_running"] == 1
         wait_until(
-            lambda: metrics(sim)["sim:generation_tokens_total"] > first["sim:generation_tokens_total"],
+            lambda: metrics(sim)["vllm:num_requests_waiting"] == 1, 5, "a request to wait", sim.process
+        )
+        first = metrics(sim)
+        assert first["vllm:num_requests_running"] == 1
+        wait_until(
+            lambda: metrics(sim)["vllm:generation_tokens_total"] > first["vllm:generation_tokens_total"],
             5,
             "tokens to be produced while a request waits",
             sim.process,
@@ -71,7 +73,7 @@ def test_max_num_seqs_makes_requests_wait_while_tokens_keep_coming(start_sim):
     # two generations at 20 tokens/s, one after the other
     tokens = [u["completion_tokens"] for u in usages]
     assert time.monotonic() - started >= (sum(tokens) - 2) / 20
-    assert metrics(sim)["sim:generation_tokens_total"] == sum(tokens)
+    assert metrics(sim)["vllm:generation_tokens_total"] == sum(tokens)
 
 
 def test_a_hung_sim_counts_its_hung_requests_as_running_and_its_counters_stop(start_sim):
@@ -82,9 +84,9 @@ def test_a_hung_sim_counts_its_hung_requests_as_running_and_its_counters_stop(st
     hung = threading.Thread(target=_hang, args=(sim,))
     hung.start()
     try:
-        wait_until(lambda: metrics(sim)["sim:num_requests_running"] == 1, 5, "the hung request", sim.process)
+        wait_until(lambda: metrics(sim)["vllm:num_requests_running"] == 1, 5, "the hung request", sim.process)
         assert sim.health() == 200
-        assert metrics(sim)["sim:generation_tokens_total"] == 4
+        assert metrics(sim)["vllm:generation_tokens_total"] == 4
     finally:
         hung.join(10)
 

@@ -112,6 +112,11 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     type=click.Path(dir_okay=False, path_type=Path),
     help="A file holding the Hub token (read at each use, never logged)  [default: no token].",
 )
+@click.option(
+    "--metrics-listen",
+    metavar="HOST:PORT",
+    help="Serve GET /metrics and /health in plain HTTP on HOST:PORT  [default: not served].",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def agent(
     config_file: Path | None,
@@ -135,6 +140,7 @@ def agent(
     seed_root: Path | None,
     hub_endpoint: str | None,
     hub_token_file: Path | None,
+    metrics_listen: str | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -168,6 +174,7 @@ def agent(
         "seed_root": seed_root and str(seed_root),
         "hub_endpoint": hub_endpoint,
         "hub_token_file": hub_token_file and str(hub_token_file),
+        "metrics_listen": metrics_listen,
     }
     config = load_agent_config(flags, config_file)
     if not verbose:

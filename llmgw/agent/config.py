@@ -55,6 +55,7 @@ from cattrs.gen import make_dict_structure_fn
 
 from llmgw.errors import LlmgwError
 from llmgw.models import DiscoverySettings
+from llmgw.net._listen import parse_listen
 from llmgw.node.fabric import parse_fabric_option
 from llmgw.serverlist import parse_servers
 from llmgw.wire import SHARD_PORTS, converter, valid_port_range
@@ -159,6 +160,8 @@ class AgentConfig:
     hub_token_file: Path | None = attrs.field(
         default=None, converter=lambda p: None if p is None else _abs(p)
     )
+    #: ``HOST:PORT`` to serve ``/metrics`` and ``/health`` on in plain HTTP; None: not served
+    metrics_listen: str | None = None
 
     @property
     def logs_dir(self) -> Path:
@@ -208,6 +211,7 @@ class _AgentFile:
     seed_root: str | None = None
     hub_endpoint: str | None = None
     hub_token_file: str | None = None
+    metrics_listen: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
@@ -410,7 +414,18 @@ def load_agent_config(
         seed_root=values.get("seed_root", "/"),
         hub_endpoint=_hub_endpoint(values.get("hub_endpoint")),
         hub_token_file=_hub_token_file(values.get("hub_token_file")),
+        metrics_listen=_check_listen(values.get("metrics_listen")),
     )
+
+
+def _check_listen(text: str | None) -> str | None:
+    """``metrics_listen`` as given, once it reads as HOST:PORT (else an error naming the flag)."""
+    if text is not None:
+        try:
+            parse_listen(text, "--metrics-listen")
+        except LlmgwError as exc:
+            raise AgentConfigError(str(exc)) from None
+    return text
 
 
 def _hub_endpoint(given: str | None) -> str:

@@ -103,13 +103,18 @@ async def watch_liveness(
     *,
     metrics_timeout: float = 5.0,
     shard: str = "",
+    outcome: Callable[[str], None] | None = None,
 ) -> None:
     """Probe rank 0 at ``base_url`` until it is judged hung; then ``report(why)`` and return.
 
     Runs beside the health check once the shard is ready; cancelled with it.
     A broken connection is reported at once; a probe with no answer in time
     only when the engine's token counters did not grow meanwhile.
+    ``outcome`` (if given) is called with each probe's result: ``ok`` (answered),
+    ``busy`` (no answer, but tokens were produced), ``failed`` (the connection broke)
+    or ``hung``.
     """
+    said = outcome or (lambda result: None)
     url = base_url + probe.path
     body = probe.request_body(served_name)
     what = f"liveness probe {probe.method} {url}"
@@ -126,11 +131,14 @@ async def watch_liveness(
             after = None if answer else await _progress(client, base_url, probe, metrics_timeout)
             canary.cancel_scope.cancel()
         if answer and answer[0] is not None:
+            said("failed")
             report(f"{what} failed: {answer[0]}")
             return
         if answer:
+            said("ok")
             continue
         if probe.progress is None:
+            said("hung")
             report(
                 f"{what} got no answer within {probe.timeout:g} s "
                 "(health still passes: a hung engine or a hung peer)"
@@ -145,7 +153,9 @@ async def watch_liveness(
                 probe.timeout,
                 after.tokens - before.tokens,
             )
+            said("busy")
             continue
+        said("hung")
         report(f"{what} got no answer within {probe.timeout:g} s and {_stalled(before, after)}")
         return
 

@@ -10,9 +10,10 @@ import httpx
 import trio
 from cryptography import x509
 
-from llmgw.agent.config import AgentConfig
+from llmgw.agent.config import AgentConfig, AgentConfigError
 from llmgw.agent.eviction import RoomMaker, weights_in_use
 from llmgw.agent.facts import gather_facts
+from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerFiles
 from llmgw.agent.prestage import PreStager
@@ -21,6 +22,8 @@ from llmgw.agent.staging import Stager
 from llmgw.agent.sync import Agent
 from llmgw.engine import Engine
 from llmgw.errors import PluginError
+from llmgw.net.metrics import observability_handler
+from llmgw.net.server import HttpServer, parse_listen
 from llmgw.pki import client_ssl_context, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.wire import to_json
@@ -111,6 +114,8 @@ async def serve_agent(
         agent.sources_checked = check_sources
         agent.adopt_previous(previous)
         async with trio.open_nursery() as nursery:
+            if config.metrics_listen is not None:
+                await _serve_metrics(nursery, agent, config.metrics_listen)
             await _serve_peers(nursery, agent, peers)
             syncing = trio.CancelScope()
             nursery.start_soon(_sync, agent, nursery, syncing)
@@ -150,6 +155,19 @@ async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) ->
     agent.stage = room.wrap(stager.stage)
     agent.prestage = PreStager(nursery, agent.stage)
     nursery.start_soon(stager.watch_seeds, lambda: agent.check_sources)
+
+
+async def _serve_metrics(nursery: trio.Nursery, agent: Agent, listen: str) -> None:
+    """Serve ``/metrics`` and ``/health`` in plain HTTP on ``listen`` (``--metrics-listen``)."""
+    metrics = AgentMetrics()
+    metrics.agent, agent.metrics = agent, metrics
+    host, port = parse_listen(listen, "--metrics-listen")
+    handler = observability_handler(lambda: metrics.registry, metrics.health)
+    try:
+        metrics.listen_address = await nursery.start(HttpServer(handler).serve, host, port)
+    except OSError as exc:
+        raise AgentConfigError(f"--metrics-listen {listen}: cannot listen: {exc.strerror or exc}") from None
+    log.info("node %s: metrics on http://%s:%s/metrics", agent.config.node, *metrics.listen_address)
 
 
 async def _say_when_stopping(agent: Agent) -> None:

@@ -70,6 +70,12 @@ class Stager:
         self.published: dict[str, str] = {}
         self._posted: dict[str, str] = {}
         self.hub = HubFetcher(self)
+        #: bytes received from peers since start, verified or not (the agent's metrics read it)
+        self.bytes_fetched = 0
+
+    def _count(self, meter: CopyMeter, size: int) -> None:
+        meter.add(size)
+        self.bytes_fetched += size
 
     # -- the server ------------------------------------------------------------------------------
 
@@ -266,8 +272,9 @@ class Stager:
                 peer = (holder.node, holder.address, holder.port)
                 try:
                     await fetch_file(
-                        self.peer_context, self.ca, peer, manifest.digest, file, partial, meter.add
-                    )
+                        self.peer_context, self.ca, peer, manifest.digest, file, partial,
+                        lambda size, meter=meter: self._count(meter, size),
+                    )  # fmt: skip
                 except PeerError as exc:
                     log.info("%s from node %s: %s; trying another", file.path, peer[0], exc)
                     continue

@@ -105,6 +105,8 @@ class ShardSupervisor:
         self.cancel_scope = trio.CancelScope()
         #: set by whoever runs it once :meth:`run` returned (every process gone)
         self.done = trio.Event()
+        #: called with each liveness canary's result: ``ok``, ``busy``, ``failed``, ``hung``
+        self.on_canary: Callable[[str], None] | None = None
 
     @property
     def key(self) -> str:
@@ -384,6 +386,7 @@ class ShardSupervisor:
             self._hung,
             metrics_timeout=max(self.config.health.timeout, probe.timeout),
             shard=self.key,
+            outcome=self.on_canary,
         )
 
     def _hung(self, detail: str) -> None:

@@ -35,6 +35,7 @@ import random
 import secrets
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import httpx
@@ -117,6 +118,10 @@ class Agent:
         self.stage: Any = None
         #: copies the server asks for ahead of any shard (:mod:`llmgw.agent.prestage`); None: none made
         self.prestage: Any = None
+        #: the agent's metrics (:class:`llmgw.agent.metrics.AgentMetrics`), if served
+        self.metrics: Any = None
+        #: trio time of the last answer from the server (None: none yet)
+        self.last_sync: float | None = None
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -158,6 +163,8 @@ class Agent:
 
     def _report(self, key: str, observed: ObservedShard) -> None:
         if key in self.supervisors:
+            if self.metrics is not None:
+                self.metrics.shard_changed(self.supervisors[key], self.observed.get(key), observed)
             self.observed[key] = observed
             self.notify()
 
@@ -248,6 +255,9 @@ class Agent:
                 on_gone=self._on_gone,
                 engine_version=self.facts.engines.get(shard.engine),
             )
+            if self.metrics is not None:
+                supervisor.on_canary = partial(self.metrics.canary, supervisor)
+                self.metrics.started(supervisor)
             self.supervisors[key] = supervisor
             self.observed[key] = supervisor.observed
             self.records.add_shard(
@@ -383,6 +393,7 @@ class Agent:
                 if not self.connected.is_set():
                     log.info("synced with server %s as node %s", self.config.server, self.config.node)
                 self.connected.set()
+                self.last_sync = trio.current_time()
                 if reply is None:
                     continue
                 if reply.revision != self.revision:

@@ -25,6 +25,8 @@ from llmgw.dev.cluster import LocalCluster
 __all__ = ["dev", "SAMPLE_CATALOG"]
 
 _DEV_MARK = "# written by llmgw dev"
+#: the server's metrics port in llmgw dev (on 127.0.0.1); each agent's is one above, on its own address
+DEV_METRICS_PORT = 9464
 
 SAMPLE_CATALOG = """\
 # The sample catalog llmgw dev applies. Edit it and run: llmgw ctl apply {path}
@@ -96,6 +98,7 @@ def dev(
 ) -> None:
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
     cluster = LocalCluster(state_dir, server_port=server_port, store=store)
+    cluster.metrics_port = DEV_METRICS_PORT
     if store is not None:  # every client of the control plane gets both servers
         cluster.server_url = f"https://127.0.0.1:{server_port},https://127.0.0.1:{server_port + 1}"
     ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
@@ -168,6 +171,12 @@ def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> No
     click.echo(
         f"  curl {cluster.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
     )
+    if cluster.metrics_port is not None:
+        agents = " ".join(f"{n.address}:{cluster.metrics_port + 1}" for n in cluster.nodes.values())
+        click.echo(
+            f"metrics: server http://127.0.0.1:{cluster.metrics_port}/metrics, gateway "
+            f"{cluster.gateway_url}/metrics, agents (/metrics) {agents}"
+        )
     flag = "" if ctl_dir == config_dir() else f" --config-dir {ctl_dir}"
     click.echo("next, from another terminal:")
     click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")

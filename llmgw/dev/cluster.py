@@ -103,6 +103,9 @@ class LocalCluster:
     ) -> None:
         #: more ``llmgw agent`` flags for every node (``--bandwidth-limit 20``...)
         self.agent_args: list[str] = []
+        #: serve the server's metrics on 127.0.0.1:PORT and each agent's on its address:PORT + 1
+        #: (``--metrics-listen``); None: not served
+        self.metrics_port: int | None = None
         self.state_dir = state_dir.resolve()
         #: a ``postgresql://`` URL the server keeps its state in; None: sqlite under the state dir
         self.store = store
@@ -168,6 +171,7 @@ class LocalCluster:
                 str(self.lost_after),
                 "--poll-timeout",
                 str(self.poll_timeout),
+                *self._metrics_listen("127.0.0.1", 0 if name == "server" else None),
             ],
         )
         if name == "server":
@@ -257,9 +261,16 @@ class LocalCluster:
         ]
         if node.fabric:
             argv += ["--fabric", node.fabric]
+        argv += self._metrics_listen(node.address, 1)
         argv += self.agent_args
         node.process = self._start(f"agent-{node.node_id}", argv)
         return node.process
+
+    def _metrics_listen(self, host: str, offset: int | None) -> list[str]:
+        """``--metrics-listen HOST:PORT`` at :attr:`metrics_port` + ``offset`` (none when either is None)."""
+        if self.metrics_port is None or offset is None:
+            return []
+        return ["--metrics-listen", f"{host}:{self.metrics_port + offset}"]
 
     def start(self, node_count: int, *, fabric: str | None | object = ...) -> None:
         """Start the server and ``node_count`` agents, and wait until every node registered.

@@ -5,7 +5,14 @@
   header pins a session to one replica while it is available.
 - ``GET /v1/models`` (models with at least one ready replica) and
   ``GET /v1/models/{id}``, in OpenAI's shapes.
-- ``GET /metrics`` (Prometheus) and ``GET /health``, without a key.
+- ``GET /metrics`` (Prometheus) and ``GET /health``, without a key. ``/health``
+  is 200 ``ok`` only while the routes feed answers; 503 ``waiting for routes``
+  before its first answer and ``degraded`` during a feed outage (the gateway
+  still serves from its last routes meanwhile, and says since when).
+
+Every request answered is one INFO line on the ``llmgw.gateway.access`` logger:
+request id, endpoint, model, replica, status, time to first token, duration,
+tokens and the API key's name (never the key), also as ``extra`` fields.
 
 Every ``/v1`` request needs ``Authorization: Bearer <key>`` unless the
 gateway runs without keys; a key is valid when its sha256 is in the routes
@@ -26,7 +33,7 @@ import trio
 
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.errors import openai_error
-from llmgw.gateway.metrics import UNKNOWN_MODEL, GatewayMetrics
+from llmgw.gateway.metrics import NO_KEY, UNKNOWN_MODEL, GatewayMetrics
 from llmgw.gateway.prefix import prefix_keys, prompt_text
 from llmgw.gateway.proxy import Call, Proxy
 from llmgw.gateway.routes import RoutesWatcher
@@ -35,6 +42,7 @@ from llmgw.net.server import InvalidJSON, ParsedRequest, Request, Response
 __all__ = ["GatewayApp", "SESSION_HEADER", "INFERENCE_ENDPOINTS"]
 
 log = logging.getLogger("llmgw.gateway")
+access_log = logging.getLogger("llmgw.gateway.access")
 
 #: the request header whose value pins a session to one replica
 SESSION_HEADER = "x-session-id"
@@ -68,8 +76,8 @@ class GatewayApp:
         self.created = int(time.time())
         self._request_prefix = secrets.token_hex(6)
         self._request_counter = 0
-        #: the last key found valid, and the routes table it was valid in (a new table checks again)
-        self._accepted: tuple[str | None, object] = (None, None)
+        #: the last key found valid, the routes table it was valid in (a new table checks again), its name
+        self._accepted: tuple[str | None, object, str] = (None, None, NO_KEY)
 
     def precheck(self, head: ParsedRequest) -> Response | None:
         """Before the body of a ``/v1`` request is read: its refusal (no routes yet, no valid key), or None.
@@ -80,7 +88,22 @@ class GatewayApp:
         if not head.target.startswith(b"/v1/"):
             return None
         authorization = next((value for name, value in head.headers if name == "authorization"), None)
-        return self._refusal_for(authorization)
+        refusal = self._refusal_for(authorization)
+        if refusal is None:
+            return None
+        start = trio.current_time()
+        path = head.target.decode("latin-1").split("?", 1)[0]
+        endpoint = INFERENCE_ENDPOINTS.get(path, path)
+        request_id = self._next_request_id()
+
+        def refused() -> None:
+            seconds = trio.current_time() - start
+            if path in INFERENCE_ENDPOINTS:
+                self.metrics.request_done(UNKNOWN_MODEL, endpoint, refusal.status, seconds)
+            _access(None, request_id, endpoint, UNKNOWN_MODEL, None, refusal.status, seconds, None)
+
+        headers = (*refusal.headers, ("x-request-id", request_id))
+        return Response(refusal.status, headers, refusal.body, after=refused)
 
     async def handle(self, request: Request) -> Response:
         """Answer one request."""
@@ -114,9 +137,14 @@ class GatewayApp:
             request_id = self._next_request_id()
         response, label, call = self._admit(request, endpoint, request_id, start)
         if call is None:
+            key = self._key_of_refused(response.status)
 
             def refused() -> None:
-                self.metrics.request_done(label, endpoint, response.status, trio.current_time() - start)
+                seconds = trio.current_time() - start
+                self.metrics.request_done(label, endpoint, response.status, seconds)
+                if key is not None:
+                    self.metrics.by_key(key, label, response.status, None)
+                _access(request.client, request_id, endpoint, label, None, response.status, seconds, key)
 
             headers = (*response.headers, ("x-request-id", request_id))
             return Response(response.status, headers, response.body, after=refused)
@@ -126,7 +154,10 @@ class GatewayApp:
             nonlocal answered
             status = answered.status if answered is not None else 499
             answered = None  # the response holds this callback: no reference cycle left for the GC
-            self.metrics.request_done(label, endpoint, status, trio.current_time() - start)
+            seconds = trio.current_time() - start
+            self.metrics.request_done(label, endpoint, status, seconds)
+            self.metrics.by_key(call.key, label, status, call.usage)
+            _access(request.client, request_id, endpoint, label, call, status, seconds, call.key)
 
         call.after = done
         try:
@@ -135,6 +166,12 @@ class GatewayApp:
             done()
             raise
         return answered
+
+    def _key_of_refused(self, status: int) -> str | None:
+        """The key name of a request answered without a replica: None when its key did not pass."""
+        if status == 401 or self.watcher.table is None:
+            return None
+        return self._accepted[2] if self.require_keys else NO_KEY
 
     def _next_request_id(self) -> str:
         self._request_counter += 1
@@ -172,6 +209,7 @@ class GatewayApp:
             request_id=request_id,
             session=request.header(SESSION_HEADER) or None,
             start=start,
+            key=self._accepted[2] if self.require_keys else NO_KEY,
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))
@@ -211,9 +249,10 @@ class GatewayApp:
             )
         if token == self._accepted[0] and table is self._accepted[1]:
             return None  # checked before the body was read (precheck), or by the request before
-        if hashlib.sha256(token.encode()).hexdigest() not in table.keys:
+        name = table.keys.get(hashlib.sha256(token.encode()).hexdigest())
+        if name is None:
             return openai_error(401, f"Incorrect API key provided: {_masked(token)}.", code="invalid_api_key")
-        self._accepted = (token, table)
+        self._accepted = (token, table, name)
         return None
 
     # -- listing -------------------------------------------------------------------------------
@@ -242,13 +281,69 @@ class GatewayApp:
     def _health(self) -> Response:
         watcher = self.watcher
         table = watcher.table
-        payload = {
-            "status": "ok" if table is not None else "waiting for routes",
+        if table is None:
+            status = "waiting for routes"
+        else:
+            status = "ok" if watcher.up else "degraded"
+        payload: dict[str, object] = {
+            "status": status,
             "routes_revision": table.revision if table is not None else None,
             "routes_feed_up": watcher.up,
             "routes_age_seconds": round(watcher.age(), 3),
+            "server": watcher.server,
         }
-        return Response.json(200 if table is not None else 503, payload)
+        if status == "degraded":
+            payload["problems"] = [
+                f"the routes feed ({watcher.server}) has not answered for {watcher.age():.0f} s: "
+                f"serving from routes revision {table.revision}"
+            ]
+        return Response.json(200 if status == "ok" else 503, payload)
+
+
+def _access(
+    peer: tuple[str, int] | None,
+    request_id: str,
+    endpoint: str,
+    model: str,
+    call: Call | None,
+    status: int,
+    seconds: float,
+    key: str | None,
+) -> None:
+    """Log one request's access line (``llmgw.gateway.access``), with its fields as ``extra``."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    replica = call.replica.name if call is not None and call.replica is not None else None
+    ttft = call.ttft if call is not None else None
+    usage = call.usage if call is not None else None
+    client = peer[0] if peer else None
+    fields = {
+        "request_id": request_id,
+        "client": client,
+        "endpoint": endpoint,
+        "model": model,
+        "replica": replica,
+        "status": status,
+        "ttft": round(ttft, 4) if ttft is not None else None,
+        "duration": round(seconds, 4),
+        "prompt_tokens": usage[0] if usage is not None else None,
+        "completion_tokens": usage[1] if usage is not None else None,
+        "key_name": key,
+    }
+    access_log.info(
+        "%s %s %s model=%s replica=%s status=%d ttft=%s duration=%.3fs tokens=%s key=%s",
+        request_id,
+        client or "-",
+        endpoint,
+        model,
+        replica or "-",
+        status,
+        f"{ttft:.3f}s" if ttft is not None else "-",
+        seconds,
+        f"{usage[0]}+{usage[1]}" if usage is not None else "-",
+        key or "-",
+        extra=fields,
+    )
 
 
 def _not_ready(model: str) -> Response:

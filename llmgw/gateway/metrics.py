@@ -5,8 +5,16 @@ Counted as requests go: ``llmgw_gateway_requests_total{model,endpoint,status}``
 ``llmgw_gateway_request_duration_seconds{model,endpoint}`` (until the last
 byte of the response) and ``llmgw_gateway_time_to_first_token_seconds{model}``
 (streamed responses: until the first event from the engine),
-``llmgw_gateway_upstream_errors_total{replica,kind}`` and
-``llmgw_gateway_retries_total{model}``.
+``llmgw_gateway_upstream_errors_total{replica,kind}``,
+``llmgw_gateway_retries_total{model}``, the tokens of each answer's ``usage``
+(for a stream, its final usage chunk, sent when the client asks with
+``stream_options: {"include_usage": true}``)
+``llmgw_gateway_prompt_tokens_total{model,key}`` and
+``llmgw_gateway_completion_tokens_total{model,key}``, requests per API key
+``llmgw_gateway_key_requests_total{key,model,status}`` (``key`` is the key's
+name, ``(none)`` without keys; never the key), and
+``llmgw_gateway_inter_token_latency_seconds{model}`` (streams: between two
+consecutive chunks from the engine).
 
 Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{model,replica}``,
 ``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
@@ -16,6 +24,9 @@ Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{mode
 
 With ``--workers N`` the counted metrics are summed over every worker (see
 :mod:`llmgw.gateway.workers`); the live ones are the answering worker's.
+``process_*`` covers the whole gateway: one process alone, or with workers
+the parent and every worker, one ``pid`` label each
+(:class:`llmgw.net.metrics.ProcessGroupCollector`).
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.routes import RoutesWatcher
-from llmgw.gateway.workers import MULTIPROC_ENV
+from llmgw.gateway.workers import MULTIPROC_ENV, PARENT_ENV
+from llmgw.net.metrics import ProcessGroupCollector, register_process_collectors
 
 __all__ = ["GatewayMetrics", "UNKNOWN_MODEL"]
 
@@ -39,6 +51,9 @@ UNKNOWN_MODEL = "(unknown)"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
+#: the ``key`` label of requests served without API keys (``--no-keys``)
+NO_KEY = "(none)"
 
 
 class GatewayMetrics:
@@ -52,6 +67,11 @@ class GatewayMetrics:
             values.ValueClass = values.MultiProcessValue()
             MultiProcessCollector(self.registry, shared)
             registry = None
+        parent = os.environ.get(PARENT_ENV, "")
+        if shared and parent.isdigit():
+            self.registry.register(ProcessGroupCollector(int(parent)))
+        else:
+            register_process_collectors(self.registry)
         self.requests = Counter(
             "llmgw_gateway_requests",
             "Requests answered, by model, endpoint and status (499: the client left first).",
@@ -85,7 +105,33 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self.prompt_tokens = Counter(
+            "llmgw_gateway_prompt_tokens",
+            "Prompt tokens of answered requests (from the engine's usage), by model and API key name.",
+            ["model", "key"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "llmgw_gateway_completion_tokens",
+            "Completion tokens of answered requests (from the engine's usage), by model and API key name.",
+            ["model", "key"],
+            registry=registry,
+        )
+        self.key_requests = Counter(
+            "llmgw_gateway_key_requests",
+            "Requests by API key name (never the key), model and status.",
+            ["key", "model", "status"],
+            registry=registry,
+        )
+        self.inter_token = Histogram(
+            "llmgw_gateway_inter_token_latency_seconds",
+            "Seconds between two consecutive chunks of a streamed response from the engine.",
+            ["model"],
+            buckets=_ITL_BUCKETS,
+            registry=registry,
+        )
         self.registry.register(_LiveCollector(balancer, watcher))
+        self._itl_children: dict[str, Histogram] = {}
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._duration_children: dict[tuple[str, str], Histogram] = {}
         self._ttft_children: dict[str, Histogram] = {}
@@ -107,6 +153,20 @@ class GatewayMetrics:
         histogram = self._ttft_children.get(model)
         if histogram is None:
             histogram = self._ttft_children[model] = self.ttft.labels(model)
+        histogram.observe(seconds)
+
+    def by_key(self, key: str, model: str, status: int, usage: tuple[int, int] | None) -> None:
+        """Count a request of API key ``key`` (its name) and the (prompt, completion) tokens of its usage."""
+        self.key_requests.labels(key, model, str(status)).inc()
+        if usage is not None:
+            self.prompt_tokens.labels(model, key).inc(usage[0])
+            self.completion_tokens.labels(model, key).inc(usage[1])
+
+    def inter_token_latency(self, model: str, seconds: float) -> None:
+        """Record the gap between two chunks of a stream."""
+        histogram = self._itl_children.get(model)
+        if histogram is None:
+            histogram = self._itl_children[model] = self.inter_token.labels(model)
         histogram.observe(seconds)
 
     def upstream_error(self, replica: str, kind: str) -> None:

@@ -38,8 +38,9 @@ import trio
 
 from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.errors import openai_error
-from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
 from llmgw.gateway.stalls import Attempt
+from llmgw.gateway.usage import StreamUsage, read_usage
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
 from llmgw.net.server import Response
 
@@ -91,6 +92,12 @@ class Call:
     after: Callable[[], object] | None = None
     #: the prompt's prefix keys, for prefix-aware routing (empty: not used)
     prefix: tuple[bytes, ...] = ()
+    #: the API key's name (:data:`llmgw.gateway.metrics.NO_KEY` without keys)
+    key: str = NO_KEY
+    #: (prompt, completion) tokens from the engine's usage, once seen
+    usage: tuple[int, int] | None = None
+    #: seconds from arrival to the first chunk of a stream
+    ttft: float | None = None
 
 
 class Proxy:
@@ -173,6 +180,7 @@ class Proxy:
                     if length is not None and length.isdigit() and int(length) <= self.settings.buffer_limit:
                         body = await upstream.read()
                         replica.last_byte = trio.current_time()
+                        call.usage = read_usage(body)
                         return Response(status, _headers(upstream, replica, call), body, call.after)
                 attempt.handed_over = True
                 headers_out = _headers(upstream, replica, call)
@@ -222,6 +230,8 @@ class Proxy:
         replica, upstream = relay.replica, relay.upstream
         first = True
         tail = b"\n\n"
+        usage = StreamUsage() if sse else None
+        last = 0.0
         try:
             while True:
                 try:
@@ -243,11 +253,17 @@ class Proxy:
                     return
                 if chunk is None:
                     return
-                replica.last_byte = trio.current_time()
-                if first:
-                    first = False
-                    if sse:
-                        self.metrics.first_token(call.model, trio.current_time() - call.start)
+                now = replica.last_byte = trio.current_time()
+                if usage is not None:
+                    usage.feed(chunk)
+                    call.usage = usage.usage
+                    if first:
+                        call.ttft = now - call.start
+                        self.metrics.first_token(call.model, call.ttft)
+                    else:
+                        self.metrics.inter_token_latency(call.model, now - last)
+                    last = now
+                first = False
                 tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
                 yield chunk
         finally:

@@ -28,12 +28,14 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-__all__ = ["run_workers", "MULTIPROC_ENV"]
+__all__ = ["run_workers", "MULTIPROC_ENV", "PARENT_ENV"]
 
 log = logging.getLogger("llmgw.gateway")
 
 #: prometheus-client's variable naming the directory of the workers' metric files
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: the supervising parent's pid, for the workers' ``process_*`` metrics
+PARENT_ENV = "LLMGW_GATEWAY_PARENT"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -46,6 +48,7 @@ def run_workers(workers: int, serve_one: Callable[[int], None]) -> int:
     """
     metrics_dir = tempfile.mkdtemp(prefix="llmgw-gateway-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir
+    os.environ[PARENT_ENV] = str(os.getpid())
     parent = os.getpid()
     children: dict[int, int] = {}
     stopping = False
@@ -100,6 +103,7 @@ def run_workers(workers: int, serve_one: Callable[[int], None]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.environ.pop(MULTIPROC_ENV, None)
+        os.environ.pop(PARENT_ENV, None)
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 

@@ -424,7 +424,8 @@ class HttpServer:
                 raise _Closed(f"client read nothing for {self.limits.write_timeout:g}s")
 
     async def _send_refusal(self, stream: trio.abc.Stream, response: Response) -> None:
-        """Send a pre-check's refusal (a bytes body), then the connection closes: its body was never read."""
+        """Send a pre-check's refusal (a bytes body), then its ``after``; the connection closes: its body
+        was never read."""
         body = response.body if isinstance(response.body, bytes) else b""
         head = response_head(response.status, response.headers, length=len(body), chunked=False, close=True)
         with trio.move_on_after(self.limits.write_timeout):
@@ -432,6 +433,8 @@ class HttpServer:
                 await stream.send_all(head + body)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+        if response.after is not None:
+            response.after()
 
     async def _send_raw_error(self, stream: trio.abc.Stream, status: int, message: str) -> None:
         """Answer a request refused before its handler (a 503 asks to retry in a second); then close."""

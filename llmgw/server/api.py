@@ -124,6 +124,8 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         self._suspects: dict[str, list] = {}
         #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
         self.keys: dict[str, tuple[str, float, float | None]] = {}
+        #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), set by the server
+        self.metrics: Any = None
 
     async def load_keys(self) -> None:
         """Read the API keys from the store; called once at start."""
@@ -213,14 +215,17 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
                 )
             try:
                 params = {name: unquote(value) for name, value in match.groupdict().items()}
-                return await handler(request, identity, params)
+                response = await handler(request, identity, params)
             except Refused as refused:
-                return error(refused.status, refused.message)
+                response = error(refused.status, refused.message)
             except (InvalidJSON, WireError) as exc:
-                return error(400, str(exc))
+                response = error(400, str(exc))
             except InvalidCatalog as invalid:
                 exc = invalid.error
-                return error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
+                response = error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
+            if self.metrics is not None:
+                self.metrics.answered(handler.__name__.lstrip("_"), response.status)
+            return response
         if path_matched:
             return error(405, f"{request.method} is not allowed on {request.path}")
         return error(404, f"no such endpoint: {request.path}")
@@ -228,6 +233,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
     # -- agents --------------------------------------------------------------
 
     async def _sync(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        began = time.perf_counter()
         sync = self._read_sync(request.json(), identity.name)
         if sync.node_id != identity.name:
             message = (
@@ -247,6 +253,8 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         if self.cluster.sync(sync, self.clock()):
             self.reconciler.request()
         self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
+        if self.metrics is not None:
+            self.metrics.sync_duration.observe(time.perf_counter() - began)
         if sync.wait:
             await self.reconciler.wait_node(sync.node_id, sync.revision, self.poll_timeout)
         return self._sync_reply(sync.node_id)

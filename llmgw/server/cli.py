@@ -57,6 +57,13 @@ log = logging.getLogger("llmgw.server")
 )
 @click.option("--listen", default="0.0.0.0:7443", show_default=True, help="HOST:PORT to serve HTTPS on.")
 @click.option(
+    "--metrics-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Also serve GET /metrics and /health in plain HTTP on HOST:PORT, for a Prometheus without a "
+    "client certificate (e.g. 127.0.0.1:9464). Both are always on the HTTPS port for any CA certificate.",
+)
+@click.option(
     "--cert",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -119,6 +126,7 @@ def server_command(
     advertise: str | None,
     lease: float,
     listen: str,
+    metrics_listen: str | None,
     cert: Path | None,
     key: Path | None,
     ca: Path | None,
@@ -138,6 +146,7 @@ def server_command(
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)}: the server needs its certificate, key and CA")
     host, port = parse_listen(listen, "--listen")
+    metrics_address = parse_listen(metrics_listen, "--metrics-listen") if metrics_listen else None
     if (state_dir is None) == (store is None):
         raise click.UsageError("give either --state-dir (sqlite) or --store postgresql://... (not both)")
     if store is not None:
@@ -161,6 +170,7 @@ def server_command(
         store_password_file=store_password_file,
         advertise=advertise,
         lease=lease,
+        metrics_listen=metrics_address,
     )
     serve_until_signalled(
         lambda: serve_server(config), log=log, stopping="stopping, then closing the state database"

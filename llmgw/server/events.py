@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from llmgw.server.records import Event
 
@@ -26,9 +27,13 @@ class EventLog:
     def __init__(self) -> None:
         self.pending: list[Event] = []
         self._repeats: dict[tuple[str, str, str], list] = {}
+        #: called with every event recorded, repeats included (the server's metrics count them)
+        self.listeners: list[Callable[[Event], None]] = []
 
     def record(self, event: Event) -> None:
         """Keep ``event`` for the next :meth:`take` (or count it as a repeat)."""
+        for listener in self.listeners:
+            listener(event)
         if event.kind in REPEATING_KINDS:
             key = (event.kind, event.subject, event.message)
             seen = self._repeats.get(key)

@@ -15,12 +15,14 @@ import trio
 
 from llmgw.engine import Engine
 from llmgw.errors import LlmgwError
+from llmgw.net.metrics import observability_handler, render_registry
 from llmgw.net.server import HttpServer, Limits, Request, Response
-from llmgw.pki import RevocationList, server_ssl_context
+from llmgw.pki import IdentityError, RevocationList, peer_identity, server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
 from llmgw.server.leader import NotLeader, lead_when_elected
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.persist import load_cluster
 from llmgw.server.standby import StandbyView
 from llmgw.server.store import open_store
@@ -67,6 +69,8 @@ class ServerConfig:
     advertise: str | None = None
     #: seconds the leader's lease lasts without renewal (PostgreSQL): a standby takes over after it
     lease: float = 6.0
+    #: (host, port) to serve ``/metrics`` and ``/health`` on in plain HTTP; None: not served there
+    metrics_listen: tuple[str, int] | None = None
 
 
 async def serve_server(
@@ -74,6 +78,7 @@ async def serve_server(
     engines: dict[str, Engine] | None = None,
     *,
     loaded: trio.Event | None = None,
+    metrics: ServerMetrics | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the control plane until cancelled.
@@ -85,6 +90,8 @@ async def serve_server(
 
     :param engines: the engines catalogs may use; default: installed plugins'.
     :param loaded: set once the state is loaded and requests are answered (tests wait on it).
+    :param metrics: where to count (tests read it); default: a new :class:`ServerMetrics`. Its
+        ``listen_address`` is the bound ``--metrics-listen`` address once serving.
     :raises ServerError: when the listening address cannot be bound.
     """
     if engines is None:
@@ -96,8 +103,14 @@ async def serve_server(
     else:
         store = open_store(config.state_dir)
     front = _Starting(f"loading the cluster's state from {store.path}")
+    if metrics is None:
+        metrics = ServerMetrics(config.cert, tick=config.tick)
+    metrics.front, metrics.store = front, store
+    front.observe = partial(_observe, metrics, revocations)
     try:
         async with trio.open_nursery() as nursery:
+            if config.metrics_listen is not None:
+                await _serve_metrics(nursery, metrics, *config.metrics_listen)
             server = HttpServer(front.handle, ssl_context=ssl_context, limits=SERVER_LIMITS)
             try:
                 address = await nursery.start(server.serve, config.host, config.port)
@@ -107,7 +120,7 @@ async def serve_server(
                 ) from None
             log.info("llmgw server listening on https://%s:%s (state in %s)", *address, store.path)
             task_status.started(address)
-            lead = partial(_lead, config, store, engines, revocations, front, loaded)
+            lead = partial(_lead, config, store, engines, revocations, front, loaded, metrics)
             if isinstance(store, PgStore):
                 advertise = config.advertise or _default_advertise(*address)
                 view = StandbyView(
@@ -134,6 +147,7 @@ async def _lead(
     revocations: RevocationList | None,
     front: _Starting,
     loaded: trio.Event | None,
+    metrics: ServerMetrics,
     nursery: trio.Nursery,
 ) -> None:
     """Load the cluster from the store, start the reconciler in ``nursery``, and hand requests to the app."""
@@ -141,6 +155,8 @@ async def _lead(
     front.detail = f"loading the cluster's state from {store.path}"
     cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
     app = ServerApp(cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout)
+    app.metrics = app.reconciler.metrics = metrics
+    cluster.event_log.listeners.append(partial(metrics.event, model_of=_model_of(cluster)))
     await app.load_keys()
     front.detail = "placing the stored catalog's replicas"
     await nursery.start(app.run_reconciler, config.tick)
@@ -157,10 +173,51 @@ async def _lead(
     )
 
 
+def _model_of(cluster: Any) -> Callable[[str], str | None]:
+    def model_of(replica_id: str) -> str | None:
+        record = cluster.replicas.get(replica_id)
+        return record.placement.model if record is not None else None
+
+    return model_of
+
+
+async def _serve_metrics(nursery: trio.Nursery, metrics: ServerMetrics, host: str, port: int) -> None:
+    """Serve ``/metrics`` and ``/health`` in plain HTTP on ``host:port`` (``--metrics-listen``)."""
+    handler = observability_handler(
+        lambda: metrics.registry, metrics.health, {"/sd/engines": metrics.engine_targets}
+    )
+    try:
+        metrics.listen_address = await nursery.start(HttpServer(handler).serve, host, port)
+    except OSError as exc:
+        raise ServerError(f"--metrics-listen {host}:{port}: cannot listen: {exc.strerror or exc}") from None
+    log.info("metrics on http://%s:%s/metrics", *metrics.listen_address)
+
+
+async def _observe(metrics: ServerMetrics, revocations: RevocationList | None, request: Request) -> Response:
+    """``/metrics``, ``/health``, ``/sd/engines`` on the HTTPS port: any CA certificate not revoked."""
+    try:
+        identity = peer_identity(request.peer_cert_der)
+    except IdentityError as exc:
+        detail = ErrorDetail(f"client certificate refused: {exc}", "unauthorized")
+        return Response.json(401, to_json(ErrorReply(detail)))
+    if revocations is not None and revocations.is_revoked(identity.serial):
+        message = f"certificate {identity.serial_hex} of {identity.name} is revoked"
+        return Response.json(403, to_json(ErrorReply(ErrorDetail(message, "revoked"))))
+    if request.path == "/metrics":
+        return render_registry(metrics.registry, request.header("accept"))
+    if request.path == "/sd/engines":
+        return Response.json(200, metrics.engine_targets())
+    status, body = await metrics.health()
+    return Response.json(status, body)
+
+
 def _default_advertise(host: str, port: int) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     return f"https://{host}:{port}"
+
+
+_OBSERVED = ("/metrics", "/health", "/sd/engines")
 
 
 class _Starting:
@@ -173,9 +230,16 @@ class _Starting:
         self.refusal: Callable[[], Response] | None = None
         #: a standby's handler (reads from the store, else the refusal), while there is no app
         self.standby: Callable[[Request], Awaitable[Response]] | None = None
+        #: answers ``GET /metrics`` and ``GET /health``, whether leading, standing by or starting
+        self.observe: Callable[[Request], Awaitable[Response]] | None = None
 
     async def handle(self, request: Request) -> Response:
-        """The app's answer once it runs; until then 503 ``starting`` (a standby: its own answers)."""
+        """The app's answer once it runs; until then 503 ``starting`` (a standby: its own answers).
+
+        ``GET /metrics`` and ``GET /health`` are answered in every state.
+        """
+        if self.observe is not None and request.method in ("GET", "HEAD") and request.path in _OBSERVED:
+            return await self.observe(request)
         if self.app is not None:
             try:
                 return await self.app.handle(request)

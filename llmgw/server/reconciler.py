@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -53,6 +54,8 @@ class Reconciler:
         self._routes_seen = cluster.routes_revision
         #: how many runs finished
         self.runs = 0
+        #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), if any
+        self.metrics: Any = None
 
     def request(self) -> None:
         """Ask for a run soon (coalesced with every other request until it starts)."""
@@ -65,6 +68,7 @@ class Reconciler:
         reconciled in memory but not stored.
         """
         with trio.CancelScope(shield=True):
+            began = time.perf_counter()
             now = self.clock()
             plan = self.cluster.begin(now)
             result = None
@@ -87,17 +91,24 @@ class Reconciler:
             if self.cluster.routes_revision != self._routes_seen:
                 self.routes_changed()
             self.runs += 1
+            if self.metrics is not None:
+                self.metrics.reconciled(time.perf_counter() - began)
 
     async def save(self) -> None:
         """Write what changed in the cluster to the store (nothing when nothing changed)."""
         changes = take_changes(self.cluster, self.clock())
         if not changes:
             return
+        began = time.perf_counter()
         try:
             await self.store.write(lambda conn: write_changes(conn, changes))
-        except BaseException:
+        except BaseException as exc:
             restore_changes(self.cluster, changes)
+            if self.metrics is not None and isinstance(exc, Exception):
+                self.metrics.store_written(time.perf_counter() - began, exc)
             raise
+        if self.metrics is not None:
+            self.metrics.store_written(time.perf_counter() - began)
 
     async def run(
         self,

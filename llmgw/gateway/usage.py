@@ -1,0 +1,53 @@
+"""Reading token counts from an engine's answers, without parsing whole bodies.
+
+OpenAI-compatible engines end a completion with ``"usage": {"prompt_tokens":
+N, "completion_tokens": M, ...}``; a stream carries it in a last chunk when
+the client asked (``stream_options: {"include_usage": true}``). The gateway
+counts them per model and API key (:mod:`llmgw.gateway.metrics`).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["read_usage", "StreamUsage"]
+
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,12})')
+#: bytes after ``"usage"`` searched for its numbers
+_WINDOW = 512
+
+
+def read_usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt tokens, completion tokens) of the last ``usage`` object in ``body``; None without one.
+
+    An embeddings answer has no completion tokens: they count 0.
+    """
+    at = body.rfind(b'"usage"')
+    if at < 0:
+        return None
+    window = body[at : at + _WINDOW]
+    prompt = _PROMPT.search(window)
+    if prompt is None:
+        return None
+    completion = _COMPLETION.search(window)
+    return int(prompt.group(1)), int(completion.group(1)) if completion is not None else 0
+
+
+class StreamUsage:
+    """The usage of a server-sent-events stream, fed chunk by chunk; :attr:`usage` is the last one seen."""
+
+    __slots__ = ("usage", "_carry")
+
+    def __init__(self) -> None:
+        self.usage: tuple[int, int] | None = None
+        self._carry = b""
+
+    def feed(self, chunk: bytes) -> None:
+        """Look for a usage object in ``chunk`` (and the end of the chunk before, if it was cut there)."""
+        data = self._carry + chunk
+        if b"_tokens" in data:
+            found = read_usage(data)
+            if found is not None:
+                self.usage = found
+        self._carry = chunk[-_WINDOW:] if b'"usage"' in chunk[-_WINDOW:] else chunk[-16:]

@@ -1,0 +1,51 @@
+"""The agent's metrics of a shard's life: its start, its canaries, the hang that fails it."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+from llmgw_engine_sim import SimEngine
+
+from llmgw.agent.metrics import AgentMetrics
+from llmgw.agent.supervisor import ShardSupervisor
+from llmgw.testing.agent import agent_config, desired, kill_group, wait_state
+from llmgw.testing.processes import free_port
+
+CANARY = SimEngine.liveness_probe
+
+
+async def test_a_hung_sim_counts_canaries_and_a_hung_failure(nursery, tmp_path):
+    """A sim hanging after 2 requests: 1 start, 2 canaries ``ok``, 1 ``hung``, 1 failure caused ``hung``."""
+    metrics = AgentMetrics()
+    states: list = []
+    last: list = [None]
+
+    def report(observed) -> None:
+        metrics.shard_changed(supervisor, last[0], observed)
+        last[0] = observed
+        states.append(observed)
+
+    shard = desired("sim", free_port("127.0.0.1"), extra_args=["--hang-after-requests", "2"])
+    supervisor = ShardSupervisor(shard, SimEngine(), agent_config(tmp_path), report)
+    supervisor.on_canary = partial(metrics.canary, supervisor)
+    metrics.started(supervisor)
+    last[0] = supervisor.observed
+    nursery.start_soon(supervisor.run)
+    try:
+        with trio.fail_after(15 + 3 * CANARY.interval + CANARY.timeout):
+            await wait_state(states, {"unhealthy", "exited"})
+    finally:
+        supervisor.stop()
+        if supervisor.engine_child is not None:
+            kill_group(supervisor.engine_child.pgid)
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"model": "m", **labels})
+
+    assert value("llmgw_agent_shard_starts_total") == 1
+    assert value("llmgw_agent_canary_results_total", result="ok") == 2
+    assert value("llmgw_agent_canary_results_total", result="hung") == 1
+    assert value("llmgw_agent_canary_results_total", result="failed") == 0
+    assert value("llmgw_agent_shard_failures_total", cause="hung") == 1
+    assert value("llmgw_agent_shard_failures_total", cause="exited") == 0

@@ -1,0 +1,98 @@
+"""Every process of a running cluster is scraped: names pass promtool, and deploy/ reads only what exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.load import CHAT_CATALOG, gateway_models
+from llmgw.testing.metrics import deployed_names, exported_names, promtool_check_metrics
+from llmgw.testing.processes import free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+#: names deploy/ reads that this cluster cannot export, and why
+NOT_HERE = {
+    "up": "Prometheus' own series, one per target",
+    "llmgw_server_leader_epoch": "exported by servers on PostgreSQL (--store) only",
+}
+BODY = {"model": "chat", "messages": [{"role": "user", "content": "how are the metrics"}], "max_tokens": 4}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """Server and 2 agents with --metrics-listen, a gateway; a two-replica model ready and routed."""
+    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
+    local.metrics_port = free_port()
+    try:
+        (tmp_path / "models" / "chat").mkdir(parents=True)
+        local.start(2)
+        local.start_gateway(free_port())
+        local.apply(CHAT_CATALOG.format(models=tmp_path / "models"))
+        local.wait(local.all_ready, "both replicas to be ready")
+        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
+        yield local
+    finally:
+        local.stop_all()
+
+
+def test_scraped_names_pass_promtool_and_cover_the_dashboard_and_alerts(cluster):
+    """Server, agents, gateway and engines (found via /sd/engines) export every name deploy/ reads.
+
+    Then the server stops: the gateway's /health says ``degraded`` (503), and it still serves.
+    """
+    gateway = cluster.gateway_url
+    server = f"http://127.0.0.1:{cluster.metrics_port}"
+    with httpx.Client(timeout=30) as http:
+        assert http.post(f"{gateway}/v1/chat/completions", json=BODY).status_code == 200
+        stream = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+        with http.stream("POST", f"{gateway}/v1/chat/completions", json=stream) as streamed:
+            assert streamed.status_code == 200
+            streamed.read()
+        scraped = {
+            "server": http.get(f"{server}/metrics").text,
+            "gateway": http.get(f"{gateway}/metrics").text,
+        }
+        for node in cluster.nodes.values():
+            scraped[f"agent {node.node_id}"] = http.get(
+                f"http://{node.address}:{cluster.metrics_port + 1}/metrics"
+            ).text
+        targets = http.get(f"{server}/sd/engines").json()
+        assert sorted(g["labels"]["replica"] for g in targets) == ["chat-0", "chat-1"]
+        for group in targets:
+            scraped[f"engine {group['labels']['replica']}"] = http.get(
+                f"http://{group['targets'][0]}/metrics"
+            ).text
+        healths = {
+            "server": http.get(f"{server}/health"),
+            "gateway": http.get(f"{gateway}/health"),
+            **{
+                n.node_id: http.get(f"http://{n.address}:{cluster.metrics_port + 1}/health")
+                for n in cluster.nodes.values()
+            },
+        }
+    for what, text in scraped.items():
+        assert promtool_check_metrics(text, allow_colons=what.startswith("engine")) == [], what
+    for what, health in healths.items():
+        assert health.status_code == 200 and health.json()["status"] == "ok", (what, health.text)
+    exported = set().union(*(exported_names(text) for text in scraped.values()))
+    missing = {name: sorted(where) for name, where in deployed_names().items() if name not in exported}
+    assert set(missing) <= set(NOT_HERE), f"read by deploy/ but exported by no process: {missing}"
+    assert 'llmgw_gateway_completion_tokens_total{key="(none)",model="chat"} 8.0' in scraped["gateway"]
+    assert 'llmgw_gateway_inter_token_latency_seconds_count{model="chat"} 0.0' not in scraped["gateway"]
+    assert 'llmgw_gateway_inter_token_latency_seconds_count{model="chat"}' in scraped["gateway"]
+
+    # the server goes: the gateway's /health is 503 "degraded" while it still serves its last routes
+    cluster.stop(cluster.server)
+
+    def degraded() -> httpx.Response | None:
+        health = httpx.get(f"{gateway}/health", timeout=5)
+        return health if health.status_code == 503 else None
+
+    health = cluster.wait(degraded, "the gateway's /health to say the routes feed is down", 30)
+    assert health.json()["status"] == "degraded"
+    assert "has not answered for" in health.json()["problems"][0]
+    assert httpx.post(f"{gateway}/v1/chat/completions", json=BODY, timeout=30).status_code == 200

@@ -1,0 +1,139 @@
+"""The server's /metrics, /health and /sd/engines: on --metrics-listen and on the HTTPS port."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import trio
+from cryptography import x509
+from llmgw_engine_sim import SimEngine
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmgw.server.main import serve_server
+from llmgw.server.metrics import ServerMetrics, failure_cause
+from llmgw.testing.metrics import promtool_check_metrics
+from tests.server.test_server_api import CATALOG, sync_body
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of an exposition."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture
+async def served(nursery, test_pki, tmp_path):
+    """A server with --metrics-listen on port 0: (its HTTPS URL, its metrics URL, its ServerMetrics)."""
+    config = test_pki.server_config(tmp_path / "state", metrics_listen=("127.0.0.1", 0))
+    metrics = ServerMetrics(config.cert)
+    loaded = trio.Event()
+    start = partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded, metrics=metrics)
+    host, port = await nursery.start(start)
+    with trio.fail_after(10):
+        await loaded.wait()
+    return f"https://{host}:{port}", "http://{}:{}".format(*metrics.listen_address), metrics
+
+
+async def test_metrics_count_what_the_server_does(served, test_pki):
+    """After a catalog and a node's sync: nodes, replicas, syncs, runs, requests, expiry; promtool passes."""
+    url, plain, _ = served
+    admin = httpx.AsyncClient(verify=test_pki.context("admin", "ops"), timeout=10)
+    node = httpx.AsyncClient(verify=test_pki.context("node", "node-1"), timeout=10)
+    async with admin, node, httpx.AsyncClient(timeout=10) as http:
+        assert (await admin.post(f"{url}/v1/admin/catalog", json={"text": CATALOG})).status_code == 200
+        assert (await node.post(f"{url}/v1/agent/sync", json=sync_body("node-1"))).status_code == 200
+        with trio.fail_after(5):
+            while True:
+                text = (await http.get(f"{plain}/metrics")).text
+                values = samples(text)
+                if values.get(("llmgw_server_replicas", (("model", "small"), ("state", "starting")))) == 1:
+                    break
+                await trio.sleep(0.05)
+        health = await http.get(f"{plain}/health")
+        targets = (await http.get(f"{plain}/sd/engines")).json()
+    assert values[("llmgw_server_nodes", (("state", "ready"),))] == 1
+    assert values[("llmgw_server_nodes", (("state", "lost"),))] == 0
+    assert values[("llmgw_server_node_state", (("node", "node-1"), ("state", "ready")))] == 1
+    assert values[("llmgw_server_replicas_desired", (("model", "small"),))] == 1
+    assert values[("llmgw_server_rollout_state", (("model", "small"), ("state", "done")))] == 1
+    assert values[("llmgw_server_sync_duration_seconds_count", ())] == 1
+    assert values[("llmgw_server_requests_total", (("endpoint", "sync"), ("status", "200")))] == 1
+    assert values[("llmgw_server_reconcile_runs_total", ())] >= 1
+    assert values[("llmgw_server_store_write_duration_seconds_count", ())] >= 1
+    assert values[("llmgw_server_replica_failures_total", (("cause", "hung"), ("model", "small")))] == 0
+    assert values[("llmgw_server_leader", ())] == 1
+    expiry = values[("llmgw_server_certificate_expiry_timestamp_seconds", (("node", "node-1"),))]
+    certificate = x509.load_pem_x509_certificate(test_pki.client("node", "node-1").cert_path.read_bytes())
+    assert expiry == certificate.not_valid_after_utc.timestamp()
+    assert ("llmgw_server_certificate_expiry_timestamp_seconds", (("node", "(server)"),)) in values
+    assert any(name.startswith("process_") for name, _ in values)
+    assert promtool_check_metrics(text) == []
+    assert health.status_code == 200
+    assert health.json() | {"status": "ok", "role": "leader", "nodes": 1, "replicas": 1} == health.json()
+    [group] = targets
+    assert group["labels"] == {"model": "small", "replica": "small-0", "node": "node-1", "engine": "sim"}
+    assert group["targets"][0].startswith("127.0.0.5:")
+
+
+async def test_https_port_serves_metrics_to_any_certificate_of_the_ca(served, test_pki):
+    """/metrics and /health on the HTTPS port: a node's or gateway's certificate reads them."""
+    url, _, _ = served
+    for role in ("node", "gateway"):
+        async with httpx.AsyncClient(verify=test_pki.context(role, f"{role}-x"), timeout=10) as http:
+            metrics = await http.get(f"{url}/metrics")
+            health = await http.get(f"{url}/health")
+        assert metrics.status_code == 200 and "llmgw_server_leader 1.0" in metrics.text
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+async def test_health_names_a_store_that_fails(served):
+    """A store whose queries fail makes /health 503 ``degraded``, naming the store and the error."""
+    _, plain, metrics = served
+
+    class Broken:
+        path = "state.db"
+
+        async def run(self, fn):
+            raise OSError("disk I/O error")
+
+    metrics.store = Broken()
+    async with httpx.AsyncClient(timeout=10) as http:
+        health = await http.get(f"{plain}/health")
+    assert health.status_code == 503
+    assert health.json()["status"] == "degraded"
+    assert health.json()["problems"] == ["the store (state.db) fails: disk I/O error"]
+
+
+async def test_health_before_the_state_is_loaded_says_starting():
+    """No app yet: 503 ``starting`` with what the server is doing."""
+    metrics = ServerMetrics()
+    metrics.front = SimpleNamespace(app=None, refusal=None, detail="loading the cluster's state from x")
+    detail = "loading the cluster's state from x"
+    assert await metrics.health() == (503, {"status": "starting", "detail": detail})
+
+
+@pytest.mark.parametrize(
+    ("message", "cause"),
+    [
+        (
+            "failed: shard r0 on node-1 unhealthy: liveness probe POST http://h:1/v1/completions got no "
+            "answer within 5 s and no token was produced meanwhile (health still passes): hung; tearing "
+            "down every shard, rebuild in 1.0 s (failure 1)",
+            "hung",
+        ),
+        ("failed: shard r0 on node-1 exited with code 2: boom; tearing down every shard", "exited"),
+        ("failed: shard r0 on node-1 unhealthy: health check failed 3 times in a row", "unhealthy"),
+        ("failed: not ready within 600 s; tearing down every shard", "ready_timeout"),
+        ("failed: shard chat-0/3/r1 is gone from node-2 (its agent restarted?); tearing down", "shard_gone"),
+        ("ready on node-1", None),
+    ],
+)
+def test_failure_cause_reads_the_event(message, cause):
+    """The cause label of ``llmgw_server_replica_failures_total`` comes from the failure event's reason."""
+    assert failure_cause(message) == cause

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from llmgw.cli import Command, serve_until_signalled
+from llmgw.logs import configure_logging, log_options
 
 __all__ = ["agent"]
 
@@ -102,7 +103,7 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     type=click.Path(file_okay=False, path_type=Path),
     help="What stands for / when looking for a seed:///PATH here (simulated nodes)  [default: /].",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@log_options
 def agent(
     config_file: Path | None,
     node: str | None,
@@ -123,6 +124,8 @@ def agent(
     max_uploads: int | None,
     bandwidth_limit: float | None,
     seed_root: Path | None,
+    log_format: str | None,
+    log_level: str | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -154,10 +157,11 @@ def agent(
         "max_uploads": max_uploads,
         "bandwidth_limit": bandwidth_limit,
         "seed_root": seed_root and str(seed_root),
+        "log_format": log_format,
+        "log_level": "debug" if verbose else log_level and log_level.lower(),
     }
     config = load_agent_config(flags, config_file)
-    if not verbose:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(config.log_format, config.log_level)
     leaving: list[trio.Event] = []
 
     async def serve() -> None:
@@ -170,5 +174,4 @@ def agent(
         log=log,
         stopping="stopping every shard (the server told first), then exiting",
         stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
-        log_level=logging.DEBUG if verbose else logging.INFO,
     )

@@ -19,6 +19,8 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     peer_port = 7444                      # serves model files to other nodes (0: any free port)
     max_uploads = 4                       # files served to peers at once
     bandwidth_limit = 0                   # MB/s served to peers in all (0: no limit)
+    log_format = "json"                   # or "text" (the default)
+    log_level = "info"                    # debug, info, warning, error
 
     [engines.vllm]                        # engine name -> program name -> path
     vllm = "/opt/vllm/bin/vllm"
@@ -33,6 +35,9 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     backoff_max = 5.0
     refused_retry = 30.0
 
+A setting comes from the first of: its flag, its environment variable
+(``LLMGW_SERVER``, ``LLMGW_LOG_FORMAT``, ``LLMGW_LOG_LEVEL``), this file, the
+default; the same order as ``llmgw server`` and ``gateway`` (:mod:`llmgw.configfile`).
 An unknown key is an error naming the key and the file. The file is read
 through llmgw's one converter (:data:`llmgw.wire.converter`).
 """
@@ -149,6 +154,10 @@ class AgentConfig:
     bandwidth_limit: float = 0.0
     #: what stands for ``/`` when this node looks for a ``seed:///PATH`` (simulated nodes get their own)
     seed_root: Path = attrs.field(converter=_abs, default=Path("/"))
+    #: log lines as ``text`` or ``json`` (llmgw.logs)
+    log_format: str = "text"
+    #: log from this level up: debug, info, warning, error
+    log_level: str = "info"
 
     @property
     def logs_dir(self) -> Path:
@@ -196,6 +205,8 @@ class _AgentFile:
     max_uploads: int | None = None
     bandwidth_limit: float | None = None
     seed_root: str | None = None
+    log_format: str | None = None
+    log_level: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
@@ -312,6 +323,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         if section in given:  # only the keys written, so flags and defaults fill the rest
             given[section] = {key: getattr(given[section], key) for key in data[section]}
     _check_values(given, f"{path}: ")
+    _check_logging(given, f"{path}: ")
     base = path.absolute().parent
     for name in _PATHS:
         if name in given:
@@ -396,6 +408,8 @@ def load_agent_config(
         max_uploads=values.get("max_uploads", 4),
         bandwidth_limit=float(values.get("bandwidth_limit", 0.0)),
         seed_root=values.get("seed_root", "/"),
+        log_format=values.get("log_format", "text"),
+        log_level=values.get("log_level", "info").lower(),
     )
 
 
@@ -412,6 +426,16 @@ def _check_weights(values: Mapping[str, Any]) -> None:
     limit = values.get("bandwidth_limit")
     if limit is not None and (type(limit) not in (int, float) or limit < 0):
         raise AgentConfigError(f"--bandwidth-limit: expected MB/s >= 0 (0: no limit), got {limit!r}")
+
+
+def _check_logging(values: Mapping[str, Any], where: str) -> None:
+    """``log_format`` and ``log_level``: names llmgw.logs knows."""
+    from llmgw.logs import LOG_FORMATS, LOG_LEVELS
+
+    for key, known in (("log_format", LOG_FORMATS), ("log_level", LOG_LEVELS)):
+        value = values.get(key)
+        if value is not None and str(value).lower() not in known:
+            raise AgentConfigError(f"{where}{key}: expected one of {', '.join(known)}, got {value!r}")
 
 
 def _check_server(text: str) -> tuple[str, ...]:

@@ -170,14 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--log-format",
         choices=("text", "json"),
-        default="text",
-        help="log lines as text or as JSON objects (time, level, logger, message, rank)",
+        default=os.environ.get("LLMGW_LOG_FORMAT") or "text",
+        help="log lines as text or as JSON objects (time, level, logger, message, rank); default: "
+        "$LLMGW_LOG_FORMAT (an agent's, which its engines inherit), else text",
     )
     add(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="log from this level up",
+        type=str.lower,
+        default=os.environ.get("LLMGW_LOG_LEVEL") or "info",
+        help="log from this level up; default: $LLMGW_LOG_LEVEL, else info",
     )
     return parser
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
 import signal
+import subprocess
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -39,7 +43,7 @@ async def server(nursery, test_pki, tmp_path):
     config = test_pki.server_config(tmp_path / "state", settings=Settings(lost_after=300))
     url = await start_server(nursery, config, {"sim": SimEngine()})
     gpus = make_gpus(6, seed="node-1")
-    gpus[4:] = [attrs_evolve(g, name="NVIDIA A100-SXM4-40GB") for g in gpus[4:]]
+    gpus[4:] = [attrs.evolve(g, name="NVIDIA A100-SXM4-40GB") for g in gpus[4:]]
     facts = NodeFacts(
         node_id="node-1",
         agent_version="9.9.9",
@@ -51,12 +55,6 @@ async def server(nursery, test_pki, tmp_path):
     async with httpx.AsyncClient(verify=test_pki.context("node", "node-1"), timeout=10) as node:
         assert (await node.post(f"{url}/v1/agent/sync", json=to_json(request))).status_code == 200
     return url
-
-
-def attrs_evolve(record, **changes):
-    import attrs
-
-    return attrs.evolve(record, **changes)
 
 
 def connection(test_pki, server: str) -> list[str]:
@@ -163,3 +161,37 @@ async def test_events_follow_prints_new_events_as_they_come(server, test_pki, pr
         assert await follower.wait_exit_trio() == 0
     ids = [line.split()[0] for line in follower.stdout().splitlines()]
     assert len(ids) == len(set(ids)), "an event was printed twice"
+
+
+async def test_watch_on_a_terminal_redraws_the_screen(server, test_pki):
+    """On a terminal, each look clears the screen and heads the table with the command and the time."""
+    argv = [program("llmgw"), "ctl", *connection(test_pki, server), "nodes", "-w", "--interval", "0.2"]
+    leader, follower = pty.openpty()
+    os.set_blocking(leader, False)
+    watcher = subprocess.Popen(argv, stdout=follower, stderr=subprocess.DEVNULL, start_new_session=True)  # noqa: ASYNC220 (returns at once)
+    os.close(follower)
+    seen = b""
+
+    def read() -> bytes:
+        nonlocal seen
+        try:
+            seen += os.read(leader, 65536)
+        except (BlockingIOError, OSError):
+            pass
+        return seen
+
+    try:
+        with trio.fail_after(30):
+            await wait_for(lambda: read().count(b"\x1b[2J") >= 3, "three redraws")
+        watcher.send_signal(signal.SIGINT)
+        with trio.fail_after(20):
+            await wait_for(lambda: watcher.poll() is not None, "the watch to end")
+        assert watcher.returncode == 0
+    finally:
+        if watcher.poll() is None:
+            os.killpg(watcher.pid, signal.SIGKILL)
+        watcher.wait()
+        os.close(leader)
+    screen = seen.split(b"\x1b[2J")[-2].decode()  # whole: another redraw followed it
+    assert screen.startswith("\x1b[1;1Hevery 0.2s: llmgw ctl nodes    20")
+    assert "node-1  127.0.0.5  ready" in screen

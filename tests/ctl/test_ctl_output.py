@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
+from llmgw.ctl.options import OUTPUTS
 from llmgw.dev.cluster import program
 from llmgw.models import Fabric, NodeFacts
 from llmgw.server.cluster import Settings
@@ -195,3 +196,26 @@ async def test_watch_on_a_terminal_redraws_the_screen(server, test_pki):
     screen = seen.split(b"\x1b[2J")[-2].decode()  # whole: another redraw followed it
     assert screen.startswith("\x1b[1;1Hevery 0.2s: llmgw ctl nodes    20")
     assert "node-1  127.0.0.5  ready" in screen
+
+
+def test_every_ctl_command_with_an_output_offers_the_same_four():
+    """Every `ctl` command that takes -o offers table, wide, json and yaml; old spellings are hidden."""
+
+    def walk(command):
+        yield command
+        for sub in getattr(command, "commands", {}).values():
+            yield from walk(sub)
+
+    with_output = []
+    for command in walk(ctl):
+        if command.name == "engine-check":  # a verdict on one binary, not a listing: --json stays
+            continue
+        for param in command.params:
+            if param.name == "output":
+                assert tuple(param.type.choices) == OUTPUTS, command.name
+                with_output.append(command.name)
+            if param.name in ("as_json", "wide"):
+                assert param.hidden, f"{command.name}: {param.opts} should be a hidden alias of -o"
+    assert {"nodes", "replicas", "events", "servers", "engines", "history", "status", "diff"} <= set(
+        with_output
+    )

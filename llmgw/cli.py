@@ -28,6 +28,7 @@ from tabulate import tabulate
 
 import llmgw
 from llmgw.errors import LlmgwError
+from llmgw.logs import TEXT_FORMAT, configure_logging, configured
 from llmgw.plugins import get_plugin_manager
 
 __all__ = [
@@ -109,8 +110,8 @@ class Command(_Door, click.Command):
     """A click command run as its own console script, its llmgw errors shown by :func:`show_error`."""
 
 
-#: the log line of every llmgw process
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+#: the log line of every llmgw process (in text; see llmgw.logs)
+LOG_FORMAT = TEXT_FORMAT
 
 
 def serve_until_signalled(
@@ -124,7 +125,8 @@ def serve_until_signalled(
 ) -> None:
     """Run ``serve()`` under trio until it returns, or until SIGTERM or SIGINT (Ctrl-C) stops it.
 
-    Logging goes to stderr from ``log_level`` up, one format for every llmgw process.
+    Logging is the command's (``--log-format``, ``--log-level``: :mod:`llmgw.logs`); a caller
+    that did not configure it gets text on stderr from ``log_level`` up.
 
     Called by ``llmgw server``, ``llmgw agent`` and ``llmgw gateway`` once
     their configuration is read. On the first signal (logged with
@@ -167,7 +169,8 @@ def serve_until_signalled(
                         log.warning("%s while stopping: %s", name, stopping_again)
                         serving.cancel()
 
-    logging.basicConfig(level=log_level, format=LOG_FORMAT)
+    if not configured():
+        configure_logging("text", logging.getLevelName(log_level).lower())
     with _door():
         trio.run(run)
 

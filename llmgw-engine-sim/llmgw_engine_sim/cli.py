@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from llmgw.logs import JsonFormatter
 from llmgw.net.server import HttpServer
 from llmgw_engine_sim import __version__
 from llmgw_engine_sim.prefix_cache import PrefillOptions, add_prefix_cache_flags
@@ -166,6 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="fault injection: exit with code 1 once the N-th inference request is answered",
     )
     add("--disable-log-requests", action="store_true", help="do not log one line per HTTP request")
+    add(
+        "--log-format",
+        choices=("text", "json"),
+        default=os.environ.get("LLMGW_LOG_FORMAT") or "text",
+        help="log lines as text or as JSON objects (time, level, logger, message, rank); default: "
+        "$LLMGW_LOG_FORMAT (an agent's, which its engines inherit), else text",
+    )
+    add(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        type=str.lower,
+        default=os.environ.get("LLMGW_LOG_LEVEL") or "info",
+        help="log from this level up; default: $LLMGW_LOG_LEVEL, else info",
+    )
     return parser
 
 
@@ -348,10 +363,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args.served_model_name = args.served_model_name or [args.model]
 
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_RankFormatter(args.node_rank))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    logging.getLogger("llmgw.net.server").addHandler(handler)
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter({"rank": args.node_rank}))
+    else:
+        handler.setFormatter(_RankFormatter(args.node_rank))
+    for name in ("llmgw_engine_sim", "llmgw.net.server"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(args.log_level.upper())
 
     if args.model.startswith(("/", ".")) and not os.path.exists(args.model):
         log.error(

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from llmgw.cli import Command, serve_until_signalled
+from llmgw.logs import configure_logging, log_options
 
 __all__ = ["agent"]
 
@@ -117,7 +118,7 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     metavar="HOST:PORT",
     help="Serve GET /metrics and /health in plain HTTP on HOST:PORT  [default: not served].",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@log_options
 def agent(
     config_file: Path | None,
     node: str | None,
@@ -141,6 +142,8 @@ def agent(
     hub_endpoint: str | None,
     hub_token_file: Path | None,
     metrics_listen: str | None,
+    log_format: str | None,
+    log_level: str | None,
     verbose: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
@@ -175,11 +178,11 @@ def agent(
         "hub_endpoint": hub_endpoint,
         "hub_token_file": hub_token_file and str(hub_token_file),
         "metrics_listen": metrics_listen,
+        "log_format": log_format,
+        "log_level": "debug" if verbose else log_level and log_level.lower(),
     }
     config = load_agent_config(flags, config_file)
-    if not verbose:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
-        logging.getLogger("httpx2").setLevel(logging.WARNING)  # huggingface_hub's HTTP client
+    configure_logging(config.log_format, config.log_level)
     leaving: list[trio.Event] = []
 
     async def serve() -> None:
@@ -192,5 +195,4 @@ def agent(
         log=log,
         stopping="stopping every shard (the server told first), then exiting",
         stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
-        log_level=logging.DEBUG if verbose else logging.INFO,
     )

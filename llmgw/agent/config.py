@@ -21,6 +21,8 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     bandwidth_limit = 0                   # MB/s served to peers in all (0: no limit)
     hub_endpoint = "https://huggingface.co"  # hf:// sources (default: $HF_ENDPOINT, else this)
     hub_token_file = "/etc/llmgw/hf-token"   # the Hub token, read at each use, never logged
+    log_format = "json"                   # or "text" (the default)
+    log_level = "info"                    # debug, info, warning, error
 
     [engines.vllm]                        # engine name -> program name -> path
     vllm = "/opt/vllm/bin/vllm"
@@ -35,6 +37,9 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     backoff_max = 5.0
     refused_retry = 30.0
 
+A setting comes from the first of: its flag, its environment variable
+(``LLMGW_SERVER``, ``LLMGW_LOG_FORMAT``, ``LLMGW_LOG_LEVEL``), this file, the
+default; the same order as ``llmgw server`` and ``gateway`` (:mod:`llmgw.configfile`).
 An unknown key is an error naming the key and the file. The file is read
 through llmgw's one converter (:data:`llmgw.wire.converter`).
 """
@@ -162,6 +167,10 @@ class AgentConfig:
     )
     #: ``HOST:PORT`` to serve ``/metrics`` and ``/health`` on in plain HTTP; None: not served
     metrics_listen: str | None = None
+    #: log lines as ``text`` or ``json`` (llmgw.logs)
+    log_format: str = "text"
+    #: log from this level up: debug, info, warning, error
+    log_level: str = "info"
 
     @property
     def logs_dir(self) -> Path:
@@ -212,6 +221,8 @@ class _AgentFile:
     hub_endpoint: str | None = None
     hub_token_file: str | None = None
     metrics_listen: str | None = None
+    log_format: str | None = None
+    log_level: str | None = None
 
 
 #: settings that name a file: relative paths in ``agent.toml`` are relative to it
@@ -328,6 +339,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         if section in given:  # only the keys written, so flags and defaults fill the rest
             given[section] = {key: getattr(given[section], key) for key in data[section]}
     _check_values(given, f"{path}: ")
+    _check_logging(given, f"{path}: ")
     base = path.absolute().parent
     for name in _PATHS:
         if name in given:
@@ -415,6 +427,8 @@ def load_agent_config(
         hub_endpoint=_hub_endpoint(values.get("hub_endpoint")),
         hub_token_file=_hub_token_file(values.get("hub_token_file")),
         metrics_listen=_check_listen(values.get("metrics_listen")),
+        log_format=values.get("log_format", "text"),
+        log_level=values.get("log_level", "info").lower(),
     )
 
 
@@ -460,6 +474,16 @@ def _check_weights(values: Mapping[str, Any]) -> None:
     limit = values.get("bandwidth_limit")
     if limit is not None and (type(limit) not in (int, float) or limit < 0):
         raise AgentConfigError(f"--bandwidth-limit: expected MB/s >= 0 (0: no limit), got {limit!r}")
+
+
+def _check_logging(values: Mapping[str, Any], where: str) -> None:
+    """``log_format`` and ``log_level``: names llmgw.logs knows."""
+    from llmgw.logs import LOG_FORMATS, LOG_LEVELS
+
+    for key, known in (("log_format", LOG_FORMATS), ("log_level", LOG_LEVELS)):
+        value = values.get(key)
+        if value is not None and str(value).lower() not in known:
+            raise AgentConfigError(f"{where}{key}: expected one of {', '.join(known)}, got {value!r}")
 
 
 def _check_server(text: str) -> tuple[str, ...]:

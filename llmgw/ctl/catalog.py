@@ -7,7 +7,6 @@ and with ``--wait`` returns once every replica the applied revision asks for
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -19,6 +18,7 @@ from tabulate import tabulate
 from llmgw.catalog import read_catalog_text
 from llmgw.ctl.client import AdminClient, CtlError
 from llmgw.ctl.options import output_option
+from llmgw.ctl.output import show
 from llmgw.wire import (
     ApplyCatalog,
     CatalogApplied,
@@ -86,12 +86,9 @@ def diff(ctx: click.Context, catalog: Path, output: str) -> None:
     """Show what applying CATALOG would change: models and profiles added, removed, changed (with the
     fields), replicas to place, stop, and those left outdated. Changes nothing."""
     body = ApplyCatalog(text=_read(catalog), name=str(catalog))
-    result = _client(ctx).request("POST", "/v1/admin/catalog/diff", CatalogDiff, body=body)
-    if output == "json":
-        click.echo(json.dumps(to_json(result), indent=2))
-        return
-    for line in diff_lines(result):
-        click.echo(line)
+    client = _client(ctx)
+    fetch = lambda: client.request("POST", "/v1/admin/catalog/diff", CatalogDiff, body=body)  # noqa: E731
+    show(output, fetch, to_json, lambda result, _wide: diff_lines(result))
 
 
 # -- applying ---------------------------------------------------------------------------------------
@@ -267,12 +264,17 @@ def _by(author: str) -> str:
 @click.pass_context
 def catalog_history(ctx: click.Context, limit: int, output: str) -> None:
     """List stored catalog revisions: when each was applied and by whom (the admin certificate's name)."""
-    data = _client(ctx).request("GET", "/v1/admin/catalog/history", CatalogHistory, params={"limit": limit})
-    if output == "json":
-        click.echo(json.dumps(to_json(data.revisions), indent=2))
-        return
-    rows = [[r.revision, _when(r.applied_at), r.author or "-"] for r in data.revisions]
-    if not rows:
-        click.echo("(no catalog applied yet)")
-        return
-    click.echo(tabulate(rows, headers=["revision", "applied", "by"], tablefmt="simple"))
+    def lines(data: CatalogHistory, _wide: bool) -> list[str]:
+        rows = [[r.revision, _when(r.applied_at), r.author or "-"] for r in data.revisions]
+        if not rows:
+            return ["(no catalog applied yet)"]
+        return [tabulate(rows, headers=["revision", "applied", "by"], tablefmt="simple")]
+
+    client = _client(ctx)
+    params = {"limit": limit}
+    show(
+        output,
+        lambda: client.request("GET", "/v1/admin/catalog/history", CatalogHistory, params=params),
+        lambda data: to_json(data.revisions),
+        lines,
+    )

@@ -7,21 +7,21 @@ resolves them against the config directory ``llmgw dev`` writes.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
-from tabulate import tabulate
 
 from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
 from llmgw.ctl.catalog import apply, catalog, diff
 from llmgw.ctl.client import AdminClient, CtlError, segment
 from llmgw.ctl.models import models
-from llmgw.ctl.options import output_option
+from llmgw.ctl.options import output_option, watch_options
+from llmgw.ctl.output import follow as follow_items
+from llmgw.ctl.output import show, structured, table
 from llmgw.ctl.replicas import describe, replicas
 from llmgw.ctl.rollout import rollout
 from llmgw.enginecheck.cli import engine_check
@@ -31,6 +31,7 @@ from llmgw.wire import (
     CreatedKey,
     CreateKey,
     DrainStatus,
+    EventEntry,
     EventList,
     KeyList,
     NodeList,
@@ -65,46 +66,51 @@ def ctl(ctx: click.Context, **options: Any) -> None:
     ctx.find_root().meta["ctl_options"] = options
 
 
-
-
 def _client(ctx: click.Context) -> AdminClient:
     return AdminClient.for_command(ctx)
 
 
-def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
+def node_lines(data: NodeList, wide: bool) -> list[str]:
+    """What ``ctl nodes`` prints: a row per node (``wide``: GPU models, adapters, agent), then warnings."""
+    rows = []
+    for n in data.nodes:
+        row = [n.node_id, n.address, n.state, f"{n.gpus_free}/{n.gpus_total}"]
+        if wide:
+            row.append(", ".join(f"{count}x {model}" for model, count in sorted(n.gpu_models.items())) or "-")
+            fabrics = [f"{f}: {','.join(n.fabric_adapters.get(f, ())) or '-'}" for f in n.fabrics]
+            row.append("; ".join(fabrics) or "island")
+        else:
+            row.append(",".join(n.fabrics) or "island")
+        row.append(", ".join(f"{k} {v}" for k, v in sorted(n.engines.items())) or "-")
+        if wide:
+            row.append(n.agent_version or "-")
+        row += [", ".join(n.replicas) or "-", f"{n.last_sync_ago:.0f}s"]
+        rows.append(row)
+    headers = ["node", "address", "state", "GPUs free"]
+    headers += ["GPUs", "fabric: adapters"] if wide else ["fabric"]
+    headers += ["engines", "agent"] if wide else ["engines"]
+    lines = [table(rows, [*headers, "replicas", "last sync"])]
+    lines += [f"warning: {n.node_id}: {warning}" for n in data.nodes for warning in n.warnings]
+    return lines
 
 
 @click.group(invoke_without_command=True)
 @output_option()
+@watch_options()
 @click.pass_context
-def nodes(ctx: click.Context, output: str) -> None:
+def nodes(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
     if ctx.invoked_subcommand is not None:
         return
-    data = _client(ctx).request("GET", "/v1/admin/nodes", NodeList)
-    if output == "json":
-        click.echo(json.dumps(to_json(data.nodes), indent=2))
-        return
-    rows = [
-        [
-            n.node_id,
-            n.address,
-            n.state,
-            f"{n.gpus_free}/{n.gpus_total}",
-            ",".join(n.fabrics) or "island",
-            ", ".join(f"{k} {v}" for k, v in sorted(n.engines.items())) or "-",
-            ", ".join(n.replicas) or "-",
-            f"{n.last_sync_ago:.0f}s",
-        ]
-        for n in data.nodes
-    ]
-    click.echo(
-        _table(rows, ["node", "address", "state", "GPUs free", "fabric", "engines", "replicas", "last sync"])
+    client = _client(ctx)
+    show(
+        output,
+        lambda: client.request("GET", "/v1/admin/nodes", NodeList),
+        lambda data: to_json(data.nodes),
+        node_lines,
+        watch=watch,
+        interval=interval,
     )
-    for n in data.nodes:
-        for warning in n.warnings:
-            click.echo(f"warning: {n.node_id}: {warning}")
 
 
 @nodes.command("lost")
@@ -122,35 +128,62 @@ def nodes_lost(ctx: click.Context, node_ids: tuple[str, ...]) -> None:
         click.echo(f"{node}: {status.state}")
 
 
+def event_line(event: EventEntry) -> str:
+    """One event as ``ctl events`` prints it: id, local time, kind, subject and message."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
+    return f"{event.id:>5} {stamp} {event.kind:<8} {event.subject}: {event.message}"
+
+
 @click.command()
 @click.option("--since", type=int, default=0, help="Only events after this id.")
 @click.option("--limit", type=int, default=50, show_default=True, help="At most this many, newest last.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Then print new events as they come, until Ctrl-C (JSON: one per line).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between two looks with --follow.",
+)
 @output_option()
 @click.pass_context
-def events(ctx: click.Context, since: int, limit: int, output: str) -> None:
+def events(ctx: click.Context, since: int, limit: int, follow: bool, interval: float, output: str) -> None:
     """What the server decided and why: placements, rebuilds, refusals."""
-    params = {"since": since, "limit": limit}
-    data = _client(ctx).request("GET", "/v1/admin/events", EventList, params=params)
-    if output == "json":
-        click.echo(json.dumps(to_json(data.events), indent=2))
+    client = _client(ctx)
+
+    looks = []
+
+    def fetch(after: int) -> list[EventEntry]:
+        # --limit bounds the first look; following, every event counts (the server's cap: 10,000 a look)
+        params = {"since": after, "limit": limit if not looks else 10_000}
+        looks.append(after)
+        return list(client.request("GET", "/v1/admin/events", EventList, params=params).events)
+
+    if follow:
+        render = (
+            event_line
+            if output in ("table", "wide")
+            else lambda e: structured(output, to_json(e), stream=True)
+        )
+        follow_items(fetch, lambda e: e.id, render, since, interval)
         return
-    for e in data.events:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
-        click.echo(f"{e.id:>5} {stamp} {e.kind:<8} {e.subject}: {e.message}")
+    show(
+        output,
+        lambda: fetch(since),
+        lambda data: to_json(tuple(data)),
+        lambda data, _wide: [event_line(e) for e in data],
+    )
 
 
-@click.command()
-@output_option()
-@click.pass_context
-def servers(ctx: click.Context, output: str) -> None:
-    """The control plane's servers: which one leads, its epoch and lease, the standbys."""
-    data = _client(ctx).request("GET", "/v1/admin/servers", ControlServers)
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
+def server_lines(data: ControlServers, _wide: bool) -> list[str]:
+    """What ``ctl servers`` prints: one line for a single sqlite server, else a row per server."""
     if data.store == "sqlite":
-        click.echo("one server, state in sqlite: it leads (run several on --store postgresql://... instead)")
-        return
+        return ["one server, state in sqlite: it leads (run several on --store postgresql://... instead)"]
     rows = [
         [
             s.address,
@@ -163,7 +196,24 @@ def servers(ctx: click.Context, output: str) -> None:
         ]
         for s in data.servers
     ]
-    click.echo(_table(rows, ["server", "role", "epoch", "leads for", "lease left", "last seen", "up"]))
+    return [table(rows, ["server", "role", "epoch", "leads for", "lease left", "last seen", "up"])]
+
+
+@click.command()
+@output_option()
+@watch_options()
+@click.pass_context
+def servers(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
+    """The control plane's servers: which one leads, its epoch and lease, the standbys."""
+    client = _client(ctx)
+    show(
+        output,
+        lambda: client.request("GET", "/v1/admin/servers", ControlServers),
+        to_json,
+        server_lines,
+        watch=watch,
+        interval=interval,
+    )
 
 
 def _node_action(action: str, doc: str) -> click.Command:
@@ -234,20 +284,20 @@ def keys_create(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def keys_list(ctx: click.Context, output: str) -> None:
     """List API keys (names and dates; secrets are never stored)."""
-    data = _client(ctx).request("GET", "/v1/admin/keys", KeyList).keys
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
 
     def when(stamp: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
 
-    # a name from before names were checked whole may hold a newline: show it escaped
-    rows = [
-        [k.name if k.name.isprintable() else repr(k.name), when(k.created_at), when(k.revoked_at)]
-        for k in data
-    ]
-    click.echo(_table(rows, ["name", "created", "revoked"]))
+    def lines(data: KeyList, _wide: bool) -> list[str]:
+        # a name from before names were checked whole may hold a newline: show it escaped
+        rows = [
+            [k.name if k.name.isprintable() else repr(k.name), when(k.created_at), when(k.revoked_at)]
+            for k in data.keys
+        ]
+        return [table(rows, ["name", "created", "revoked"])]
+
+    client = _client(ctx)
+    show(output, lambda: client.request("GET", "/v1/admin/keys", KeyList), lambda d: to_json(d.keys), lines)
 
 
 @keys.command("revoke")
@@ -260,25 +310,26 @@ def keys_revoke(ctx: click.Context, name: str) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON records instead of a table.")
-def engines(as_json: bool) -> None:
+@output_option()
+@click.option("--json", "as_json", is_flag=True, hidden=True, help="Deprecated: -o json.")
+def engines(output: str, as_json: bool) -> None:
     """List the engines installed plugins provide and the versions each was checked against."""
     records = get_plugin_manager().engines()
-    if as_json:
-        click.echo(json.dumps([r.to_json() for r in records.values()], indent=2))
-        return
-    rows = [
-        [
-            r.name,
-            r.plugin,
-            f"{r.distribution or '-'} {r.version or ''}".strip(),
-            ", ".join(r.checked_versions) or "-",
-            "yes" if r.multi_node else "no",
-        ]
-        for r in sorted(records.values(), key=lambda r: r.name)
-    ]
-    headers = ["engine", "plugin", "distribution", "checked against", "multi-node"]
-    click.echo(tabulate(rows, headers=headers, tablefmt="simple"))
+
+    def lines(found: dict, wide: bool) -> list[str]:
+        rows = []
+        for r in sorted(found.values(), key=lambda r: r.name):
+            row = [r.name, r.plugin, f"{r.distribution or '-'} {r.version or ''}".strip()]
+            row += [", ".join(r.checked_versions) or "-", "yes" if r.multi_node else "no"]
+            rows.append(row)
+        return [table(rows, ["engine", "plugin", "distribution", "checked against", "multi-node"])]
+
+    show(
+        "json" if as_json else output,
+        lambda: records,
+        lambda found: [r.to_json() for r in found.values()],
+        lines,
+    )
 
 
 @click.command()

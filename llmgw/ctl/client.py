@@ -19,6 +19,7 @@ from urllib.parse import quote
 import attrs
 import httpx
 
+from llmgw.ctl.diagnose import check_server_urls, not_the_admin_api, unreachable
 from llmgw.errors import LlmgwError
 from llmgw.serverlist import STANDBY_HEADER, ServerList, leader_hint
 from llmgw.wire import WireError, error_message, from_json, to_json
@@ -66,6 +67,7 @@ class ClientConfig:
     ) -> ClientConfig:
         """Flags first, then the config directory; says what is missing and where it looked."""
         directory = directory or config_dir()
+        given = server is not None
         if server is None:
             config_file = directory / "config.toml"
             if config_file.exists():
@@ -82,6 +84,10 @@ class ClientConfig:
                 f"no server given: pass --server https://HOST:7443, set LLMGW_SERVER, or write "
                 f'server = "https://HOST:7443" in {directory / "config.toml"} (llmgw dev does this)'
             )
+        try:
+            check_server_urls(server, "--server" if given else f"{directory / 'config.toml'}: server")
+        except ValueError as exc:
+            raise CtlError(str(exc)) from None
         paths = {
             "--ca": ca or directory / "ca.pem",
             "--cert": cert or directory / "admin.pem",
@@ -181,7 +187,7 @@ class AdminClient:
     def _send(self, method: str, path: str, kwargs: dict[str, Any]) -> tuple[httpx.Response, Any]:
         """The answer of the first server that leads: skips one that cannot be connected to, or a standby."""
         tried: list[str] = []
-        unreachable = 0
+        failures = 0
         for _ in range(len(self.servers) + 1):
             server = self.servers.current
             try:
@@ -189,26 +195,29 @@ class AdminClient:
             except httpx.InvalidURL as exc:
                 raise CtlError(f"{method} {path!r}: not a URL path: {exc}") from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # not sent: another server may answer
-                tried.append(f"{server}: {exc}")
+                tried.append(unreachable(server, exc))
                 self.servers.failed(server)
-                unreachable += 1
-                if unreachable >= len(self.servers):
+                failures += 1
+                if failures >= len(self.servers):
                     break
                 continue
             except httpx.HTTPError as exc:
-                raise CtlError(f"cannot reach the server at {server}: {exc}") from None
+                raise CtlError(unreachable(server, exc)) from None
             try:
                 data = response.json()
             except ValueError:
                 data = None
+            wrong = not_the_admin_api(server, response.status_code, data, response.text)
+            if wrong is not None:
+                raise CtlError(wrong, response.status_code)
             standby, leader = leader_hint(response.status_code, response.headers, data)
             if not standby:
                 self._note_standby(server, response)
                 return response, data
             tried.append(f"{server} is a standby (leader: {leader or 'none yet'})")
             self.servers.not_leader(server, leader)
-        if len(self.servers) == 1 and unreachable:
-            raise CtlError(f"cannot reach the server at {tried[0]}")
+        if len(self.servers) == 1 and failures:
+            raise CtlError(tried[0])
         raise CtlError("no server answered as the leader: " + "; ".join(dict.fromkeys(tried)))
 
 

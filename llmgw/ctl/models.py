@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import click
-from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient
-from llmgw.ctl.options import output_option
+from llmgw.ctl.options import output_option, watch_options
+from llmgw.ctl.output import show, table
 from llmgw.scheduler import format_bytes
 from llmgw.wire import ModelList, ModelStatus, to_json
 
-__all__ = ["models", "model_rows"]
+__all__ = ["models", "model_lines", "model_rows"]
 
 HEADERS = ["model", "source", "revision", "size", "digest", "holders", "copying"]
 
@@ -37,15 +35,28 @@ def _row(model: ModelStatus) -> list[str]:
     ]
 
 
+def model_lines(data: ModelList, wide: bool) -> list[str]:
+    """What ``ctl models`` prints (``wide``: the whole digest)."""
+    rows = model_rows(data)
+    if wide:
+        for row, model in zip(rows, data.models, strict=True):
+            row[4] = model.digest or "-"
+    return [table(rows, HEADERS) if rows else "(no model in the catalog)"]
+
+
 @click.command()
 @output_option()
+@watch_options()
 @click.pass_context
-def models(ctx: click.Context, output: str) -> None:
+def models(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """List the catalog's models: source, pinned revision, size, digest, nodes holding a verified copy,
     and copies under way (node and percent). Size and digest show once a holder made the manifest."""
-    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/models", ModelList)
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
-    rows = model_rows(data)
-    click.echo(tabulate(rows, headers=HEADERS, tablefmt="simple") if rows else "(no model in the catalog)")
+    client = AdminClient.for_command(ctx)
+    show(
+        output,
+        lambda: client.request("GET", "/v1/admin/models", ModelList),
+        to_json,
+        model_lines,
+        watch=watch,
+        interval=interval,
+    )

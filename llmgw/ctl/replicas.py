@@ -1,29 +1,23 @@
 """``llmgw ctl replicas`` and ``ctl describe replica ID``: replicas, their shards, and what each shard runs.
 
-``--wide`` and ``describe`` show per shard what its agent reported: the
+``-o wide`` and ``describe`` show per shard what its agent reported: the
 command line, the environment llmgw set for it, its node, its log file and
 the engine version the node found; no need to run ``ps`` on the node.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import click
-from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient, CtlError
-from llmgw.ctl.options import output_option
+from llmgw.ctl.options import output_option, watch_options
+from llmgw.ctl.output import show, table
 from llmgw.scheduler import format_bytes
 from llmgw.wire import ReplicaList, ReplicaStatus, ShardStatus, to_json
 
-__all__ = ["replicas", "describe", "command_line", "describe_lines", "staging_line"]
-
-
-
-def _table(rows: list[list[object]], headers: list[str]) -> str:
-    return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
+__all__ = ["replicas", "describe", "command_line", "describe_lines", "replica_lines", "staging_line"]
 
 
 def command_line(shard: ShardStatus) -> str:
@@ -34,16 +28,9 @@ def command_line(shard: ShardStatus) -> str:
     return " ".join([*assignments, shlex.join(shard.argv)])
 
 
-@click.command()
-@click.option("--wide", is_flag=True, help="One row per shard, with its engine version, log and command.")
-@output_option()
-@click.pass_context
-def replicas(ctx: click.Context, wide: bool, output: str) -> None:
-    """List replicas with their shards, and those that cannot be placed, with why."""
-    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/replicas", ReplicaList)
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
+def replica_lines(data: ReplicaList, wide: bool) -> list[str]:
+    """What ``ctl replicas`` prints: a row per replica (``wide``: per shard, with pid, engine, log and
+    command), then the replicas that cannot be placed and the rollouts not done."""
     if wide:
         rows = [
             [r.id, r.model, _state(r), f"r{s.rank}", s.node, s.port, s.state, s.pid or "-"]
@@ -52,12 +39,13 @@ def replicas(ctx: click.Context, wide: bool, output: str) -> None:
             for s in r.shards
         ]
         headers = ["replica", "model", "state", "rank", "node", "port", "shard", "pid", "engine", "log"]
-        click.echo(_table(rows, [*headers, "command"]))
+        lines = [table(rows, [*headers, "command"])]
     else:
         rows = []
         for r in data.replicas:
             shards = "; ".join(
-                f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "")
+                f"r{s.rank} {s.node}:{s.port} {s.state}"
+                + (f" pid {s.pid}" if s.pid else "")
                 + (f" ({s.detail})" if s.state == "staging" and s.detail else "")
                 for s in r.shards
             )
@@ -65,14 +53,35 @@ def replicas(ctx: click.Context, wide: bool, output: str) -> None:
             if r.staging is not None:
                 note = "; ".join(filter(None, [staging_line(r), note]))
             rows.append([r.id, r.model, _state(r), r.failures, shards, note])
-        click.echo(_table(rows, ["replica", "model", "state", "failures", "shards", "note"]))
-    for u in data.unplaced:
-        click.echo(f"unplaced: {u.id}: {u.reason}")
+        lines = [table(rows, ["replica", "model", "state", "failures", "shards", "note"])]
+    lines += [f"unplaced: {u.id}: {u.reason}" for u in data.unplaced]
     for rollout in data.rollouts:
         if rollout.state != "done":
             why = f": {rollout.reason}" if rollout.reason else ""
             progress = f"{rollout.updated}/{rollout.replicas} updated, {rollout.outdated} outdated"
-            click.echo(f"rollout {rollout.model}: {rollout.state} ({progress}){why}")
+            lines.append(f"rollout {rollout.model}: {rollout.state} ({progress}){why}")
+    return lines
+
+
+@click.command()
+@output_option()
+@click.option("--wide", is_flag=True, hidden=True, help="Deprecated: -o wide.")
+@watch_options()
+@click.pass_context
+def replicas(ctx: click.Context, output: str, wide: bool, watch: bool, interval: float) -> None:
+    """List replicas with their shards, and those that cannot be placed, with why.
+
+    -o wide: one row per shard, with its pid, engine version, log and command.
+    """
+    client = AdminClient.for_command(ctx)
+    show(
+        "wide" if wide and output == "table" else output,
+        lambda: client.request("GET", "/v1/admin/replicas", ReplicaList),
+        to_json,
+        replica_lines,
+        watch=watch,
+        interval=interval,
+    )
 
 
 def staging_line(replica: ReplicaStatus) -> str:
@@ -149,8 +158,4 @@ def describe_replica(ctx: click.Context, replica_id: str, output: str) -> None:
             raise CtlError(f"replica {replica_id} is not placed: {unplaced.reason}")
         known = ", ".join(r.id for r in data.replicas) or "none"
         raise CtlError(f"no replica {replica_id!r} (replicas: {known})")
-    if output == "json":
-        click.echo(json.dumps(to_json(found), indent=2))
-        return
-    for line in describe_lines(found):
-        click.echo(line)
+    show(output, lambda: found, to_json, lambda replica, _wide: describe_lines(replica))

@@ -9,20 +9,22 @@ catalog revision when only that model differs in it.
 
 from __future__ import annotations
 
-import json
-
 import click
 from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient
-from llmgw.ctl.options import output_option
+from llmgw.ctl.options import output_option, watch_options
+from llmgw.ctl.output import show
 from llmgw.wire import RolloutList, RolloutStatus, RolloutUndone, to_json
 
 __all__ = ["rollout", "rollout_lines"]
 
 
-def rollout_lines(data: RolloutList) -> list[str]:
-    """What ``ctl rollout status`` prints: a table of models, then the reason and failure of each not done."""
+def rollout_lines(data: RolloutList, wide: bool = False) -> list[str]:
+    """What ``ctl rollout status`` prints: a table of models, then the reason and failure of each not done.
+
+    The table is the same in ``wide`` (the reasons below it are whole already).
+    """
     if not data.rollouts:
         return ["(no model in the catalog)"]
     rows = [
@@ -53,17 +55,21 @@ def rollout() -> None:
 @rollout.command("status")
 @click.argument("model", required=False)
 @output_option()
+@watch_options()
 @click.pass_context
-def rollout_status(ctx: click.Context, model: str | None, output: str) -> None:
+def rollout_status(ctx: click.Context, model: str | None, output: str, watch: bool, interval: float) -> None:
     """Show each model's rollout (or MODEL's): replicas updated and outdated, and why it waits or paused
     (what failed, on which node, the shard's exit code and the last log line its agent reported)."""
     params = {"model": model} if model else {}
-    data = AdminClient.for_command(ctx).request("GET", "/v1/admin/rollouts", RolloutList, params=params)
-    if output == "json":
-        click.echo(json.dumps(to_json(data), indent=2))
-        return
-    for line in rollout_lines(data):
-        click.echo(line)
+    client = AdminClient.for_command(ctx)
+    show(
+        output,
+        lambda: client.request("GET", "/v1/admin/rollouts", RolloutList, params=params),
+        to_json,
+        rollout_lines,
+        watch=watch,
+        interval=interval,
+    )
 
 
 @rollout.command("undo")

@@ -9,7 +9,8 @@ from pathlib import Path
 import attrs
 import click
 
-from llmgw.cli import LOG_FORMAT, Command, serve_until_signalled
+from llmgw.cli import Command, serve_until_signalled
+from llmgw.configfile import config_options
 from llmgw.errors import LlmgwError
 from llmgw.gateway.balancer import ROUTING_POLICIES
 from llmgw.gateway.main import Gateway, GatewayConfig
@@ -25,6 +26,7 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 @click.command("gateway", cls=Command)
+@config_options
 @click.option(
     "--server",
     envvar="LLMGW_SERVER",
@@ -219,7 +221,6 @@ def gateway_command(
         return
     if port == 0:
         raise LlmgwError(f"--workers {workers} needs a fixed port in --listen (got {listen!r})")
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     shared = attrs.evolve(config, reuse_port=True)
     sys.exit(run_workers(workers, lambda _index: _serve(shared, shutdown_grace)))
 

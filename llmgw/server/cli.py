@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from llmgw.cli import Group, serve_until_signalled
+from llmgw.configfile import config_options
 from llmgw.net.server import parse_listen
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
@@ -21,6 +22,7 @@ log = logging.getLogger("llmgw.server")
 
 
 @click.group("server", cls=Group, invoke_without_command=True)
+@config_options
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -7,6 +7,7 @@ records of :mod:`llmgw.wire`, ready for ``to_json``; none changes anything.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -237,6 +238,8 @@ class ClusterViews:
             replicas=tuple(sorted(r.id for r in on_node)),
             warnings=tuple(warnings),
             last_sync_ago=round(now - node.last_seen, 1),
+            gpu_models=dict(Counter(g.name for g in node.facts.gpus)),
+            fabric_adapters={f.name: f.adapters for f in node.facts.fabrics},
         )
 
     @staticmethod

@@ -273,6 +273,10 @@ class NodeStatus:
     warnings: tuple[str, ...]
     #: seconds since the node's agent last synced
     last_sync_ago: float
+    #: GPU model (nvidia-smi's name) -> how many the node has (``ctl nodes -o wide``)
+    gpu_models: Mapping[str, int] = attrs.field(factory=dict)
+    #: fabric -> the adapters the node uses on it
+    fabric_adapters: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -1,0 +1,132 @@
+"""How ``ctl`` listings print: a table (``wide``: more columns), JSON or YAML, once or again and again.
+
+Every listing is three functions: ``fetch()`` asks the server, ``doc(data)``
+is what ``-o json`` and ``-o yaml`` print, ``table(data, wide)`` the lines
+for people. :func:`show` prints it once or, with ``--watch``, until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import click
+import yaml
+from tabulate import tabulate
+
+from llmgw.ctl.client import CtlError
+
+__all__ = ["follow", "show", "structured", "table"]
+
+T = TypeVar("T")
+
+
+def table(rows: list[list[Any]], headers: list[str]) -> str:
+    """Rows under their headers, or ``(none)``."""
+    return tabulate(rows, headers=headers, tablefmt="simple") if rows else "(none)"
+
+
+def structured(output: str, doc: Any, *, stream: bool = False) -> str:
+    """``doc`` as JSON or YAML; ``stream``: one JSON object a line, YAML documents each opened by ``---``."""
+    if output == "json":
+        return json.dumps(doc) if stream else json.dumps(doc, indent=2)
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).rstrip("\n")
+    return f"---\n{text}" if stream else text
+
+
+def _render(
+    output: str, data: T, doc: Callable[[T], Any], lines: Callable[[T, bool], Iterable[str]], stream: bool
+) -> str:
+    if output in ("json", "yaml"):
+        return structured(output, doc(data), stream=stream)
+    return "\n".join(lines(data, output == "wide"))
+
+
+def show(
+    output: str,
+    fetch: Callable[[], T],
+    doc: Callable[[T], Any],
+    lines: Callable[[T, bool], Iterable[str]],
+    *,
+    watch: bool = False,
+    interval: float = 2.0,
+) -> None:
+    """Print a listing in ``output``; with ``watch``, again every ``interval`` seconds until Ctrl-C.
+
+    Watching on a terminal redraws the screen under a line naming the command
+    and the time; otherwise (a pipe, a file) each look is appended: tables
+    under a ``--- TIME`` line, JSON one object per line, YAML one document
+    each. An error on the first look ends the command; later ones are shown
+    in place of the listing and the watch goes on (a server restarting).
+    """
+    if not watch:
+        click.echo(_render(output, fetch(), doc, lines, stream=False))
+        return
+    on_terminal = sys.stdout.isatty()
+    title = click.get_current_context().command_path
+    first = True
+    try:
+        while True:
+            try:
+                text = _render(output, fetch(), doc, lines, stream=not on_terminal)
+            except CtlError as exc:
+                if first:
+                    raise
+                text = f"error: {exc}"
+            first = False
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            if on_terminal:
+                click.clear()
+                click.echo(f"every {interval:g}s: {title}    {stamp}\n")
+            elif output not in ("json", "yaml"):
+                click.echo(f"--- {stamp}")
+            click.echo(text)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:  # `... --watch | head`: the reader is gone
+        _reader_gone()
+
+
+def follow(
+    fetch: Callable[[int], list[T]],
+    key: Callable[[T], int],
+    render: Callable[[T], str],
+    since: int,
+    interval: float,
+) -> None:
+    """Print what ``fetch(since)`` returns, then every ``interval`` seconds what came after, until Ctrl-C.
+
+    ``key`` gives an item's increasing id (the next ``since``). Used by ``ctl events --follow``.
+    """
+    first = True
+    try:
+        while True:
+            try:
+                items = fetch(since)
+            except CtlError as exc:
+                if first:
+                    raise
+                click.echo(f"error: {exc}", err=True)
+                items = []
+            first = False
+            for item in items:
+                click.echo(render(item))
+                since = max(since, key(item))
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:
+        _reader_gone()
+
+
+def _reader_gone() -> None:
+    """stdout's reader went away: point stdout at /dev/null so that nothing fails flushing it at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

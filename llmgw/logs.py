@@ -1,0 +1,166 @@
+"""How every long-running llmgw process logs: one line per record on stderr, as text or as JSON.
+
+``llmgw server``, ``gateway`` (its ``--workers`` too: they inherit the
+parent's setup when forked) and ``agent`` take ``--log-format text|json``,
+``--log-level`` and ``-v`` (:func:`log_options`) and call
+:func:`configure_logging` once, before anything starts; ``llmgw-sim`` takes
+the same two flags. A JSON line is one object::
+
+    {"time": "2026-12-03T09:14:07.123Z", "level": "info", "logger": "llmgw.gateway",
+     "message": "...", "pid": 4242, "replica": "chat-0"}
+
+``time`` is UTC (RFC 3339, milliseconds), ``level`` one of the ``--log-level``
+names, every ``extra=`` field of the call is a key of its own (values JSON
+cannot hold are written as their ``str``), and a traceback is in
+``exception``. The formatter is the standard library's ``logging.Formatter``
+and ``json``: python-json-logger would add a dependency for the same thirty
+lines, and its field names need configuring to come out like these.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
+
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "TEXT_FORMAT",
+    "JsonFormatter",
+    "configure_logging",
+    "configured",
+    "log_options",
+    "resolve_log_settings",
+]
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: the text line of every llmgw process
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+#: loggers of libraries that log every request at INFO: quiet unless the level is debug
+_CHATTY = ("httpx", "httpx2", "httpcore", "hpack")  # httpx2: huggingface_hub's HTTP client
+#: what every LogRecord has: anything else on a record came from ``extra=``
+_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, pid, the ``extra=`` fields, a traceback.
+
+    ``fields`` are written in every line (``llmgw-sim`` adds its rank).
+    """
+
+    def __init__(self, fields: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.fields = dict(fields or {})
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON (no newline inside, whatever the message holds)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        doc: dict[str, Any] = {
+            "time": f"{stamp}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+            **self.fields,
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in doc:
+                doc[key] = value
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+class _Handler(logging.StreamHandler):
+    """The handler :func:`configure_logging` installs (so a second call replaces it, not adds one)."""
+
+
+def configured() -> bool:
+    """Whether :func:`configure_logging` has run in this process (or the process it was forked from)."""
+    return any(isinstance(h, _Handler) for h in logging.getLogger().handlers)
+
+
+def configure_logging(log_format: str = "text", level: str = "info", stream: TextIO | None = None) -> None:
+    """Send every log record from ``level`` up to ``stream`` (stderr) as ``log_format`` lines.
+
+    Called once by each long-running command before it starts anything (and
+    again by tests). Below debug, the HTTP libraries' per-request lines are
+    left out; Python warnings become log records. In ``json``, an exception
+    nothing caught is logged as one JSON line too, not as a bare traceback.
+
+    :raises ValueError: an unknown format or level.
+    """
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r}: expected one of {', '.join(LOG_FORMATS)}")
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    handler = _Handler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    quiet = level.lower() != "debug"
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught if log_format == "json" else sys.__excepthook__
+
+
+def _log_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, error, trace)
+        return
+    logging.getLogger("llmgw").critical("uncaught exception", exc_info=(kind, error, trace))
+
+
+def resolve_log_settings(
+    log_format: str | None, log_level: str | None, verbose: bool, file: Mapping[str, Any] | None = None
+) -> tuple[str, str]:
+    """The format and level to log with: ``-v`` (debug), else flag or variable, else ``file``, else default.
+
+    ``log_format`` and ``log_level`` are what click read from the command line or
+    the environment (None: neither); ``file`` a config file's ``log_format`` and ``log_level``.
+    """
+    file = file or {}
+    chosen_format = log_format or file.get("log_format") or "text"
+    chosen_level = "debug" if verbose else (log_level or file.get("log_level") or "info")
+    return chosen_format, chosen_level.lower()
+
+
+def log_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--log-format``, ``--log-level`` and ``-v/--verbose`` to a click command.
+
+    The command receives them as ``log_format``, ``log_level`` (None when
+    neither flag nor variable gave one) and ``verbose``, and hands them to
+    :func:`resolve_log_settings` with its config file's values.
+    """
+    import click
+
+    options = [
+        click.option(
+            "--log-format",
+            type=click.Choice(LOG_FORMATS),
+            envvar="LLMGW_LOG_FORMAT",
+            show_envvar=True,
+            help="Log lines as text (the default) or as JSON objects (time, level, logger, message, fields).",
+        ),
+        click.option(
+            "--log-level",
+            type=click.Choice(LOG_LEVELS, case_sensitive=False),
+            envvar="LLMGW_LOG_LEVEL",
+            show_envvar=True,
+            help="Log from this level up (default info).",
+        ),
+        click.option("-v", "--verbose", is_flag=True, help="Log debug messages (as --log-level debug)."),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), command)

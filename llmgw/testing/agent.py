@@ -76,22 +76,24 @@ FAKE_ENGINE = textwrap.dedent(
     """
 )
 
-#: a sidecar: waits ``--delay`` seconds, then listens on ``--port`` (accepting, never answering)
+#: a sidecar: waits ``--delay`` seconds, then listens on ``--port`` (accepting, never answering); with
+#: ``--exit-when FILE`` it exits with code 3 once FILE exists
 FAKE_SIDECAR = textwrap.dedent(
     """
-    import argparse, socket, time
+    import argparse, os, socket, time
     parser = argparse.ArgumentParser()
     parser.add_argument("--host"); parser.add_argument("--port", type=int)
     parser.add_argument("--delay", type=float, default=0.0)
-    parser.add_argument("--exit-after", type=float)
+    parser.add_argument("--exit-when")
     args = parser.parse_args()
     print(f"sidecar starting, listening in {args.delay} s", flush=True)
     time.sleep(args.delay)
     sock = socket.socket(); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port)); sock.listen(16)
     print("sidecar listening", flush=True)
-    if args.exit_after is not None:
-        time.sleep(args.exit_after)
+    if args.exit_when is not None:
+        while not os.path.exists(args.exit_when):
+            time.sleep(0.05)
         print("sidecar giving up", flush=True)
         raise SystemExit(3)
     while True:

@@ -282,17 +282,19 @@ class TestSidecars:
         assert unhealthy.detail.startswith("sidecar slow not ready within 0.5 s")
         assert supervisor.engine_child is None
 
-    async def test_sidecar_that_exits_makes_the_shard_unhealthy(self, harness):
+    async def test_sidecar_that_exits_makes_the_shard_unhealthy(self, harness, tmp_path):
         """A sidecar that exits while its shard runs makes it `unhealthy`, with the sidecar's exit."""
         port, side_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        give_up = tmp_path / "sidecar-gives-up"
         sidecar = Sidecar(
             name="flaky", argv=[_python(), str(harness.sidecar_script), "--host", "127.0.0.1", "--port",
-                                str(side_port), "--exit-after", "1.0"],
+                                str(side_port), "--exit-when", str(give_up)],
             ready=f"tcp:{side_port}",
         )
         supervisor, states = harness.start(desired("script", port, sidecars=[sidecar]))
         with trio.fail_after(10):
             await wait_state(states, {"ready"})
+        give_up.touch()
         with trio.fail_after(10):
             unhealthy = await wait_state(states, {"unhealthy"})
         assert unhealthy.detail == "sidecar flaky exited with code 3 while the shard ran: sidecar giving up"

@@ -26,6 +26,26 @@ def _engine_options(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
+#: setting -> the parameter that gives it, where the names differ
+_PARAMS = {"engines": "engine_options", "log_level": "verbose"}
+
+
+def _given(ctx: click.Context, flags: dict) -> dict[str, str]:
+    """The settings a flag or an environment variable gave: ``"flag"`` or ``"environment NAME"``."""
+    given = {}
+    for key, value in flags.items():
+        if value is None or value in ((), {}):
+            continue
+        name = _PARAMS.get(key, key)
+        if key == "log_level" and not ctx.params.get("verbose"):
+            name = "log_level"
+        source = ctx.get_parameter_source(name)
+        param = next((p for p in ctx.command.params if p.name == name), None)
+        if source == click.core.ParameterSource.ENVIRONMENT and param is not None:
+            given[key] = f"environment {getattr(param, 'envvar', '')}"
+        else:
+            given[key] = "flag"
+    return given
 
 
 @click.command("agent", cls=Command)
@@ -104,7 +124,14 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     help="What stands for / when looking for a seed:///PATH here (simulated nodes)  [default: /].",
 )
 @log_options
+@click.option(
+    "--show-config",
+    is_flag=True,
+    help="Print the settings in force (from flags, environment, agent.toml, defaults) as TOML, and exit.",
+)
+@click.pass_context
 def agent(
+    ctx: click.Context,
     config_file: Path | None,
     node: str | None,
     server: str | None,
@@ -127,6 +154,7 @@ def agent(
     log_format: str | None,
     log_level: str | None,
     verbose: bool,
+    show_config: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
 
@@ -161,6 +189,12 @@ def agent(
         "log_level": "debug" if verbose else log_level and log_level.lower(),
     }
     config = load_agent_config(flags, config_file)
+    if show_config:
+        from llmgw.agent.show import config_lines
+
+        for line in config_lines(config, _given(ctx, flags), config_file):
+            click.echo(line)
+        return
     configure_logging(config.log_format, config.log_level)
     leaving: list[trio.Event] = []
 

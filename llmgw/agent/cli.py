@@ -27,7 +27,7 @@ def _engine_options(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
 #: setting -> the parameter that gives it, where the names differ
-_PARAMS = {"engines": "engine_options", "log_level": "verbose"}
+_PARAMS = {"engines": "engine_options"}
 
 
 def _given(ctx: click.Context, flags: dict) -> dict[str, str]:
@@ -36,9 +36,7 @@ def _given(ctx: click.Context, flags: dict) -> dict[str, str]:
     for key, value in flags.items():
         if value is None or value in ((), {}):
             continue
-        name = _PARAMS.get(key, key)
-        if key == "log_level" and not ctx.params.get("verbose"):
-            name = "log_level"
+        name = "verbose" if key == "log_level" and ctx.params.get("verbose") else _PARAMS.get(key, key)
         source = ctx.get_parameter_source(name)
         param = next((p for p in ctx.command.params if p.name == name), None)
         if source == click.core.ParameterSource.ENVIRONMENT and param is not None:

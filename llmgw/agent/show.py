@@ -13,16 +13,12 @@ from typing import Any
 
 import attrs
 
-from llmgw.agent.config import AgentConfig, read_config_file
+from llmgw.agent.config import AgentConfig, _AgentFile, read_config_file
 
 __all__ = ["config_lines"]
 
-#: the top-level keys of agent.toml, in the order they are printed
-_KEYS = (
-    "node", "server", "address", "cert", "key", "ca", "state_dir", "nvidia_smi", "ib_root", "fabrics",
-    "port_range", "stop_grace", "sidecar_timeout", "models_dir", "peer_port", "max_uploads",
-    "bandwidth_limit", "seed_root", "log_format", "log_level",
-)  # fmt: skip
+#: the top-level keys of agent.toml, in the order they are printed (a new setting shows up by itself)
+_KEYS = tuple(a.name for a in attrs.fields(_AgentFile) if a.name not in ("engines", "health", "sync"))
 
 
 def _toml(value: Any) -> str:
@@ -40,7 +36,7 @@ def _value(config: AgentConfig, key: str) -> Any:
         return getattr(config.discovery, key)
     if key == "port_range":
         return f"{config.port_range[0]}-{config.port_range[1]}"
-    return getattr(config, key)
+    return getattr(config, key, None)
 
 
 def config_lines(config: AgentConfig, given: Mapping[str, str], config_file: Path | None) -> list[str]:
@@ -60,7 +56,11 @@ def config_lines(config: AgentConfig, given: Mapping[str, str], config_file: Pat
         return f"file {config_file}" if key in written else "default"
 
     for key in _KEYS:
-        lines.append(f"{key} = {_toml(_value(config, key))}  # {origin(key)}")
+        value = _value(config, key)
+        if value is None:
+            lines.append(f"# {key} = ...  (not set)")
+        else:
+            lines.append(f"{key} = {_toml(value)}  # {origin(key)}")
     for engine, programs in sorted(config.engines.items()):
         lines += ["", f"[engines.{engine}]  # {origin('engines')}"]
         lines += [f"{program} = {_toml(path)}" for program, path in sorted(programs.items())]

@@ -28,7 +28,7 @@ from tabulate import tabulate
 
 import llmgw
 from llmgw.errors import LlmgwError
-from llmgw.logs import TEXT_FORMAT, configure_logging, configured
+from llmgw.logs import TEXT_FORMAT, configure_logging, configured, current_format
 from llmgw.plugins import get_plugin_manager
 
 __all__ = [
@@ -71,14 +71,18 @@ def show_error(error: BaseException) -> int | None:
     Called by every console script's door (:class:`Group`, the long-running
     commands). An :class:`LlmgwError`, or an exception group whose leaves are
     all ``LlmgwError``, is printed as ``error: message`` (one line per leaf)
-    on stderr and its (first) exit code returned. Anything else is a bug:
-    nothing is printed and None is returned, so the caller re-raises it.
+    on stderr (a JSON log line, level error, in a process logging JSON) and its
+    (first) exit code returned. Anything else is a bug: nothing is printed and
+    None is returned, so the caller re-raises it.
     """
     leaves = error_leaves(error)
     if not leaves or not all(isinstance(e, LlmgwError) for e in leaves):
         return None
     for exc in leaves:
-        click.echo(f"error: {exc}", err=True)
+        if current_format() == "json":  # a process logging JSON ends with a JSON line too
+            logging.getLogger("llmgw").error(str(exc), extra={"error": type(exc).__name__})
+        else:
+            click.echo(f"error: {exc}", err=True)
     return leaves[0].exit_code  # type: ignore[attr-defined]
 
 

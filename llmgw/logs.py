@@ -34,6 +34,7 @@ __all__ = [
     "JsonFormatter",
     "configure_logging",
     "configured",
+    "current_format",
     "log_options",
     "resolve_log_settings",
 ]
@@ -82,10 +83,18 @@ class JsonFormatter(logging.Formatter):
 class _Handler(logging.StreamHandler):
     """The handler :func:`configure_logging` installs (so a second call replaces it, not adds one)."""
 
+    log_format = "text"
+
 
 def configured() -> bool:
     """Whether :func:`configure_logging` has run in this process (or the process it was forked from)."""
-    return any(isinstance(h, _Handler) for h in logging.getLogger().handlers)
+    return current_format() is not None
+
+
+def current_format() -> str | None:
+    """The format :func:`configure_logging` set (``text`` or ``json``), or None before it ran."""
+    found = [h for h in logging.getLogger().handlers if isinstance(h, _Handler)]
+    return found[-1].log_format if found else None
 
 
 def configure_logging(log_format: str = "text", level: str = "info", stream: TextIO | None = None) -> None:
@@ -106,6 +115,7 @@ def configure_logging(log_format: str = "text", level: str = "info", stream: Tex
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(old)
     handler = _Handler(stream if stream is not None else sys.stderr)
+    handler.log_format = log_format
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root.addHandler(handler)
     root.setLevel(level.upper())

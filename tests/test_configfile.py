@@ -139,3 +139,31 @@ def test_server_runs_from_its_config_file_alone(tmp_path, test_pki):
     assert (tmp_path / "state" / "state.db").exists()
     lines = [json.loads(line) for line in server.stderr().splitlines()]
     assert lines and all(line["logger"].startswith("llmgw") for line in lines)
+
+
+def test_agent_show_config_follows_the_same_order_and_is_an_agent_toml(tmp_path):
+    """`agent --show-config`: flag > environment > agent.toml > default; its output loads as agent.toml."""
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        'node = "n1"\nserver = "https://s:7443"\naddress = "a"\ncert = "c"\nkey = "k"\nca = "ca"\n'
+        'state_dir = "s"\nlog_format = "json"\nlog_level = "info"\npeer_port = 7000\n'
+        '[engines.vllm]\nvllm = "/opt/vllm"\n[health]\nfailures = 5\n'
+    )
+    result = CliRunner().invoke(
+        cli,
+        ["agent", "--config", str(config), "--peer-port", "0", "--show-config"],
+        env={"LLMGW_LOG_LEVEL": "warning", "LLMGW_SERVER": "https://env:7443"},
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "peer_port = 0  # flag" in lines
+    assert 'server = "https://env:7443"  # environment LLMGW_SERVER' in lines
+    assert 'log_level = "warning"  # environment LLMGW_LOG_LEVEL' in lines
+    assert f'log_format = "json"  # file {config}' in lines
+    assert f"failures = 5  # file {config}" in lines
+    assert "max_uploads = 4  # default" in lines
+    shown = tmp_path / "shown.toml"
+    shown.write_text(result.output)
+    again = load_agent_config({}, shown)
+    assert (again.peer_port, again.server, again.health.failures) == (0, "https://env:7443", 5)
+    assert again.engines == {"vllm": {"vllm": "/opt/vllm"}}

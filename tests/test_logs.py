@@ -134,3 +134,26 @@ def test_sim_logs_json_lines_with_its_rank(tmp_path):
     assert lines[-1]["message"] == "exiting with code 0: shutdown complete"
     assert all(line["rank"] == 0 and line["logger"] == "llmgw_engine_sim" for line in lines)
     assert any(line["message"].startswith("ready: serving m") for line in lines)
+
+
+def test_a_fatal_error_of_a_json_logging_process_is_a_json_line(test_pki, tmp_path):
+    """`llmgw server --log-format json` on a taken port ends with a JSON line (level error), not text."""
+    import socket
+
+    from llmgw.dev.cluster import program
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        tls = test_pki.server
+        argv = [program("llmgw"), "server", "--state-dir", str(tmp_path / "state"), "--log-format", "json"]
+        argv += ["--listen", f"127.0.0.1:{port}", "--cert", str(tls.cert_path), "--key", str(tls.key_path)]
+        argv += ["--ca", str(test_pki.ca.cert_path)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    last = [json.loads(line) for line in done.stderr.splitlines()][-1]
+    assert (last["level"], last["message"]) == (
+        "error",
+        f"cannot listen on 127.0.0.1:{port}: Address already in use",
+    )

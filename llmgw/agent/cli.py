@@ -26,6 +26,24 @@ def _engine_options(values: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 
 _PATH = click.Path(dir_okay=False, path_type=Path)
+#: setting -> the parameter that gives it, where the names differ
+_PARAMS = {"engines": "engine_options"}
+
+
+def _given(ctx: click.Context, flags: dict) -> dict[str, str]:
+    """The settings a flag or an environment variable gave: ``"flag"`` or ``"environment NAME"``."""
+    given = {}
+    for key, value in flags.items():
+        if value is None or value in ((), {}):
+            continue
+        name = "verbose" if key == "log_level" and ctx.params.get("verbose") else _PARAMS.get(key, key)
+        source = ctx.get_parameter_source(name)
+        param = next((p for p in ctx.command.params if p.name == name), None)
+        if source == click.core.ParameterSource.ENVIRONMENT and param is not None:
+            given[key] = f"environment {getattr(param, 'envvar', '')}"
+        else:
+            given[key] = "flag"
+    return given
 
 
 @click.command("agent", cls=Command)
@@ -119,7 +137,14 @@ _PATH = click.Path(dir_okay=False, path_type=Path)
     help="Serve GET /metrics and /health in plain HTTP on HOST:PORT  [default: not served].",
 )
 @log_options
+@click.option(
+    "--show-config",
+    is_flag=True,
+    help="Print the settings in force (from flags, environment, agent.toml, defaults) as TOML, and exit.",
+)
+@click.pass_context
 def agent(
+    ctx: click.Context,
     config_file: Path | None,
     node: str | None,
     server: str | None,
@@ -145,6 +170,7 @@ def agent(
     log_format: str | None,
     log_level: str | None,
     verbose: bool,
+    show_config: bool,
 ) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
 
@@ -182,6 +208,12 @@ def agent(
         "log_level": "debug" if verbose else log_level and log_level.lower(),
     }
     config = load_agent_config(flags, config_file)
+    if show_config:
+        from llmgw.agent.show import config_lines
+
+        for line in config_lines(config, _given(ctx, flags), config_file):
+            click.echo(line)
+        return
     configure_logging(config.log_format, config.log_level)
     leaving: list[trio.Event] = []
 

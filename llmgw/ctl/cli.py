@@ -146,6 +146,7 @@ def event_line(event: EventEntry) -> str:
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
+    metavar="SECONDS",
     default=1.0,
     show_default=True,
     help="Seconds between two looks with --follow.",

@@ -93,7 +93,10 @@ class ClientConfig:
             "--cert": cert or directory / "admin.pem",
             "--key": key or directory / "admin.key",
         }
+        given_paths = {"--ca": ca, "--cert": cert, "--key": key}
         for flag, path in paths.items():
+            if given_paths[flag] is not None and not path.exists():
+                raise CtlError(f"{flag} {path}: no such file")
             if not path.exists():
                 raise CtlError(
                     f"{flag} {path} does not exist; issue an admin certificate with "

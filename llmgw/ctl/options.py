@@ -42,6 +42,7 @@ def watch_options(what: str = "Print the listing again") -> Callable[[Any], Any]
         click.option(
             "--interval",
             type=click.FloatRange(min=0.1),
+            metavar="SECONDS",
             default=2.0,
             show_default=True,
             help="Seconds between two looks with --watch.",

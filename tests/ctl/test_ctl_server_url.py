@@ -80,3 +80,9 @@ def test_answers_that_are_not_the_admin_api():
     assert html.startswith("https://h:443 answered 404 with '<!DOCTYPE html>', not JSON")
     own = {"error": {"type": "not_found", "message": "no node 'node-9' (nodes: node-1)"}}
     assert not_the_admin_api("https://h:7443", 404, own, "") is None
+
+
+def test_a_missing_credential_file_given_by_flag_is_named_alone(tmp_path):
+    """`--ca /nope` says that file is missing, not how to fill the default config directory."""
+    result = CliRunner().invoke(ctl, ["--server", "https://h:7443", "--ca", str(tmp_path / "nope"), "nodes"])
+    assert result.output == f"error: --ca {tmp_path / 'nope'}: no such file\n"

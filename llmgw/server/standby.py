@@ -111,6 +111,7 @@ class StandbyView:
         self._changed = trio.Event()
         self._routes: tuple[RouteTable, int] | None = None
         self._bad_revision: int | None = None
+        self._memo = _Memo()
 
     # -- following the feed ----------------------------------------------------
 
@@ -164,12 +165,16 @@ class StandbyView:
         return feed_revision(conn)
 
     async def _reload(self, seen: int) -> None:
-        engines, settings = self.engines, self.settings
+        engines, settings, memo = self.engines, self.settings, self._memo
 
         def read(conn: Any) -> tuple[int, Any, dict]:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             revision = feed_revision(conn)
-            return revision, load_cluster(conn, settings, engines, time.time()), load_api_keys(conn)
+            try:
+                cluster = load_cluster(conn, settings, engines, time.time(), memo=memo)
+            finally:
+                memo.rotate()
+            return revision, cluster, load_api_keys(conn)
 
         try:
             revision, cluster, keys = await self.store.run(read)
@@ -232,6 +237,28 @@ class StandbyView:
 
     def _fresh(self) -> bool:
         return self.checked_at is not None and trio.current_time() - self.checked_at <= self.stale_after
+
+
+class _Memo:
+    """What each stored text was read as, kept from one view to the next: a reload parses what changed.
+
+    Called from the store's thread only, one load at a time.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, Any] = {}
+        self._used: dict[tuple, Any] = {}
+
+    def __call__(self, key: tuple, make: Callable[[], Any]) -> Any:
+        if key in self._used:
+            return self._used[key]
+        value = self._kept.pop(key) if key in self._kept else make()
+        self._used[key] = value
+        return value
+
+    def rotate(self) -> None:
+        """A load ended: keep what it used, forget the rest (rows gone or changed)."""
+        self._kept, self._used = self._used, {}
 
 
 def _is_read(request: Request) -> bool:

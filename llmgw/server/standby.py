@@ -131,12 +131,17 @@ class StandbyView:
                 while True:
                     try:
                         revision = await trio.to_thread.run_sync(self._look, listener)
-                        self.checked_at = trio.current_time()
+                        looked = trio.current_time()
                         # after a failure, read anew whatever the revision: a database that crashed
                         # may have lost its last commits (asynchronous commit) and counted them again
                         if self.view is None or revision != self.view.revision or failing is not None:
-                            await self._reload(revision)
+                            if not await self._reload(revision):  # the view ages: clients move on
+                                await trio.sleep(self.poll)
+                                continue
+                            self.checked_at = looked
                             await trio.sleep(MIN_GAP)
+                        else:
+                            self.checked_at = looked
                     except Exception as exc:
                         _close(listener)
                         reason = str(exc).strip()
@@ -164,7 +169,8 @@ class StandbyView:
                 pass
         return feed_revision(conn)
 
-    async def _reload(self, seen: int) -> None:
+    async def _reload(self, seen: int) -> bool:
+        """Read the view anew; False when the stored state cannot be read here (logged once per revision)."""
         engines, settings, memo = self.engines, self.settings, self._memo
 
         def read(conn: Any) -> tuple[int, Any, dict]:
@@ -182,7 +188,7 @@ class StandbyView:
             if self._bad_revision != seen:
                 log.warning("standby: cannot read the stored state at revision %d: %s", seen, exc)
             self._bad_revision = seen
-            return
+            return False
         app = ServerApp(
             cluster, self.store, self.engines, revocations=self.revocations, poll_timeout=self.poll_timeout
         )
@@ -200,6 +206,7 @@ class StandbyView:
                   len(cluster.replicas))  # fmt: skip
         self._changed.set()
         self._changed = trio.Event()
+        return True
 
     def clear(self) -> None:
         """Forget the view (this server leads now; a later standby spell reads a new one)."""

@@ -8,7 +8,8 @@ REPEATABLE READ transaction together with the change feed's revision (table
 It follows the feed from a connection of its own: ``LISTEN llmgw_changes``
 wakes it when a write of the leader commits (a hint only: nothing is lost
 when a notification is), and it reads the revision every :data:`POLL`
-seconds anyway. When the revision moved it reads a new view. A standby that
+seconds anyway. When the revision moved it reads a new view, parsing again
+only the rows whose stored text changed. A standby that
 lost its connection resumes from the revision its view holds: the view is
 read whole, so nothing written meanwhile is missed (after a failure it reads
 anew whatever the revision says: a crashed database may have lost its last
@@ -19,7 +20,7 @@ replicas, events, servers, keys, catalog, rollouts, drains, engines), ``POST
 /v1/admin/catalog/diff`` (it changes nothing), and the routes feed (with its
 long-poll), each answer carrying :data:`STANDBY_HEADER`. What the agents
 alone report (each shard's PID, state, log) is not stored, so a standby shows
-shards as ``pending``: only the leader knows them. Everything else (admin
+shards as ``unknown``: only the leader knows them. Everything else (admin
 writes, agent syncs, gateway reports) gets 503 ``not_leader`` naming the
 leader, and clients move there. Writes are not forwarded: the leader
 authorizes each request by the client certificate of its own TLS connection,
@@ -79,7 +80,10 @@ class View:
 class StandbyView:
     """A standby's view of the store and its answers; see the module docstring.
 
-    :param refusal: the answer to what a standby does not answer (503 ``not_leader`` naming the leader).
+    Set :attr:`refusal` before answering: the answer to what a standby does not answer (503
+    ``not_leader`` naming the leader; :func:`~llmgw.server.leader.lead_when_elected` sets it).
+
+    :param poll: seconds between two reads of the feed's revision without a notification.
     :param stale_after: seconds after the last successful look at the feed past which the view is not served.
     """
 

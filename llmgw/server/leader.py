@@ -104,11 +104,12 @@ class Lease:
 
     # -- standby -------------------------------------------------------------
 
-    async def acquire(self) -> LeaderInfo:
+    async def acquire(self, on_standby: Callable[[], Awaitable[None]] | None = None) -> LeaderInfo:
         """Wait until this server holds the lease; return the row it replaced (holder '' when there was none).
 
         Polls every fifth of the lease and when the lease it read runs out, and wakes early on a
-        ``NOTIFY`` from a leader letting go.
+        ``NOTIFY`` from a leader letting go. ``on_standby`` is awaited once, when another server
+        was found leading (or the database could not be reached).
         Errors reaching the database are logged (the first of a run of them as a warning) and retried.
         """
         failing = False
@@ -120,12 +121,18 @@ class Lease:
                     failing = False
                 if won is not None:
                     return won
+                on_standby, standing_by = None, on_standby
+                if standing_by is not None:
+                    await standing_by()
                 await self._in_thread(self._wait_for_notify)
             except Exception as exc:  # unreachable, or the row is locked by a leader stopped mid-write
                 level = logging.DEBUG if failing else logging.WARNING
                 log.log(level, "cannot take the lease yet: %s", str(exc).strip())
                 failing = True
                 self._drop_connection()
+                on_standby, standing_by = None, on_standby
+                if standing_by is not None:
+                    await standing_by()
                 await trio.sleep(self.duration / 5)
 
     def _try_acquire(self) -> LeaderInfo | None:
@@ -355,11 +362,15 @@ async def lead_when_elected(
         async with trio.open_nursery() as standby:
             while True:
                 front.app = None
-                following = None
-                if view is not None:
-                    following = await standby.start(view.follow)
-                    front.standby = view.handle
-                previous = await lease.acquire()
+                following: list[trio.CancelScope] = []
+
+                async def stand_by(following: list[trio.CancelScope] = following) -> None:
+                    # only once another server leads: a server alone never answers as a standby
+                    if view is not None:
+                        following.append(await standby.start(view.follow))
+                        front.standby = view.handle
+
+                previous = await lease.acquire(stand_by)
                 if not previous.holder:
                     why = "no server led before"
                 else:
@@ -390,11 +401,11 @@ async def lead_when_elected(
         lease.close()
 
 
-def _stop_following(front: Any, view: StandbyView | None, following: trio.CancelScope | None) -> None:
+def _stop_following(front: Any, view: StandbyView | None, following: list[trio.CancelScope]) -> None:
     """This server leads (or stepped down): its standby view stops answering and following."""
     front.standby = None
-    if following is not None:
-        following.cancel()
+    for scope in following:
+        scope.cancel()
     if view is not None:
         view.clear()
 

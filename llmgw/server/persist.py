@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -49,18 +50,27 @@ __all__ = [
 
 
 def load_cluster(
-    conn: sqlite3.Connection, settings: Settings, engines: Mapping[str, Engine], now: float
+    conn: sqlite3.Connection,
+    settings: Settings,
+    engines: Mapping[str, Engine],
+    now: float,
+    *,
+    memo: Callable[[tuple, Callable[[], Any]], Any] | None = None,
 ) -> Cluster:
-    """Build the cluster from the store, as the server starts.
+    """Build the cluster from the store, as the server starts (and a standby, each time it moved).
 
     Nodes get ``now`` as their last sync, so a server that was down does not
     declare every node lost at once: they have ``lost_after`` to come back.
     Observed shards are not stored: agents report them again, and replicas
     that still run are adopted as they are.
 
+    :param memo: ``memo(key, make)`` returns ``make()`` or what it returned before for ``key``
+        (the stored text and what it is read as): a standby reading the store again parses only what changed.
     :raises CatalogError: the stored catalog no longer validates (an engine
         plugin was uninstalled); the message says what to do.
     """
+    if memo is None:
+        memo = _no_memo
     cluster = Cluster(settings, revision=Store.get_setting(conn, "revision", 0) + 1)
     cluster.next_attempt = Store.get_setting(conn, "next_attempt", 1)
     # Gateways keep the routes revision they last saw; start past any earlier run's.
@@ -69,7 +79,7 @@ def load_cluster(
     if row is not None:
         source = f"stored catalog revision {row[0]}"
         try:
-            cluster.catalog = parse_catalog(row[1], engines, source=source)
+            cluster.catalog = memo(("catalog", row[1]), lambda: parse_catalog(row[1], engines, source=source))
         except CatalogError as exc:
             hint = " (install the engine plugins it uses, or apply a new catalog)"
             raise CatalogError(exc.source + hint, exc.problems) from None
@@ -92,7 +102,7 @@ def load_cluster(
         cluster.nodes[node_id] = NodeRecord(
             node_id=node_id,
             address=address,
-            facts=from_json(json.loads(facts), NodeFacts),
+            facts=_read(memo, NodeFacts, facts),
             port_range=tuple(json.loads(port_range)),
             first_seen=first_seen,
             last_seen=now,
@@ -109,11 +119,9 @@ def load_cluster(
         "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason, launch "
         "FROM replicas"
     ):
-        replica = from_json(json.loads(placement), Replica)
+        replica = _read(memo, Replica, placement)
         # rows stored before launches were recorded run what the catalog in force asks
-        started = (
-            from_json(json.loads(launch), Launch) if launch else Launch.of(cluster.catalog, replica.model)
-        )
+        started = _read(memo, Launch, launch) if launch else Launch.of(cluster.catalog, replica.model)
         cluster.replicas[replica.id] = ReplicaRecord(
             placement=replica,
             attempt=attempt,
@@ -128,6 +136,15 @@ def load_cluster(
             launch=started,
         )
     return cluster
+
+
+def _no_memo(key: tuple, make: Callable[[], Any]) -> Any:
+    return make()
+
+
+def _read(memo: Callable[[tuple, Callable[[], Any]], Any], cls: type, text: str) -> Any:
+    """The stored JSON ``text`` read as a ``cls`` (frozen: safe to share between loads)."""
+    return memo((cls, text), lambda: from_json(json.loads(text), cls))
 
 
 @attrs.frozen

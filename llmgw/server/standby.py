@@ -8,7 +8,8 @@ REPEATABLE READ transaction together with the change feed's revision (table
 It follows the feed from a connection of its own: ``LISTEN llmgw_changes``
 wakes it when a write of the leader commits (a hint only: nothing is lost
 when a notification is), and it reads the revision every :data:`POLL`
-seconds anyway. When the revision moved it reads a new view. A standby that
+seconds anyway. When the revision moved it reads a new view, parsing again
+only the rows whose stored text changed. A standby that
 lost its connection resumes from the revision its view holds: the view is
 read whole, so nothing written meanwhile is missed (after a failure it reads
 anew whatever the revision says: a crashed database may have lost its last
@@ -19,7 +20,7 @@ replicas, events, servers, keys, catalog, rollouts, drains, engines), ``POST
 /v1/admin/catalog/diff`` (it changes nothing), and the routes feed (with its
 long-poll), each answer carrying :data:`STANDBY_HEADER`. What the agents
 alone report (each shard's PID, state, log) is not stored, so a standby shows
-shards as ``pending``: only the leader knows them. Everything else (admin
+shards as ``unknown``: only the leader knows them. Everything else (admin
 writes, agent syncs, gateway reports) gets 503 ``not_leader`` naming the
 leader, and clients move there. Writes are not forwarded: the leader
 authorizes each request by the client certificate of its own TLS connection,
@@ -79,7 +80,10 @@ class View:
 class StandbyView:
     """A standby's view of the store and its answers; see the module docstring.
 
-    :param refusal: the answer to what a standby does not answer (503 ``not_leader`` naming the leader).
+    Set :attr:`refusal` before answering: the answer to what a standby does not answer (503
+    ``not_leader`` naming the leader; :func:`~llmgw.server.leader.lead_when_elected` sets it).
+
+    :param poll: seconds between two reads of the feed's revision without a notification.
     :param stale_after: seconds after the last successful look at the feed past which the view is not served.
     """
 
@@ -111,6 +115,7 @@ class StandbyView:
         self._changed = trio.Event()
         self._routes: tuple[RouteTable, int] | None = None
         self._bad_revision: int | None = None
+        self._memo = _Memo()
 
     # -- following the feed ----------------------------------------------------
 
@@ -130,12 +135,17 @@ class StandbyView:
                 while True:
                     try:
                         revision = await trio.to_thread.run_sync(self._look, listener)
-                        self.checked_at = trio.current_time()
+                        looked = trio.current_time()
                         # after a failure, read anew whatever the revision: a database that crashed
                         # may have lost its last commits (asynchronous commit) and counted them again
                         if self.view is None or revision != self.view.revision or failing is not None:
-                            await self._reload(revision)
+                            if not await self._reload(revision):  # the view ages: clients move on
+                                await trio.sleep(self.poll)
+                                continue
+                            self.checked_at = looked
                             await trio.sleep(MIN_GAP)
+                        else:
+                            self.checked_at = looked
                     except Exception as exc:
                         _close(listener)
                         reason = str(exc).strip()
@@ -163,13 +173,18 @@ class StandbyView:
                 pass
         return feed_revision(conn)
 
-    async def _reload(self, seen: int) -> None:
-        engines, settings = self.engines, self.settings
+    async def _reload(self, seen: int) -> bool:
+        """Read the view anew; False when the stored state cannot be read here (logged once per revision)."""
+        engines, settings, memo = self.engines, self.settings, self._memo
 
         def read(conn: Any) -> tuple[int, Any, dict]:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             revision = feed_revision(conn)
-            return revision, load_cluster(conn, settings, engines, time.time()), load_api_keys(conn)
+            try:
+                cluster = load_cluster(conn, settings, engines, time.time(), memo=memo)
+            finally:
+                memo.rotate()
+            return revision, cluster, load_api_keys(conn)
 
         try:
             revision, cluster, keys = await self.store.run(read)
@@ -177,7 +192,7 @@ class StandbyView:
             if self._bad_revision != seen:
                 log.warning("standby: cannot read the stored state at revision %d: %s", seen, exc)
             self._bad_revision = seen
-            return
+            return False
         app = ServerApp(
             cluster, self.store, self.engines, revocations=self.revocations, poll_timeout=self.poll_timeout
         )
@@ -195,6 +210,7 @@ class StandbyView:
                   len(cluster.replicas))  # fmt: skip
         self._changed.set()
         self._changed = trio.Event()
+        return True
 
     def clear(self) -> None:
         """Forget the view (this server leads now; a later standby spell reads a new one)."""
@@ -232,6 +248,28 @@ class StandbyView:
 
     def _fresh(self) -> bool:
         return self.checked_at is not None and trio.current_time() - self.checked_at <= self.stale_after
+
+
+class _Memo:
+    """What each stored text was read as, kept from one view to the next: a reload parses what changed.
+
+    Called from the store's thread only, one load at a time.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, Any] = {}
+        self._used: dict[tuple, Any] = {}
+
+    def __call__(self, key: tuple, make: Callable[[], Any]) -> Any:
+        if key in self._used:
+            return self._used[key]
+        value = self._kept.pop(key) if key in self._kept else make()
+        self._used[key] = value
+        return value
+
+    def rotate(self) -> None:
+        """A load ended: keep what it used, forget the rest (rows gone or changed)."""
+        self._kept, self._used = self._used, {}
 
 
 def _is_read(request: Request) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+import httpx
 import pytest
 import trio
 from click.testing import CliRunner
@@ -23,6 +24,7 @@ from llmgw.server.standby import StandbyView
 from llmgw.server.store import StoreError
 from llmgw.server.store_pg import feed_revision, open_pg_store
 from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER
+from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import wait_for
 from llmgw.testing.server import start_server
 from llmgw.wire import SyncReply, from_json
@@ -259,3 +261,25 @@ async def test_a_standby_that_cannot_reach_the_store_stops_answering_from_its_vi
             following.cancel()
     finally:
         store.close()
+
+
+async def test_a_gateway_pointed_at_the_standby_only_gets_its_routes(servers, test_pki, nursery):
+    """`llmgw gateway --server STANDBY`: it routes to the leader's ready replica, takes the leader's keys."""
+    leader, standby = servers
+    await ready_replica(leader, test_pki)
+    async with client(test_pki, "admin", "ops") as admin:
+        created = await admin.post(f"{leader}/v1/admin/keys", json={"name": "team-a"})
+        assert created.status_code == 201, created.text
+    issued = test_pki.client("gateway", "gw")
+    tls = {"ca": test_pki.ca.cert_path, "cert": issued.cert_path, "key": issued.key_path}
+    gateway, url = await start_gateway(nursery, standby, **tls)
+    secret = created.json()["secret"]
+    async with httpx.AsyncClient(timeout=10) as http:
+
+        async def listed():
+            reply = await http.get(f"{url}/v1/models", headers={"authorization": f"Bearer {secret}"})
+            return reply.status_code == 200 and [m["id"] for m in reply.json()["data"]] == ["small"]
+
+        await until(listed, "the gateway to list small, accepting the leader's key")
+    (route,) = gateway.watcher.table.routes["small"]
+    assert route.url.startswith("http://127.0.0.5:"), "the ready replica, as the leader stored it"

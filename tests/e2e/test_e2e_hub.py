@@ -29,6 +29,7 @@ FILES = {
     "model-00002-of-00002.safetensors": 4_000_000,
     "tokenizer.json": 300_000,
     "config.json": 200,
+    "original/params.json": 100,
 }
 
 CATALOG = """
@@ -86,7 +87,7 @@ def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path,
         assert hub.cdn_authorizations == []
         for shard in shards(cluster):
             copy = copy_of(cluster, shard.node)
-            assert {p.name: sha256(p) for p in copy.iterdir()} == {
+            assert {p.relative_to(copy).as_posix(): sha256(p) for p in copy.rglob("*") if p.is_file()} == {
                 name: hashlib.sha256(data).hexdigest() for name, data in contents.items()
             }
             assert str(copy) in shard.argv, "the engine should be given the node's own copy"

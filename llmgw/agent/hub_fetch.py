@@ -114,7 +114,7 @@ class HubFetcher:
         self, source: str, reason: str, retry_after: float | None, progress: Progress
     ) -> None:
         failures = self.failures[source] = self.failures.get(source, 0) + 1
-        delay = max(retry_after or 0.0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1)))
+        delay = max(retry_after or 0.0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures - 1, 16)))
         self.status[source] = reason
         if self.reported.get(source) != reason:
             self.reported[source] = reason

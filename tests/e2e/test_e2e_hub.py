@@ -133,6 +133,8 @@ def test_hub_errors_are_the_reason_on_the_replica_until_the_hub_answers(tmp_path
         reason = cluster.wait(lambda: "401" in detail(cluster) and detail(cluster), "a 401 reason", 60)
         assert "token is missing or wrong" in reason and "--hub-token-file" in reason, reason
         assert "the-right-token" not in (cluster.logs / "agent-node-1.log").read_text()
+        shown = cluster.ctl("replicas").stdout
+        assert "staging (the hub at" in shown and "401 Unauthorized" in shown, shown
         hub.token, hub.fail = None, 404
         reason = cluster.wait(lambda: "404" in detail(cluster) and detail(cluster), "a 404 reason", 30)
         assert "no model repo acme/tiny-sim" in reason, reason

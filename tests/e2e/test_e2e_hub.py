@@ -176,3 +176,45 @@ def test_an_agent_restart_resumes_the_hub_download(tmp_path: Path, hub: HubStand
         assert hub.bytes_served["acme/tiny-sim/model.safetensors"] < 2 * size
     finally:
         cluster.stop_all()
+
+
+def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Path, hub: HubStandIn):
+    """The downloading node dies: another takes the lease and asks the Hub only for what it lacks."""
+    files = {
+        "a.safetensors": os.urandom(8_000_000),
+        "b.safetensors": os.urandom(32_000_000),
+        "config.json": b"{}",
+    }
+    hub.add_model("acme/tiny-sim", files)
+    hub.rate = 5_000_000
+    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=6, poll_timeout=1)
+    cluster.agent_args = ["--hub-endpoint", hub.endpoint]
+    try:
+        cluster.start(2)
+        cluster.apply(CATALOG.replace("replicas: 4", "replicas: 2"))
+
+        def downloader() -> str | None:
+            for line in (cluster.logs / "server.log").read_text().splitlines():
+                if "downloads hf://acme/tiny-sim@main from the hub" in line:
+                    return line.split("node ")[1].split()[0]
+            return None
+
+        holder = cluster.wait(downloader, "a node downloading from the hub", 60)
+        other = next(n for n in cluster.nodes if n != holder)
+        copied = cluster.nodes[other].models_dir
+        cluster.wait(
+            lambda: list(copied.glob("*/a.safetensors")), f"{other} copying a.safetensors from {holder}", 60
+        )
+        cluster.stop(cluster.nodes[holder].process, signal.SIGKILL)
+        cluster.wait(
+            lambda: len(cluster.replicas().replicas) == 2 and cluster.all_ready(), "both replicas ready", 120
+        )
+        assert {s.node for s in shards(cluster)} == {other}
+        assert hub.downloads["acme/tiny-sim/a.safetensors"] == 1, "a.safetensors came from the peer"
+        assert hub.downloads["acme/tiny-sim/b.safetensors"] == 2, (
+            "b.safetensors again, from the new downloader"
+        )
+        copy = copy_of(cluster, other)
+        assert {p.name: p.read_bytes() == files[p.name] for p in copy.iterdir()} == {n: True for n in files}
+    finally:
+        cluster.stop_all()

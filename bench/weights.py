@@ -1,4 +1,4 @@
-"""How fast a seeded model reaches every node: ``python bench/weights.py [--size-mb 1024 --nodes 8]``.
+"""How fast a model reaches every node: ``python bench/weights.py [--size-mb 1024 --nodes 8 --source hf]``.
 
 It starts a real local cluster (``llmgw server`` and ``--nodes`` agents, each
 simulated node with its own models directory and seed disk), writes a model of
@@ -12,6 +12,12 @@ applies a catalog asking for one single-node replica per node. It prints:
   node serving less than ``(nodes - 1) x`` the model is the fan-out at work;
 - per-node copy throughput, and CPU seconds (every agent, user + system) per
   GB copied.
+
+With ``--source hf`` the model is on a Hub stand-in (:mod:`llmgw.testing.hub`,
+serving the files from disk) instead of node-1's disk, the catalog says
+``hf://bench/model``, and the clock starts at the apply: one node downloads
+it, every other copies from peers. It also prints the bytes the Hub served
+(target: exactly 1x the model) and its content requests per file.
 
 All nodes share one machine's disk and cores here, so the ratio is an upper
 bound of what separate machines would see.
@@ -30,6 +36,7 @@ import time
 from pathlib import Path
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.hub import HubStandIn
 from llmgw.testing.processes import free_port
 
 CATALOG = """
@@ -39,7 +46,7 @@ profiles:
     gpus_per_node: 1
 models:
   seeded:
-    source: seed:///data/model
+    source: {source}
     profile: one
     replicas: {replicas}
 """
@@ -74,12 +81,14 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--source", choices=("seed", "hf"), default="seed", help="seed on node-1, or a Hub")
     args = parser.parse_args()
+    hub = HubStandIn().start() if args.source == "hf" else None
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-weights-") as tmp:
         root = Path(tmp)
         cluster = LocalCluster(root / "cluster", server_port=free_port(), lost_after=30, poll_timeout=1)
         try:
-            seed = cluster.add_node(1).seed_root / "data" / "model"
+            seed = (root / "hub-files") if hub else cluster.add_node(1).seed_root / "data" / "model"
             seed.mkdir(parents=True)
             size = args.size_mb * 1_000_000 // args.files
             for index in range(args.files):
@@ -91,21 +100,28 @@ def main() -> None:
             subprocess.run(["cp", "-r", str(seed), str(root / "cp-baseline")], check=True)
             cp_seconds = time.monotonic() - started
             shutil.rmtree(root / "cp-baseline")
+            source = "seed:///data/model"
+            if hub is not None:
+                source = "hf://bench/model"
+                hub.add_model("bench/model", {p.name: p for p in sorted(seed.iterdir())})
+                cluster.agent_args = ["--hub-endpoint", hub.endpoint]
             cluster.start(args.nodes)
             agents = {n: node.process.pid for n, node in cluster.nodes.items() if node.process}
             cpu_before = sum(cpu_seconds(pid) for pid in agents.values())
-            # the seed's manifest (hashing the model once) is made before the clock starts
-            cluster.apply(CATALOG.format(replicas=1))
-            cluster.wait(cluster.all_ready, "the seed node's replica", 600)
+            if hub is None:
+                # the seed's manifest (hashing the model once) is made before the clock starts
+                cluster.apply(CATALOG.format(replicas=1, source=source))
+                cluster.wait(cluster.all_ready, "the seed node's replica", 600)
             started = time.monotonic()
-            cluster.apply(CATALOG.format(replicas=args.nodes))
+            cluster.apply(CATALOG.format(replicas=args.nodes, source=source))
             done_at: dict[str, float] = {}
-            while len(done_at) < args.nodes - 1:
+            copies = args.nodes if hub else args.nodes - 1
+            while len(done_at) < copies:
                 cluster.check()
                 for node_id in verified_copies(cluster, args.files) - set(done_at):
                     done_at[node_id] = time.monotonic() - started
                 if time.monotonic() - started > 1800:
-                    raise SystemExit(f"timed out: {len(done_at)} of {args.nodes - 1} copies verified")
+                    raise SystemExit(f"timed out: {len(done_at)} of {copies} copies verified")
                 time.sleep(0.05)
             copies_seconds = max(done_at.values())
             cluster.wait(
@@ -119,11 +135,14 @@ def main() -> None:
                 served[node_id] = sum(int(m) for m in re.findall(r"served \S+ to \S+: (\d+) bytes", log))
         finally:
             cluster.stop_all()
-    copied = total * (args.nodes - 1)
-    print(f"model: {total / 1e6:.0f} MB in {args.files} files, seeded on node-1; {args.nodes} nodes")
+            if hub is not None:
+                hub.stop()
+    copied = total * copies
+    where = "on a Hub stand-in" if hub else "seeded on node-1"
+    print(f"model: {total / 1e6:.0f} MB in {args.files} files, {where}; {args.nodes} nodes")
     print(f"baseline: one local cp -r of the files: {cp_seconds:.2f} s ({total / 1e6 / cp_seconds:.0f} MB/s)")
     print(
-        f"all {args.nodes - 1} copies verified: {copies_seconds:.2f} s "
+        f"all {copies} copies verified: {copies_seconds:.2f} s "
         f"= {copies_seconds / cp_seconds:.1f}x the cp; "
         f"every replica ready: {ready_seconds:.2f} s"
     )
@@ -136,6 +155,12 @@ def main() -> None:
     )
     print(f"  in all {sum(served.values()) / 1e6:.0f} MB for {copied / 1e6:.0f} MB of copies")
     print(f"CPU (every agent, user + system): {cpu:.1f} s, {cpu / (copied / 1e9):.1f} s per GB copied")
+    if hub is not None:
+        served_by_hub = hub.total_bytes_served()
+        print(
+            f"bytes served by the hub: {served_by_hub / 1e6:.0f} MB = {served_by_hub / total:.2f}x the model "
+            f"(target 1x); content requests per file: {sorted(set(hub.downloads.values()))}"
+        )
 
 
 if __name__ == "__main__":

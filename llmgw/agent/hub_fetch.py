@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -79,12 +80,20 @@ class HubFetcher:
                 if not lease.granted:
                     log.warning("%s: the hub lease went to node %s", source, lease.node)
 
-    async def run(self, source: str, manifest: Manifest | None, progress: Progress) -> None:
+    async def run(
+        self,
+        source: str,
+        manifest: Manifest | None,
+        progress: Progress,
+        from_peers: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         """One try at downloading what this node lacks of ``source``; after a Hub error, the backoff.
 
-        Called with the lease granted. Returns when every file is here and
-        verified, or when the backoff after a failure is over (the caller
-        looks again: another node may hold the files by then).
+        Called with the lease granted. ``from_peers`` (run first, the lease
+        renewed meanwhile) copies what other nodes already verified, so a node
+        taking over a dead downloader's lease asks the Hub only for the rest.
+        Returns when every file is here and verified, or when the backoff
+        after a failure is over (the caller looks again).
         """
         ref = hub_ref(source)
         assert ref is not None
@@ -92,6 +101,8 @@ class HubFetcher:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._renew, source)
             try:
+                if from_peers is not None:
+                    await from_peers()
                 if manifest is None:
                     manifest = await self._make_manifest(source, ref, progress)
                 await self._download_missing(ref, manifest, progress)
@@ -114,7 +125,7 @@ class HubFetcher:
         self, source: str, reason: str, retry_after: float | None, progress: Progress
     ) -> None:
         failures = self.failures[source] = self.failures.get(source, 0) + 1
-        delay = max(retry_after or 0.0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1)))
+        delay = max(retry_after or 0.0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures - 1, 16)))
         self.status[source] = reason
         if self.reported.get(source) != reason:
             self.reported[source] = reason

@@ -20,6 +20,7 @@ server does not count that time against its ready timeout.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -182,7 +183,12 @@ class Stager:
                     await trio.sleep(RETRY)
                     continue
                 if lease.granted:
-                    await self.hub.run(source, manifest, progress)
+                    from_peers = None
+                    if manifest is not None and info.holders:  # a downloader died: first what others verified
+                        from_peers = functools.partial(
+                            self._fetch, manifest, missing, list(info.holders), progress
+                        )
+                    await self.hub.run(source, manifest, progress, from_peers)
                     continue
                 if manifest is None:
                     why = f": {lease.status}" if lease.status else ""

@@ -29,6 +29,7 @@ FILES = {
     "model-00002-of-00002.safetensors": 4_000_000,
     "tokenizer.json": 300_000,
     "config.json": 200,
+    "original/params.json": 100,
 }
 
 CATALOG = """
@@ -86,7 +87,7 @@ def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path,
         assert hub.cdn_authorizations == []
         for shard in shards(cluster):
             copy = copy_of(cluster, shard.node)
-            assert {p.name: sha256(p) for p in copy.iterdir()} == {
+            assert {p.relative_to(copy).as_posix(): sha256(p) for p in copy.rglob("*") if p.is_file()} == {
                 name: hashlib.sha256(data).hexdigest() for name, data in contents.items()
             }
             assert str(copy) in shard.argv, "the engine should be given the node's own copy"
@@ -132,6 +133,8 @@ def test_hub_errors_are_the_reason_on_the_replica_until_the_hub_answers(tmp_path
         reason = cluster.wait(lambda: "401" in detail(cluster) and detail(cluster), "a 401 reason", 60)
         assert "token is missing or wrong" in reason and "--hub-token-file" in reason, reason
         assert "the-right-token" not in (cluster.logs / "agent-node-1.log").read_text()
+        shown = cluster.ctl("replicas").stdout
+        assert "staging (the hub at" in shown and "401 Unauthorized" in shown, shown
         hub.token, hub.fail = None, 404
         reason = cluster.wait(lambda: "404" in detail(cluster) and detail(cluster), "a 404 reason", 30)
         assert "no model repo acme/tiny-sim" in reason, reason
@@ -171,5 +174,47 @@ def test_an_agent_restart_resumes_the_hub_download(tmp_path: Path, hub: HubStand
         starts = [start for key, start in hub.starts if key.endswith("model.safetensors")]
         assert starts[0] == 0 and starts[-1] == kept > 0, (starts, kept)
         assert hub.bytes_served["acme/tiny-sim/model.safetensors"] < 2 * size
+    finally:
+        cluster.stop_all()
+
+
+def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Path, hub: HubStandIn):
+    """The downloading node dies: another takes the lease and asks the Hub only for what it lacks."""
+    files = {
+        "a.safetensors": os.urandom(8_000_000),
+        "b.safetensors": os.urandom(32_000_000),
+        "config.json": b"{}",
+    }
+    hub.add_model("acme/tiny-sim", files)
+    hub.rate = 5_000_000
+    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=6, poll_timeout=1)
+    cluster.agent_args = ["--hub-endpoint", hub.endpoint]
+    try:
+        cluster.start(2)
+        cluster.apply(CATALOG.replace("replicas: 4", "replicas: 2"))
+
+        def downloader() -> str | None:
+            for line in (cluster.logs / "server.log").read_text().splitlines():
+                if "downloads hf://acme/tiny-sim@main from the hub" in line:
+                    return line.split("node ")[1].split()[0]
+            return None
+
+        holder = cluster.wait(downloader, "a node downloading from the hub", 60)
+        other = next(n for n in cluster.nodes if n != holder)
+        copied = cluster.nodes[other].models_dir
+        cluster.wait(
+            lambda: list(copied.glob("*/a.safetensors")), f"{other} copying a.safetensors from {holder}", 60
+        )
+        cluster.stop(cluster.nodes[holder].process, signal.SIGKILL)
+        cluster.wait(
+            lambda: len(cluster.replicas().replicas) == 2 and cluster.all_ready(), "both replicas ready", 120
+        )
+        assert {s.node for s in shards(cluster)} == {other}
+        assert hub.downloads["acme/tiny-sim/a.safetensors"] == 1, "a.safetensors came from the peer"
+        assert hub.downloads["acme/tiny-sim/b.safetensors"] == 2, (
+            "b.safetensors again, from the new downloader"
+        )
+        copy = copy_of(cluster, other)
+        assert {p.name: p.read_bytes() == files[p.name] for p in copy.iterdir()} == {n: True for n in files}
     finally:
         cluster.stop_all()

@@ -50,3 +50,20 @@ async def test_bad_claims_and_unpinned_hub_manifests_are_refused(server, test_pk
         pinned = Manifest(SOURCE, manifest.files, made_by="node-1", revision="c" * 40)
         stored = await one.post(f"{server}/v1/agent/manifests", json=to_json(pinned))
         assert stored.status_code == 200 and from_json(stored.json(), Manifest).revision == "c" * 40
+
+
+async def test_a_lease_not_renewed_goes_to_the_next_node(server, test_pki, monkeypatch):
+    """node-1 stops renewing (its agent died): once the lease ran out, node-2 gets the download."""
+    import trio
+
+    import llmgw.server.manifests
+
+    monkeypatch.setattr(llmgw.server.manifests, "HUB_LEASE", 0.3)
+    async with client(test_pki, "node", "node-1") as one, client(test_pki, "node", "node-2") as two:
+        for http, node in ((one, "node-1"), (two, "node-2")):
+            assert (await http.post(f"{server}/v1/agent/sync", json=sync_body(node))).status_code == 200
+        assert (await claim(one, server)).granted
+        assert not (await claim(two, server)).granted
+        await trio.sleep(0.4)
+        assert await claim(two, server) == HubLease(SOURCE, "node-2", granted=True)
+        assert await claim(one, server) == HubLease(SOURCE, "node-2", granted=False)

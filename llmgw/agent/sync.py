@@ -117,6 +117,8 @@ class Agent:
         self.stage: Any = None
         #: copies the server asks for ahead of any shard (:mod:`llmgw.agent.prestage`); None: none made
         self.prestage: Any = None
+        #: the share of a model's size eviction keeps free beyond its copy (the server's setting)
+        self.disk_headroom = 0.05
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -388,6 +390,7 @@ class Agent:
                 if reply.revision != self.revision:
                     self.apply(reply)
                 self.note_sources(reply)
+                self.disk_headroom = reply.disk_headroom
                 if self.prestage is not None:
                     self.prestage.update(reply.stage_sources)
 

@@ -192,6 +192,9 @@ class SyncReply:
     stage_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: seconds without a sync after which the server declares the node lost
     lost_after: float = 30.0
+    #: the share of a model's size to keep free beyond its copy (``llmgw server --disk-headroom``): the
+    #: agent evicts unused copies for it
+    disk_headroom: float = 0.05
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from llmgw.ctl.rollout import rollout
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
+from llmgw.scheduler import format_bytes
 from llmgw.wire import (
     CreatedKey,
     CreateKey,
@@ -34,6 +35,7 @@ from llmgw.wire import (
     EventList,
     KeyList,
     NodeList,
+    NodeStatus,
     RevokedKey,
     to_json,
 )
@@ -95,16 +97,22 @@ def nodes(ctx: click.Context, output: str) -> None:
             ",".join(n.fabrics) or "island",
             ", ".join(f"{k} {v}" for k, v in sorted(n.engines.items())) or "-",
             ", ".join(n.replicas) or "-",
+            _models_disk(n),
             f"{n.last_sync_ago:.0f}s",
         ]
         for n in data.nodes
     ]
-    click.echo(
-        _table(rows, ["node", "address", "state", "GPUs free", "fabric", "engines", "replicas", "last sync"])
-    )
+    headers = ["node", "address", "state", "GPUs free", "fabric", "engines", "replicas", "models disk"]
+    click.echo(_table(rows, [*headers, "last sync"]))
     for n in data.nodes:
         for warning in n.warnings:
             click.echo(f"warning: {n.node_id}: {warning}")
+
+
+def _models_disk(node: NodeStatus) -> str:
+    """``16 MB free, 2 copies``: the models directory's free bytes and the copies in it."""
+    free = f"{format_bytes(node.models_free_bytes)} free" if node.models_free_bytes is not None else "-"
+    return f"{free}, {node.copies} cop{'y' if node.copies == 1 else 'ies'}" if node.copies else free
 
 
 @nodes.command("lost")

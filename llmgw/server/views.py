@@ -237,6 +237,8 @@ class ClusterViews:
             replicas=tuple(sorted(r.id for r in on_node)),
             warnings=tuple(warnings),
             last_sync_ago=round(now - node.last_seen, 1),
+            models_free_bytes=node.facts.models_free_bytes,
+            copies=sum(not c.seed for c in node.facts.model_copies),
         )
 
     @staticmethod

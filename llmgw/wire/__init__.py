@@ -274,6 +274,9 @@ class NodeStatus:
     warnings: tuple[str, ...]
     #: seconds since the node's agent last synced
     last_sync_ago: float
+    #: free bytes of its models directory's filesystem (None: not known), and its copies there (partial too)
+    models_free_bytes: int | None = None
+    copies: int = 0
 
 
 @attrs.frozen

@@ -7,7 +7,7 @@ fetches, because it is the one that knows, at that moment, what it runs.
 
 :class:`RoomMaker` wraps the stager's ``stage(source, progress)``: when the
 server has the source's manifest and this node is not the seed, it frees
-what the copy still lacks plus :data:`~llmgw.scheduler.DEFAULT_HEADROOM` of
+what the copy still lacks plus the server's headroom (``--disk-headroom``) of
 its size, deleting copies in this order: never used first, then least
 recently used. It never deletes:
 
@@ -116,10 +116,12 @@ class RoomMaker:
         report: Callable[[str, str], Awaitable[None]],
         copies_changed: Callable[[], Awaitable[None]],
         node: str,
+        headroom: Callable[[], float] = lambda: DEFAULT_HEADROOM,
     ) -> None:
         """:param in_use: () -> (sources, local paths) this node's shards use or the server asked to stage.
         :param report: ``async (source, message)``: an event for ``ctl events``.
-        :param copies_changed: called after evicting (the facts are refreshed)."""
+        :param copies_changed: called after evicting (the facts are refreshed).
+        :param headroom: the share of a copy's size to free beyond it (the server's ``--disk-headroom``)."""
         self.models = models
         self.peers = peers
         self.server = server
@@ -128,6 +130,7 @@ class RoomMaker:
         self.report = report
         self.copies_changed = copies_changed
         self.node = node
+        self.headroom = headroom
         self._lock = trio.Lock()
 
     def wrap(self, stage: Stage) -> Stage:
@@ -205,7 +208,7 @@ class RoomMaker:
         free = self.models.free_bytes()
         if free is None:
             return Eviction(0, 0)
-        return choose_evictions(self.models.copies(), free, manifest, in_use)
+        return choose_evictions(self.models.copies(), free, manifest, in_use, self.headroom())
 
     async def _evict(self, victim: ModelCopy, manifest: Manifest, plan: Eviction) -> None:
         self.peers.offers.pop(victim.digest, None)

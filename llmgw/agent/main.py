@@ -151,6 +151,7 @@ async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) ->
         report=stager.report,
         copies_changed=agent.refresh_weights,
         node=config.node,
+        headroom=lambda: agent.disk_headroom,
     )
     agent.stage = room.wrap(stager.stage)
     agent.prestage = PreStager(nursery, agent.stage)

@@ -122,6 +122,8 @@ class Agent:
         self.metrics: Any = None
         #: trio time of the last answer from the server (None: none yet)
         self.last_sync: float | None = None
+        #: the share of a model's size eviction keeps free beyond its copy (the server's setting)
+        self.disk_headroom = 0.05
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -399,6 +401,7 @@ class Agent:
                 if reply.revision != self.revision:
                     self.apply(reply)
                 self.note_sources(reply)
+                self.disk_headroom = reply.disk_headroom
                 if self.prestage is not None:
                     self.prestage.update(reply.stage_sources)
 

@@ -27,6 +27,7 @@ from llmgw.ctl.rollout import rollout
 from llmgw.enginecheck.cli import engine_check
 from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
+from llmgw.scheduler import format_bytes
 from llmgw.wire import (
     CreatedKey,
     CreateKey,
@@ -35,6 +36,7 @@ from llmgw.wire import (
     EventList,
     KeyList,
     NodeList,
+    NodeStatus,
     RevokedKey,
     to_json,
 )
@@ -84,12 +86,12 @@ def node_lines(data: NodeList, wide: bool) -> list[str]:
         row.append(", ".join(f"{k} {v}" for k, v in sorted(n.engines.items())) or "-")
         if wide:
             row.append(n.agent_version or "-")
-        row += [", ".join(n.replicas) or "-", f"{n.last_sync_ago:.0f}s"]
+        row += [", ".join(n.replicas) or "-", _models_disk(n), f"{n.last_sync_ago:.0f}s"]
         rows.append(row)
     headers = ["node", "address", "state", "GPUs free"]
     headers += ["GPUs", "fabric: adapters"] if wide else ["fabric"]
     headers += ["engines", "agent"] if wide else ["engines"]
-    lines = [table(rows, [*headers, "replicas", "last sync"])]
+    lines = [table(rows, [*headers, "replicas", "models disk", "last sync"])]
     lines += [f"warning: {n.node_id}: {warning}" for n in data.nodes for warning in n.warnings]
     return lines
 
@@ -111,6 +113,12 @@ def nodes(ctx: click.Context, output: str, watch: bool, interval: float) -> None
         watch=watch,
         interval=interval,
     )
+
+
+def _models_disk(node: NodeStatus) -> str:
+    """``16 MB free, 2 copies``: the models directory's free bytes and the copies in it."""
+    free = f"{format_bytes(node.models_free_bytes)} free" if node.models_free_bytes is not None else "-"
+    return f"{free}, {node.copies} cop{'y' if node.copies == 1 else 'ies'}" if node.copies else free
 
 
 @nodes.command("lost")

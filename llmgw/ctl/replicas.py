@@ -44,9 +44,8 @@ def replica_lines(data: ReplicaList, wide: bool) -> list[str]:
         rows = []
         for r in data.replicas:
             shards = "; ".join(
-                f"r{s.rank} {s.node}:{s.port} {s.state}"
-                + (f" pid {s.pid}" if s.pid else "")
-                + (f" ({s.detail})" if s.state == "staging" and s.detail else "")
+                f"r{s.rank} {s.node}:{s.port} {s.state}" + (f" pid {s.pid}" if s.pid else "")
+                + (f" ({s.detail})" if s.state == "staging" and s.detail and not _summed(r) else "")
                 for s in r.shards
             )
             note = r.reason or (f"replaces {r.replaces}" if r.replaces else "")
@@ -93,6 +92,11 @@ def staging_line(replica: ReplicaStatus) -> str:
     rate = f", {format_bytes(int(progress.rate))}/s" if progress.rate > 0 else ""
     eta = f", ETA {_duration(replica.eta)}" if replica.eta is not None else ""
     return f"fetching {progress.percent}% ({amounts}{rate}{eta})"
+
+
+def _summed(replica: ReplicaStatus) -> bool:
+    """Whether the note column says all there is of a staging replica's one shard (its progress)."""
+    return replica.staging is not None and len(replica.shards) == 1
 
 
 def _duration(seconds: float) -> str:

@@ -288,6 +288,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             check_sources=self.cluster.sources_to_check(),
             stage_sources=stage,
             lost_after=self.cluster.settings.lost_after,
+            disk_headroom=self.cluster.settings.disk_headroom,
         )
         response = answer(reply)
         self._replies[node_id] = (key, response)

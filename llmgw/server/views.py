@@ -240,6 +240,8 @@ class ClusterViews:
             last_sync_ago=round(now - node.last_seen, 1),
             gpu_models=dict(Counter(g.name for g in node.facts.gpus)),
             fabric_adapters={f.name: f.adapters for f in node.facts.fabrics},
+            models_free_bytes=node.facts.models_free_bytes,
+            copies=sum(not c.seed for c in node.facts.model_copies),
         )
 
     @staticmethod

@@ -194,6 +194,9 @@ class SyncReply:
     stage_sources: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: seconds without a sync after which the server declares the node lost
     lost_after: float = 30.0
+    #: the share of a model's size to keep free beyond its copy (``llmgw server --disk-headroom``): the
+    #: agent evicts unused copies for it
+    disk_headroom: float = 0.05
 
 
 # ---------------------------------------------------------------------------
@@ -277,6 +280,9 @@ class NodeStatus:
     gpu_models: Mapping[str, int] = attrs.field(factory=dict)
     #: fabric -> the adapters the node uses on it
     fabric_adapters: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    #: free bytes of its models directory's filesystem (None: not known), and its copies there (partial too)
+    models_free_bytes: int | None = None
+    copies: int = 0
 
 
 @attrs.frozen

@@ -66,3 +66,23 @@ def test_replicas_shows_a_staging_replica_with_percent_bytes_rate_and_eta(monkey
     row = output.splitlines()[2]
     assert "staging" in row
     assert "fetching 40% (1.7 GB of 4.2 GB, 35 MB/s, ETA 1 min 12 s)" in row, row
+
+
+def test_nodes_show_their_models_disk(monkeypatch):
+    """`ctl nodes` has a models disk column: the free bytes of the models filesystem and the copies in it."""
+    from llmgw.ctl import cli
+    from llmgw.wire import NodeList, NodeStatus
+
+    def status(node_id: str, free: int | None, copies: int) -> NodeStatus:
+        return NodeStatus(node_id, "10.0.0.1", "ready", 8, 8, (), {}, "0.1", (), (), 1.0, free, copies)
+
+    data = NodeList((status("node-1", 16_000_000, 2), status("node-2", None, 0)))
+
+    class Client:
+        def request(self, *args, **kwargs):
+            return data
+
+    monkeypatch.setattr(cli, "_client", lambda ctx: Client())
+    lines = CliRunner().invoke(cli.nodes, []).output.splitlines()
+    assert "models disk" in lines[0]
+    assert "16 MB free, 2 copies" in lines[2] and lines[3].split()[-2] == "-"

@@ -132,6 +132,8 @@ class GatewayMetrics:
         )
         self.registry.register(_LiveCollector(balancer, watcher))
         self._itl_children: dict[str, Histogram] = {}
+        self._key_children: dict[tuple[str, str, int], Counter] = {}
+        self._token_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._duration_children: dict[tuple[str, str], Histogram] = {}
         self._ttft_children: dict[str, Histogram] = {}
@@ -157,10 +159,20 @@ class GatewayMetrics:
 
     def by_key(self, key: str, model: str, status: int, usage: tuple[int, int] | None) -> None:
         """Count a request of API key ``key`` (its name) and the (prompt, completion) tokens of its usage."""
-        self.key_requests.labels(key, model, str(status)).inc()
+        labels = (key, model, status)
+        counter = self._key_children.get(labels)
+        if counter is None:
+            counter = self._key_children[labels] = self.key_requests.labels(key, model, str(status))
+        counter.inc()
         if usage is not None:
-            self.prompt_tokens.labels(model, key).inc(usage[0])
-            self.completion_tokens.labels(model, key).inc(usage[1])
+            tokens = self._token_children.get((model, key))
+            if tokens is None:
+                tokens = self._token_children[(model, key)] = (
+                    self.prompt_tokens.labels(model, key),
+                    self.completion_tokens.labels(model, key),
+                )
+            tokens[0].inc(usage[0])
+            tokens[1].inc(usage[1])
 
     def inter_token_latency(self, model: str, seconds: float) -> None:
         """Record the gap between two chunks of a stream."""

@@ -107,6 +107,44 @@ def agent_toml(settings: Settings, current: dict | None = None) -> tuple[str, li
     return "\n".join(lines) + "\n", kept
 
 
+#: the agent unit's sandbox, as in deploy/systemd/llmgw-agent.service (whose comments say why each
+#: relaxation is there: engines need GPUs, RDMA, pinned memory, JIT): `systemd-analyze security` 4.0
+AGENT_HARDENING = """\
+LimitMEMLOCK=infinity
+LimitNOFILE=1048576
+StateDirectory=llmgw-agent llmgw/models
+CacheDirectory=llmgw-agent
+Environment=HOME=/var/cache/llmgw-agent
+ConfigurationDirectory=llmgw
+UMask=0027
+DevicePolicy=closed
+DeviceAllow=char-nvidia-frontend rw
+DeviceAllow=char-nvidia-uvm rw
+DeviceAllow=char-nvidia-caps rw
+DeviceAllow=char-infiniband_verbs rw
+DeviceAllow=char-infiniband_mad rw
+DeviceAllow=/dev/infiniband/rdma_cm rw
+NoNewPrivileges=yes
+PrivateTmp=yes
+ProtectSystem=strict
+ProtectHome=read-only
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+KeyringMode=private
+SystemCallArchitectures=native
+CapabilityBoundingSet=CAP_IPC_LOCK CAP_SYS_NICE
+"""
+
+
 def systemd_unit(settings: Settings) -> str:
     """The node's ``llmgw-agent.service``."""
     r = settings.remote_root
@@ -125,8 +163,8 @@ Restart=on-failure
 RestartSec=5
 # SIGTERM to the agent, which stops its shards (SIGTERM, grace, SIGKILL); then SIGKILL to what is left.
 KillMode=mixed
-TimeoutStopSec=60
-
+TimeoutStopSec=120
+{AGENT_HARDENING}
 [Install]
 WantedBy=multi-user.target
 """

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import trio
 from llmgw_engine_sim import SimEngine
 
+from llmgw.agent.config import AgentConfigError, load_agent_config
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.testing.agent import agent_config, desired, kill_group, wait_state
@@ -49,3 +51,15 @@ async def test_a_hung_sim_counts_canaries_and_a_hung_failure(nursery, tmp_path):
     assert value("llmgw_agent_canary_results_total", result="failed") == 0
     assert value("llmgw_agent_shard_failures_total", cause="hung") == 1
     assert value("llmgw_agent_shard_failures_total", cause="exited") == 0
+
+
+def test_metrics_listen_is_off_by_default_and_checked(tmp_path):
+    """No ``--metrics-listen``: not served; one from agent.toml is kept; a bad one names the flag."""
+    from tests.agent.test_agent_config import FLAGS
+
+    assert load_agent_config(FLAGS).metrics_listen is None
+    path = tmp_path / "agent.toml"
+    path.write_text('metrics_listen = "0.0.0.0:9465"\n')
+    assert load_agent_config(FLAGS, path).metrics_listen == "0.0.0.0:9465"
+    with pytest.raises(AgentConfigError, match=r"--metrics-listen 'nowhere': expected HOST:PORT"):
+        load_agent_config({**FLAGS, "metrics_listen": "nowhere"})

@@ -97,6 +97,22 @@ class TestUnits:
             problems = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
             assert done.returncode == 0 and not problems, f"{unit.name}: {problems}"
 
+    def test_the_unit_onboarding_writes_verifies_and_scores_as_deploys(self, tmp_path):
+        """llmgw-onboard-node's llmgw-agent.service: verify passes, exposure <= 5.0 (it was 9.6)."""
+        from types import SimpleNamespace
+
+        from llmgw.onboard.files import systemd_unit
+
+        analyze = require_tool("systemd-analyze", "systemd")
+        settings = SimpleNamespace(node="node-1", remote_root="")
+        unit = tmp_path / "llmgw-agent.service"
+        unit.write_text(systemd_unit(settings).replace("/opt/llmgw/venv/bin/llmgw", program("llmgw")))
+        done = run([analyze, "verify", str(unit)], tmp_path)
+        assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
+        done = run([analyze, "security", "--offline=true", str(unit)], tmp_path)
+        match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout + done.stderr)
+        assert match and float(match.group(1)) <= EXPOSURE["llmgw-agent.service"], done.stdout[-3000:]
+
     @pytest.mark.parametrize("name", sorted(EXPOSURE))
     def test_exposure_is_within_its_limit(self, units, name):
         """`systemd-analyze security --offline=true` scores server and gateway <= 4.0, the agent <= 5.0."""
@@ -113,3 +129,18 @@ def test_every_deploy_file_is_listed_in_the_operations_page():
     for path in sorted(DEPLOY.rglob("*")):
         if path.is_file():
             assert str(path.relative_to(DEPLOY.parent)) in page, path
+
+
+def test_onboarding_writes_the_agent_sandbox_of_deploy():
+    """The unit llmgw-onboard-node writes has every sandbox line of deploy/systemd/llmgw-agent.service."""
+    from llmgw.onboard.files import AGENT_HARDENING
+
+    service = (UNITS / "llmgw-agent.service").read_text().split("[Service]\n", 1)[1].split("[Install]")[0]
+    own = {"Type", "ExecStart", "Restart", "RestartSec", "KillMode", "TimeoutStopSec"}
+    wanted = {
+        line
+        for line in service.splitlines()
+        if line and not line.startswith("#") and line.partition("=")[0] not in own
+        and line != "Environment=PYTHONUNBUFFERED=1"
+    }  # fmt: skip
+    assert wanted == set(AGENT_HARDENING.splitlines())

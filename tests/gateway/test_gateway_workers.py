@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.agent.launcher import group_members, pid_alive
 from llmgw.testing.gateway import FakeRoutesFeed, start_sim, wait_healthy
+from llmgw.testing.metrics import promtool_check_metrics
 from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "hello workers"}]
@@ -71,6 +72,15 @@ class TestWorkers:
                 metrics = await http.get("/metrics", headers={"connection": "close"})
                 assert requests_total(metrics.text) == 20  # whichever worker answers, it counts all
         assert len(workers_of(gateway.pid)) == 2
+        # process_* covers the parent and both workers, one pid each, whichever worker answered
+        memory = {
+            sample.labels["pid"]
+            for family in text_string_to_metric_families(metrics.text)
+            for sample in family.samples
+            if sample.name == "process_resident_memory_bytes"
+        }
+        assert memory == {str(pid) for pid in [gateway.pid, *workers_of(gateway.pid)]}
+        assert promtool_check_metrics(metrics.text) == []
 
     async def test_workers_stop_with_the_parent_on_sigterm(self, nursery, processes):  # noqa: F811
         gateway, url = await start_workers(nursery, processes, 2)

@@ -137,3 +137,40 @@ async def test_health_before_the_state_is_loaded_says_starting():
 def test_failure_cause_reads_the_event(message, cause):
     """The cause label of ``llmgw_server_replica_failures_total`` comes from the failure event's reason."""
     assert failure_cause(message) == cause
+
+
+async def test_leader_and_standby_on_postgresql_say_which_they_are(nursery, test_pki, tmp_path, pg_url):
+    """Two servers on one database: the leader's health is ``ok`` with its epoch, the standby's 503
+    ``standby`` naming the leader; ``llmgw_server_leader`` is 1 and 0, both export the epoch."""
+    servers = []
+    for index in range(2):
+        config = test_pki.server_config(None, store=pg_url, metrics_listen=("127.0.0.1", 0), lease=2.0)
+        metrics, loaded = ServerMetrics(config.cert), trio.Event()
+        start = partial(serve_server, config, {"sim": SimEngine()}, loaded=loaded, metrics=metrics)
+        host, port = await nursery.start(start)
+        servers.append((f"https://{host}:{port}", metrics, loaded))
+        if index == 0:
+            with trio.fail_after(15):
+                await loaded.wait()
+    (leader_url, leader, _), (_, standby, _) = servers
+    leader_plain, standby_plain = ("http://{}:{}".format(*m.listen_address) for m in (leader, standby))
+    async with httpx.AsyncClient(timeout=10) as http:
+        with trio.fail_after(10):
+            while True:  # the standby listens before it has read the lease: "starting", then no leader yet
+                answer = await http.get(f"{standby_plain}/health")
+                if answer.json().get("leader"):
+                    break
+                await trio.sleep(0.05)
+        led = await http.get(f"{leader_plain}/health")
+        texts = [(await http.get(f"{url}/metrics")).text for url in (leader_plain, standby_plain)]
+    assert led.status_code == 200 and led.json()["role"] == "leader"
+    epoch = led.json()["epoch"]
+    assert epoch >= 1
+    assert answer.json() == {"status": "standby", "leader": leader_url, "detail": "this server is a standby"}
+    (lead_values, standby_values) = (samples(t) for t in texts)
+    assert lead_values[("llmgw_server_leader", ())] == 1 and standby_values[("llmgw_server_leader", ())] == 0
+    assert (
+        lead_values[("llmgw_server_leader_epoch", ())]
+        == standby_values[("llmgw_server_leader_epoch", ())]
+        == epoch
+    )

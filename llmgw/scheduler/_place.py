@@ -150,12 +150,18 @@ def _keep(
             generations[replica.id] = max(generations.get(replica.id, 0), replica.generation + 1)
             continue
         kept[replica.id] = replica
-        sources = {_source_of(replica, catalog, {}), _source_of(replica, catalog, launches)} - {None}
+        running = _source_of(replica, catalog, launches)
         for shard in replica.shards:
             node = state[shard.node_id]
             node.claim(shard, replica.id, replica.model)
-            for source in sorted(sources):  # type: ignore[type-var]
-                node.disk.use(source, sizes.get(source))  # type: ignore[arg-type]
+            if running is not None:
+                node.disk.use(running, sizes.get(running))
+    # then what rollouts will bring: reserved after every copy under way kept its place
+    for replica in kept.values():
+        wanted = _source_of(replica, catalog, {})
+        if wanted is not None:
+            for node_id in replica.node_ids:
+                state[node_id].disk.use(wanted, sizes.get(wanted))
     for replica in list(kept.values()):
         original = kept.get(replica.replaces) if replica.replaces else None
         if replica.replaces and (original is None or original.model != replica.model):

@@ -46,7 +46,7 @@ def model_list(cluster: Cluster) -> ModelList:
                 name=name,
                 source=source,
                 # a hub source's manifest names the commit its revision was pinned to, when it has one
-                revision=getattr(manifest, "revision", None),
+                revision=getattr(manifest, "revision", None) or None,
                 size=manifest.total_bytes if manifest is not None else None,
                 digest=manifest.digest if manifest is not None else None,
                 holders=holders,

@@ -79,6 +79,8 @@ class Rollouts:
         self.staging: dict[str, dict[str, str]] = {}
         #: nodes whose sources to stage changed since the reconciler last looked (their long-polls wake)
         self.stage_changed: set[str] = set()
+        #: :meth:`stage_sources`' answer, made once per step (read by every sync answer)
+        self._stage_by_node: dict[str, tuple[str, ...]] = {}
 
     # -- the reconciler's step ------------------------------------------------------------------
 
@@ -95,7 +97,7 @@ class Rollouts:
         for record in cluster.replicas.values():
             by_model.setdefault(record.placement.model, []).append(record)
         rolls: list[str] = []
-        before = self.stage_sources()
+        before = self._stage_by_node
         self.staging = {}
         for model in sorted(by_model):
             wanted = Launch.of(cluster.catalog, model)
@@ -103,12 +105,15 @@ class Rollouts:
                 rolls += self._step_model(cluster, model, wanted, by_model[model], now)
         for model in set(self.paused) - set(by_model):
             del self.paused[model]
-        after = self.stage_sources()
+        after = self._stage_by_node = self._by_node()
         self.stage_changed |= {n for n in before.keys() | after.keys() if before.get(n) != after.get(n)}
         return rolls
 
     def stage_sources(self) -> dict[str, tuple[str, ...]]:
         """Node id -> the sources it should copy ahead of the rollouts under way (its sync answer's)."""
+        return self._stage_by_node
+
+    def _by_node(self) -> dict[str, tuple[str, ...]]:
         out: dict[str, set[str]] = {}
         for stage in self.staging.values():
             for node_id, source in stage.items():

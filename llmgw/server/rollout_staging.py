@@ -44,30 +44,45 @@ def stage_ahead(
         return {}, set()
     manifest = cluster.manifests.get(source)
     size = manifest.total_bytes if manifest is not None else None
-    stage: dict[str, str] = {}
-    waiting: set[str] = set()
+    lacking: dict[str, list[str]] = {}  # node id -> the outdated replicas there waiting for the copy
     for record in outdated:
         launch = cluster.launch_of(record)
         if launch is None or launch.model.source == source:
             continue
         for node_id in record.placement.node_ids:
             node = cluster.nodes.get(node_id)
-            if node is None or node.lost or source in node.facts.model_sources:
-                continue
-            if node_id in stage or _room_beside(cluster, node, source, size):
-                stage[node_id] = source
-                waiting.add(record.id)
+            if node is not None and not node.lost and source not in node.facts.model_sources:
+                lacking.setdefault(node_id, []).append(record.id)
+    stage: dict[str, str] = {}
+    waiting: set[str] = set()
+    used = _sources_used(cluster, set(lacking))
+    for node_id, records in sorted(lacking.items()):
+        if _room_beside(cluster, cluster.nodes[node_id], used.get(node_id, set()), source, size):
+            stage[node_id] = source
+            waiting.update(records)
     return stage, waiting
 
 
-def _room_beside(cluster: Cluster, node: NodeRecord, source: str, size: int | None) -> bool:
-    """Whether ``node`` can take a copy of ``source`` beside the copies its replicas use now."""
-    disk = DiskRoom(node.facts)
+def _sources_used(cluster: Cluster, node_ids: set[str]) -> dict[str, set[str]]:
+    """Node id -> the sources the replicas on it run, for ``node_ids`` only (one pass over the replicas)."""
+    used: dict[str, set[str]] = {}
+    if not node_ids:
+        return used
     for record in cluster.replicas.values():
         launch = cluster.launch_of(record)
-        if launch is not None and node.node_id in record.placement.node_ids:
-            used = cluster.manifests.get(launch.model.source)
-            disk.use(launch.model.source, used.total_bytes if used is not None else None)
+        if launch is None:
+            continue
+        for node_id in set(record.placement.node_ids) & node_ids:
+            used.setdefault(node_id, set()).add(launch.model.source)
+    return used
+
+
+def _room_beside(cluster: Cluster, node: NodeRecord, used: set[str], source: str, size: int | None) -> bool:
+    """Whether ``node`` can take a copy of ``source`` beside the copies of ``used`` (its replicas run)."""
+    disk = DiskRoom(node.facts)
+    for running in sorted(used):
+        manifest = cluster.manifests.get(running)
+        disk.use(running, manifest.total_bytes if manifest is not None else None)
     return disk.fits(source, size, cluster.settings.disk_headroom)
 
 

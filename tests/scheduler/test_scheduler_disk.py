@@ -159,3 +159,23 @@ def test_a_copy_placed_before_its_size_was_known_leaves_a_node_without_room():
     assert nodes_of(result) == ["b"]
     roomy = [disk_node("a", 4_150_000_000, copy(SEED, 100_000_000))]
     assert schedule(roomy, chat(1), [staging], sizes=SIZES).placements == (staging,)
+
+
+def test_a_rollout_s_new_copy_never_pushes_out_a_copy_under_way():
+    """node a: 'zeta' copies 2 GB (none present); 'chat' runs an old path and the catalog asks for SEED
+    (4.2 GB): zeta's copy keeps its place though both cannot fit; the rollout's copy waits for room."""
+    catalog = Catalog(
+        profiles=PROFILE,
+        models={
+            "chat": Model(source=SEED, profile="one", replicas=1),
+            "zeta": Model(source=OTHER, profile="one", replicas=1),
+        },
+    )
+    view = disk_node("a", 3 * GB, sources=("/models/old",))
+    running = Replica("chat-0", "chat", 0, [Shard(0, "a", (0,), 20000)])
+    staging = Replica("zeta-0", "zeta", 0, [Shard(0, "a", (1,), 20001)])
+    old = Model(source="/models/old", profile="one")
+    result = schedule(
+        [view], catalog, [running, staging], sizes=SIZES, launches={"chat-0": (old, PROFILE["one"])}
+    )
+    assert not result.removed and {r.id for r in result.placements} == {"chat-0", "zeta-0"}

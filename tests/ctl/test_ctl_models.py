@@ -74,7 +74,10 @@ def test_nodes_show_their_models_disk(monkeypatch):
     from llmgw.wire import NodeList, NodeStatus
 
     def status(node_id: str, free: int | None, copies: int) -> NodeStatus:
-        return NodeStatus(node_id, "10.0.0.1", "ready", 8, 8, (), {}, "0.1", (), (), 1.0, free, copies)
+        return NodeStatus(
+            node_id, "10.0.0.1", "ready", 8, 8, (), {}, "0.1", (), (), 1.0,
+            models_free_bytes=free, copies=copies,
+        )
 
     data = NodeList((status("node-1", 16_000_000, 2), status("node-2", None, 0)))
 

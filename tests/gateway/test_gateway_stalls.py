@@ -204,5 +204,6 @@ class TestRoutesChange:
                             left_at = trio.current_time()
                             feed.set(routes={"m": []})
                         lines.append(line)
-        assert 1 <= trio.current_time() - left_at < 3
+        # the gateway's stall clock started at the event's last byte, a little before this client read it
+        assert 0.5 <= trio.current_time() - left_at < 3
         assert "replica quiet left the routes and sent nothing" in lines[-2], lines

@@ -291,10 +291,12 @@ def _check_references(
                 problems.append(f"{where}.sidecars[{index}].name: {sidecar.name!r} is used twice")
             if not sidecar.argv:
                 problems.append(f"{where}.sidecars[{index}].argv: expected a non-empty list")
-            if sidecar.ready is not None and not re.match(r"^(tcp:\d+|http:\d+/.*)$", sidecar.ready):
+            if sidecar.ready is not None and not re.match(
+                r"^(tcp:(\d+|\{port\})|http:(\d+|\{port\})/.*)$", sidecar.ready
+            ):
                 problems.append(
-                    f"{where}.sidecars[{index}].ready: expected 'tcp:PORT' or 'http:PORT/PATH', "
-                    f"got {sidecar.ready!r}"
+                    f"{where}.sidecars[{index}].ready: expected 'tcp:PORT' or 'http:PORT/PATH' (PORT may be "
+                    f"{{port}}, the sidecar's own free port), got {sidecar.ready!r}"
                 )
     served: dict[str, str] = {}
     for name, model in models.items():

@@ -40,7 +40,9 @@ PUBLIC = {
     ],
     "llmgw.testing": ["make_adapters", "make_gpus", "write_fake_nvidia_smi", "write_ib_sysfs"],
     "llmgw.testing.contract": ["EngineContract", "flags_of", "command_program"],
-    "llmgw.testing.pytest_plugin": ["HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir"],
+    "llmgw.testing.pytest_plugin": [
+        "HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir", "missing_engine_help",
+    ],
     "llmgw.provision": [
         "Provisioner", "MachineRequest", "Step", "CommandResult", "ExistingMachine", "StepFailure",
         "ProvisionError", "MachineExistsError",

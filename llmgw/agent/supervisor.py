@@ -33,6 +33,7 @@ import trio
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.liveness import watch_liveness
 from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
+from llmgw.agent.sidecar_args import fill_sidecar
 from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.weights import is_distributable
@@ -258,6 +259,7 @@ class ShardSupervisor:
 
     async def _start_sidecar(self, nursery: trio.Nursery, sidecar: Sidecar) -> str | None:
         """Start one sidecar and wait until it is ready; the problem, or None when it is ready."""
+        sidecar = fill_sidecar(sidecar, self.desired.spec, self.desired.replica_id)
         path = shard_log_path(self.config.logs_dir, self.desired, sidecar.name)
         child = await self._spawn(
             nursery,

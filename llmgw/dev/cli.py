@@ -11,7 +11,7 @@ default, and prints what to run next. Ctrl-C stops everything, agents first
 from __future__ import annotations
 
 import json
-import signal
+import shutil
 import time
 from pathlib import Path
 
@@ -19,8 +19,11 @@ import click
 import httpx
 
 from llmgw import pki
-from llmgw.ctl.client import config_dir, write_client_config
-from llmgw.dev.cluster import LocalCluster
+from llmgw.ctl.client import config_dir, segment, write_client_config
+from llmgw.dev.cluster import LocalCluster, program
+from llmgw.dev.runs import port_in_use
+from llmgw.dev.signals import Stopped, stop_on_signals
+from llmgw.wire import DrainStatus, NodeList
 
 __all__ = ["dev", "SAMPLE_CATALOG"]
 
@@ -97,8 +100,35 @@ def dev(
     store: str | None,
 ) -> None:
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
+    with stop_on_signals():
+        try:
+            _dev(node_count, state_dir, server_port, gateway_port, ctl_dir, once, store)
+        except Stopped as stop:
+            click.echo(f"llmgw dev: stopped by {stop}")
+            raise SystemExit(128 + stop.signum) from None
+
+
+def _dev(
+    node_count: int,
+    state_dir: Path,
+    server_port: int,
+    gateway_port: int,
+    ctl_dir: Path | None,
+    once: bool,
+    store: str | None,
+) -> None:
     cluster = LocalCluster(state_dir, server_port=server_port, store=store)
     cluster.metrics_port = DEV_METRICS_PORT
+    for left in cluster.leftovers:
+        click.echo(f"stopped {left}, left running by an earlier llmgw dev on {cluster.state_dir}")
+    ports = [server_port, *([server_port + 1] if store else []), gateway_port]
+    taken = [port for port in ports if port_in_use("127.0.0.1", port)]
+    if taken:
+        raise click.ClickException(
+            f"127.0.0.1:{taken[0]} is in use by another program (not one an earlier llmgw dev on "
+            f"{cluster.state_dir} left: those are stopped first); stop it (`ss -ltnp 'sport = :{taken[0]}'` "
+            "names it) or pick other ports with --server-port and --gateway-port"
+        )
     if store is not None:  # every client of the control plane gets both servers
         cluster.server_url = f"https://127.0.0.1:{server_port},https://127.0.0.1:{server_port + 1}"
     ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
@@ -110,6 +140,7 @@ def dev(
     try:
         click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
         cluster.start(node_count)
+        _uncordon(cluster)
         if store is not None:
             cluster.start_server(port=server_port + 1, name="server-2")
             click.echo(f"started a standby server on https://127.0.0.1:{server_port + 1}")
@@ -127,6 +158,18 @@ def dev(
     finally:
         click.echo("stopping agents (and their engines), then the server")
         cluster.stop_all()
+        click.echo(f"stopped; this run's logs are in {cluster.logs}")
+
+
+def _uncordon(cluster: LocalCluster) -> None:
+    """Let every node take replicas again: a node an earlier run drained could keep the sample out."""
+    for node in cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes:
+        if node.node_id in cluster.nodes and node.state in ("cordoned", "draining"):
+            cluster.client.request("POST", f"/v1/admin/nodes/{segment(node.node_id)}/uncordon", DrainStatus)
+            click.echo(
+                f"{node.node_id} was {node.state} (an earlier run's `llmgw ctl drain` or `cordon`); "
+                "uncordoned it, since llmgw dev starts with every node taking replicas"
+            )
 
 
 def _leave_credentials(directory: Path | None, server_url: str, admin: pki.Issued) -> Path:
@@ -177,30 +220,39 @@ def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> No
             f"metrics: server http://127.0.0.1:{cluster.metrics_port}/metrics, gateway "
             f"{cluster.gateway_url}/metrics, agents (/metrics) {agents}"
         )
-    flag = "" if ctl_dir == config_dir() else f" --config-dir {ctl_dir}"
+    ctl = _ctl_command() + ("" if ctl_dir == config_dir() else f" --config-dir {ctl_dir}")
     click.echo("next, from another terminal:")
-    click.echo(f"  llmgw ctl{flag} nodes          # the simulated nodes, their GPUs and fabrics")
-    click.echo(f"  llmgw ctl{flag} replicas       # where each replica runs")
-    click.echo(f"  llmgw ctl{flag} events         # what the server decided and why")
+    click.echo(f"  {ctl} nodes          # the simulated nodes, their GPUs and fabrics")
+    click.echo(f"  {ctl} replicas       # where each replica runs")
+    click.echo(f"  {ctl} events         # what the server decided and why")
     multi = {s.node for r in data.replicas if len(r.shards) > 1 for s in r.shards}
     movable = sorted({r.shards[0].node for r in data.replicas if len(r.shards) == 1} - multi)
     if movable:  # a node holding a two-node replica may have nowhere to move it in a small dev cluster
         node = movable[0]
-        click.echo(f"  llmgw ctl{flag} drain {node}   # move {node}'s replicas elsewhere, without an outage")
-    click.echo(f"  llmgw ctl{flag} apply {catalog}")
+        click.echo(f"  {ctl} drain {node}   # move {node}'s replicas elsewhere, without an outage")
+    click.echo(f"  {ctl} apply {catalog}")
     click.echo(
         f"logs: {cluster.logs}, and each node's shards under {cluster.state_dir / 'nodes'}/*/agent/logs"
     )
 
 
-def _serve_until_interrupted(cluster: LocalCluster) -> None:
-    stop: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+def _ctl_command() -> str:
+    """``llmgw ctl`` when the ``llmgw`` on PATH is this one, else its path: ``.venv/bin/llmgw ctl``."""
+    exe = Path(program("llmgw"))
+    on_path = shutil.which("llmgw")
+    if on_path and Path(on_path).resolve() == exe.resolve():
+        return "llmgw ctl"
     try:
-        while not stop:
+        return f"{exe.relative_to(Path.cwd())} ctl"
+    except ValueError:
+        return f"{exe} ctl"
+
+
+def _serve_until_interrupted(cluster: LocalCluster) -> None:
+    """Watch the cluster until a stop signal (:class:`Stopped`) or one of its processes exits on its own."""
+    try:
+        while True:
             cluster.check()
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except Stopped as stop:
+        click.echo(f"llmgw dev: {stop}")

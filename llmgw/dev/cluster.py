@@ -24,6 +24,7 @@ import attrs
 
 from llmgw import pki
 from llmgw.ctl.client import AdminClient, ClientConfig, write_client_config
+from llmgw.dev import runs, signals
 from llmgw.errors import LlmgwError
 from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
 from llmgw.wire import ApplyCatalog, CatalogApplied, NodeList, ReplicaList
@@ -38,6 +39,9 @@ STOP_GRACE = 15.0
 #: the first three parts of the simulated nodes' addresses (node N is PREFIX.{10+N}); tests run side by
 #: side (one per worktree) set ``LLMGW_DEV_NET`` to keep their engines' ports apart
 NODE_NET = os.environ.get("LLMGW_DEV_NET", "127.0.0")
+
+#: node states in which a node's agent runs and syncs (``cordoned`` and ``draining`` take no new replicas)
+UP_STATES = ("ready", "cordoned", "draining")
 
 
 class ClusterError(LlmgwError):
@@ -107,12 +111,15 @@ class LocalCluster:
         #: (``--metrics-listen``); None: not served
         self.metrics_port: int | None = None
         self.state_dir = state_dir.resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        #: ``name (pid N)`` of each process an earlier run on this state dir left running, ended here
+        self.leftovers = runs.stop_leftovers(self.state_dir, STOP_GRACE)
         #: a ``postgresql://`` URL the server keeps its state in; None: sqlite under the state dir
         self.store = store
         #: the program agents start as the sim engine (a wrapper injecting faults); ``llmgw-sim`` by default
         self.sim = sim
-        self.logs = self.state_dir / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
+        #: this run's log folder (``<state dir>/logs/<UTC time>``; ``logs/latest`` points at it)
+        self.logs = runs.new_log_dir(self.state_dir)
         self.server_port = server_port
         self.lost_after = lost_after
         self.poll_timeout = poll_timeout
@@ -133,6 +140,9 @@ class LocalCluster:
         self.gateway_url: str | None = None
         self._processes: list[tuple[str, subprocess.Popen]] = []
         self._client: AdminClient | None = None
+        self._started_at = time.time()
+        #: what the last check of a wait saw, for its timeout message
+        self._seen = ""
 
     # -- parts -------------------------------------------------------------
 
@@ -283,11 +293,18 @@ class LocalCluster:
         self.wait(lambda: self._nodes_up(node_count), f"all {node_count} agents to register with the server")
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        with (self.logs / f"{name}.log").open("ab") as log:
-            process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        self._processes.append((name, process))
+        # a stop signal waits until the process is recorded, so that the stop finds it
+        with signals.deferred():
+            with (self.logs / f"{name}.log").open("ab") as log:
+                process = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self._processes.append((name, process))
+            runs.record_process(self.state_dir, name, process.pid)
         return process
 
     # -- waiting -----------------------------------------------------------
@@ -299,16 +316,19 @@ class LocalCluster:
         """
         deadline = time.monotonic() + timeout
         last_error = None
+        self._seen = ""
         while True:
             self.check()
             try:
                 result = done()
                 if result:
                     return result
+                last_error = None  # an error from before the server listened is no reason now
             except LlmgwError as exc:
                 last_error = exc
             if time.monotonic() > deadline:
                 detail = f" (last error: {last_error})" if last_error else ""
+                detail += f" (last seen: {self._seen})" if self._seen else ""
                 raise ClusterError(
                     f"timed out after {timeout:.0f} s waiting for {what}{detail}; logs in "
                     f"{self.logs}. Server log ends with:\n{self.tail('server')}"
@@ -333,8 +353,17 @@ class LocalCluster:
         return "\n".join(text.splitlines()[-lines:])
 
     def _nodes_up(self, count: int) -> bool:
-        nodes = self.client.request("GET", "/v1/admin/nodes", NodeList).nodes
-        return len([n for n in nodes if n.state == "ready" and n.engines]) >= count
+        """Whether ``count`` of this cluster's nodes synced since it started (cordoned or draining count)."""
+        since = time.time() - self._started_at
+        nodes = [
+            n
+            for n in self.client.request("GET", "/v1/admin/nodes", NodeList).nodes
+            if n.node_id in self.nodes
+        ]
+        up = [n for n in nodes if n.state in UP_STATES and n.engines and n.last_sync_ago <= since]
+        waiting = sorted({*self.nodes} - {n.node_id for n in up})
+        self._seen = f"{len(up)} of {count} nodes synced; waiting for {', '.join(waiting) or '-'}"
+        return len(up) >= count
 
     def replicas(self) -> ReplicaList:
         """``GET /v1/admin/replicas``: the replicas with their shards, and the unplaced ones."""
@@ -377,6 +406,11 @@ class LocalCluster:
 
     def stop_all(self) -> None:
         """Stop every agent (they stop their engines), then the server; leave no process behind."""
+        with signals.stopping():
+            self._stop_all()
+        runs.forget_processes(self.state_dir)
+
+    def _stop_all(self) -> None:
         agents = [p for name, p in self._processes if not name.startswith(("server", "gateway"))]
         gateways = [p for name, p in self._processes if name == "gateway"]
         servers = [p for name, p in self._processes if name.startswith("server")]

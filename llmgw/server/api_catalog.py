@@ -17,6 +17,7 @@ from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.catalog_diff import catalog_diff
 from llmgw.server.cluster import Cluster
+from llmgw.server.late_plugins import late_plugin_note
 from llmgw.server.persist import catalog_history, catalog_revision
 from llmgw.server.replies import InvalidCatalog, Refused, answer, query_int
 from llmgw.server.rollout import undo_refusal
@@ -56,7 +57,8 @@ class CatalogEndpoints:
         try:
             return parse_catalog(body.text, self.engines, source=body.name or "catalog")
         except CatalogError as exc:
-            raise InvalidCatalog(exc) from None
+            note = late_plugin_note(exc.problems)
+            raise InvalidCatalog(CatalogError(exc.source, [*exc.problems, note]) if note else exc) from None
 
     def _diff_against_stored(self, catalog: Catalog) -> CatalogDiff:
         return catalog_diff(

@@ -281,15 +281,37 @@ class EngineContract:
                 "spellings (set membership), not substrings"
             )
 
+    @classmethod
+    def cut_short(cls, engine: Engine, text: str) -> tuple[str, str]:
+        """``(which part, text)``: half of a help, the half without the line that defines ``--help``.
+
+        A help cut at its end keeps its first half, one that lost its beginning its second half; the half
+        taken is the one a truncation would leave without ``--help``, wherever the program prints it
+        (argparse near the top, click and others last). With ``--help`` defined in both halves, the
+        part after its last definition. Only lines that start with an option count as defining it.
+        """
+        lines = text.splitlines(keepends=True)
+        middle = len(lines) // 2
+        # --help's own option line starts with an option; a parse_help that also finds --help in a usage
+        # line or a description must not pick the half, or the check could not catch it
+        helps = [i for i in cls.definition_lines(engine, text, "--help") if lines[i].lstrip().startswith("-")]
+        if all(i < middle for i in helps):
+            return "the second half", "".join(lines[middle:])
+        if all(i >= middle for i in helps):
+            return "the first half", "".join(lines[:middle])
+        return "the part after its last --help line", "".join(lines[max(helps) + 1 :])
+
     def test_engine_check_warns_on_half_a_help(self, engine: Engine, help_texts: dict[str, str]) -> None:
-        """The second half of a help draws a truncation warning; flags missing from it are marked so."""
+        """Half a help (the half without its --help line) draws a truncation warning; flags missing from it
+        are marked so."""
         for program, text in help_texts.items():
-            lines = text.splitlines(keepends=True)
-            half = "".join(lines[len(lines) // 2 :])
+            part, half = self.cut_short(engine, text)
             report = check_engine(engine, {**help_texts, program: half})
             assert any(w.startswith(f"{program}:") for w in report.warnings), (
-                f"{program}: the second half of its help drew no warning; parse_help must not find "
-                "--help outside its own option line"
+                f"{program}: {part} of its help (no line of it defines --help) drew no truncation warning, "
+                f"so a help cut short would pass engine-check. parse_help found these flags in it: "
+                f"{sorted(engine.parse_help(half))}; it must find --help only on --help's own option line "
+                "(not in a usage line or a description), or help_warnings must say the text is incomplete"
             )
             assert all(f.possibly_truncated for f in report.missing if f.program == program)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir"]
+__all__ = ["HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir", "missing_engine_help"]
 
 #: points at the folder of real engine help texts, instead of ``shared/engine-help`` beside the repository
 HELP_DIR_ENV = "LLMGW_ENGINE_HELP_DIR"
@@ -36,15 +36,27 @@ def find_engine_help_dir(start: Path, environ: Mapping[str, str] = os.environ) -
 
 @pytest.fixture(scope="session")
 def engine_help_dir(request: pytest.FixtureRequest) -> Path:
-    """The folder of real engine help texts (``engine-0.34.0-serve.txt`` ...); the test is skipped without it.
+    """The folder of real engine help texts (``engine-0.34.0-serve.txt`` ...); without it the test is skipped,
+    or fails in CI (:func:`missing_engine_help`).
 
     Searched from the pytest root folder (an engine distribution) upwards: the
     engines in the llmgw repository read ``../shared/engine-help/`` beside it.
     """
     found = find_engine_help_dir(Path(request.config.rootpath).resolve())
     if found is None:
-        pytest.skip(
+        missing_engine_help(
             f"the real engine help texts are not here: no shared/engine-help above {request.config.rootpath} "
             f"(they live in ../shared/engine-help beside the repository; set {HELP_DIR_ENV})"
         )
     return found
+
+
+def missing_engine_help(message: str, environ: Mapping[str, str] = os.environ) -> None:
+    """Skip the test for want of the real help texts, saying ``message``; in CI (``CI`` is ``true`` or ``1``),
+    fail it instead, so that a CI run without them is never green with the engine checks left out.
+
+    Called by :func:`engine_help_dir` and by tests that look the texts up themselves; never returns.
+    """
+    if environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{message}; CI must have them")
+    pytest.skip(message)

@@ -15,8 +15,8 @@ ssh, with the node's side redirected so this machine is not changed:
 
 The release is built the way a release is built: ``scripts/release`` in a
 fresh ``git clone`` of this repository's HEAD (a clean tree, so not
-``--allow-dirty``), with the dependency wheels (``--no-isolation`` when
-hatchling is installed here, so no index is needed for it). It takes about 5 s
+``--allow-dirty``), with the dependency wheels (``--no-isolation``:
+hatchling is a test dependency, so no index is needed for it). It takes about 5 s
 and is built once per module. The
 agent the fake systemctl starts therefore runs the committed code from a venv
 under the node root, not this working tree: that is the point.
@@ -28,7 +28,6 @@ test ends, pass or fail. Skipped, saying so, only when sshd is not installed
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -47,6 +46,7 @@ from llmgw.ctl.client import write_client_config
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
 from llmgw.testing.processes import ProcessSet, free_port, wait_until
+from tests.onboard.releases import build_release
 
 REPO = Path(__file__).resolve().parents[2]
 SSHD = Path("/usr/sbin/sshd")
@@ -250,17 +250,7 @@ def release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     clone = base / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
     out = base / "release"
-    # with hatchling here, build with it (no index needed); else python -m build makes its own environment
-    isolation = ["--no-isolation"] if importlib.util.find_spec("hatchling") else []
-    done = subprocess.run(
-        [str(clone / "scripts" / "release"), *isolation, "--out", str(out)],
-        cwd=clone,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHON": sys.executable},
-        timeout=600,
-        check=False,
-    )
+    done = build_release("--out", str(out), cwd=clone)  # with this venv's hatchling: no index needed for it
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.version import build_info, git_commit, version, version_info
+from tests.onboard.releases import build_release
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = REPO / "scripts" / "release"
@@ -127,6 +128,19 @@ class TestReleaseScript:
         assert "?? scratch.txt" in done.stderr and "--allow-dirty" in done.stderr
         assert not (clone / "out").exists()
 
+    def test_finds_the_venv_of_run_without_python_set(self, clone):
+        """With PYTHON unset it builds with the venv ./run made (.venv/bin/python), and says so."""
+        (clone / ".venv" / "bin").mkdir(parents=True)
+        python = clone / ".venv" / "bin" / "python"
+        python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this venv's, as ./run makes one
+        python.chmod(0o755)
+        (clone / "scratch.txt").write_text("notes\n")  # refused after the tools are found: nothing is built
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "LLMGW_VENV")}
+        script = str(clone / "scripts" / "release")
+        done = subprocess.run([script], cwd=clone, capture_output=True, text=True, env=env, timeout=60)
+        assert f"release: building with {clone}/.venv/bin/python" in done.stderr, done.stderr
+        assert done.returncode == 1 and "the work tree has changes" in done.stderr
+
     def test_refuses_a_tag_that_does_not_match(self, clone):
         """--tag must name a distribution here at its version, and point at HEAD."""
         script = clone / "scripts" / "release"
@@ -165,7 +179,7 @@ def test_the_release_installs_offline_into_a_fresh_venv(tmp_path):
     """The release folder installs with no index into a new venv whose llmgw names its commit and engines."""
     head = git("rev-parse", "HEAD")
     out = tmp_path / "release"
-    done = release("--out", str(out), "--allow-dirty")
+    done = build_release("--out", str(out), "--allow-dirty")
     assert done.returncode == 0, done.stdout + done.stderr
 
     manifest = json.loads((out / "RELEASE").read_text())

@@ -34,7 +34,7 @@ from llmgw.enginecheck import (
 from llmgw.enginecheck.cli import engine_check
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
-from llmgw.testing.pytest_plugin import find_engine_help_dir
+from llmgw.testing.pytest_plugin import find_engine_help_dir, missing_engine_help
 
 REPO = Path(__file__).resolve().parents[2]
 #: the real help texts, found as the engine distributions' engine_help_dir fixture finds them
@@ -455,16 +455,18 @@ class TestCli:
         assert "no plugin provides engine 'nope' (engines there are: toy)" in result.output
 
 
-needs_help_dir = pytest.mark.skipif(
-    not HELP_DIR.is_dir(), reason=f"the real engine help texts ({HELP_DIR}) are absent"
-)
+@pytest.fixture
+def needs_help_dir():
+    """Skips the test (fails it in CI) when the real engine help texts are absent."""
+    if not HELP_DIR.is_dir():
+        missing_engine_help(f"the real engine help texts ({HELP_DIR}) are absent")
 
 
 def needs(module: str):
     return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
-@needs_help_dir
+@pytest.mark.usefixtures("needs_help_dir")
 class TestCliOnRealEngines:
     """``ctl engine-check`` with the installed engine distributions and the real help texts."""
 

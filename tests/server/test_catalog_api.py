@@ -160,3 +160,20 @@ async def test_ctl_diff_apply_and_catalog(server, test_pki, tmp_path):
     history = (await run("catalog", "history")).stdout.splitlines()
     assert history[0].split() == ["revision", "applied", "by"]
     assert [line.split()[0] + " " + line.split()[-1] for line in history[2:]] == ["1 carol", "2 carol"]
+
+
+async def test_an_engine_installed_after_the_server_started_is_named_with_a_restart(
+    nursery, test_pki, tmp_path, monkeypatch
+):
+    """A catalog naming an engine whose plugin came after the server started: 400 saying to restart it."""
+    from llmgw.server import late_plugins
+
+    monkeypatch.setattr(late_plugins, "_AT_START", {})  # as if every plugin was installed after the start
+    server = await start_server(nursery, test_pki.server_config(tmp_path / "state"), {})
+    async with admin(test_pki) as client:
+        refused = await client.post(f"{server}/v1/admin/catalog", json={"text": TWO_MODELS, "name": "c.yaml"})
+    assert refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert "no plugin provides engine 'sim'" in message
+    assert "plugins installed after this server started, which it has not loaded: " in message
+    assert "llmgw-engine-sim" in message and "restart it" in message

@@ -73,6 +73,13 @@ models:
     "--gateway-port", default=8080, show_default=True, type=int, help="The OpenAI-compatible gateway's port."
 )
 @click.option(
+    "--metrics-port",
+    default=DEV_METRICS_PORT,
+    show_default=True,
+    type=click.IntRange(1, 65534),
+    help="The server's /metrics on 127.0.0.1:PORT; each agent's on its node address at PORT + 1.",
+)
+@click.option(
     "--config-dir",
     "ctl_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -92,13 +99,14 @@ def dev(
     state_dir: Path,
     server_port: int,
     gateway_port: int,
+    metrics_port: int,
     ctl_dir: Path | None,
     once: bool,
     store: str | None,
 ) -> None:
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
     cluster = LocalCluster(state_dir, server_port=server_port, store=store)
-    cluster.metrics_port = DEV_METRICS_PORT
+    cluster.metrics_port = metrics_port
     if store is not None:  # every client of the control plane gets both servers
         cluster.server_url = f"https://127.0.0.1:{server_port},https://127.0.0.1:{server_port + 1}"
     ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)

@@ -76,6 +76,13 @@ models:
     "--gateway-port", default=8080, show_default=True, type=int, help="The OpenAI-compatible gateway's port."
 )
 @click.option(
+    "--metrics-port",
+    default=DEV_METRICS_PORT,
+    show_default=True,
+    type=click.IntRange(1, 65534),
+    help="The server's /metrics on 127.0.0.1:PORT; each agent's on its node address at PORT + 1.",
+)
+@click.option(
     "--config-dir",
     "ctl_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -95,6 +102,7 @@ def dev(
     state_dir: Path,
     server_port: int,
     gateway_port: int,
+    metrics_port: int,
     ctl_dir: Path | None,
     once: bool,
     store: str | None,
@@ -102,7 +110,7 @@ def dev(
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
     with stop_on_signals():
         try:
-            _dev(node_count, state_dir, server_port, gateway_port, ctl_dir, once, store)
+            _dev(node_count, state_dir, server_port, gateway_port, metrics_port, ctl_dir, once, store)
         except Stopped as stop:
             click.echo(f"llmgw dev: stopped by {stop}")
             raise SystemExit(128 + stop.signum) from None
@@ -113,21 +121,22 @@ def _dev(
     state_dir: Path,
     server_port: int,
     gateway_port: int,
+    metrics_port: int,
     ctl_dir: Path | None,
     once: bool,
     store: str | None,
 ) -> None:
     cluster = LocalCluster(state_dir, server_port=server_port, store=store)
-    cluster.metrics_port = DEV_METRICS_PORT
+    cluster.metrics_port = metrics_port
     for left in cluster.leftovers:
         click.echo(f"stopped {left}, left running by an earlier llmgw dev on {cluster.state_dir}")
-    ports = [server_port, *([server_port + 1] if store else []), gateway_port]
+    ports = [server_port, *([server_port + 1] if store else []), gateway_port, metrics_port]
     taken = [port for port in ports if port_in_use("127.0.0.1", port)]
     if taken:
         raise click.ClickException(
             f"127.0.0.1:{taken[0]} is in use by another program (not one an earlier llmgw dev on "
             f"{cluster.state_dir} left: those are stopped first); stop it (`ss -ltnp 'sport = :{taken[0]}'` "
-            "names it) or pick other ports with --server-port and --gateway-port"
+            "names it) or pick other ports with --server-port, --gateway-port and --metrics-port"
         )
     if store is not None:  # every client of the control plane gets both servers
         cluster.server_url = f"https://127.0.0.1:{server_port},https://127.0.0.1:{server_port + 1}"

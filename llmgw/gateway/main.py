@@ -154,6 +154,7 @@ class Gateway:
                 retry_interval=config.routes_retry_interval,
             )
             self.metrics = metrics = GatewayMetrics(balancer, lambda: watcher)
+            metrics.certificate(self.config.cert)
             proxy = Proxy(upstreams, balancer, metrics, config.proxy)
             self.app = GatewayApp(proxy, balancer, metrics, watcher, require_keys=config.require_keys)
             try:

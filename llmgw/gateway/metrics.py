@@ -19,8 +19,10 @@ consecutive chunks from the engine).
 Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{model,replica}``,
 ``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
 ``llmgw_gateway_ready_replicas{model}``, ``llmgw_gateway_routes_age_seconds``
-(since the server last answered), ``llmgw_gateway_routes_feed_up`` and
-``llmgw_gateway_routes_revision``.
+(since the server last answered), ``llmgw_gateway_routes_feed_up``,
+``llmgw_gateway_routes_revision`` and
+``llmgw_gateway_certificate_expiry_timestamp_seconds`` (the certificate it reads
+routes with, when it has one).
 
 With ``--workers N`` the counted metrics are summed over every worker (see
 :mod:`llmgw.gateway.workers`); the live ones are the answering worker's.
@@ -33,7 +35,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Histogram, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -130,7 +134,8 @@ class GatewayMetrics:
             buckets=_ITL_BUCKETS,
             registry=registry,
         )
-        self.registry.register(_LiveCollector(balancer, watcher))
+        self._live = _LiveCollector(balancer, watcher)
+        self.registry.register(self._live)
         self._itl_children: dict[str, Histogram] = {}
         self._key_children: dict[tuple[str, str, int], Counter] = {}
         self._token_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
@@ -189,6 +194,12 @@ class GatewayMetrics:
         """Count a retry on another replica."""
         self.retries.labels(model).inc()
 
+    def certificate(self, path: Path | None) -> None:
+        """Export when the certificate at ``path`` (the gateway's, for the routes feed) expires."""
+        if path is not None and path.exists():
+            certificate = x509.load_pem_x509_certificate(path.read_bytes())
+            self._live.cert_not_after = certificate.not_valid_after_utc.timestamp()
+
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scraper sending ``Accept: accept``: (body, content type)."""
         encoder, content_type = choose_encoder(accept or "")
@@ -201,6 +212,8 @@ class _LiveCollector:
     def __init__(self, balancer: Balancer, watcher: Callable[[], RoutesWatcher | None]) -> None:
         self._balancer = balancer
         self._watcher = watcher
+        #: when the gateway's certificate expires (UNIX time), None without one
+        self.cert_not_after: float | None = None
 
     def describe(self) -> list[Metric]:
         return []
@@ -230,6 +243,12 @@ class _LiveCollector:
         yield in_flight
         yield breaker
         yield ready
+        if self.cert_not_after is not None:
+            yield GaugeMetricFamily(
+                "llmgw_gateway_certificate_expiry_timestamp_seconds",
+                "When the certificate this gateway reads routes with expires (UNIX time).",
+                value=self.cert_not_after,
+            )
         if watcher is not None:
             yield GaugeMetricFamily(
                 "llmgw_gateway_routes_age_seconds",

@@ -16,6 +16,8 @@ _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,12})')
 #: bytes after ``"usage"`` searched for its numbers
 _WINDOW = 512
+#: bytes of a stream chunk kept to find a usage object cut between two chunks (one is ~100 bytes)
+_CARRY = 160
 
 
 def read_usage(body: bytes) -> tuple[int, int] | None:
@@ -44,10 +46,13 @@ class StreamUsage:
         self._carry = b""
 
     def feed(self, chunk: bytes) -> None:
-        """Look for a usage object in ``chunk`` (and the end of the chunk before, if it was cut there)."""
-        data = self._carry + chunk
-        if b"_tokens" in data:
-            found = read_usage(data)
+        """Look for a usage object in ``chunk`` (and the end of the chunk before, if it was cut there).
+
+        A usage object cut between two chunks still has a ``..._tokens`` key in the second
+        (``total_tokens`` comes last), so a chunk without one is skipped at the cost of one search.
+        """
+        if b"_tokens" in chunk:
+            found = read_usage(self._carry + chunk)
             if found is not None:
                 self.usage = found
-        self._carry = chunk[-_WINDOW:] if b'"usage"' in chunk[-_WINDOW:] else chunk[-16:]
+        self._carry = chunk[-_CARRY:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,16 @@ class TestDashboard:
         for panel in dashboard["panels"]:
             for target in panel.get("targets", []):
                 assert promql_names(target["expr"]), f"{panel['title']}: {target['expr']} reads no metric"
+
+    def test_dashboard_is_what_its_script_writes(self):
+        """deploy/grafana/llmgw.json is what scripts/grafana_dashboard.py writes (run it after an edit)."""
+        done = subprocess.run(
+            [sys.executable, "-c", "import grafana_dashboard as d; print(d.render(), end='')"],
+            cwd=DEPLOY.parent / "scripts", capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert done.stdout == (DEPLOY / "grafana" / "llmgw.json").read_text(), (
+            "deploy/grafana/llmgw.json is out of date: run .venv/bin/python scripts/grafana_dashboard.py"
+        )
 
     def test_queries_read_only_llmgw_engine_and_process_metrics(self):
         """Every name the dashboard and the alerts read is llmgw's, vLLM's, process_* or Prometheus' up."""

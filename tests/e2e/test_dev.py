@@ -48,6 +48,8 @@ def test_dev_once_brings_every_replica_up_and_leaves_nothing_running(llmgw_exe, 
             str(free_port()),
             "--gateway-port",
             str(free_port()),
+            "--metrics-port",
+            str(free_port()),
             "--state-dir",
             str(state),
             "--config-dir",
@@ -82,7 +84,7 @@ def test_dev_on_postgresql_runs_two_servers_one_leading(llmgw_exe, clean_env, tm
     port = next(p for p in iter(free_port, None) if _free(p + 1))  # the standby listens on the next port
     argv = [llmgw_exe, "dev", "--once", "--nodes", "2", "--server-port", str(port), "--store", pg_url]
     argv += ["--gateway-port", str(free_port()), "--state-dir", str(state)]
-    argv += ["--config-dir", str(tmp_path / "ctl")]
+    argv += ["--metrics-port", str(free_port()), "--config-dir", str(tmp_path / "ctl")]
     result = subprocess.run(argv, capture_output=True, text=True, env=clean_env, timeout=200)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "llmgw dev: 3 replicas ready" in result.stdout

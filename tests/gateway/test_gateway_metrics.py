@@ -44,3 +44,19 @@ async def test_tokens_keys_inter_token_latency_and_access_lines(gateway_url, cap
     assert streamed_line.ttft is not None and 0 < streamed_line.ttft <= streamed_line.duration
     assert "key=alice" in first.getMessage() and "tokens=" in first.getMessage()
     assert not any(KEY in r.getMessage() or "sk-wrong" in r.getMessage() for r in caplog.records)
+
+
+def test_stream_usage_is_found_wherever_the_chunks_cut_it():
+    """The last usage object of a stream is read whichever byte it is cut at, past a ``usage: null``."""
+    from llmgw.gateway.usage import StreamUsage, read_usage
+
+    usage_object = b'"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}'
+    final = b'data: {"id":"x","choices":[],' + usage_object + b'}\n\n'
+    for cut in range(1, len(final)):
+        usage = StreamUsage()
+        usage.feed(b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n')
+        usage.feed(final[:cut])
+        usage.feed(final[cut:])
+        assert usage.usage == (12, 5), cut
+    assert read_usage(b'{"data":[],"usage":{"prompt_tokens":7,"total_tokens":7}}') == (7, 0)  # embeddings
+    assert read_usage(b'{"choices":[]}') is None

@@ -174,3 +174,26 @@ async def test_leader_and_standby_on_postgresql_say_which_they_are(nursery, test
         == standby_values[("llmgw_server_leader_epoch", ())]
         == epoch
     )
+
+
+def test_a_busy_or_malformed_metrics_listen_is_a_clear_error(test_pki, tmp_path):
+    """``--metrics-listen`` on a port in use, or not HOST:PORT: exit 1 naming the flag and why."""
+    import socket
+    import subprocess
+
+    from llmgw.dev.cluster import program
+
+    tls = ["--cert", str(test_pki.server.cert_path), "--key", str(test_pki.server.key_path)]
+    argv = [program("llmgw"), "server", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", *tls]
+    argv += ["--ca", str(test_pki.ca.cert_path)]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [*argv, "--metrics-listen", f"127.0.0.1:{port}"], capture_output=True, text=True
+        )
+    assert done.returncode == 1
+    assert f"error: --metrics-listen 127.0.0.1:{port}: cannot listen: Address already in use" in done.stderr
+    done = subprocess.run([*argv, "--metrics-listen", "nope"], capture_output=True, text=True)
+    assert done.returncode != 0 and "--metrics-listen 'nope': expected HOST:PORT" in done.stderr

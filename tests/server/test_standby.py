@@ -16,6 +16,8 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
+from llmgw.gateway.reports import SuspectReporter
+from llmgw.net.client import ConnectionPool
 from llmgw.net.server import Request, Response
 from llmgw.server.cluster import Settings
 from llmgw.server.main import serve_server
@@ -27,7 +29,7 @@ from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER
 from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import wait_for
 from llmgw.testing.server import start_server
-from llmgw.wire import SyncReply, from_json
+from llmgw.wire import SuspectReport, SyncReply, from_json
 from tests.server.test_server_api import CATALOG, client, sync_body
 
 
@@ -283,3 +285,16 @@ async def test_a_gateway_pointed_at_the_standby_only_gets_its_routes(servers, te
         await until(listed, "the gateway to list small, accepting the leader's key")
     (route,) = gateway.watcher.table.routes["small"]
     assert route.url.startswith("http://127.0.0.5:"), "the ready replica, as the leader stored it"
+
+
+async def test_a_gateway_report_sent_to_the_standby_reaches_the_leader(servers, test_pki):
+    """A stall report posted to the standby is answered not_leader; the gateway re-sends it to the leader."""
+    leader, standby = servers
+    async with ConnectionPool(ssl_context=test_pki.context("gateway", "gw")) as pool:
+        reporter = SuspectReporter(pool, standby)
+        with trio.fail_after(10):
+            await reporter._deliver(SuspectReport("small-0", "no byte for 30 s"))
+    assert reporter.delivered == 1 and reporter.servers.current == leader
+    async with client(test_pki, "admin", "ops") as admin:
+        events = (await admin.get(f"{leader}/v1/admin/events")).json()["events"]
+    assert any(e["message"].startswith("gateway gw found it stalled: no byte for 30 s") for e in events)

@@ -25,7 +25,7 @@ from llmgw.server.persist import add_api_key
 from llmgw.server.standby import StandbyView
 from llmgw.server.store import StoreError
 from llmgw.server.store_pg import feed_revision, open_pg_store
-from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER
+from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER, ServerList, send_to_leader
 from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import wait_for
 from llmgw.testing.server import start_server
@@ -298,3 +298,22 @@ async def test_a_gateway_report_sent_to_the_standby_reaches_the_leader(servers, 
     async with client(test_pki, "admin", "ops") as admin:
         events = (await admin.get(f"{leader}/v1/admin/events")).json()["events"]
     assert any(e["message"].startswith("gateway gw found it stalled: no byte for 30 s") for e in events)
+
+
+async def test_an_agents_farewell_sent_to_the_standby_first_reaches_the_leader(servers, test_pki):
+    """An agent's farewell with --server STANDBY,LEADER goes on to the leader, which takes it."""
+    leader, standby = servers
+    await ready_replica(leader, test_pki)
+    listed = ServerList.parse(f"{standby},{leader}")
+    async with client(test_pki, "node", "node-1") as node:
+        body = {**sync_body("node-1"), "leaving": True}
+        reply = await send_to_leader(node, listed, "POST", "/v1/agent/sync", json=body)
+    assert reply.status_code == 200, reply.text
+    assert listed.current == leader
+    async with client(test_pki, "admin", "ops") as admin:
+
+        async def noted():
+            events = (await admin.get(f"{leader}/v1/admin/events")).json()["events"]
+            return any(e["subject"] == "node-1" and "stopping on purpose" in e["message"] for e in events)
+
+        await until(noted, "the leader to record node-1's agent leaving")

@@ -45,7 +45,15 @@ async def servers(nursery, test_pki, tmp_path, pg_url):
     engines = {"sim": SimEngine()}
     leader = await start_server(nursery, config("a"), engines)
     host, port = await nursery.start(partial(serve_server, config("b"), dict(engines)))
-    return leader, f"https://{host}:{port}"
+    standby = f"https://{host}:{port}"
+    async with client(test_pki, "admin", "ops") as admin:
+
+        async def standing_by():
+            reply = await admin.get(f"{standby}/v1/admin/servers")
+            return reply.status_code == 200 and STANDBY_HEADER in reply.headers
+
+        await until(standing_by, "server B to answer as a standby (it found A leading)")
+    return leader, standby
 
 
 async def until(check, what: str):

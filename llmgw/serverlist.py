@@ -33,7 +33,8 @@ __all__ = [
 LEADER_HEADER = "x-llmgw-leader"
 #: the error type of a standby's answer
 NOT_LEADER = "not_leader"
-#: the header on a standby's read (from the store, as the leader last wrote it): which revision, how old
+#: the header on a standby's read (from the store, as the leader last wrote it): which revision, how
+#: fresh, and the leader (``revision 8, checked 0.4 s ago, leader https://a:7443``)
 STANDBY_HEADER = "x-llmgw-standby"
 
 

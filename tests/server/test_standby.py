@@ -93,6 +93,7 @@ async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_th
 
         reply = await until(replica_ready_on_standby, "the standby to show the ready replica")
         assert reply.headers[STANDBY_HEADER].startswith("revision ")
+        assert reply.headers[STANDBY_HEADER].endswith(f" s ago, leader {leader}")
         (shard,) = reply.json()["replicas"][0]["shards"]
         assert shard["state"] == "unknown" and shard["pid"] is None, "only the leader hears the agents"
         nodes = (await admin.get(f"{standby}/v1/admin/nodes")).json()["nodes"]

@@ -73,8 +73,6 @@ class View:
     revision: int
     #: answers the reads: a server app over the loaded cluster, whose reconciler never runs
     app: ServerApp
-    #: time.time() it was read at
-    read_at: float
 
 
 class StandbyView:
@@ -207,7 +205,7 @@ class StandbyView:
             previous = self._routes[1] if self._routes else 0
             self._routes = (table, max(previous + 1, int(time.time() * 1000)))
         cluster.routes_revision = self._routes[1]
-        self.view = View(revision, app, time.time())
+        self.view = View(revision, app)
         self.reloads += 1
         log.debug("standby: view at revision %d (%d nodes, %d replicas)", revision, len(cluster.nodes),
                   len(cluster.replicas))  # fmt: skip

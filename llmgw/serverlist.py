@@ -11,8 +11,11 @@ store, marking them with the ``x-llmgw-standby`` header.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "LEADER_HEADER",
@@ -23,13 +26,15 @@ __all__ = [
     "leader_hint",
     "parse_servers",
     "raise_for_standby",
+    "send_to_leader",
 ]
 
 #: the header a standby names the leader's URL in
 LEADER_HEADER = "x-llmgw-leader"
 #: the error type of a standby's answer
 NOT_LEADER = "not_leader"
-#: the header on a standby's read (from the store, as the leader last wrote it): which revision, how old
+#: the header on a standby's read (from the store, as the leader last wrote it): which revision, how
+#: fresh, and the leader (``revision 8, checked 0.4 s ago, leader https://a:7443``)
 STANDBY_HEADER = "x-llmgw-standby"
 
 
@@ -145,3 +150,40 @@ class ServerList:
 
     def __str__(self) -> str:
         return ",".join(self.urls)
+
+
+async def send_to_leader(
+    client: httpx.AsyncClient, servers: ServerList, method: str, path: str, **kwargs: Any
+) -> httpx.Response:
+    """Send one request to the leader among ``servers``: to the current one, moving on when it cannot be
+    reached or is a standby (to the leader it names); at most one try per server, and one more.
+
+    For a client's occasional calls (an agent's farewell, its weights calls); the answer of the last
+    server tried, whatever its status.
+
+    :raises httpx.HTTPError: the last error, when the last server tried could not be reached.
+    """
+    import httpx
+
+    error: httpx.HTTPError | None = None
+    response: httpx.Response | None = None
+    for _ in range(len(servers) + 1):
+        server = servers.current
+        try:
+            response = await client.request(method, server + path, **kwargs)
+        except httpx.HTTPError as exc:
+            error, response = exc, None
+            servers.failed(server)
+            continue
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        standby, leader = leader_hint(response.status_code, response.headers, body)
+        if not standby:
+            return response
+        servers.not_leader(server, leader)
+    if response is not None:
+        return response
+    assert error is not None
+    raise error

@@ -26,6 +26,7 @@ from llmgw.net.metrics import observability_handler
 from llmgw.net.server import HttpServer, parse_listen
 from llmgw.pki import client_ssl_context, server_ssl_context
 from llmgw.plugins import get_plugin_manager
+from llmgw.serverlist import ServerList, send_to_leader
 from llmgw.wire import to_json
 
 __all__ = ["serve_agent", "say_leaving", "FAREWELL_TIMEOUT"]
@@ -207,10 +208,10 @@ async def say_leaving(agent: Agent) -> bool:
     :returns: whether the server took it (else its replicas count a failure, as for a crash).
     """
     request = attrs.evolve(agent.request(), leaving=True, wait=bool(agent.supervisors))
-    url = f"{agent.config.server}/v1/agent/sync"
+    servers = ServerList.parse(agent.config.server)  # the leader takes it; standbys name it
     try:
         async with httpx.AsyncClient(verify=agent.ssl_context, timeout=FAREWELL_TIMEOUT) as client:
-            response = await client.post(url, json=to_json(request))
+            response = await send_to_leader(client, servers, "POST", "/v1/agent/sync", json=to_json(request))
     except httpx.HTTPError as exc:
         log.warning("could not tell the server this agent is leaving: %s", exc)
         return False

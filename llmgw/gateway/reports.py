@@ -3,9 +3,10 @@
 :meth:`SuspectReporter.report` queues a :class:`~llmgw.wire.SuspectReport`
 (never waits: it is called from the stall watch); :meth:`SuspectReporter.run`
 posts each to ``POST /v1/gateway/suspect`` on the server, with the gateway's
-certificate, through the routes feed's connection pool. A report that cannot
-be delivered is logged and dropped: the agent's canary finds a hung engine
-without it.
+certificate, through the routes feed's connection pool: to the server it uses
+now, moving on (as the routes feed does) when it cannot be reached or is a
+standby, which names the leader. A report that cannot be delivered is logged
+and dropped: the agent's canary finds a hung engine without it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import trio
 
 from llmgw.gateway.balancer import Upstream
 from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.serverlist import ServerList, leader_hint
 from llmgw.wire import SuspectReport, to_json
 
 __all__ = ["SuspectReporter", "SUSPECT_PATH"]
@@ -32,13 +34,14 @@ class SuspectReporter:
     """Reports stalled replicas to the server, one at a time, in the background.
 
     :param pool: the connection pool to the server (its TLS context holds the gateway's certificate).
-    :param server: the server's base URL.
+    :param server: the server's base URL (several: comma-separated, as ``--server`` takes them).
     :param timeout: seconds one report may take.
     """
 
     def __init__(self, pool: ConnectionPool, server: str, *, timeout: float = 5.0) -> None:
         self.pool = pool
-        self.url = server.rstrip("/") + SUSPECT_PATH
+        #: the servers; reports go to the current one (the leader, once a standby named it)
+        self.servers = ServerList.parse(server, schemes=("http", "https"))
         self.timeout = timeout
         self._send, self._receive = trio.open_memory_channel[SuspectReport](_QUEUED)
         #: reports the server accepted (for tests)
@@ -62,15 +65,31 @@ class SuspectReporter:
         headers = [("content-type", "application/json"), ("accept", "application/json")]
         why = None
         with trio.move_on_after(self.timeout) as scope:
-            try:
-                response = await self.pool.request("POST", self.url, headers=headers, body=body, limit=65536)
-            except HttpClientError as exc:
-                why = str(exc)
-            else:
+            for _ in range(len(self.servers) + 1):
+                server = self.servers.current
+                try:
+                    response = await self.pool.request(
+                        "POST", server + SUSPECT_PATH, headers=headers, body=body, limit=65536
+                    )
+                except HttpClientError as exc:
+                    why = f"{server}: {exc}"
+                    self.servers.failed(server)
+                    continue
                 if response.status < 300:
                     self.delivered += 1
                     return
-                why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
+                text = (response.content or b"")[:200].decode(errors="replace")
+                try:
+                    answer = json.loads(response.content or b"")
+                except ValueError:
+                    answer = None
+                standby, leader = leader_hint(response.status, dict(response.headers), answer)
+                if standby:  # only the leader records reports
+                    why = f"{server} is a standby (leader: {leader or 'none yet'})"
+                    self.servers.not_leader(server, leader)
+                    continue
+                why = f"HTTP {response.status}: {text}"
+                break
         if scope.cancelled_caught:
             why = f"no answer within {self.timeout:g} s"
         log.warning("could not report replica %s to the server: %s", report.replica, why)

@@ -358,6 +358,7 @@ async def lead_when_elected(
     front.refusal = lambda: not_leader_reply(lease, loading=loading)
     if view is not None:
         view.refusal = front.refusal
+        view.leader = lambda: lease.seen.address if lease.seen and lease.seen.expires_in > 0 else None
     try:
         async with trio.open_nursery() as standby:
             while True:

@@ -73,15 +73,14 @@ class View:
     revision: int
     #: answers the reads: a server app over the loaded cluster, whose reconciler never runs
     app: ServerApp
-    #: time.time() it was read at
-    read_at: float
 
 
 class StandbyView:
     """A standby's view of the store and its answers; see the module docstring.
 
     Set :attr:`refusal` before answering: the answer to what a standby does not answer (503
-    ``not_leader`` naming the leader; :func:`~llmgw.server.leader.lead_when_elected` sets it).
+    ``not_leader`` naming the leader; :func:`~llmgw.server.leader.lead_when_elected` sets it, and
+    :attr:`leader`).
 
     :param poll: seconds between two reads of the feed's revision without a notification.
     :param stale_after: seconds after the last successful look at the feed past which the view is not served.
@@ -106,6 +105,8 @@ class StandbyView:
         self.poll = poll
         self.stale_after = stale_after
         self.refusal: Callable[[], Response] = _no_refusal
+        #: the leader's URL as this server last read the lease (None: none known); named in answers
+        self.leader: Callable[[], str | None] = lambda: None
         #: the view answered from; None until the first is read (and while this server leads)
         self.view: View | None = None
         #: trio time of the last successful read of the feed's revision
@@ -204,7 +205,7 @@ class StandbyView:
             previous = self._routes[1] if self._routes else 0
             self._routes = (table, max(previous + 1, int(time.time() * 1000)))
         cluster.routes_revision = self._routes[1]
-        self.view = View(revision, app, time.time())
+        self.view = View(revision, app)
         self.reloads += 1
         log.debug("standby: view at revision %d (%d nodes, %d replicas)", revision, len(cluster.nodes),
                   len(cluster.replicas))  # fmt: skip
@@ -238,6 +239,8 @@ class StandbyView:
         # the view is current as of the last look at the feed, however long ago it was read
         checked = trio.current_time() - (self.checked_at or trio.current_time())
         note = f"revision {view.revision}, checked {checked:.1f} s ago"
+        if (leader := self.leader()) is not None:
+            note += f", leader {leader}"
         return attrs.evolve(response, headers=(*response.headers, (STANDBY_HEADER, note)))
 
     async def _wait_routes(self, known: str) -> None:

@@ -31,13 +31,12 @@ def admin(local: LocalCluster, port: int) -> httpx.Client:
 
 
 def role(client: httpx.Client) -> str | None:
-    """``leader`` or ``standby``, by how the server answers ``ctl nodes``; None while it cannot answer it."""
+    """``leader`` or ``standby`` (reading from its view of the store), by how the server answers
+    ``ctl nodes``; None while it cannot answer it (also a standby whose view is not read yet)."""
     try:
         reply = client.get("/v1/admin/nodes")
     except httpx.HTTPError:
         return None
-    if reply.status_code == 503 and reply.json()["error"]["type"] == "not_leader":
-        return "standby"
     if reply.status_code != 200:
         return None
     return "standby" if "x-llmgw-standby" in reply.headers else "leader"

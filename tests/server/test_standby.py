@@ -16,6 +16,8 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
+from llmgw.gateway.reports import SuspectReporter
+from llmgw.net.client import ConnectionPool
 from llmgw.net.server import Request, Response
 from llmgw.server.cluster import Settings
 from llmgw.server.main import serve_server
@@ -23,11 +25,11 @@ from llmgw.server.persist import add_api_key
 from llmgw.server.standby import StandbyView
 from llmgw.server.store import StoreError
 from llmgw.server.store_pg import feed_revision, open_pg_store
-from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER
+from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER, ServerList, send_to_leader
 from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import wait_for
 from llmgw.testing.server import start_server
-from llmgw.wire import SyncReply, from_json
+from llmgw.wire import SuspectReport, SyncReply, from_json
 from tests.server.test_server_api import CATALOG, client, sync_body
 
 
@@ -43,7 +45,15 @@ async def servers(nursery, test_pki, tmp_path, pg_url):
     engines = {"sim": SimEngine()}
     leader = await start_server(nursery, config("a"), engines)
     host, port = await nursery.start(partial(serve_server, config("b"), dict(engines)))
-    return leader, f"https://{host}:{port}"
+    standby = f"https://{host}:{port}"
+    async with client(test_pki, "admin", "ops") as admin:
+
+        async def standing_by():
+            reply = await admin.get(f"{standby}/v1/admin/servers")
+            return reply.status_code == 200 and STANDBY_HEADER in reply.headers
+
+        await until(standing_by, "server B to answer as a standby (it found A leading)")
+    return leader, standby
 
 
 async def until(check, what: str):
@@ -83,6 +93,7 @@ async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_th
 
         reply = await until(replica_ready_on_standby, "the standby to show the ready replica")
         assert reply.headers[STANDBY_HEADER].startswith("revision ")
+        assert reply.headers[STANDBY_HEADER].endswith(f" s ago, leader {leader}")
         (shard,) = reply.json()["replicas"][0]["shards"]
         assert shard["state"] == "unknown" and shard["pid"] is None, "only the leader hears the agents"
         nodes = (await admin.get(f"{standby}/v1/admin/nodes")).json()["nodes"]
@@ -283,3 +294,35 @@ async def test_a_gateway_pointed_at_the_standby_only_gets_its_routes(servers, te
         await until(listed, "the gateway to list small, accepting the leader's key")
     (route,) = gateway.watcher.table.routes["small"]
     assert route.url.startswith("http://127.0.0.5:"), "the ready replica, as the leader stored it"
+
+
+async def test_a_gateway_report_sent_to_the_standby_reaches_the_leader(servers, test_pki):
+    """A stall report posted to the standby is answered not_leader; the gateway re-sends it to the leader."""
+    leader, standby = servers
+    async with ConnectionPool(ssl_context=test_pki.context("gateway", "gw")) as pool:
+        reporter = SuspectReporter(pool, standby)
+        with trio.fail_after(10):
+            await reporter._deliver(SuspectReport("small-0", "no byte for 30 s"))
+    assert reporter.delivered == 1 and reporter.servers.current == leader
+    async with client(test_pki, "admin", "ops") as admin:
+        events = (await admin.get(f"{leader}/v1/admin/events")).json()["events"]
+    assert any(e["message"].startswith("gateway gw found it stalled: no byte for 30 s") for e in events)
+
+
+async def test_an_agents_farewell_sent_to_the_standby_first_reaches_the_leader(servers, test_pki):
+    """An agent's farewell with --server STANDBY,LEADER goes on to the leader, which takes it."""
+    leader, standby = servers
+    await ready_replica(leader, test_pki)
+    listed = ServerList.parse(f"{standby},{leader}")
+    async with client(test_pki, "node", "node-1") as node:
+        body = {**sync_body("node-1"), "leaving": True}
+        reply = await send_to_leader(node, listed, "POST", "/v1/agent/sync", json=body)
+    assert reply.status_code == 200, reply.text
+    assert listed.current == leader
+    async with client(test_pki, "admin", "ops") as admin:
+
+        async def noted():
+            events = (await admin.get(f"{leader}/v1/admin/events")).json()["events"]
+            return any(e["subject"] == "node-1" and "stopping on purpose" in e["message"] for e in events)
+
+        await until(noted, "the leader to record node-1's agent leaving")

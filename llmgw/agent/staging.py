@@ -38,6 +38,7 @@ from llmgw.agent.copy_meter import CopyMeter, Progress
 from llmgw.agent.hub_fetch import HubFetcher
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
+from llmgw.serverlist import ServerList, send_to_leader
 from llmgw.weights import Manifest, ManifestFile, file_sha256, hub_ref, seed_path
 from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 
@@ -71,6 +72,8 @@ class Stager:
         self.published: dict[str, str] = {}
         self._posted: dict[str, str] = {}
         self.hub = HubFetcher(self)
+        #: the servers (``--server`` may list several): calls go to the leader
+        self._servers: ServerList | None = None
         #: bytes received from peers since start, verified or not (the agent's metrics read it)
         self.bytes_fetched = 0
 
@@ -81,10 +84,11 @@ class Stager:
     # -- the server ------------------------------------------------------------------------------
 
     async def _call(self, method: str, path: str, *, body: Any = None, params: Any = None) -> Any:
-        url = f"{self.config.server}{path}"
+        if self._servers is None:
+            self._servers = ServerList.parse(self.config.server)
         try:
             async with httpx.AsyncClient(verify=self.server_context(), timeout=30) as client:
-                response = await client.request(method, url, json=body, params=params)
+                response = await send_to_leader(client, self._servers, method, path, json=body, params=params)
         except httpx.HTTPError as exc:
             raise PeerError(f"server unreachable: {exc}") from None
         if response.status_code != 200:

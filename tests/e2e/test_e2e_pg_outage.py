@@ -10,24 +10,11 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import GatewayLoad
+from llmgw.testing.load import CHAT_CATALOG, GatewayLoad
 from llmgw.testing.postgres import REQUIRE_ENV, PostgresCluster, find_postgres_bin
 from llmgw.testing.processes import free_port
 from llmgw.wire import CreateKey, KeyList
 from llmgw.wire.servers import ControlServers
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -62,7 +49,7 @@ def test_database_outage_under_a_leader(tmp_path: Path, own_postgres: PostgresCl
         local.start_server(port=port_b, name="server-b")
         local.start_agent(local.add_node(1))
         local.start_gateway(free_port())
-        local.apply(CATALOG.format(models=tmp_path / "models"))
+        local.apply(CHAT_CATALOG.format(models=tmp_path / "models"))
         local.wait(local.all_ready, "both replicas to be ready")
         before = {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import http.client
 import logging
 import os
@@ -40,8 +41,8 @@ __all__ = ["PeerError", "PeerFiles", "fetch_file", "peer_client_context", "verif
 log = logging.getLogger("llmgw.agent.peers")
 
 _CHUNK = 1024 * 1024
-#: bytes received before they are written to the partial file
-_WRITE_BLOCK = 8 * 1024 * 1024
+#: bytes received (into one reused buffer), hashed and written at a time
+_WRITE_BLOCK = 1024 * 1024
 #: seconds without a byte from a peer after which it counts as gone (a machine that stopped answering)
 STALL_TIMEOUT = 30.0
 
@@ -234,19 +235,22 @@ async def fetch_file(
     file: ManifestFile,
     partial: Path,
     on_bytes: Callable[[int], None] = lambda n: None,
-) -> None:
+) -> str:
     """Fetch ``file`` of copy ``digest`` from ``peer`` (node id, address, port) into ``partial``.
 
-    Resumes from the bytes ``partial`` already holds; returns once it holds
-    ``file.size`` bytes (not yet verified: the caller hashes it). The bytes
+    Resumes from the bytes ``partial`` already holds (hashing them first);
+    returns once it holds ``file.size`` bytes, with the sha256 (hex) of exactly
+    the bytes written, computed as they arrive: the caller compares it with the
+    manifest's before using the file, without reading it again. The bytes
     move in a worker thread with a blocking TLS socket: TLS records are 16 KB,
     and a trio task per record costs more CPU than the copy itself.
 
     :raises PeerError: the peer could not be reached, refused, stalled, or sent too much or too little.
     """
     have = await trio.to_thread.run_sync(_resume_from, partial, file.size)
+    hashed = await trio.to_thread.run_sync(_hash_prefix, partial, have)
     if have == file.size:
-        return
+        return hashed.hexdigest()
     token = trio.lowlevel.current_trio_token()
     stop = threading.Event()
 
@@ -257,10 +261,11 @@ async def fetch_file(
     try:
         await trio.to_thread.run_sync(
             _fetch_blocking, context, ca, peer, f"/v1/peer/files/{digest}/{quote(file.path)}", have, file,
-            partial, report, stop, abandon_on_cancel=True,
+            partial, hashed, report, stop, abandon_on_cancel=True,
         )  # fmt: skip
     finally:
         stop.set()  # an abandoned thread stops at its next block
+    return hashed.hexdigest()
 
 
 def _fetch_blocking(
@@ -271,6 +276,7 @@ def _fetch_blocking(
     have: int,
     file: ManifestFile,
     partial: Path,
+    hashed: hashlib._Hash,
     report: Callable[[int], None],
     stop: threading.Event,
 ) -> None:
@@ -289,16 +295,19 @@ def _fetch_blocking(
                 text = response.read(300).decode(errors="replace")
                 raise PeerError(f"node {node} answered {response.status}: {text}")
             received = have
-            with open(partial, "ab") as handle:
+            buffer = memoryview(bytearray(_WRITE_BLOCK))
+            with open(partial, "ab", buffering=0) as handle:
                 while not stop.is_set():
-                    block = response.read(_WRITE_BLOCK)
-                    if not block:
+                    size = response.readinto(buffer)
+                    if not size:
                         break
-                    received += len(block)
+                    received += size
                     if received > file.size:
                         raise PeerError(f"node {node} sent more than the {file.size} bytes of {file.path}")
+                    block = buffer[:size]
+                    hashed.update(block)
                     handle.write(block)
-                    report(len(block))
+                    report(size)
         except TimeoutError:
             raise PeerError(f"node {node} sent nothing for {STALL_TIMEOUT:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
@@ -307,6 +316,17 @@ def _fetch_blocking(
         connection.close()
     if received != file.size and not stop.is_set():
         raise PeerError(f"node {node} sent {received} of the {file.size} bytes of {file.path}")
+
+
+def _hash_prefix(partial: Path, have: int) -> hashlib._Hash:
+    """A sha256 fed with the first ``have`` bytes of ``partial`` (kept by a resumed fetch); blocking."""
+    hashed = hashlib.sha256()
+    if have:
+        with open(partial, "rb") as handle:
+            while chunk := handle.read(min(_WRITE_BLOCK, have)):
+                hashed.update(chunk)
+                have -= len(chunk)
+    return hashed
 
 
 def _resume_from(partial: Path, size: int) -> int:

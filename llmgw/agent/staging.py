@@ -280,15 +280,14 @@ class Stager:
             ranked = sorted(holders, key=lambda h: (h.complete, random.random()))
             for holder in ranked:
                 peer = (holder.node, holder.address, holder.port)
-                try:
-                    await fetch_file(
+                try:  # the digest of the bytes as written: the file is not read again
+                    digest = await fetch_file(
                         self.peer_context, self.ca, peer, manifest.digest, file, partial,
                         lambda size, meter=meter: self._count(meter, size),
                     )  # fmt: skip
                 except PeerError as exc:
                     log.info("%s from node %s: %s; trying another", file.path, peer[0], exc)
                     continue
-                digest = await trio.to_thread.run_sync(file_sha256, partial)
                 if digest != file.sha256:
                     await trio.to_thread.run_sync(partial.unlink)
                     meter.add(-file.size)  # its bytes are gone: fetched again

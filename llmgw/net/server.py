@@ -57,8 +57,6 @@ Handler = Callable[["Request"], Awaitable["Response"]]
 Precheck = Callable[[ParsedRequest], "Response | None"]
 
 _RECEIVE_SIZE = 64 * 1024
-#: streamed pieces from this size on are sent with their chunk framing apart, not copied into it
-_FRAME_APART = 256 * 1024
 #: requests read ahead on a connection (pipelined) before the server stops reading it
 _MAX_PIPELINED = 16
 #: after refusing a request before its body: how long, and how many bytes, the body is read and dropped
@@ -407,13 +405,7 @@ class HttpServer:
         outcome["started"] = True
         try:
             async for piece in body:
-                if not piece or not with_body:
-                    continue
-                if chunked and len(piece) >= _FRAME_APART:  # framing it would copy it once more
-                    await self._send_all(stream, b"%x\r\n" % len(piece))
-                    await self._send_all(stream, piece)
-                    await self._send_all(stream, b"\r\n")
-                else:
+                if piece and with_body:
                     await self._send_all(stream, chunk(piece) if chunked else piece)
         finally:
             aclose = getattr(body, "aclose", None)

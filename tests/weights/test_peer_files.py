@@ -53,7 +53,7 @@ async def test_a_file_arrives_whole_and_matches_its_sha256(nursery, test_pki, tm
     file = manifest.file("weights.bin")
     partial = tmp_path / "copy" / "weights.bin.part"
     got = []
-    await fetch_file(
+    digest = await fetch_file(
         client(test_pki),
         ca_of(test_pki),
         ("node-1", ADDRESS, port),
@@ -63,7 +63,7 @@ async def test_a_file_arrives_whole_and_matches_its_sha256(nursery, test_pki, tm
         got.append,
     )
     assert partial.stat().st_size == SIZE and sum(got) == SIZE
-    assert file_sha256(partial) == file.sha256
+    assert file_sha256(partial) == file.sha256 == digest  # the digest given is that of the bytes written
     assert peers.bytes_served == SIZE
 
 
@@ -74,11 +74,26 @@ async def test_a_partial_file_resumes_where_it_stopped(nursery, test_pki, tmp_pa
     partial = tmp_path / "copy" / "weights.bin.part"
     partial.parent.mkdir()
     partial.write_bytes((seed / "weights.bin").read_bytes()[:1_000_000])
-    await fetch_file(
+    digest = await fetch_file(
         client(test_pki), ca_of(test_pki), ("node-1", ADDRESS, port), manifest.digest, file, partial
     )
-    assert file_sha256(partial) == file.sha256
+    assert file_sha256(partial) == file.sha256 == digest
     assert peers.bytes_served == SIZE - 1_000_000
+
+
+async def test_a_wrong_byte_kept_from_a_partial_file_shows_in_the_digest(nursery, test_pki, tmp_path, seed):
+    """The digest fetch_file gives covers the resumed bytes read from disk, not only those received."""
+    _, port, manifest = await start_peer(nursery, test_pki, tmp_path, seed)
+    file = manifest.file("weights.bin")
+    partial = tmp_path / "copy" / "weights.bin.part"
+    partial.parent.mkdir()
+    kept = bytearray((seed / "weights.bin").read_bytes()[:1_000_000])
+    kept[500_000] ^= 0xFF
+    partial.write_bytes(bytes(kept))
+    digest = await fetch_file(
+        client(test_pki), ca_of(test_pki), ("node-1", ADDRESS, port), manifest.digest, file, partial
+    )
+    assert digest == file_sha256(partial) != file.sha256
 
 
 async def test_only_node_certificates_get_files(nursery, test_pki, tmp_path, seed):

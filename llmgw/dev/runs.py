@@ -119,6 +119,8 @@ def stop_leftovers(state_dir: Path, grace: float = 15.0) -> list[str]:
         and isinstance(e.get("pid"), int)
         and _start_time(e["pid"]) == e.get("start_time")
     ]
+    known = {e["pid"] for e in alive}
+    alive += [{"name": name, "pid": pid} for pid, name in _unrecorded(state_dir) if pid not in known]
     order = {"gateway": 0, "server": 2}
     alive.sort(key=lambda e: order.get(str(e.get("name", "")).split("-")[0], 1))
     for entry in alive:
@@ -131,6 +133,28 @@ def stop_leftovers(state_dir: Path, grace: float = 15.0) -> list[str]:
             _signal_group(entry["pid"], signal.SIGKILL)
     path.unlink(missing_ok=True)
     return [f"{e.get('name')} (pid {e['pid']})" for e in alive]
+
+
+def _unrecorded(state_dir: Path) -> list[tuple[int, str]]:
+    """``(pid, name)`` of llmgw server, agent and gateway processes of ``state_dir`` leading their own group.
+
+    A run killed with SIGKILL between starting a process and recording it leaves one the record does not
+    name; its command line names files under the state dir (``--state-dir``, ``--cert``).
+    """
+    marker = str(state_dir.resolve()) + "/"
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            pid = int(entry.parent.name)
+            argv = entry.read_bytes().decode(errors="replace").split("\0")
+            if pid == os.getpid() or os.getpgid(pid) != pid or _start_time(pid) is None:
+                continue
+        except (OSError, ValueError):
+            continue
+        role = next((a for a in argv if a in ("server", "agent", "gateway")), None)
+        if role is not None and any(marker in a for a in argv) and any(a.endswith("llmgw") for a in argv):
+            found.append((pid, role))
+    return found
 
 
 def forget_processes(state_dir: Path) -> None:

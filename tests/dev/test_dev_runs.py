@@ -66,6 +66,27 @@ def test_each_run_logs_into_a_folder_of_its_own(tmp_path):
     assert not (tmp_path / "logs" / "server.log").exists()
 
 
+def test_an_agent_started_but_never_recorded_is_ended_by_the_next_run(tmp_path):
+    """A run killed between starting an agent and recording it: the next run finds it by its state dir."""
+    sleeper = "import time; time.sleep(60)"
+    argv = ["/opt/venv/bin/llmgw", "agent", "--state-dir", str(tmp_path / "nodes" / "node-1" / "agent")]
+    unrecorded = subprocess.Popen(["python3", "-c", sleeper, *argv], start_new_session=True)
+    elsewhere = subprocess.Popen(
+        ["python3", "-c", sleeper, argv[0], "agent", "--state-dir", "/var/lib/llmgw"], start_new_session=True
+    )
+    try:
+        assert runs.stop_leftovers(tmp_path, grace=5) == [f"agent (pid {unrecorded.pid})"]
+        assert unrecorded.wait(5) is not None
+        assert elsewhere.poll() is None, "an agent of another state dir was ended"
+    finally:
+        for process in (unrecorded, elsewhere):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
 def test_processes_a_killed_run_left_are_ended_by_the_next(tmp_path):
     """Recorded processes still running are ended, group and all; a pid reused by another program is not."""
     left = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"], start_new_session=True)

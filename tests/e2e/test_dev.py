@@ -108,14 +108,16 @@ class _Dev:
     def __init__(self, llmgw_exe: str, env: dict[str, str], tmp_path: Path) -> None:
         self.exe, self.env, self.tmp_path = llmgw_exe, env, tmp_path
         self.state = tmp_path / "dev"
-        self.ports = (free_port(), free_port())
+        #: server, gateway, and metrics (not the default 9464: another test's cluster may hold it)
+        self.ports = (free_port(), free_port(), free_port())
         self.started: list[ManagedProcess] = []
 
     def argv(self, *more: str) -> list[str]:
-        server, gateway = self.ports
+        server, gateway, metrics = self.ports
         return [
             self.exe, "dev", "--nodes", "3", "--server-port", str(server), "--gateway-port", str(gateway),
-            "--state-dir", str(self.state), "--config-dir", str(self.tmp_path / "ctl"), *more,
+            "--metrics-port", str(metrics), "--state-dir", str(self.state),
+            "--config-dir", str(self.tmp_path / "ctl"), *more,
         ]  # fmt: skip
 
     def start(self, *more: str, ignore_sigint: bool = False) -> ManagedProcess:

@@ -33,7 +33,9 @@ import httpx
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.processes import free_port
 
-__all__ = ["CHAT_CATALOG", "Answer", "GatewayLoad", "gateway_models", "routed_cluster"]
+__all__ = [
+    "CHAT_CATALOG", "SMALL_AND_BIG_CATALOG", "Answer", "GatewayLoad", "gateway_models", "routed_cluster",
+]  # fmt: skip
 
 
 @attrs.frozen
@@ -109,6 +111,29 @@ models:
     source: {models}/chat
     profile: one
     replicas: 2
+"""
+
+
+#: two replicas of ``small`` on one GPU each and one ``big`` on two nodes of four GPUs (tp4x2): the catalog of
+#: the cluster's end-to-end tests, on sqlite and on PostgreSQL; ``{models}`` is the folder of model sources
+SMALL_AND_BIG_CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+  tp4x2:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 4
+models:
+  small:
+    source: {models}/small
+    profile: one
+    replicas: 2
+  big:
+    source: {models}/big
+    profile: tp4x2
+    replicas: 1
 """
 
 

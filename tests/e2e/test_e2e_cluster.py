@@ -14,28 +14,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
+from llmgw.testing.load import SMALL_AND_BIG_CATALOG
 from llmgw.testing.processes import free_port, pid_alive
 from llmgw.wire import CatalogText, EventList, NodeList, ReplicaStatus
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-  tp4x2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 4
-models:
-  small:
-    source: {models}/small
-    profile: one
-    replicas: 2
-  big:
-    source: {models}/big
-    profile: tp4x2
-    replicas: 1
-"""
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,7 +30,7 @@ def cluster(tmp_path: Path):
         for name in ("small", "big"):
             (models / name).mkdir(parents=True)
         local.start(4)
-        local.apply(CATALOG.format(models=models))
+        local.apply(SMALL_AND_BIG_CATALOG.format(models=models))
         local.wait(local.all_ready, "every replica to be ready")
         yield local
     finally:

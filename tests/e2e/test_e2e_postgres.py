@@ -9,28 +9,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
+from llmgw.testing.load import SMALL_AND_BIG_CATALOG
 from llmgw.testing.processes import free_port
 from llmgw.wire import CatalogText, EventList
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-  tp4x2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 4
-models:
-  small:
-    source: {models}/small
-    profile: one
-    replicas: 2
-  big:
-    source: {models}/big
-    profile: tp4x2
-    replicas: 1
-"""
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,7 +26,7 @@ def test_server_on_postgresql_killed_and_restarted_adopts_every_replica(tmp_path
         for name in ("small", "big"):
             (models / name).mkdir(parents=True)
         local.start(2)
-        local.apply(CATALOG.format(models=models))
+        local.apply(SMALL_AND_BIG_CATALOG.format(models=models))
         local.wait(local.all_ready, "every replica to be ready")
         assert "state in postgresql://" in local.tail("server", 200)
         before = {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
@@ -76,7 +57,7 @@ def test_sqlite_cluster_migrated_to_postgresql_keeps_running(tmp_path: Path, pg_
         for name in ("small", "big"):
             (models / name).mkdir(parents=True)
         local.start(2)
-        local.apply(CATALOG.format(models=models))
+        local.apply(SMALL_AND_BIG_CATALOG.format(models=models))
         local.wait(local.all_ready, "every replica to be ready")
         before = {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
         events_before = local.client.request("GET", "/v1/admin/events", EventList).events

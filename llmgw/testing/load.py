@@ -73,16 +73,19 @@ def routed_cluster(
     gateway: Sequence[str] = (),
     sim: str | None = None,
     lost_after: float = 10,
+    metrics_port: int | None = None,
 ) -> Iterator[LocalCluster]:
     """A server, ``nodes`` agents and a gateway routing every model of ``catalog``; all stopped after.
 
     ``catalog`` names its models' sources ``{models}/NAME``: the directories are made under
     ``root/models``. Yields once every replica is ready and the gateway lists every model.
     :param gateway: more ``llmgw gateway`` options; :param sim: the sim program (see :class:`LocalCluster`).
+    :param metrics_port: the server's ``--metrics-listen`` port, agents' the next (see :class:`LocalCluster`).
     """
     cluster = LocalCluster(
         root / "cluster", server_port=free_port(), lost_after=lost_after, poll_timeout=1, sim=sim
     )
+    cluster.metrics_port = metrics_port
     for name in re.findall(r"\{models\}/([\w.-]+)", catalog):
         (root / "models" / name).mkdir(parents=True, exist_ok=True)
     try:

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import CHAT_CATALOG, GatewayLoad, gateway_models
-from llmgw.testing.processes import free_port
+from llmgw.testing.load import CHAT_CATALOG, GatewayLoad, routed_cluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -16,17 +14,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 3 agents and a gateway; a two-replica model ready and routed."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    try:
-        (tmp_path / "models" / "chat").mkdir(parents=True)
-        local.start(3)
-        local.start_gateway(free_port())
-        local.apply(CHAT_CATALOG.format(models=tmp_path / "models"))
-        local.wait(local.all_ready, "both replicas to be ready")
-        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
+    with routed_cluster(tmp_path, CHAT_CATALOG, nodes=3) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def test_drain_under_load_fails_no_request(cluster):

@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import CHAT_CATALOG, gateway_models
+from llmgw.testing.load import CHAT_CATALOG, routed_cluster
 from llmgw.testing.metrics import deployed_names, exported_names, promtool_check_metrics
 from llmgw.testing.processes import free_port
 
@@ -27,18 +26,8 @@ BODY = {"model": "chat", "messages": [{"role": "user", "content": "how are the m
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server and 2 agents with --metrics-listen, a gateway; a two-replica model ready and routed."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    local.metrics_port = free_port()
-    try:
-        (tmp_path / "models" / "chat").mkdir(parents=True)
-        local.start(2)
-        local.start_gateway(free_port())
-        local.apply(CHAT_CATALOG.format(models=tmp_path / "models"))
-        local.wait(local.all_ready, "both replicas to be ready")
-        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
+    with routed_cluster(tmp_path, CHAT_CATALOG, metrics_port=free_port()) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def test_scraped_names_pass_promtool_and_cover_the_dashboard_and_alerts(cluster):

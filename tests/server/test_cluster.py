@@ -73,12 +73,16 @@ class Harness:
         self.cluster.reconcile(self.now)
         self.sync_all()
 
+    def facts_of(self, node_id: str) -> NodeFacts:
+        """What ``node_id``'s agent reports of its node (a subclass may report other facts)."""
+        return facts(node_id, self.fabrics[node_id])
+
     def sync(self, node_id: str) -> None:
         """One agent sync: report, reconcile, then 'apply' the reply (start what is new)."""
         request = SyncRequest(
             node_id=node_id,
             address=self._addresses[node_id],
-            facts=facts(node_id, self.fabrics[node_id]),
+            facts=self.facts_of(node_id),
             port_range=(20000, 20999),
             observed=list(self.states[node_id].values()),
             revision=self.revisions[node_id],

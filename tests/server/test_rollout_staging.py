@@ -10,7 +10,7 @@ from llmgw.catalog import parse_catalog
 from llmgw.models import ModelCopy, NodeFacts
 from llmgw.server.models_view import model_list
 from llmgw.weights import Manifest, ManifestFile
-from llmgw.wire import ObservedShard, StagingProgress, SyncRequest
+from llmgw.wire import StagingProgress
 
 ENGINES = {"sim": SimEngine()}
 OLD, NEW = "seed:///data/old", "seed:///data/new"
@@ -48,27 +48,8 @@ class Weights(Harness):
             facts(node_id), model_sources=sources, model_copies=copies, models_free_bytes=free, peer_port=7444
         )
 
-    def sync(self, node_id: str) -> None:
-        request = SyncRequest(
-            node_id=node_id,
-            address=f"127.0.0.{2 + sorted(self.states).index(node_id)}",
-            facts=self.node_facts.get(node_id) or facts(node_id),
-            port_range=(20000, 20999),
-            observed=list(self.states[node_id].values()),
-            revision=self.revisions[node_id],
-            checked_sources=self.cluster.sources_to_check(),
-        )
-        self.cluster.sync(request, self.now)
-        self.cluster.reconcile(self.now)
-        desired = {s.key: s for s in self.cluster.desired_for(node_id)}
-        for key in list(self.states[node_id]):
-            if key not in desired:
-                del self.states[node_id][key]
-        for key, shard in desired.items():
-            self.states[node_id].setdefault(
-                key, ObservedShard(shard.replica_id, shard.attempt, shard.rank, "starting")
-            )
-        self.revisions[node_id] = self.cluster.revision
+    def facts_of(self, node_id: str) -> NodeFacts:
+        return self.node_facts.get(node_id) or facts(node_id)
 
     def apply_source(self, source: str) -> None:
         text = CATALOG.format(source=source)

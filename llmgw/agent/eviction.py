@@ -39,7 +39,7 @@ from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerFiles
 from llmgw.models import ModelCopy
 from llmgw.scheduler import DEFAULT_HEADROOM, format_bytes
-from llmgw.serverlist import parse_servers
+from llmgw.serverlist import ServerList, send_to_leader
 from llmgw.weights import Manifest, seed_path
 from llmgw.wire import WeightsInfo, from_json
 
@@ -124,7 +124,7 @@ class RoomMaker:
         :param headroom: the share of a copy's size to free beyond it (the server's ``--disk-headroom``)."""
         self.models = models
         self.peers = peers
-        self.server = server
+        self.servers = ServerList.parse(server)
         self.server_context = server_context
         self.in_use = in_use
         self.report = report
@@ -144,16 +144,16 @@ class RoomMaker:
 
     async def _manifest(self, source: str) -> Manifest | None:
         """The server's manifest of ``source``; None when it has none yet or cannot be asked."""
-        problem = "no server answered"
-        for server in parse_servers(self.server):
-            try:
-                async with httpx.AsyncClient(verify=self.server_context(), timeout=30) as client:
-                    response = await client.get(f"{server}/v1/agent/weights", params={"source": source})
-                if response.status_code == 200:
-                    return from_json(response.json(), WeightsInfo).manifest
-                problem = f"{server} answered {response.status_code}"
-            except (httpx.HTTPError, ValueError) as exc:
-                problem = f"{server}: {exc}"
+        try:
+            async with httpx.AsyncClient(verify=self.server_context(), timeout=30) as client:
+                response = await send_to_leader(
+                    client, self.servers, "GET", "/v1/agent/weights", params={"source": source}
+                )
+            if response.status_code == 200:
+                return from_json(response.json(), WeightsInfo).manifest
+            problem = f"{self.servers.current} answered {response.status_code}"
+        except (httpx.HTTPError, ValueError) as exc:
+            problem = f"{self.servers.current}: {exc}"
         log.info("%s: cannot ask the server for its manifest (%s): no room made first", source, problem)
         return None
 

@@ -29,7 +29,7 @@ from click.core import ParameterSource
 from llmgw.errors import LlmgwError
 from llmgw.logs import configure_logging, log_options, resolve_log_settings
 
-__all__ = ["ConfigFileError", "config_options", "settings_lines"]
+__all__ = ["ConfigFileError", "config_options", "settings_lines", "toml_value"]
 
 #: options that are not settings: they cannot be keys of the file
 _NOT_SETTINGS = frozenset({"config", "show_config", "help", "verbose"})
@@ -137,13 +137,14 @@ def _load(ctx: click.Context, _param: click.Parameter, value: Path | None) -> No
     ctx.meta[_META_PATH] = value
 
 
-def _toml(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` written as TOML (what ``--show-config`` prints after ``key =``)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(str(value))
 
 
@@ -166,7 +167,7 @@ def settings_lines(ctx: click.Context, values: dict[str, Any]) -> list[str]:
         if value is None or value == ():
             lines.append(f"# {name} = ...  (not set)")
         else:
-            lines.append(f"{name} = {_toml(value)}  # {origin}")
+            lines.append(f"{name} = {toml_value(value)}  # {origin}")
     return lines
 
 

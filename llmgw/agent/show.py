@@ -6,7 +6,6 @@ flag, environment variable, ``agent.toml``, default.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,21 +13,12 @@ from typing import Any
 import attrs
 
 from llmgw.agent.config import AgentConfig, _AgentFile, read_config_file
+from llmgw.configfile import toml_value
 
 __all__ = ["config_lines"]
 
 #: the top-level keys of agent.toml, in the order they are printed (a new setting shows up by itself)
 _KEYS = tuple(a.name for a in attrs.fields(_AgentFile) if a.name not in ("engines", "health", "sync"))
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(str(value))
 
 
 def _value(config: AgentConfig, key: str) -> Any:
@@ -60,15 +50,15 @@ def config_lines(config: AgentConfig, given: Mapping[str, str], config_file: Pat
         if value is None:
             lines.append(f"# {key} = ...  (not set)")
         else:
-            lines.append(f"{key} = {_toml(value)}  # {origin(key)}")
+            lines.append(f"{key} = {toml_value(value)}  # {origin(key)}")
     for engine, programs in sorted(config.engines.items()):
         lines += ["", f"[engines.{engine}]  # {origin('engines')}"]
-        lines += [f"{program} = {_toml(path)}" for program, path in sorted(programs.items())]
+        lines += [f"{program} = {toml_value(path)}" for program, path in sorted(programs.items())]
     for section in ("health", "sync"):
         lines += ["", f"[{section}]"]
         from_file = written.get(section, {})
         for name, value in attrs.asdict(getattr(config, section)).items():
             lines.append(
-                f"{name} = {_toml(value)}  # {f'file {config_file}' if name in from_file else 'default'}"
+                f"{name} = {toml_value(value)}  # {f'file {config_file}' if name in from_file else 'default'}"
             )
     return lines

@@ -26,7 +26,6 @@ import hashlib
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -34,7 +33,7 @@ import trio
 
 from llmgw.agent.copy_meter import CopyMeter, Progress
 from llmgw.agent.models_dir import PARTIAL_SUFFIX
-from llmgw.agent.peer_files import PeerError
+from llmgw.agent.peer_files import PeerError, in_worker
 from llmgw.weights import HubRef, Manifest, ManifestFile, file_sha256, hub_ref, safe_relpath
 from llmgw.weights.hub import HubError, HubFile, HubSettings, download, resolve
 from llmgw.wire import HubClaim, HubLease, from_json, to_json
@@ -139,19 +138,7 @@ class HubFetcher:
 
     async def _fetch(self, ref: HubRef, commit: str, file: HubFile, partial, on_bytes=lambda n: None) -> None:
         """Download ``file`` into ``partial`` in a worker thread, resumed; stopped when cancelled."""
-        token = trio.lowlevel.current_trio_token()
-        stop = threading.Event()
-
-        def report(size: int) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(on_bytes, size, trio_token=token)
-
-        try:
-            await trio.to_thread.run_sync(
-                download, self.settings, ref, commit, file, partial, report, stop, abandon_on_cancel=True
-            )
-        finally:
-            stop.set()
+        await in_worker(download, self.settings, ref, commit, file, partial, on_bytes=on_bytes)
 
     async def _make_manifest(self, source: str, ref: HubRef, progress: Progress) -> Manifest:
         """Pin the revision, hash the files the Hub gives no sha256 for, post the manifest; the stored one."""

@@ -36,7 +36,7 @@ from llmgw.net.server import HttpServer, Request, Response
 from llmgw.pki import IdentityError, PkiError, Role, peer_identity
 from llmgw.weights import Manifest, ManifestFile
 
-__all__ = ["PeerError", "PeerFiles", "fetch_file", "peer_client_context", "verify_peer"]
+__all__ = ["PeerError", "PeerFiles", "fetch_file", "in_worker", "peer_client_context", "verify_peer"]
 
 log = logging.getLogger("llmgw.agent.peers")
 
@@ -251,6 +251,19 @@ async def fetch_file(
     hashed = await trio.to_thread.run_sync(_hash_prefix, partial, have)
     if have == file.size:
         return hashed.hexdigest()
+    target = f"/v1/peer/files/{digest}/{quote(file.path)}"
+    args = (context, ca, peer, target, have, file, partial, hashed)
+    await in_worker(_fetch_blocking, *args, on_bytes=on_bytes)
+    return hashed.hexdigest()
+
+
+async def in_worker(transfer: Callable[..., None], *args: object, on_bytes: Callable[[int], None]) -> None:
+    """Run the blocking ``transfer(*args, report, stop)`` in a worker thread; return when it does.
+
+    ``report(n)`` calls ``on_bytes(n)`` back in trio. When this task is
+    cancelled the thread is abandoned and ``stop`` (a threading.Event) is set:
+    the transfer checks it between blocks and ends. Used by peer and Hub fetches.
+    """
     token = trio.lowlevel.current_trio_token()
     stop = threading.Event()
 
@@ -259,13 +272,9 @@ async def fetch_file(
             trio.from_thread.run_sync(on_bytes, size, trio_token=token)
 
     try:
-        await trio.to_thread.run_sync(
-            _fetch_blocking, context, ca, peer, f"/v1/peer/files/{digest}/{quote(file.path)}", have, file,
-            partial, hashed, report, stop, abandon_on_cancel=True,
-        )  # fmt: skip
+        await trio.to_thread.run_sync(transfer, *args, report, stop, abandon_on_cancel=True)
     finally:
-        stop.set()  # an abandoned thread stops at its next block
-    return hashed.hexdigest()
+        stop.set()
 
 
 def _fetch_blocking(

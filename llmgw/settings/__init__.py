@@ -1,4 +1,4 @@
-"""One spelling per setting: a process's settings class makes its flags, config file, variables and --show-config.
+"""One spelling per setting: a settings class per process makes its flags, file, variables and --show-config.
 
 Each long-running command (``llmgw server``, ``gateway``, ``agent``, ``dev``)
 has one attrs settings class whose fields are declared with

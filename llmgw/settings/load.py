@@ -28,7 +28,7 @@ S = TypeVar("S")
 
 
 class SettingsError(LlmgwError):
-    """A setting that cannot be used; the message names the flag, variable or file and key, and what was expected."""
+    """A setting that cannot be used; the message names its flag, variable or file and key, and what fits."""
 
     exit_code = 2
 
@@ -38,14 +38,14 @@ class Loaded(Generic[S]):
     """Settings in force and, for each, where it came from."""
 
     settings: S
-    #: setting (``health.interval`` inside a table) -> ``flag``, ``environment VAR``, ``file PATH``; absent: default
+    #: setting (``health.interval`` in a table) -> ``flag``, ``environment VAR``, ``file PATH`` (else default)
     origins: Mapping[str, str]
     #: the config file read, if any
     file: Path | None = None
 
 
 def where_of(field: attrs.Attribute, origin: str | None) -> str:
-    """How an error names a setting that came from ``origin``: ``--peer-port``, ``LLMGW_SERVER``, the default."""
+    """How an error names a setting from ``origin``: ``--peer-port``, ``LLMGW_SERVER``, ``FILE: key``."""
     flag = "--" + (spec_of(field).flag or field.name).replace("_", "-")
     if origin is None:
         return f"{flag} (default {spec_of(field).shown_default or field.default})"
@@ -90,9 +90,9 @@ def _read_table(cls: type, data: Mapping[str, Any], path: Path, prefix: str, err
         if field is None:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
+            table = f" of [{prefix[:-1]}]" if prefix else ""
             errors.append(
-                f"{path}: unknown key '{prefix}{key}'{hint}; the keys{f' of [{prefix[:-1]}]' if prefix else ''} "
-                f"are: {', '.join(fields)}"
+                f"{path}: unknown key '{prefix}{key}'{hint}; the keys{table} are: {', '.join(fields)}"
             )
             continue
         kind = bare_type(field.type)

@@ -66,6 +66,19 @@ def _option(field: attrs.Attribute) -> Callable[[Any], Any]:
     )
 
 
+_CONFIG = click.option(
+    "--config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A TOML file of settings: each key a flag's name with _ for - (flags and environment win).",
+)
+_SHOW = click.option(
+    "--show-config",
+    is_flag=True,
+    help="Print the settings in force (from flags, environment, file, defaults) as TOML, and exit.",
+)
+_VERBOSE = click.option("-v", "--verbose", is_flag=True, help="Log debug messages (as --log-level debug).")
+
+
 def _given(ctx: click.Context, params: dict[str, Any], source: ParameterSource) -> dict[str, Any]:
     return {name: value for name, value in params.items() if ctx.get_parameter_source(name) is source}
 
@@ -98,28 +111,8 @@ def settings_options(cls: type, *, logs: bool = True) -> Callable[[Callable[...,
                 configure_logging(loaded.settings.log_format, loaded.settings.log_level)
             return command(loaded.settings)
 
-        options = [_option(f) for f in fields if not attrs.has(bare_type(f.type))]
-        if logs:
-            options.append(
-                click.option(
-                    "-v", "--verbose", is_flag=True, help="Log debug messages (as --log-level debug)."
-                )
-            )
-        options.append(
-            click.option(
-                "--show-config",
-                is_flag=True,
-                help="Print the settings in force (from flags, environment, file, defaults) as TOML, and exit.",
-            )
-        )
-        options.insert(
-            0,
-            click.option(
-                "--config",
-                type=click.Path(dir_okay=False, path_type=Path),
-                help="A TOML file of settings: each key a flag's name with _ for - (flags and environment win).",
-            ),
-        )
+        options = [_CONFIG, *(_option(f) for f in fields if not attrs.has(bare_type(f.type)))]
+        options += [_VERBOSE, _SHOW] if logs else [_SHOW]
         return functools.reduce(lambda f, option: option(f), reversed(options), run)
 
     return decorate

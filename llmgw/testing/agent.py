@@ -21,7 +21,7 @@ from llmgw_engine_sim import SimEngine
 from llmgw.agent.config import AgentConfig, HealthSettings, SyncSettings
 from llmgw.dev.cluster import program
 from llmgw.engine import Engine
-from llmgw.models import Command, DiscoverySettings, LaunchSpec, Sidecar
+from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
@@ -326,7 +326,8 @@ def make_config(
         state_dir=tmp_path / f"agent-{node}",
         models_dir=tmp_path / f"models-{node}",
         peer_port=0,
-        discovery=DiscoverySettings(nvidia_smi=str(smi), ib_root=str(tmp_path / "no-ib")),
+        nvidia_smi=str(smi),
+        ib_root=str(tmp_path / "no-ib"),
         port_range=(low, min(low + 50, 65535)),
         engines={"sim": {"llmgw-sim": SIM}},
         stop_grace=3.0,

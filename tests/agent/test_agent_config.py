@@ -115,7 +115,7 @@ class TestLoad:
     def test_wrong_type_names_the_key(self, tmp_path):
         """A value of the wrong type is an error naming its key."""
         path = write(tmp_path / "agent.toml", 'stop_grace = "ten"\n')
-        with pytest.raises(AgentConfigError, match=r"stop_grace: expected a number, got 'ten'"):
+        with pytest.raises(AgentConfigError, match=rf"{path}: stop_grace: expected a number >= 0, got 'ten'"):
             load_agent_config(FLAGS, path)
 
     def test_missing_settings_are_named_as_flags(self):

@@ -2,7 +2,7 @@
 
 ``llmgw server``, ``gateway`` (its ``--workers`` too: they inherit the
 parent's setup when forked) and ``agent`` take ``--log-format text|json``,
-``--log-level`` and ``-v`` (:func:`log_options`) and call
+``--log-level`` and ``-v`` (:class:`llmgw.settings.LogSettings`) and call
 :func:`configure_logging` once, before anything starts; ``llmgw-sim`` takes
 the same two flags. A JSON line is one object::
 
@@ -19,12 +19,11 @@ lines, and its field names need configuring to come out like these.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 __all__ = [
@@ -35,8 +34,6 @@ __all__ = [
     "configure_logging",
     "configured",
     "current_format",
-    "log_options",
-    "resolve_log_settings",
 ]
 
 LOG_FORMATS = ("text", "json")
@@ -131,46 +128,3 @@ def _log_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -
         sys.__excepthook__(kind, error, trace)
         return
     logging.getLogger("llmgw").critical("uncaught exception", exc_info=(kind, error, trace))
-
-
-def resolve_log_settings(
-    log_format: str | None, log_level: str | None, verbose: bool, file: Mapping[str, Any] | None = None
-) -> tuple[str, str]:
-    """The format and level to log with: ``-v`` (debug), else flag or variable, else ``file``, else default.
-
-    ``log_format`` and ``log_level`` are what click read from the command line or
-    the environment (None: neither); ``file`` a config file's ``log_format`` and ``log_level``.
-    """
-    file = file or {}
-    chosen_format = log_format or file.get("log_format") or "text"
-    chosen_level = "debug" if verbose else (log_level or file.get("log_level") or "info")
-    return chosen_format, chosen_level.lower()
-
-
-def log_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--log-format``, ``--log-level`` and ``-v/--verbose`` to a click command.
-
-    The command receives them as ``log_format``, ``log_level`` (None when
-    neither flag nor variable gave one) and ``verbose``, and hands them to
-    :func:`resolve_log_settings` with its config file's values.
-    """
-    import click
-
-    options = [
-        click.option(
-            "--log-format",
-            type=click.Choice(LOG_FORMATS),
-            envvar="LLMGW_LOG_FORMAT",
-            show_envvar=True,
-            help="Log lines as text (the default) or as JSON objects (time, level, logger, message, fields).",
-        ),
-        click.option(
-            "--log-level",
-            type=click.Choice(LOG_LEVELS, case_sensitive=False),
-            envvar="LLMGW_LOG_LEVEL",
-            show_envvar=True,
-            help="Log from this level up (default info).",
-        ),
-        click.option("-v", "--verbose", is_flag=True, help="Log debug messages (as --log-level debug)."),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), command)

@@ -1,17 +1,22 @@
-"""`llmgw server --config`, `llmgw gateway --config`: flag > environment > file > default, checked first."""
+"""Every process's settings: flag > environment > file > default, checked first, one name per setting."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 
 import pytest
 from click.testing import CliRunner
 
-from llmgw.agent.config import AgentConfigError, load_agent_config
+from llmgw.agent.config import AgentConfig, AgentConfigError, load_agent_config
 from llmgw.cli import cli
+from llmgw.dev.cli import DevSettings
 from llmgw.dev.cluster import program
+from llmgw.gateway.cli import GatewaySettings
+from llmgw.server.cli import ServerSettings
+from llmgw.settings import settings_fields
 from llmgw.testing.processes import free_port, running, wait_until
 
 
@@ -43,6 +48,46 @@ def test_flag_beats_environment_beats_file_beats_default(tmp_path):
     assert shown["max_attempts"] == ("5", f"file {config}")
     assert shown["no_keys"] == ("true", f"file {config}")
     assert shown["workers"] == ("1", "default")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "file", "expected"),
+    [
+        ((), {}, "", ('"info"', "default")),
+        ((), {}, 'log_level = "warning"', ('"warning"', "file")),
+        (
+            (),
+            {"LLMGW_LOG_LEVEL": "error"},
+            'log_level = "warning"',
+            ('"error"', "environment LLMGW_LOG_LEVEL"),
+        ),
+        (("--log-level", "ERROR"), {"LLMGW_LOG_LEVEL": "warning"}, "", ('"error"', "flag")),
+        (("-v", "--log-level", "error"), {}, 'log_level = "warning"', ('"debug"', "flag")),
+    ],
+)
+def test_log_level_order(tmp_path, args, env, file, expected):
+    """-v, then --log-level, then LLMGW_LOG_LEVEL, then the file, then info."""
+    config = tmp_path / "server.toml"
+    config.write_text(file + "\n")
+    value, origin = show("server", "--config", str(config), *args, env=env)["log_level"]
+    assert (value, origin.replace(f"file {config}", "file")) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "settings"),
+    [("server", ServerSettings), ("gateway", GatewaySettings), ("agent", AgentConfig), ("dev", DevSettings)],
+)
+def test_a_flag_is_its_settings_key(command, settings):
+    """Each flag is a setting's name with - for _ (a repeatable one names one item of its list's key)."""
+    ctx = cli.make_context("llmgw", [command, "--help"], resilient_parsing=True)
+    params = cli.get_command(ctx, command).params
+    flags = {p.name: p.opts[0] for p in params if p.name not in ("config", "show_config", "verbose", "help")}
+    for field in settings_fields(settings):
+        if field.name in ("health", "sync"):  # agent.toml tables: no flag
+            continue
+        flag = flags.pop(field.name)
+        assert flag == "--" + field.name.replace("_", "-") or field.name == flag[2:] + "s", (field.name, flag)
+    assert not flags, f"flags that are no setting: {flags}"
 
 
 def test_server_file_paths_are_relative_to_the_file(tmp_path):
@@ -167,3 +212,51 @@ def test_agent_show_config_follows_the_same_order_and_is_an_agent_toml(tmp_path)
     again = load_agent_config({}, shown)
     assert (again.peer_port, again.server, again.health.failures) == (0, "https://env:7443", 5)
     assert again.engines == {"vllm": {"vllm": "/opt/vllm"}}
+
+
+def test_agent_orphan_grace(tmp_path):
+    """--orphan-grace: 300 s by default, from agent.toml or the flag (which wins), never negative."""
+    from tests.agent.test_agent_config import FLAGS
+
+    assert load_agent_config(FLAGS).orphan_grace == 300.0
+    config = tmp_path / "agent.toml"
+    config.write_text("orphan_grace = 60\n")
+    assert load_agent_config(FLAGS, config).orphan_grace == 60.0
+    assert load_agent_config({**FLAGS, "orphan_grace": 5.0}, config).orphan_grace == 5.0
+    with pytest.raises(AgentConfigError, match=r"--orphan-grace: expected a number >= 0, got -1"):
+        load_agent_config({**FLAGS, "orphan_grace": -1.0})
+    result = CliRunner().invoke(cli, ["agent", "--config", str(config), *_flags(FLAGS), "--show-config"])
+    assert f"orphan_grace = 60.0  # file {config}" in result.output.splitlines(), result.output
+
+
+def _flags(settings: dict[str, str]) -> list[str]:
+    return [arg for key, value in settings.items() for arg in ("--" + key.replace("_", "-"), value)]
+
+
+def test_dev_reads_a_config_file(tmp_path):
+    """`llmgw dev --config dev.toml` reads settings like the others; a bad value names the file and key."""
+    config = tmp_path / "dev.toml"
+    config.write_text('nodes = 2\nstate_dir = "dev-state"\n')
+    shown = show("dev", "--config", str(config), "--gateway-port", "8099")
+    assert shown["nodes"] == ("2", f"file {config}")
+    assert shown["state_dir"] == (json.dumps(str(tmp_path / "dev-state")), f"file {config}")
+    assert shown["gateway_port"] == ("8099", "flag")
+    config.write_text("nodes = 0\n")
+    result = CliRunner().invoke(cli, ["dev", "--config", str(config), "--show-config"])
+    assert result.exit_code == 2
+    assert f"{config}: nodes: expected an integer from 1 to 200, got 0" in result.output
+
+
+def test_environment_variables_are_documented():
+    """Every setting's environment variable is in docs/configuration.md's table, and nothing else is."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    documented = set(re.findall(r"^\| `(LLMGW_\w+)` \|", doc, flags=re.MULTILINE))
+    declared = {
+        spec.env
+        for cls in (ServerSettings, GatewaySettings, AgentConfig, DevSettings)
+        for field in settings_fields(cls)
+        if (spec := field.metadata["llmgw.setting"]).env
+    }
+    assert documented == declared

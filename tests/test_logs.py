@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from llmgw.logs import configure_logging, resolve_log_settings
+from llmgw.logs import configure_logging
 
 
 @pytest.fixture
@@ -94,20 +94,6 @@ def test_uncaught_exception_is_a_json_line(tmp_path):
     assert done.returncode == 1
     (line,) = [json.loads(text) for text in done.stderr.splitlines()]
     assert line["level"] == "critical" and "RuntimeError: boom" in line["exception"]
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ((None, None, False, None), ("text", "info")),
-        ((None, None, False, {"log_format": "json", "log_level": "warning"}), ("json", "warning")),
-        (("text", "ERROR", False, {"log_format": "json", "log_level": "warning"}), ("text", "error")),
-        ((None, "error", True, None), ("text", "debug")),
-    ],
-)
-def test_resolve_order(given, expected):
-    """-v, then the flag or variable, then the file, then text/info."""
-    assert resolve_log_settings(*given) == expected
 
 
 def test_bad_log_level_names_the_flag_and_the_choices():

@@ -15,6 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
+import attrs
 import click
 import httpx
 
@@ -23,9 +24,10 @@ from llmgw.ctl.client import config_dir, segment, write_client_config
 from llmgw.dev.cluster import LocalCluster, program
 from llmgw.dev.runs import port_in_use
 from llmgw.dev.signals import Stopped, stop_on_signals
+from llmgw.settings import setting, settings_options
 from llmgw.wire import DrainStatus, NodeList
 
-__all__ = ["dev", "SAMPLE_CATALOG"]
+__all__ = ["DevSettings", "dev", "SAMPLE_CATALOG"]
 
 _DEV_MARK = "# written by llmgw dev"
 #: the server's metrics port in llmgw dev (on 127.0.0.1); each agent's is one above, on its own address
@@ -55,82 +57,55 @@ models:
 """
 
 
+@attrs.frozen(kw_only=True)
+class DevSettings:
+    """What ``llmgw dev`` runs: each field a flag, a key of ``--config``, a line of ``--show-config``."""
+
+    nodes: int = setting(4, min=1, max=200, help="How many simulated nodes (8 fake GPUs each).")
+    state_dir: Path = setting(
+        Path(".llmgw-dev"), directory=True, help="Where the CA, state, logs and node files go."
+    )
+    server_port: int = setting(7443, help="The server's HTTPS port.")
+    gateway_port: int = setting(8080, help="The OpenAI-compatible gateway's port.")
+    metrics_port: int = setting(
+        DEV_METRICS_PORT,
+        min=1,
+        max=65534,
+        help="The server's /metrics on 127.0.0.1:PORT; each agent's on its node address at PORT + 1.",
+    )
+    config_dir: Path | None = setting(
+        None,
+        directory=True,
+        help="Where to leave admin credentials for llmgw ctl (default: where ctl looks).",
+    )
+    once: bool = setting(False, help="Stop everything and exit once every replica is ready.")
+    store: str | None = setting(
+        None,
+        metavar="postgresql://USER@HOST[:PORT]/DB",
+        help="Keep the state in this PostgreSQL database and run two servers on it (--server-port and the "
+        "next port): one leads, the other stands by; agents, gateway and ctl know both.",
+    )
+
+
 @click.command()
-@click.option(
-    "--nodes",
-    "node_count",
-    default=4,
-    show_default=True,
-    type=click.IntRange(1, 200),
-    help="How many simulated nodes (8 fake GPUs each).",
-)
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".llmgw-dev"),
-    show_default=True,
-    help="Where the CA, state, logs and node files go.",
-)
-@click.option("--server-port", default=7443, show_default=True, type=int, help="The server's HTTPS port.")
-@click.option(
-    "--gateway-port", default=8080, show_default=True, type=int, help="The OpenAI-compatible gateway's port."
-)
-@click.option(
-    "--metrics-port",
-    default=DEV_METRICS_PORT,
-    show_default=True,
-    type=click.IntRange(1, 65534),
-    help="The server's /metrics on 127.0.0.1:PORT; each agent's on its node address at PORT + 1.",
-)
-@click.option(
-    "--config-dir",
-    "ctl_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where to leave admin credentials for llmgw ctl (default: where ctl looks).",
-)
-@click.option("--once", is_flag=True, help="Stop everything and exit once every replica is ready.")
-@click.option(
-    "--store",
-    default=None,
-    metavar="postgresql://USER@HOST[:PORT]/DB",
-    help="Keep the state in this PostgreSQL database and run two servers on it (--server-port and the next "
-    "port): one leads, the other stands by; agents, gateway and ctl know both.",
-)
-def dev(
-    node_count: int,
-    state_dir: Path,
-    server_port: int,
-    gateway_port: int,
-    metrics_port: int,
-    ctl_dir: Path | None,
-    once: bool,
-    store: str | None,
-) -> None:
+@settings_options(DevSettings, logs=False)
+def dev(settings: DevSettings) -> None:
     """Run a whole llmgw cluster locally on simulated nodes: no GPU needed."""
     with stop_on_signals():
         try:
-            _dev(node_count, state_dir, server_port, gateway_port, metrics_port, ctl_dir, once, store)
+            _dev(settings)
         except Stopped as stop:
             click.echo(f"llmgw dev: stopped by {stop}")
             raise SystemExit(128 + stop.signum) from None
 
 
-def _dev(
-    node_count: int,
-    state_dir: Path,
-    server_port: int,
-    gateway_port: int,
-    metrics_port: int,
-    ctl_dir: Path | None,
-    once: bool,
-    store: str | None,
-) -> None:
-    cluster = LocalCluster(state_dir, server_port=server_port, store=store)
-    cluster.metrics_port = metrics_port
+def _dev(settings: DevSettings) -> None:
+    store, server_port = settings.store, settings.server_port
+    cluster = LocalCluster(settings.state_dir, server_port=server_port, store=store)
+    cluster.metrics_port = settings.metrics_port
     for left in cluster.leftovers:
         click.echo(f"stopped {left}, left running by an earlier llmgw dev on {cluster.state_dir}")
-    ports = [server_port, *([server_port + 1] if store else []), gateway_port, metrics_port]
+    ports = [server_port, *([server_port + 1] if store else []), settings.gateway_port, settings.metrics_port]
     taken = [port for port in ports if port_in_use("127.0.0.1", port)]
     if taken:
         raise click.ClickException(
@@ -140,27 +115,27 @@ def _dev(
         )
     if store is not None:  # every client of the control plane gets both servers
         cluster.server_url = f"https://127.0.0.1:{server_port},https://127.0.0.1:{server_port + 1}"
-    ctl_dir = _leave_credentials(ctl_dir, cluster.server_url, cluster.admin_tls)
+    ctl_dir = _leave_credentials(settings.config_dir, cluster.server_url, cluster.admin_tls)
     models = cluster.state_dir / "models"
     for name in ("llama-sim-8b", "llama-sim-70b"):
         (models / name).mkdir(parents=True, exist_ok=True)
     catalog = cluster.state_dir / "catalog.yaml"
     catalog.write_text(SAMPLE_CATALOG.format(models=models, path=catalog))
     try:
-        click.echo(f"starting the server on {cluster.server_url} and {node_count} simulated nodes")
-        cluster.start(node_count)
+        click.echo(f"starting the server on {cluster.server_url} and {settings.nodes} simulated nodes")
+        cluster.start(settings.nodes)
         _uncordon(cluster)
         if store is not None:
             cluster.start_server(port=server_port + 1, name="server-2")
             click.echo(f"started a standby server on https://127.0.0.1:{server_port + 1}")
-        cluster.start_gateway(gateway_port)
+        cluster.start_gateway(settings.gateway_port)
         # the sample is what dev runs, also over a state dir where another catalog was applied
         result = cluster.apply(catalog.read_text(), str(catalog), prune=True)
         click.echo(f"applied {catalog}: {result.summary}")
         cluster.wait(cluster.all_ready, "every replica of the sample catalog to be ready")
         cluster.wait(lambda: _gateway_serves(cluster), "the gateway to route to every model")
         _print_next_steps(cluster, ctl_dir, catalog)
-        if once:
+        if settings.once:
             return
         click.echo("serving; press Ctrl-C to stop everything")
         _serve_until_interrupted(cluster)

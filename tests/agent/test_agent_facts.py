@@ -10,7 +10,7 @@ from llmgw_engine_sim import SimEngine
 import llmgw
 from llmgw.agent.facts import check_engines, gather_facts, parse_version, present_sources
 from llmgw.engine import Engine, HelpAndVersion
-from llmgw.models import Command, DiscoverySettings, LaunchSpec
+from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
 from llmgw.testing.agent import SIM, agent_config
@@ -85,15 +85,16 @@ async def test_gather_facts_with_fake_gpus_and_a_missing_nvidia_smi(tmp_path):
     """GPUs come from nvidia-smi; when it is missing, the node reports it as a problem."""
     plugins = get_plugin_manager(plugins=[llmgw_engine_sim], entry_points=False)
     smi = write_fake_nvidia_smi(tmp_path / "nvidia-smi", make_gpus(4, seed="n1"))
-    settings = DiscoverySettings(nvidia_smi=str(smi), ib_root=str(tmp_path / "no-ib"))
-    config = agent_config(tmp_path, discovery=settings, engines={"sim": {"llmgw-sim": SIM}})
+    config = agent_config(
+        tmp_path, nvidia_smi=str(smi), ib_root=str(tmp_path / "no-ib"), engines={"sim": {"llmgw-sim": SIM}}
+    )
     engines = {"sim": SimEngine()}
     facts = await gather_facts(config, plugins, engines, check_sources=["tiny/model", "/no/such/weights"])
     assert (len(facts.gpus), facts.engines, facts.problems) == (4, {"sim": llmgw_engine_sim.__version__}, ())
     assert facts.model_sources == ("tiny/model",)
     assert facts.agent_version == llmgw.__version__ and facts.node_id == "node-1"
 
-    missing = agent_config(tmp_path, discovery=DiscoverySettings(nvidia_smi=str(tmp_path / "no-smi")))
+    missing = agent_config(tmp_path, nvidia_smi=str(tmp_path / "no-smi"))
     facts = await gather_facts(missing, plugins, engines)
     assert facts.gpus == ()
     assert any("not found" in problem and "no-smi" in problem for problem in facts.problems), facts.problems

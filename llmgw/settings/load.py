@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import attrs
+from cattrs.errors import BaseValidationError
 
 from llmgw.errors import LlmgwError
 from llmgw.settings.fields import bare_type, describe, is_table, problem, settings_fields, spec_of
@@ -122,7 +123,7 @@ def _read_value(field: attrs.Attribute, raw: Any, where: str) -> Any:
             value = spec.read(raw, where)
         else:
             value = converter.structure(raw, str if kind is Path else kind)
-    except (TypeError, ValueError, LlmgwError) as exc:
+    except (TypeError, ValueError, LlmgwError, BaseValidationError) as exc:
         said = str(exc) if where in str(exc) else f"{where}: expected {describe(field)}, got {raw!r}"
         raise SettingsError(said) from None
     return _in_range(field, value, where)

@@ -118,6 +118,18 @@ class TestLoad:
         with pytest.raises(AgentConfigError, match=rf"{path}: stop_grace: expected a number >= 0, got 'ten'"):
             load_agent_config(FLAGS, path)
 
+    def test_every_problem_of_the_file_in_one_message(self, tmp_path):
+        """A bad engine table, a table that is not one and a count out of range: all named, with the file."""
+        path = write(tmp_path / "agent.toml", "sync = 3\n[engines.vllm]\nvllm = 5\n[health]\nfailures = 0\n")
+        with pytest.raises(AgentConfigError) as caught:
+            load_agent_config(FLAGS, path)
+        assert str(caught.value).split("; ") == [
+            f"{path}: sync: expected a table ([sync]), got 3",
+            f"{path}: engines: expected tables [engines.NAME] of PROGRAM = PATH, got "
+            + repr({"vllm": {"vllm": 5}}),
+            f"{path}: health.failures: expected an integer >= 1, got 0",
+        ]
+
     def test_missing_settings_are_named_as_flags(self):
         """Missing required settings are listed as the flags to give."""
         with pytest.raises(AgentConfigError, match=r"missing --cert, --key, --ca, --state-dir"):
@@ -166,11 +178,28 @@ class TestCommand:
         smi = tmp_path / "nvidia-smi"
         write_fake_nvidia_smi(smi, make_gpus(2))
         args = [
-            "--node", "node-1", "--server", "https://127.0.0.1:1", "--address", "127.0.0.1",
-            "--cert", str(node.cert_path), "--key", str(node.key_path), "--ca", str(test_pki.ca.cert_path),
-            "--state-dir", str(tmp_path / "state"), "--nvidia-smi", str(smi),
-            "--ib-root", str(tmp_path / "no-ib"), "--fabric", "ib-a",
-            "--engine", f"sim:llmgw-sim={program('llmgw-sim')}",
+            "--node",
+            "node-1",
+            "--server",
+            "https://127.0.0.1:1",
+            "--address",
+            "127.0.0.1",
+            "--cert",
+            str(node.cert_path),
+            "--key",
+            str(node.key_path),
+            "--ca",
+            str(test_pki.ca.cert_path),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--nvidia-smi",
+            str(smi),
+            "--ib-root",
+            str(tmp_path / "no-ib"),
+            "--fabric",
+            "ib-a",
+            "--engine",
+            f"sim:llmgw-sim={program('llmgw-sim')}",
         ]
         result = CliRunner().invoke(agent, args)
         assert result.exit_code == 1, result.output

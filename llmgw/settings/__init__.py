@@ -15,7 +15,7 @@ metadata holds its help, environment variable and range. From it:
 """
 
 from llmgw.settings.fields import Setting, setting, settings_fields
-from llmgw.settings.load import Loaded, SettingsError, load_settings, read_settings_file
+from llmgw.settings.load import Loaded, SettingsError, load_settings
 from llmgw.settings.logged import LogSettings
 from llmgw.settings.options import settings_options
 from llmgw.settings.show import settings_lines, toml_value
@@ -26,7 +26,6 @@ __all__ = [
     "Setting",
     "SettingsError",
     "load_settings",
-    "read_settings_file",
     "setting",
     "settings_fields",
     "settings_lines",

@@ -199,7 +199,7 @@ def load_settings(
     if missing:
         names = ", ".join("--" + f.name.replace("_", "-") for f in missing)
         where = f"in {file}" if file is not None else "in a config file (--config)"
-        raise SettingsError(f"missing {names}: give it on the command line or {where}")
+        raise SettingsError(f"missing {names}: give each on the command line or {where}")
     for key, value in list(values.items()):
         kind = bare_type(fields[key].type)
         if attrs.has(kind):  # a table: the keys written over its defaults

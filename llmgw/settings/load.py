@@ -115,14 +115,19 @@ def _read_table(cls: type, data: Mapping[str, Any], path: Path, prefix: str, err
     return values
 
 
-def _read_value(field: attrs.Attribute, raw: Any, where: str) -> Any:
-    """``raw`` as written in a file, as ``field``'s value; raises :class:`SettingsError` naming ``where``."""
+def _read_value(field: attrs.Attribute, raw: Any, where: str, *, written: bool = True) -> Any:
+    """``raw`` as written in a file (or given by a flag), as ``field``'s value, checked.
+
+    :raises SettingsError: naming ``where``, and what was expected.
+    """
     spec, kind = spec_of(field), bare_type(field.type)
     try:
         if spec.read is not None:
             value = spec.read(raw, where)
-        else:
+        elif written:
             value = converter.structure(raw, str if kind is Path else kind)
+        else:  # click made it of the field's type
+            value = raw
     except (TypeError, ValueError, LlmgwError, BaseValidationError) as exc:
         said = str(exc) if where in str(exc) else f"{where}: expected {describe(field)}, got {raw!r}"
         raise SettingsError(said) from None
@@ -187,9 +192,8 @@ def load_settings(
                 continue
             where = where_of(field, origin_of(field))
             try:
-                read = spec_of(field).read
-                value = _in_range(field, raw if read is None else read(raw, where), where)
-            except (SettingsError, ValueError, TypeError) as exc:
+                value = _read_value(field, raw, where, written=False)
+            except SettingsError as exc:
                 errors.append(str(exc))
                 continue
             values[key] = _merge(values.get(key), value)

@@ -2,11 +2,13 @@
 
 The lease is the row ``leader`` (id 1): who holds it, under which epoch, and
 until when, on the database's clock (``clock_timestamp()``), so no server's
-own clock decides. A standby takes an expired lease by raising the epoch; the
+own clock decides. Servers starting on a new database insert the row (one
+insert lands) and lock it, so exactly one of them takes epoch 1. A standby
+takes an expired lease by raising the epoch; the
 leader renews it every third of its length from its own connection. Every
 write of the leader runs :meth:`Lease.fence` first, in the write's
 transaction: it takes the row ``FOR SHARE`` and refuses the write unless the
-epoch is still the leader's and the lease has not expired, so a leader that
+row still names this server and its epoch and the lease has not expired, so a leader that
 was paused past its lease (SIGSTOP, a long GC, a partition) cannot write when
 it resumes: it notices (:class:`NotLeader`) and steps down. A takeover waits
 for the row's share lock, so no write of the old epoch lands after a new one
@@ -141,27 +143,35 @@ class Lease:
         self._check_in(conn)
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '1s'")
-            row = conn.execute(
-                f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
-                " FROM leader WHERE id = 1 FOR UPDATE"
-            ).fetchone()
-            previous = LeaderInfo(*row) if row else LeaderInfo("", "", 0, 0.0, 0.0)
-            self.seen = previous if row else None
-            if row is not None and previous.expires_in > 0:
+            row = self._lock_row(conn)
+            if row is None:  # a new database: every server starting now inserts it, one insert lands
+                conn.execute(
+                    "INSERT INTO leader (id, holder, address, epoch, acquired_at, renewed_at, expires_at)"
+                    " VALUES (1, '', '', 0, 0, 0, 0) ON CONFLICT (id) DO NOTHING"
+                )
+                row = self._lock_row(conn)  # ours, or the committed one of the server that won the insert
+            previous = LeaderInfo(*row)
+            self.seen = previous if previous.holder else None
+            if previous.holder and previous.expires_in > 0:
                 return None
             epoch = previous.epoch + 1
             conn.execute(
-                "INSERT INTO leader (id, holder, address, epoch, acquired_at, renewed_at, expires_at)"
-                f" VALUES (1, %s, %s, %s, {DB_NOW}, {DB_NOW}, {DB_NOW} + %s)"
-                " ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, address = excluded.address,"
-                " epoch = excluded.epoch, acquired_at = excluded.acquired_at,"
-                " renewed_at = excluded.renewed_at, expires_at = excluded.expires_at",
+                f"UPDATE leader SET holder = %s, address = %s, epoch = %s, acquired_at = {DB_NOW},"
+                f" renewed_at = {DB_NOW}, expires_at = {DB_NOW} + %s WHERE id = 1",
                 (self.holder, self.address, epoch, self.duration),
             )
         self.epoch = epoch
         self.deadline = sent + self.duration * 0.9
         self.seen = LeaderInfo(self.holder, self.address, epoch, 0.0, self.duration)
         return previous
+
+    @staticmethod
+    def _lock_row(conn: Any) -> tuple | None:
+        """The lease row, locked until the transaction ends (a competing acquisition waits, then reads it)."""
+        return conn.execute(
+            f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
+            " FROM leader WHERE id = 1 FOR UPDATE"
+        ).fetchone()
 
     def _wait_for_notify(self) -> None:
         # until the lease as last read runs out (a killed leader's is taken at once), a fifth of it at most
@@ -221,7 +231,10 @@ class Lease:
         return True
 
     def fence(self, conn: Any) -> None:
-        """The store's ``before_write``: refuse this write unless this server still leads under its epoch.
+        """The store's ``before_write``: refuse this write unless this server still holds the lease.
+
+        The row must name this server's holder and epoch together, unexpired: an epoch alone does not
+        say who holds it.
 
         Runs in the write's transaction, which then holds the lease row (``FOR
         SHARE``) until it commits: a takeover waits for it.
@@ -236,8 +249,8 @@ class Lease:
         row = conn.execute(
             f"SELECT holder, epoch, expires_at - {DB_NOW} FROM leader WHERE id = 1 FOR SHARE"
         ).fetchone()
-        if row is None or row[1] != self.epoch or row[2] <= 0:
-            holder = f"{row[0]} holds epoch {row[1]}" if row else "no lease row"
+        if row is None or (row[0], row[1]) != (self.holder, self.epoch) or row[2] <= 0:
+            holder = f"{row[0] or 'no server'} holds epoch {row[1]}" if row else "no lease row"
             raise NotLeader(f"the lease of epoch {self.epoch} is over ({holder}); not writing")
 
     async def release(self) -> None:

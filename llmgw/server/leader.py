@@ -36,7 +36,7 @@ from llmgw.errors import LlmgwError
 from llmgw.net.server import Response
 from llmgw.server.store import Store, StoreError
 from llmgw.server.store_pg import _psycopg
-from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
+from llmgw.serverlist import LEADER_HEADER, NOT_LEADER, STORE_HEADER, STORE_UNREACHABLE
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 if TYPE_CHECKING:
@@ -79,6 +79,12 @@ class LeaderInfo:
     #: seconds since it was taken, and until it expires (negative: expired), on the database's clock
     age: float
     expires_in: float
+    #: time.monotonic() when it was read
+    read_at: float = attrs.field(factory=time.monotonic, eq=False)
+
+    def left(self) -> float:
+        """Seconds until the lease as read expires, counted from now (negative: it has expired)."""
+        return self.expires_in - (time.monotonic() - self.read_at)
 
 
 class Lease:
@@ -103,6 +109,8 @@ class Lease:
         self.deadline = 0.0
         #: the last lease row read (the leader a standby points clients to)
         self.seen: LeaderInfo | None = None
+        #: why the store could not be reached at the last try to take the lease; None when it answered
+        self.unreachable: str | None = None
 
     # -- standby -------------------------------------------------------------
 
@@ -118,6 +126,7 @@ class Lease:
         while True:
             try:
                 won = await self._in_thread(self._try_acquire)
+                self.unreachable = None
                 if failing:
                     log.warning("the store answers again; competing for the lease")
                     failing = False
@@ -130,6 +139,7 @@ class Lease:
             except Exception as exc:  # unreachable, or the row is locked by a leader stopped mid-write
                 level = logging.DEBUG if failing else logging.WARNING
                 log.log(level, "cannot take the lease yet: %s", str(exc).strip())
+                self.unreachable = str(exc).strip() or type(exc).__name__
                 failing = True
                 self._drop_connection()
                 on_standby, standing_by = None, on_standby
@@ -175,7 +185,7 @@ class Lease:
 
     def _wait_for_notify(self) -> None:
         # until the lease as last read runs out (a killed leader's is taken at once), a fifth of it at most
-        left = self.seen.expires_in if self.seen is not None else self.duration
+        left = self.seen.left() if self.seen is not None else self.duration
         conn = self._connection()
         conn.execute(f"LISTEN {CHANNEL}")
         for _ in conn.notifies(timeout=min(self.duration / 5, max(left, 0.0) + 0.02), stop_after=1):
@@ -280,7 +290,11 @@ class Lease:
         self.epoch = None
 
     def _check_in(self, conn: Any) -> None:
-        """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced."""
+        """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced.
+
+        An older instance at the same address (killed, then this one started in its place) leaves the list.
+        """
+        conn.execute("DELETE FROM servers WHERE address = %s AND holder <> %s", (self.address, self.holder))
         conn.execute(
             "INSERT INTO servers (holder, address, started_at, seen_at)"
             f" VALUES (%s, %s, {DB_NOW}, {DB_NOW})"
@@ -327,19 +341,31 @@ def not_leader_reply(lease: Lease, *, loading: bool = False) -> Response:
     """A standby's answer to every request: 503 ``not_leader``, naming the leader (``x-llmgw-leader``).
 
     ``loading``: this server took the lease and is loading the state: 503 ``starting`` instead.
+    A server that cannot reach the store says so (and :data:`STORE_HEADER`); it never names itself.
     """
-    seen = lease.seen
     if loading:
         message = f"this server leads now (epoch {lease.epoch}) and is loading the cluster's state; try again"
         return Response.json(503, to_json(ErrorReply(ErrorDetail(message, "starting"))))
-    if seen is None or seen.expires_in <= 0 or not seen.address:
+    leader = _leader_seen(lease)
+    headers: tuple[tuple[str, str], ...] = () if leader is None else ((LEADER_HEADER, leader.address),)
+    if lease.unreachable is not None:
+        known = "it knows no leader" if leader is None else f"the leader was {leader.address}"
+        message = f"this server is a standby and cannot reach the store ({lease.unreachable}); {known}"
+        headers += ((STORE_HEADER, STORE_UNREACHABLE),)
+    elif leader is None:
         message = "this server is a standby and no server leads right now; try again in a few seconds"
-        headers: tuple[tuple[str, str], ...] = ()
     else:
-        message = f"this server is a standby; the leader is {seen.address} (epoch {seen.epoch})"
-        headers = ((LEADER_HEADER, seen.address),)
+        message = f"this server is a standby; the leader is {leader.address} (epoch {leader.epoch})"
     body = to_json(ErrorReply(ErrorDetail(message, NOT_LEADER)))
     return Response.json(503, body, headers=headers)
+
+
+def _leader_seen(lease: Lease) -> LeaderInfo | None:
+    """Another server's lease, as this one last read it, while it has not expired; else None."""
+    seen = lease.seen
+    if seen is None or seen.holder == lease.holder or seen.left() <= 0 or not seen.address:
+        return None
+    return seen
 
 
 async def lead_when_elected(
@@ -371,7 +397,7 @@ async def lead_when_elected(
     front.refusal = lambda: not_leader_reply(lease, loading=loading)
     if view is not None:
         view.refusal = front.refusal
-        view.leader = lambda: lease.seen.address if lease.seen and lease.seen.expires_in > 0 else None
+        view.leader = lambda: leader.address if (leader := _leader_seen(lease)) else None
     try:
         async with trio.open_nursery() as standby:
             while True:

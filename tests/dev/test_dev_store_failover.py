@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
@@ -17,15 +16,6 @@ from llmgw.testing.load import GatewayLoad
 from llmgw.testing.processes import free_port, start, wait_until
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _pid_of(state: Path, name: str) -> int | None:
@@ -55,7 +45,8 @@ def test_dev_on_postgresql_serves_on_when_a_server_is_killed(llmgw_exe, clean_en
     """kill -9 of the leading server of `llmgw dev --store`: dev says so and keeps running, the gateway
     serves on (0 failed), the other server leads, and the killed one is back at its address as a standby."""
     state, ctl_dir = tmp_path / "dev", tmp_path / "ctl"
-    port = next(p for p in iter(free_port, None) if _free(p + 1))  # the standby listens on the next port
+    # the standby listens on the next port
+    port = next(p for p in iter(free_port, None) if not runs.port_in_use("127.0.0.1", p + 1))
     gateway = free_port()
     argv = [llmgw_exe, "dev", "--nodes", "2", "--server-port", str(port), "--store", pg_url]
     argv += ["--gateway-port", str(gateway), "--state-dir", str(state)]

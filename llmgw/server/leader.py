@@ -139,7 +139,8 @@ class Lease:
             except Exception as exc:  # unreachable, or the row is locked by a leader stopped mid-write
                 level = logging.DEBUG if failing else logging.WARNING
                 log.log(level, "cannot take the lease yet: %s", str(exc).strip())
-                self.unreachable = str(exc).strip() or type(exc).__name__
+                busy = isinstance(exc, _psycopg().errors.LockNotAvailable)  # reached; the row was locked
+                self.unreachable = None if busy else str(exc).strip() or type(exc).__name__
                 failing = True
                 self._drop_connection()
                 on_standby, standing_by = None, on_standby

@@ -5,7 +5,10 @@ server at a time; when it cannot be reached they move to the next, and when
 it answers 503 ``not_leader`` (a standby, see :mod:`llmgw.server.leader`) they
 move to the leader it names in the ``x-llmgw-leader`` header, else to the next.
 A standby answers reads itself (the admin API's, the routes feed) from the
-store, marking them with the ``x-llmgw-standby`` header.
+store, marking them with the ``x-llmgw-standby`` header. A standby that
+cannot reach the store says so (``x-llmgw-store: unreachable``); it answers
+an admin read from the state it last loaded only when asked
+(``x-llmgw-stale-ok: 1``, as ``ctl`` does once no server could answer).
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ if TYPE_CHECKING:
 __all__ = [
     "LEADER_HEADER",
     "NOT_LEADER",
+    "STALE_OK_HEADER",
     "STANDBY_HEADER",
+    "STORE_HEADER",
+    "STORE_UNREACHABLE",
     "NotLeaderAnswer",
     "ServerList",
     "leader_hint",
@@ -36,6 +42,12 @@ NOT_LEADER = "not_leader"
 #: the header on a standby's read (from the store, as the leader last wrote it): which revision, how
 #: fresh, and the leader (``revision 8, checked 0.4 s ago, leader https://a:7443``)
 STANDBY_HEADER = "x-llmgw-standby"
+#: the header on a standby's refusal when it cannot reach the store (value :data:`STORE_UNREACHABLE`)
+STORE_HEADER = "x-llmgw-store"
+STORE_UNREACHABLE = "unreachable"
+#: a client's request header (value ``1``): a standby that cannot reach the store may answer this read
+#: from the state it last loaded (its :data:`STANDBY_HEADER` says how old), instead of refusing it
+STALE_OK_HEADER = "x-llmgw-stale-ok"
 
 
 def parse_servers(text: str, flag: str = "--server", schemes: Sequence[str] = ("https",)) -> tuple[str, ...]:

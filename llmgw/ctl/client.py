@@ -21,7 +21,14 @@ import httpx
 
 from llmgw.ctl.diagnose import check_server_urls, not_the_admin_api, unreachable
 from llmgw.errors import LlmgwError
-from llmgw.serverlist import STANDBY_HEADER, ServerList, leader_hint
+from llmgw.serverlist import (
+    STALE_OK_HEADER,
+    STANDBY_HEADER,
+    STORE_HEADER,
+    STORE_UNREACHABLE,
+    ServerList,
+    leader_hint,
+)
 from llmgw.wire import WireError, error_message, from_json, to_json
 
 T = TypeVar("T")
@@ -186,10 +193,15 @@ class AdminClient:
         except WireError as exc:
             raise CtlError(f"{method} {path}: {exc} (is the server another llmgw version?)") from None
 
-
     def _send(self, method: str, path: str, kwargs: dict[str, Any]) -> tuple[httpx.Response, Any]:
-        """The answer of the first server that leads: skips one that cannot be connected to, or a standby."""
+        """The answer of the first server that leads: skips one that cannot be connected to, or a standby.
+
+        When no server leads because the store is unreachable, a read (``GET``) is asked once more of
+        each server, accepting the state it last loaded (:data:`STALE_OK_HEADER`); else the error says
+        the store is unreachable.
+        """
         tried: list[str] = []
+        store_down = False
         failures = 0
         for _ in range(len(self.servers) + 1):
             server = self.servers.current
@@ -206,10 +218,7 @@ class AdminClient:
                 continue
             except httpx.HTTPError as exc:
                 raise CtlError(unreachable(server, exc)) from None
-            try:
-                data = response.json()
-            except ValueError:
-                data = None
+            data = _json(response)
             wrong = not_the_admin_api(server, response.status_code, data, response.text)
             if wrong is not None:
                 raise CtlError(wrong, response.status_code)
@@ -217,23 +226,54 @@ class AdminClient:
             if not standby:
                 self._note_standby(server, response)
                 return response, data
-            tried.append(f"{server} is a standby (leader: {leader or 'none yet'})")
+            store_down |= response.headers.get(STORE_HEADER) == STORE_UNREACHABLE
+            tried.append(f"{server}: {_error_message(data, response)}")
             self.servers.not_leader(server, leader)
         if len(self.servers) == 1 and failures:
             raise CtlError(tried[0])
+        if store_down and method == "GET":
+            stale = self._stale_read(path, kwargs)
+            if stale is not None:
+                return stale
+        if store_down:
+            raise CtlError("the store is unreachable, so no server leads: " + "; ".join(dict.fromkeys(tried)))
         raise CtlError("no server answered as the leader: " + "; ".join(dict.fromkeys(tried)))
 
+    def _stale_read(self, path: str, kwargs: dict[str, Any]) -> tuple[httpx.Response, Any] | None:
+        """The first answer of a server from the state it last loaded (the store unreachable); None: none."""
+        headers = {**kwargs.get("headers", {}), STALE_OK_HEADER: "1"}
+        for server in self.servers.urls:
+            try:
+                response = self._http.request("GET", server + path, **{**kwargs, "headers": headers})
+            except httpx.HTTPError:
+                continue
+            if response.status_code < 500:
+                self._note_standby(server, response)
+                return response, _json(response)
+        return None
 
     def _note_standby(self, server: str, response: httpx.Response) -> None:
         """Say on stderr, once, that a standby answered from the store (its ``x-llmgw-standby`` header)."""
         view = response.headers.get(STANDBY_HEADER)
         if view is not None and not self._noted_standby:
             self._noted_standby = True
+            if response.headers.get(STORE_HEADER) == STORE_UNREACHABLE:
+                said = "the store is unreachable, so no server leads: this is the state"
+                print(f"note: {said} {server} last loaded ({view}); it may be out of date", file=sys.stderr)
+                return
             print(
                 f"note: {server} is a standby; this is the state the leader last stored ({view}); "
                 "shards' live state (PIDs, logs) only the leader knows",
                 file=sys.stderr,
             )
+
+
+def _json(response: httpx.Response) -> Any:
+    """The answer's JSON; None when it is not JSON."""
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 def _error_message(data: Any, response: httpx.Response) -> str:

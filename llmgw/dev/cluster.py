@@ -35,6 +35,9 @@ T = TypeVar("T")
 
 #: how long each process has to exit after SIGTERM before SIGKILL
 STOP_GRACE = 15.0
+#: a server on a PostgreSQL store that exits on its own is started again unless it ran less than this
+#: (seconds): one that cannot start is an error, not a loop
+RESTART_AFTER = 10.0
 
 #: the first three parts of the simulated nodes' addresses (node N is PREFIX.{10+N}); tests run side by
 #: side (one per worktree) set ``LLMGW_DEV_NET`` to keep their engines' ports apart
@@ -143,6 +146,10 @@ class LocalCluster:
         self._started_at = time.time()
         #: what the last check of a wait saw, for its timeout message
         self._seen = ""
+        #: says what the cluster does by itself (a server started again); a line each, on stdout by default
+        self.say: Callable[[str], None] = lambda line: print(line, flush=True)
+        #: the port each server (by name) listens on, to start it again there
+        self._server_ports: dict[str, int] = {}
 
     # -- parts -------------------------------------------------------------
 
@@ -186,6 +193,7 @@ class LocalCluster:
         )
         if name == "server":
             self.server = process
+        self._server_ports[name] = port or self.server_port
         return process
 
     def start_gateway(self, port: int, *, keys: bool = False, extra: Sequence[str] = ()) -> subprocess.Popen:
@@ -303,6 +311,7 @@ class LocalCluster:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
+            process._llmgw_started = time.monotonic()  # type: ignore[attr-defined]
             self._processes.append((name, process))
             runs.record_process(self.state_dir, name, process.pid)
         return process
@@ -336,13 +345,36 @@ class LocalCluster:
             time.sleep(0.2)
 
     def check(self) -> None:
-        """Raise if a process this cluster started exited without being told to."""
-        for name, process in self._processes:
+        """Raise if a process this cluster started exited without being told to.
+
+        On a PostgreSQL store, a server that exits while another one runs is started again at its
+        address instead (it comes back as a standby), and :attr:`say` says so: the cluster serves on.
+        """
+        for name, process in list(self._processes):
             if process.poll() is not None and not getattr(process, "_llmgw_stopped", False):
+                if self._start_again(name, process):
+                    continue
                 raise ClusterError(
                     f"{name} exited with code {process.returncode}; its log "
                     f"({self.logs / (name + '.log')}) ends with:\n{self.tail(name)}"
                 )
+
+    def _start_again(self, name: str, process: subprocess.Popen) -> bool:
+        """Start server ``name`` again when another server serves meanwhile (PostgreSQL); whether it did."""
+        others = [
+            p for n, p in self._processes if n in self._server_ports and p is not process and p.poll() is None
+        ]
+        ran = time.monotonic() - getattr(process, "_llmgw_started", 0.0)
+        if self.store is None or name not in self._server_ports or not others or ran < RESTART_AFTER:
+            return False
+        process._llmgw_stopped = True  # type: ignore[attr-defined]
+        port = self._server_ports[name]
+        self.say(
+            f"llmgw dev: {name} exited with code {process.returncode} (log: {self.logs / (name + '.log')}); "
+            f"the other server serves on; starting {name} again on https://127.0.0.1:{port} (as a standby)"
+        )
+        self.start_server(port=port, name=name)
+        return True
 
     def tail(self, name: str, lines: int = 20) -> str:
         """The last lines of process ``name``'s log."""

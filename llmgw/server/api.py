@@ -38,7 +38,7 @@ from llmgw.server.persist import (
 )
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.replies import InvalidCatalog, Refused, answer, error, query_int
-from llmgw.server.store import Store
+from llmgw.server.store import Store, StoreError
 from llmgw.wire import (
     ApiKey,
     CreatedKey,
@@ -223,6 +223,8 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             except InvalidCatalog as invalid:
                 exc = invalid.error
                 response = error(400, str(exc), kind="invalid_catalog", problems=exc.problems)
+            except StoreError as unreachable:  # a read of the store itself (ctl servers) while it is down
+                response = error(503, f"the store is unreachable: {unreachable}", kind="store_unreachable")
             if self.metrics is not None:
                 self.metrics.answered(handler.__name__.lstrip("_"), response.status)
             return response

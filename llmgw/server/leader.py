@@ -2,11 +2,13 @@
 
 The lease is the row ``leader`` (id 1): who holds it, under which epoch, and
 until when, on the database's clock (``clock_timestamp()``), so no server's
-own clock decides. A standby takes an expired lease by raising the epoch; the
+own clock decides. Servers starting on a new database insert the row (one
+insert lands) and lock it, so exactly one of them takes epoch 1. A standby
+takes an expired lease by raising the epoch; the
 leader renews it every third of its length from its own connection. Every
 write of the leader runs :meth:`Lease.fence` first, in the write's
 transaction: it takes the row ``FOR SHARE`` and refuses the write unless the
-epoch is still the leader's and the lease has not expired, so a leader that
+row still names this server and its epoch and the lease has not expired, so a leader that
 was paused past its lease (SIGSTOP, a long GC, a partition) cannot write when
 it resumes: it notices (:class:`NotLeader`) and steps down. A takeover waits
 for the row's share lock, so no write of the old epoch lands after a new one
@@ -34,7 +36,7 @@ from llmgw.errors import LlmgwError
 from llmgw.net.server import Response
 from llmgw.server.store import Store, StoreError
 from llmgw.server.store_pg import _psycopg
-from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
+from llmgw.serverlist import LEADER_HEADER, NOT_LEADER, STORE_HEADER, STORE_UNREACHABLE
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 if TYPE_CHECKING:
@@ -77,6 +79,12 @@ class LeaderInfo:
     #: seconds since it was taken, and until it expires (negative: expired), on the database's clock
     age: float
     expires_in: float
+    #: time.monotonic() when it was read
+    read_at: float = attrs.field(factory=time.monotonic, eq=False)
+
+    def left(self) -> float:
+        """Seconds until the lease as read expires, counted from now (negative: it has expired)."""
+        return self.expires_in - (time.monotonic() - self.read_at)
 
 
 class Lease:
@@ -101,6 +109,8 @@ class Lease:
         self.deadline = 0.0
         #: the last lease row read (the leader a standby points clients to)
         self.seen: LeaderInfo | None = None
+        #: why the store could not be reached at the last try to take the lease; None when it answered
+        self.unreachable: str | None = None
 
     # -- standby -------------------------------------------------------------
 
@@ -116,6 +126,7 @@ class Lease:
         while True:
             try:
                 won = await self._in_thread(self._try_acquire)
+                self.unreachable = None
                 if failing:
                     log.warning("the store answers again; competing for the lease")
                     failing = False
@@ -128,6 +139,8 @@ class Lease:
             except Exception as exc:  # unreachable, or the row is locked by a leader stopped mid-write
                 level = logging.DEBUG if failing else logging.WARNING
                 log.log(level, "cannot take the lease yet: %s", str(exc).strip())
+                busy = isinstance(exc, _psycopg().errors.LockNotAvailable)  # reached; the row was locked
+                self.unreachable = None if busy else str(exc).strip() or type(exc).__name__
                 failing = True
                 self._drop_connection()
                 on_standby, standing_by = None, on_standby
@@ -141,21 +154,21 @@ class Lease:
         self._check_in(conn)
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '1s'")
-            row = conn.execute(
-                f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
-                " FROM leader WHERE id = 1 FOR UPDATE"
-            ).fetchone()
-            previous = LeaderInfo(*row) if row else LeaderInfo("", "", 0, 0.0, 0.0)
-            self.seen = previous if row else None
-            if row is not None and previous.expires_in > 0:
+            row = self._lock_row(conn)
+            if row is None:  # a new database: every server starting now inserts it, one insert lands
+                conn.execute(
+                    "INSERT INTO leader (id, holder, address, epoch, acquired_at, renewed_at, expires_at)"
+                    " VALUES (1, '', '', 0, 0, 0, 0) ON CONFLICT (id) DO NOTHING"
+                )
+                row = self._lock_row(conn)  # ours, or the committed one of the server that won the insert
+            previous = LeaderInfo(*row)
+            self.seen = previous if previous.holder else None
+            if previous.holder and previous.expires_in > 0:
                 return None
             epoch = previous.epoch + 1
             conn.execute(
-                "INSERT INTO leader (id, holder, address, epoch, acquired_at, renewed_at, expires_at)"
-                f" VALUES (1, %s, %s, %s, {DB_NOW}, {DB_NOW}, {DB_NOW} + %s)"
-                " ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, address = excluded.address,"
-                " epoch = excluded.epoch, acquired_at = excluded.acquired_at,"
-                " renewed_at = excluded.renewed_at, expires_at = excluded.expires_at",
+                f"UPDATE leader SET holder = %s, address = %s, epoch = %s, acquired_at = {DB_NOW},"
+                f" renewed_at = {DB_NOW}, expires_at = {DB_NOW} + %s WHERE id = 1",
                 (self.holder, self.address, epoch, self.duration),
             )
         self.epoch = epoch
@@ -163,9 +176,17 @@ class Lease:
         self.seen = LeaderInfo(self.holder, self.address, epoch, 0.0, self.duration)
         return previous
 
+    @staticmethod
+    def _lock_row(conn: Any) -> tuple | None:
+        """The lease row, locked until the transaction ends (a competing acquisition waits, then reads it)."""
+        return conn.execute(
+            f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
+            " FROM leader WHERE id = 1 FOR UPDATE"
+        ).fetchone()
+
     def _wait_for_notify(self) -> None:
         # until the lease as last read runs out (a killed leader's is taken at once), a fifth of it at most
-        left = self.seen.expires_in if self.seen is not None else self.duration
+        left = self.seen.left() if self.seen is not None else self.duration
         conn = self._connection()
         conn.execute(f"LISTEN {CHANNEL}")
         for _ in conn.notifies(timeout=min(self.duration / 5, max(left, 0.0) + 0.02), stop_after=1):
@@ -221,7 +242,10 @@ class Lease:
         return True
 
     def fence(self, conn: Any) -> None:
-        """The store's ``before_write``: refuse this write unless this server still leads under its epoch.
+        """The store's ``before_write``: refuse this write unless this server still holds the lease.
+
+        The row must name this server's holder and epoch together, unexpired: an epoch alone does not
+        say who holds it.
 
         Runs in the write's transaction, which then holds the lease row (``FOR
         SHARE``) until it commits: a takeover waits for it.
@@ -236,8 +260,8 @@ class Lease:
         row = conn.execute(
             f"SELECT holder, epoch, expires_at - {DB_NOW} FROM leader WHERE id = 1 FOR SHARE"
         ).fetchone()
-        if row is None or row[1] != self.epoch or row[2] <= 0:
-            holder = f"{row[0]} holds epoch {row[1]}" if row else "no lease row"
+        if row is None or (row[0], row[1]) != (self.holder, self.epoch) or row[2] <= 0:
+            holder = f"{row[0] or 'no server'} holds epoch {row[1]}" if row else "no lease row"
             raise NotLeader(f"the lease of epoch {self.epoch} is over ({holder}); not writing")
 
     async def release(self) -> None:
@@ -267,7 +291,11 @@ class Lease:
         self.epoch = None
 
     def _check_in(self, conn: Any) -> None:
-        """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced."""
+        """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced.
+
+        An older instance at the same address (killed, then this one started in its place) leaves the list.
+        """
+        conn.execute("DELETE FROM servers WHERE address = %s AND holder <> %s", (self.address, self.holder))
         conn.execute(
             "INSERT INTO servers (holder, address, started_at, seen_at)"
             f" VALUES (%s, %s, {DB_NOW}, {DB_NOW})"
@@ -314,19 +342,31 @@ def not_leader_reply(lease: Lease, *, loading: bool = False) -> Response:
     """A standby's answer to every request: 503 ``not_leader``, naming the leader (``x-llmgw-leader``).
 
     ``loading``: this server took the lease and is loading the state: 503 ``starting`` instead.
+    A server that cannot reach the store says so (and :data:`STORE_HEADER`); it never names itself.
     """
-    seen = lease.seen
     if loading:
         message = f"this server leads now (epoch {lease.epoch}) and is loading the cluster's state; try again"
         return Response.json(503, to_json(ErrorReply(ErrorDetail(message, "starting"))))
-    if seen is None or seen.expires_in <= 0 or not seen.address:
+    leader = _leader_seen(lease)
+    headers: tuple[tuple[str, str], ...] = () if leader is None else ((LEADER_HEADER, leader.address),)
+    if lease.unreachable is not None:
+        known = "it knows no leader" if leader is None else f"the leader was {leader.address}"
+        message = f"this server is a standby and cannot reach the store ({lease.unreachable}); {known}"
+        headers += ((STORE_HEADER, STORE_UNREACHABLE),)
+    elif leader is None:
         message = "this server is a standby and no server leads right now; try again in a few seconds"
-        headers: tuple[tuple[str, str], ...] = ()
     else:
-        message = f"this server is a standby; the leader is {seen.address} (epoch {seen.epoch})"
-        headers = ((LEADER_HEADER, seen.address),)
+        message = f"this server is a standby; the leader is {leader.address} (epoch {leader.epoch})"
     body = to_json(ErrorReply(ErrorDetail(message, NOT_LEADER)))
     return Response.json(503, body, headers=headers)
+
+
+def _leader_seen(lease: Lease) -> LeaderInfo | None:
+    """Another server's lease, as this one last read it, while it has not expired; else None."""
+    seen = lease.seen
+    if seen is None or seen.holder == lease.holder or seen.left() <= 0 or not seen.address:
+        return None
+    return seen
 
 
 async def lead_when_elected(
@@ -358,7 +398,7 @@ async def lead_when_elected(
     front.refusal = lambda: not_leader_reply(lease, loading=loading)
     if view is not None:
         view.refusal = front.refusal
-        view.leader = lambda: lease.seen.address if lease.seen and lease.seen.expires_in > 0 else None
+        view.leader = lambda: leader.address if (leader := _leader_seen(lease)) else None
     try:
         async with trio.open_nursery() as standby:
             while True:

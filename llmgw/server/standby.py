@@ -28,7 +28,10 @@ which a forwarding standby would replace with its own.
 
 A view the standby could not check for :attr:`StandbyView.stale_after`
 seconds (the store unreachable) is not served: 503 ``not_leader``, so
-gateways and ``ctl`` move on to another server.
+gateways and ``ctl`` move on to another server. An admin read that asks for
+it (:data:`~llmgw.serverlist.STALE_OK_HEADER`: ``ctl`` does once no server
+answered) is answered from that view all the same, its header saying how
+long ago the view was last checked and that the store is unreachable.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from llmgw.server.api import ServerApp
 from llmgw.server.cluster import Settings
 from llmgw.server.persist import load_api_keys, load_cluster
 from llmgw.server.store_pg import FEED_CHANNEL, PgStore, feed_revision
-from llmgw.serverlist import STANDBY_HEADER
+from llmgw.serverlist import STALE_OK_HEADER, STANDBY_HEADER, STORE_HEADER, STORE_UNREACHABLE
 from llmgw.wire import RouteTable
 
 __all__ = ["POLL", "STANDBY_HEADER", "StandbyView", "View"]
@@ -225,7 +228,9 @@ class StandbyView:
     async def handle(self, request: Request) -> Response:
         """A standby's answer: a read from the view (with :data:`STANDBY_HEADER`), else the refusal."""
         view = self.view
-        if view is None or not self._fresh() or not _is_read(request) or _from_node(request):
+        fresh = self._fresh()
+        stale_ok = request.header(STALE_OK_HEADER) == "1" and request.path.startswith("/v1/admin/")
+        if view is None or not (fresh or stale_ok) or not _is_read(request) or _from_node(request):
             return self.refusal()
         if request.path == "/v1/routes" and request.query.get("wait") == "1":
             await self._wait_routes(request.query.get("revision", ""))
@@ -241,7 +246,8 @@ class StandbyView:
         note = f"revision {view.revision}, checked {checked:.1f} s ago"
         if (leader := self.leader()) is not None:
             note += f", leader {leader}"
-        return attrs.evolve(response, headers=(*response.headers, (STANDBY_HEADER, note)))
+        marks = ((STANDBY_HEADER, note),) + (() if fresh else ((STORE_HEADER, STORE_UNREACHABLE),))
+        return attrs.evolve(response, headers=(*response.headers, *marks))
 
     async def _wait_routes(self, known: str) -> None:
         """Wait up to the poll timeout until the view's routes revision is not ``known``."""

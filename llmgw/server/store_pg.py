@@ -123,6 +123,8 @@ class PgStore:
         """Run ``fn(conn)`` in the store's worker thread, in one transaction; return its result.
 
         A read retries once on a new connection when the old one broke.
+
+        :raises StoreError: the database cannot be reached (naming it and why).
         A cancelled caller waits for the query to finish.
         """
 
@@ -132,9 +134,9 @@ class PgStore:
                 try:
                     with conn.transaction():
                         return fn(PgConn(conn))
-                except _psycopg().OperationalError:
+                except _psycopg().OperationalError as exc:
                     if attempt == 2 or not conn.broken:
-                        raise
+                        raise StoreError(f"{self.path}: {str(exc).strip()}") from exc
             raise AssertionError("unreachable")
 
         return await self._in_thread(read)

@@ -15,10 +15,12 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from llmgw.catalog import read_catalog_text
+from llmgw.catalog import parse_catalog, read_catalog_text
 from llmgw.ctl.client import AdminClient, CtlError
 from llmgw.ctl.options import output_option
 from llmgw.ctl.output import show
+from llmgw.engine import Engine
+from llmgw.plugins import get_plugin_manager
 from llmgw.wire import (
     ApplyCatalog,
     CatalogApplied,
@@ -30,7 +32,9 @@ from llmgw.wire import (
     to_json,
 )
 
-__all__ = ["apply", "diff", "catalog", "diff_lines", "replica_progress", "wait_for_revision"]
+__all__ = [
+    "apply", "diff", "catalog", "diff_lines", "installed_engines", "replica_progress", "wait_for_revision",
+]  # fmt: skip
 
 _CATALOG_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 #: seconds between two looks at the replicas while ``apply --wait`` waits
@@ -42,8 +46,20 @@ def _client(ctx: click.Context) -> AdminClient:
 
 
 def _read(catalog: Path) -> str:
-    """The catalog's text; a file that cannot be read is the operator's error."""
-    return read_catalog_text(catalog)
+    """The catalog's text, checked here as ``ctl validate`` checks it, so a bad catalog is never sent.
+
+    Engines the plugins installed here lack are left for the server to check (its plugins may have them).
+
+    :raises CatalogError: the file cannot be read, or the catalog is invalid (every problem named).
+    """
+    text = read_catalog_text(catalog)
+    parse_catalog(text, installed_engines(), source=str(catalog), remote=True)
+    return text
+
+
+def installed_engines() -> dict[str, Engine]:
+    """The engines the plugins installed here provide, by name: what ``ctl validate`` checks against."""
+    return {name: r.engine for name, r in get_plugin_manager().engines().items()}
 
 
 # -- showing a diff ---------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def test_aliases_within_the_limit_are_read():
 
 def test_errors_of_a_long_list_stay_short():
     """10,000 bad args: ten are named, the line quoting a value is short, the whole error is short."""
-    text = "profiles:\n  p:\n    engine: sim\n    args: [" + ", ".join(["[1, 2, 3, 4, 5, 6]"] * 10_000) + "]\n"
+    bad = ", ".join(["[1, 2, 3, 4, 5, 6]"] * 10_000)
+    text = f"profiles:\n  p:\n    engine: sim\n    args: [{bad}]\n"
     with pytest.raises(CatalogError) as refused:
         parse_catalog(text, ENGINES)
     problems = refused.value.problems

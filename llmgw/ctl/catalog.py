@@ -7,6 +7,8 @@ and with ``--wait`` returns once every replica the applied revision asks for
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -80,8 +82,19 @@ def _effects(change: CatalogChange) -> str:
     return f": {', '.join(parts)}" if parts else ""
 
 
-def diff_lines(diff: CatalogDiff) -> list[str]:
-    """The lines ``ctl diff`` and ``ctl apply`` print for ``diff``: models, then profiles, fields indented."""
+def _wrapped(field: str, width: int) -> list[str]:
+    """A changed field's line, whole, wrapped at ``width``: spaces at a break go, continuations indented."""
+    return textwrap.wrap(
+        field, width, initial_indent="      ", subsequent_indent="          ", break_on_hyphens=False
+    )
+
+
+def diff_lines(diff: CatalogDiff, width: int | None = None) -> list[str]:
+    """The lines ``ctl diff`` and ``ctl apply`` print for ``diff``: models, then profiles, fields indented.
+
+    Values are shown whole, a long one wrapped at ``width`` columns (default: the terminal's, at least 60).
+    """
+    width = width or max(60, shutil.get_terminal_size().columns)
     if not diff.changes:
         return [f"no change against catalog revision {diff.revision}"]
     lines = [f"against catalog revision {diff.revision}:"]
@@ -90,7 +103,8 @@ def diff_lines(diff: CatalogDiff) -> list[str]:
         for change in (c for c in diff.changes if c.section == section):
             mark = marks.get(change.change, "?")
             lines.append(f"  {mark} {section} {change.name}: {change.change}{_effects(change)}")
-            lines.extend(f"      {field}" for field in change.fields)
+            for field in change.fields:
+                lines.extend(_wrapped(field, width))
     return lines
 
 

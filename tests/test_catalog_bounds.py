@@ -23,8 +23,9 @@ from llmgw.server import api_catalog
 from llmgw.testing.server import start_server
 
 ENGINES = {"sim": SimEngine()}
-#: how long a refusal of the bomb may take on a loaded machine (it took 9 s, or never ended, before)
-REFUSED_WITHIN = 3.0
+#: how long a refusal of the bomb may take on a loaded machine (it took 9 s, or never ended, before); CPU
+#: seconds where the test parses, wall-clock seconds where it asks a server
+REFUSED_WITHIN = 5.0
 LIMIT = f"more than {MAX_CATALOG_VALUES} values, counting each use of an alias"
 
 
@@ -40,10 +41,10 @@ def bomb(levels: int) -> str:
 @pytest.mark.parametrize("levels", [8, 9])
 def test_alias_bomb_is_refused_naming_the_limit(levels):
     """Eight and nine levels of aliases are refused within a moment, with one short line naming the limit."""
-    started = time.monotonic()
+    started = time.process_time()
     with pytest.raises(CatalogError) as refused:
         parse_catalog(bomb(levels), ENGINES, source="bomb.yaml")
-    assert time.monotonic() - started < REFUSED_WITHIN
+    assert time.process_time() - started < REFUSED_WITHIN
     (problem,) = refused.value.problems
     assert LIMIT in problem and "line " in problem
     assert len(str(refused.value)) < 300

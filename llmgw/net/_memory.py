@@ -3,8 +3,8 @@
 Python returns a freed body of 31 MiB to the C allocator, but glibc keeps what it freed in its heaps
 (and raises its mmap threshold after such a buffer, so the next ones land in the heap too): a gateway sent
 eight huge bodies stayed at its peak, 437 MB, after they were answered. :class:`MemoryReturn` counts what
-the server freed and, a moment after a burst (so a stream of large requests trims once, not per request),
-calls ``malloc_trim(0)`` in a worker thread. Elsewhere than glibc it does nothing.
+the server freed and, once a burst of frees is over (a stream of large requests trims once, not per request),
+calls ``gc.collect()`` and ``malloc_trim(0)`` (in a worker thread). Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ CONNECTION_BYTES = 64 * 1024
 LARGE_BODY = 1024 * 1024
 #: freed bytes counted before a trim is due
 _TRIM_AFTER = 16 * 1024 * 1024
-#: seconds a trim waits once due, so that a burst of frees ends first
+#: seconds without a free that end a burst: a trim waits for them once due
 _SETTLE = 1.0
 #: glibc's mallopt parameter: buffers at least this large are mapped on their own, and unmapped when freed
 _M_MMAP_THRESHOLD = -3
@@ -74,7 +74,10 @@ class MemoryReturn:
             return
         while True:
             await self._due.wait()
-            await trio.sleep(_SETTLE)
+            counted = -1
+            while counted != self.freed:  # the burst goes on: trim once it is over, what it left too
+                counted = self.freed
+                await trio.sleep(_SETTLE)
             self._due = trio.Event()
             freed, self.freed = self.freed, 0
             gc.collect()  # closed connections leave cycles (tasks, tracebacks) the collector has not met yet

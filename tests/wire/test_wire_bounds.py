@@ -9,7 +9,7 @@ import pytest
 from llmgw.net._records import InvalidJSON, parse_json
 from llmgw.wire import SyncRequest, WireError, from_json, shown
 
-#: far above what these take; refusing one of them took minutes before
+#: CPU seconds, far above what these take (a fraction of a second); refusing one took minutes before
 WITHIN = 5.0
 
 
@@ -21,10 +21,10 @@ def sync(**fields):
 
 def test_a_list_of_bad_items_names_ten_and_stops():
     """200,000 bad sources: the error names ten of them, in one short text, at once."""
-    started = time.monotonic()
+    started = time.process_time()
     with pytest.raises(WireError) as refused:
         from_json(sync(checked_sources=[[1, 2, 3, 4, 5]] * 200_000), SyncRequest)
-    assert time.monotonic() - started < WITHIN
+    assert time.process_time() - started < WITHIN
     message = str(refused.value)
     assert message.count("expected a string, got [1, 2, 3, 4, ...]") == 10
     assert "checked_sources[9]" in message and "checked_sources[10]" not in message
@@ -48,9 +48,9 @@ def test_values_are_quoted_short(value, expected):
 def test_a_body_of_millions_of_lists_parses_at_once():
     """Two million empty lists (4 MB, the server's limit) parse within seconds, not a minute."""
     body = b'{"x": [' + b",".join([b"[]"] * 2_000_000) + b"]}"
-    started = time.monotonic()
+    started = time.process_time()
     assert len(parse_json(body)["x"]) == 2_000_000
-    assert time.monotonic() - started < WITHIN
+    assert time.process_time() - started < WITHIN
 
 
 @pytest.mark.parametrize("pairs, innermost, refused", [(31, "[1]", False), (32, "1", True)])

@@ -109,11 +109,15 @@ MAX_CATALOG_VALUES = 100_000
 
 
 #: libyaml's parser where PyYAML was built with it (three times as fast); the composing stays in Python
-_Parser = yaml.cyaml.CParser if yaml.__with_libyaml__ else yaml.parser.Parser
+_PARSING: tuple[type, ...] = (
+    (yaml.cyaml.CParser,)
+    if yaml.__with_libyaml__
+    else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+)
 
 
 class _UniqueKeyLoader(
-    yaml.composer.Composer, _Parser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver
+    yaml.composer.Composer, *_PARSING, yaml.constructor.SafeConstructor, yaml.resolver.Resolver
 ):
     """A YAML loader that refuses a key given twice, a key that is not a plain value, deep nesting, and
     more than :data:`MAX_CATALOG_VALUES` values with aliases expanded: counted as the nodes are composed,
@@ -122,10 +126,8 @@ class _UniqueKeyLoader(
     _depth = 0
 
     def __init__(self, stream: str) -> None:
-        if _Parser is yaml.parser.Parser:
-            yaml.reader.Reader.__init__(self, stream)
-            yaml.scanner.Scanner.__init__(self)
-        _Parser.__init__(self, *(() if _Parser is yaml.parser.Parser else (stream,)))
+        for parsing in _PARSING:  # libyaml's parser, or PyYAML's reader, scanner and parser
+            parsing.__init__(self, *((stream,) if parsing is _PARSING[0] else ()))
         yaml.composer.Composer.__init__(self)
         yaml.constructor.SafeConstructor.__init__(self)
         yaml.resolver.Resolver.__init__(self)

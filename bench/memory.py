@@ -1,6 +1,7 @@
-"""Memory given back after abuse: the gateway after huge bodies, the server after thousands of idle connections.
+"""Memory given back after abuse: the gateway after huge bodies, the server after many idle connections.
 
-Run with ``python bench/memory.py`` (about a minute). Two cases, each on a real process of its own:
+Run with ``python bench/memory.py`` (two to three minutes on a loaded machine). Two cases, each a
+real process of its own:
 
 - ``gateway``: ``llmgw gateway --no-keys`` in front of ``bench/fastbackend.py`` (routes from an
   in-process fake feed) is sent eight chat completions of 31 MiB each, all at once;

@@ -23,11 +23,12 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import Catalog, Model, Profile
 from llmgw.weights import check_source
-from llmgw.wire import converter
+from llmgw.wire import capped, converter
 
 __all__ = [
     "MAX_CATALOG_BYTES",
     "MAX_CATALOG_DEPTH",
+    "MAX_CATALOG_VALUES",
     "load_catalog",
     "parse_catalog",
     "read_catalog_text",
@@ -102,23 +103,80 @@ def _dotted(path: tuple[str, ...]) -> str:
 
 #: how deep a catalog may nest (a real one is about 5 levels deep: models.NAME.sidecars[0].argv[0])
 MAX_CATALOG_DEPTH = 32
+#: how many values (scalars, lists and mappings) a catalog may hold once its YAML aliases are expanded:
+#: ten lists of ten aliases each, eight deep, are 601 bytes that expand to 10**8 values
+MAX_CATALOG_VALUES = 100_000
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a key given twice, a key that is not a plain value, and deep nesting."""
+#: libyaml's parser where PyYAML was built with it (three times as fast); the composing stays in Python
+_PARSING: tuple[type, ...] = (
+    (yaml.cyaml.CParser,)
+    if yaml.__with_libyaml__
+    else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+)
+
+
+class _UniqueKeyLoader(
+    yaml.composer.Composer, *_PARSING, yaml.constructor.SafeConstructor, yaml.resolver.Resolver
+):
+    """A YAML loader that refuses a key given twice, a key that is not a plain value, deep nesting, and
+    more than :data:`MAX_CATALOG_VALUES` values with aliases expanded: counted as the nodes are composed,
+    before anything is built from them."""
 
     _depth = 0
+
+    def __init__(self, stream: str) -> None:
+        for parsing in _PARSING:  # libyaml's parser, or PyYAML's reader, scanner and parser
+            parsing.__init__(self, *((stream,) if parsing is _PARSING[0] else ()))
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        #: id of each node composed -> how many values it holds, its aliases expanded
+        self._values: dict[int, int] = {}
+        #: the values composed so far, aliases expanded
+        self._total = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self._depth += 1
         try:
             if self._depth > MAX_CATALOG_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested deeper than {MAX_CATALOG_DEPTH} levels", self.peek_event().start_mark
+                self._refuse(f"nested deeper than {MAX_CATALOG_DEPTH} levels")
+            alias = self.check_event(yaml.AliasEvent)
+            if alias:
+                target = self.anchors.get(self.peek_event().anchor)
+                if target is not None and id(target) not in self._values:
+                    anchor = self.peek_event().anchor
+                    self._refuse(f"alias *{anchor} is used inside its own anchor &{anchor}")
+            node = super().compose_node(parent, index)
+            if alias:
+                self._total += self._values[id(node)]
+            else:
+                self._values[id(node)] = self._count(node)
+                self._total += 1  # its children were counted as they were composed
+            if self._total > MAX_CATALOG_VALUES:
+                self._refuse(
+                    f"more than {MAX_CATALOG_VALUES} values, counting each use of an alias as the values of "
+                    "its anchor (llmgw's limit)",
+                    node.start_mark,
                 )
-            return super().compose_node(parent, index)
+            return node
         finally:
             self._depth -= 1
+
+    def _count(self, node: yaml.Node) -> int:
+        """The values ``node`` holds, aliases expanded; its children are composed and counted already."""
+        if isinstance(node, yaml.SequenceNode):
+            return 1 + sum(self._values[id(child)] for child in node.value)
+        if isinstance(node, yaml.MappingNode):
+            return 1 + sum(self._values[id(key)] + self._values[id(value)] for key, value in node.value)
+        return 1
+
+    def _refuse(self, problem: str, mark: Any = None) -> None:
+        raise _Refused(None, None, problem, mark or self.peek_event().start_mark)
+
+
+class _Refused(yaml.composer.ComposerError):
+    """YAML that parses, but that llmgw does not read: too deep, too large once expanded, recursive."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -171,8 +229,14 @@ def read_catalog_text(path: str | Path) -> str:
         raise CatalogError(str(path), [f"not UTF-8 text: {exc.reason} at byte {exc.start}"]) from None
 
 
-def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<catalog>") -> Catalog:
-    """Validate catalog YAML given as text; see :func:`load_catalog`."""
+def parse_catalog(
+    text: str, engines: Mapping[str, Engine], *, source: str = "<catalog>", remote: bool = False
+) -> Catalog:
+    """Validate catalog YAML given as text; see :func:`load_catalog`.
+
+    :param remote: the catalog is checked before it is sent to a server, whose plugins may provide engines
+        that ``engines`` lacks: an engine not in ``engines`` is left for the server to check.
+    """
     size = len(text.encode())
     if size > MAX_CATALOG_BYTES:
         raise CatalogError(
@@ -184,7 +248,8 @@ def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<c
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise CatalogError(source, [f"{where}invalid YAML: {problem}"]) from None
+        what = "" if isinstance(exc, _Refused) else "invalid YAML: "
+        raise CatalogError(source, capped([f"{where}{what}{problem}"])) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -197,10 +262,12 @@ def parse_catalog(text: str, engines: Mapping[str, Engine], *, source: str = "<c
         sections[section], section_problems = _structure_section(data, section, kind)
         problems.extend(section_problems)
     profile_names = set(data.get("profiles") or {}) if isinstance(data.get("profiles"), dict) else set()
-    problems.extend(_check_references(sections["profiles"], sections["models"], profile_names, engines))
-    problems.extend(_check_unstructured(data, sections, profile_names, engines))
+    problems.extend(
+        _check_references(sections["profiles"], sections["models"], profile_names, engines, remote=remote)
+    )
+    problems.extend(_check_unstructured(data, sections, profile_names, engines, remote=remote))
     if problems:
-        raise CatalogError(source, problems)
+        raise CatalogError(source, capped(problems))
     return Catalog(profiles=sections["profiles"], models=sections["models"])
 
 
@@ -240,15 +307,19 @@ def _check_unstructured(
     structured: Mapping[str, Mapping[str, Any]],
     profile_names: set[str],
     engines: Mapping[str, Engine],
+    *,
+    remote: bool,
 ) -> list[str]:
     """Entries that failed to structure still get their references checked."""
     problems = []
     known = ", ".join(sorted(engines)) or "none installed"
     defined = ", ".join(sorted(profile_names)) or "none defined"
-    for section, field, valid, message in (
-        ("profiles", "engine", engines, f"no plugin provides engine {{!r}} (engines there are: {known})"),
-        ("models", "profile", profile_names, f"no profile named {{!r}} (profiles: {defined})"),
-    ):
+    checks = [("models", "profile", profile_names, f"no profile named {{!r}} (profiles: {defined})")]
+    if not remote:
+        checks.append(
+            ("profiles", "engine", engines, f"no plugin provides engine {{!r}} (engines there are: {known})")
+        )
+    for section, field, valid, message in checks:
         raw = data.get(section)
         if not isinstance(raw, dict):
             continue
@@ -266,6 +337,8 @@ def _check_references(
     models: Mapping[str, Model],
     profile_names: set[str],
     engines: Mapping[str, Engine],
+    *,
+    remote: bool,
 ) -> list[str]:
     problems: list[str] = []
     known = ", ".join(sorted(engines)) or "none installed"
@@ -274,7 +347,7 @@ def _check_references(
         if not _NAME.match(name):
             problems.append(f"{where}: {_BAD_NAME}")
         engine = engines.get(profile.engine)
-        if engine is None:
+        if engine is None and not remote:
             problems.append(
                 f"{where}.engine: no plugin provides engine {profile.engine!r} (engines there are: {known})"
             )

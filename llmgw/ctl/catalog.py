@@ -7,6 +7,8 @@ and with ``--wait`` returns once every replica the applied revision asks for
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
@@ -15,10 +17,12 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from llmgw.catalog import read_catalog_text
+from llmgw.catalog import parse_catalog, read_catalog_text
 from llmgw.ctl.client import AdminClient, CtlError
 from llmgw.ctl.options import output_option
 from llmgw.ctl.output import show
+from llmgw.engine import Engine
+from llmgw.plugins import get_plugin_manager
 from llmgw.wire import (
     ApplyCatalog,
     CatalogApplied,
@@ -30,7 +34,9 @@ from llmgw.wire import (
     to_json,
 )
 
-__all__ = ["apply", "diff", "catalog", "diff_lines", "replica_progress", "wait_for_revision"]
+__all__ = [
+    "apply", "diff", "catalog", "diff_lines", "installed_engines", "replica_progress", "wait_for_revision",
+]  # fmt: skip
 
 _CATALOG_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 #: seconds between two looks at the replicas while ``apply --wait`` waits
@@ -42,8 +48,20 @@ def _client(ctx: click.Context) -> AdminClient:
 
 
 def _read(catalog: Path) -> str:
-    """The catalog's text; a file that cannot be read is the operator's error."""
-    return read_catalog_text(catalog)
+    """The catalog's text, checked here as ``ctl validate`` checks it, so a bad catalog is never sent.
+
+    Engines the plugins installed here lack are left for the server to check (its plugins may have them).
+
+    :raises CatalogError: the file cannot be read, or the catalog is invalid (every problem named).
+    """
+    text = read_catalog_text(catalog)
+    parse_catalog(text, installed_engines(), source=str(catalog), remote=True)
+    return text
+
+
+def installed_engines() -> dict[str, Engine]:
+    """The engines the plugins installed here provide, by name: what ``ctl validate`` checks against."""
+    return {name: r.engine for name, r in get_plugin_manager().engines().items()}
 
 
 # -- showing a diff ---------------------------------------------------------------------------------
@@ -64,8 +82,19 @@ def _effects(change: CatalogChange) -> str:
     return f": {', '.join(parts)}" if parts else ""
 
 
-def diff_lines(diff: CatalogDiff) -> list[str]:
-    """The lines ``ctl diff`` and ``ctl apply`` print for ``diff``: models, then profiles, fields indented."""
+def _wrapped(field: str, width: int) -> list[str]:
+    """A changed field's line, whole, wrapped at ``width``: spaces at a break go, continuations indented."""
+    return textwrap.wrap(
+        field, width, initial_indent="      ", subsequent_indent="          ", break_on_hyphens=False
+    )
+
+
+def diff_lines(diff: CatalogDiff, width: int | None = None) -> list[str]:
+    """The lines ``ctl diff`` and ``ctl apply`` print for ``diff``: models, then profiles, fields indented.
+
+    Values are shown whole, a long one wrapped at ``width`` columns (default: the terminal's, at least 60).
+    """
+    width = width or max(60, shutil.get_terminal_size().columns)
     if not diff.changes:
         return [f"no change against catalog revision {diff.revision}"]
     lines = [f"against catalog revision {diff.revision}:"]
@@ -74,7 +103,8 @@ def diff_lines(diff: CatalogDiff) -> list[str]:
         for change in (c for c in diff.changes if c.section == section):
             mark = marks.get(change.change, "?")
             lines.append(f"  {mark} {section} {change.name}: {change.change}{_effects(change)}")
-            lines.extend(f"      {field}" for field in change.fields)
+            for field in change.fields:
+                lines.extend(_wrapped(field, width))
     return lines
 
 

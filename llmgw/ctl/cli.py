@@ -16,7 +16,7 @@ import click
 
 from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
-from llmgw.ctl.catalog import apply, catalog, diff
+from llmgw.ctl.catalog import apply, catalog, diff, installed_engines
 from llmgw.ctl.client import AdminClient, CtlError, segment
 from llmgw.ctl.models import models
 from llmgw.ctl.options import output_option, watch_options
@@ -348,9 +348,8 @@ def validate(catalog: str) -> None:
 
     Prints every error with its path and exits 1, or a one-line summary and 0.
     """
-    engines = {name: r.engine for name, r in get_plugin_manager().engines().items()}
     try:
-        result = load_catalog(catalog, engines)
+        result = load_catalog(catalog, installed_engines())
     except CatalogError as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)

@@ -54,6 +54,14 @@ INFERENCE_ENDPOINTS = {
 }
 _REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
 _NO_RESPONSE = Response(500)
+_CREATE = "an operator creates one with `llmgw ctl keys create NAME`; `llmgw ctl keys list` lists them"
+#: the 401 when no API key is in force, and the gateway saw one before (so every key was revoked)
+_NO_KEYS_REVOKED = f"This gateway requires an API key and every one has been revoked ({_CREATE})."
+#: the same from a gateway that never saw a key: none was created, or all were revoked before it started
+_NO_KEYS = (
+    f"This gateway requires an API key and none is in force: none has been created yet, or every one has "
+    f"been revoked ({_CREATE})."
+)
 
 
 class GatewayApp:
@@ -242,10 +250,7 @@ class GatewayApp:
             )
         if not table.keys:
             return openai_error(
-                401,
-                "This gateway requires an API key and none has been created yet "
-                "(an operator creates one with `llmgw ctl keys create NAME`).",
-                code="invalid_api_key",
+                401, _NO_KEYS_REVOKED if self.watcher.had_keys else _NO_KEYS, code="invalid_api_key"
             )
         if token == self._accepted[0] and table is self._accepted[1]:
             return None  # checked before the body was read (precheck), or by the request before

@@ -64,6 +64,8 @@ class RoutesWatcher:
         self.retry_interval = retry_interval
         #: the last table received, None until the first answer
         self.table: RouteTable | None = None
+        #: a table received held an API key: with none now, every key was revoked
+        self.had_keys = False
         #: trio time of the last answer from the server
         self.last_success: float | None = None
         #: trio time the current outage began; None while the feed answers
@@ -141,6 +143,7 @@ class RoutesWatcher:
         previous = self.table
         if previous is None or table != previous:
             self.table = table
+            self.had_keys = self.had_keys or bool(table.keys)
             log.info("routes revision %d: %s", table.revision, table.summary())
             self.on_update(table)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json as jsonlib
-from collections.abc import AsyncIterable, Callable
+import re
+from collections.abc import AsyncIterable, Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -44,15 +47,40 @@ _DECODER = jsonlib.JSONDecoder(parse_int=_number(int), parse_float=_number(float
 _TOO_DEEP = f"request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels"
 
 
-def _check_depth(value: Any) -> None:
-    """Raise :class:`InvalidJSON` when ``value`` nests lists and dicts over :data:`MAX_JSON_DEPTH` deep."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidJSON(_TOO_DEEP)
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: every byte but brackets and braces (deleted), and braces as brackets: nesting is all that is left
+_NOT_NESTING = bytes(b for b in range(256) if b not in b"[]{}")
+_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
+#: a body larger than this is parsed with the cyclic garbage collector paused (see :func:`parse_json`)
+_LARGE = 1024 * 1024
+
+
+def _too_deep(body: bytes) -> bool:
+    """Whether valid JSON ``body`` nests arrays and objects over :data:`MAX_JSON_DEPTH` deep.
+
+    Read from the bytes, not the parsed value: strings dropped, brackets kept, then one innermost
+    level removed per pass (``bytes.replace`` does not look again at what it joined). A body of millions of
+    empty lists costs milliseconds, where walking its parsed value cost a minute.
+    """
+    nesting = _STRING.sub(b"", body).translate(_AS_BRACKETS, _NOT_NESTING)
+    for _ in range(MAX_JSON_DEPTH):
+        if not nesting:
+            return False
+        nesting = nesting.replace(b"[]", b"")
+    return bool(nesting)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: building millions of lists otherwise runs it again and again
+    over every one built so far (9 s instead of 0.8 s for 4 million empty lists)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def parse_json(body: bytes) -> Any:
@@ -65,7 +93,8 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"request body is not UTF-8: {exc}") from None
     try:
-        value = _DECODER.decode(text.removeprefix("\ufeff"))
+        with _collector_paused() if len(body) > _LARGE else nullcontext():
+            value = _DECODER.decode(text.removeprefix("\ufeff"))
     except RecursionError:
         raise InvalidJSON(_TOO_DEEP) from None
     except InvalidJSON:
@@ -73,8 +102,12 @@ def parse_json(body: bytes) -> Any:
     except ValueError as exc:
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
     # nesting is only possible past the bound with that many brackets: counting them is cheap
-    if isinstance(value, dict | list) and body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
-        _check_depth(value)
+    if (
+        isinstance(value, dict | list)
+        and body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH
+        and _too_deep(body)
+    ):
+        raise InvalidJSON(_TOO_DEEP)
     return value
 
 

@@ -36,6 +36,7 @@ from llmgw.net._h1server import (
     response_head,
 )
 from llmgw.net._listen import open_shared_listeners, parse_listen
+from llmgw.net._memory import CONNECTION_BYTES, LARGE_BODY, MemoryReturn
 from llmgw.net._records import InvalidJSON, Request, Response
 
 __all__ = [
@@ -139,6 +140,8 @@ class HttpServer:
         self._grace_deadline: float | None = None
         #: the (host, port) bound, once :meth:`serve` has started
         self.address: tuple[str, int] | None = None
+        #: large bodies and closed connections, given back to the system a moment after a burst
+        self.memory = MemoryReturn()
 
     @property
     def in_flight(self) -> int:
@@ -190,7 +193,9 @@ class HttpServer:
 
     async def _accept(self, listeners: list[trio.SocketListener], nursery: trio.Nursery) -> None:
         with self._accepting:
-            await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
+            async with trio.open_nursery() as own:
+                own.start_soon(self.memory.run)
+                await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         try:
@@ -211,6 +216,7 @@ class HttpServer:
         finally:
             self._connections.discard(state)
             await trio.aclose_forcefully(stream)
+            self.memory.note(CONNECTION_BYTES)
 
     async def _handshake(self, stream: trio.SocketStream, client: tuple) -> tuple:
         ssl_stream = trio.SSLStream(stream, self._ssl_context, server_side=True, https_compatible=True)
@@ -296,6 +302,8 @@ class HttpServer:
                 keep_alive = await self._exchange(stream, request, parsed, link)
             finally:
                 state.busy = False
+                if parsed.size >= LARGE_BODY:
+                    self.memory.note(parsed.size)
                 reader.release(parsed)
             if not keep_alive or not parsed.keep_alive or reader.upgraded:
                 return

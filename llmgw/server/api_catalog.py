@@ -66,12 +66,12 @@ class CatalogEndpoints:
         )
 
     async def _diff_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        catalog = self._parse_catalog(from_json(request.json(), ApplyCatalog))
+        catalog = await trio.to_thread.run_sync(self._parse_catalog, from_json(request.json(), ApplyCatalog))
         return answer(self._diff_against_stored(catalog))
 
     async def _apply_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         body = from_json(request.json(), ApplyCatalog)
-        catalog = self._parse_catalog(body)
+        catalog = await trio.to_thread.run_sync(self._parse_catalog, body)  # seconds for a large one
         async with self._lock:
             diff = self._diff_against_stored(catalog)
             if diff.removed_models and not body.prune:

@@ -22,10 +22,6 @@ LAUNCH_FIELDS = frozenset(
     {"source", "profile", "served_name", "engine", "nodes", "gpus_per_node", "args", "sidecars"}
 )
 
-#: the longest value shown in a change line; longer ones are cut with "..."
-MAX_SHOWN = 80
-
-
 def catalog_diff(old: Catalog, new: Catalog, running: Mapping[str, int], revision: int = 0) -> CatalogDiff:
     """The changes from ``old`` to ``new``: models (with replicas to add, stop, and outdated), then profiles.
 
@@ -108,4 +104,4 @@ def _shown(value: object) -> str:
         )
     else:
         text = str(value)
-    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+    return text  # whole, however long: ``ctl diff`` wraps it, ``-o json`` has it as it is

@@ -40,7 +40,7 @@ from llmgw.wire._catalog import (
     CatalogText,
 )
 from llmgw.wire._gateway import SuspectRecorded, SuspectReport
-from llmgw.wire._hooks import register_strict_collections, register_strict_scalars
+from llmgw.wire._hooks import capped, register_strict_collections, register_strict_scalars, shown
 from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 from llmgw.wire._weights import (
@@ -62,8 +62,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
-    "register_strict_scalars", "to_json", "from_json", "error_message", "shard_key", "SHARD_PORTS",
-    "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
+    "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
+    "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
     "StagingProgress", "CopyProgress", "ModelStatus", "ModelList",
 ]  # fmt: skip
 
@@ -478,10 +478,10 @@ def from_json(data: Any, kind: type[T]) -> T:
     try:
         return converter.structure(data, kind)
     except (ClassValidationError, IterableValidationError) as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path=kind.__name__, format_exception=_reason))
-        raise WireError(f"malformed {kind.__name__}: {problems}") from None
+        problems = cattrs.transform_error(exc, path=kind.__name__, format_exception=_reason)
+        raise WireError(f"malformed {kind.__name__}: {'; '.join(capped(problems))}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise WireError(f"malformed {kind.__name__}: {exc}") from None
+        raise WireError(f"malformed {kind.__name__}: {capped([str(exc)])[0]}") from None
 
 
 def error_message(data: Any) -> str | None:

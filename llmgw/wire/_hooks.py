@@ -6,14 +6,19 @@ TOML in llmgw goes through that converter.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Any, get_args, get_origin
 
 import cattrs
 from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_mapping_structure_fn
 
-__all__ = ["EXPECTED", "register_strict_scalars", "register_strict_collections"]
+__all__ = [
+    "EXPECTED", "MAX_ITEM_ERRORS", "MAX_PROBLEMS", "register_strict_scalars", "register_strict_collections",
+    "shown", "capped",
+]  # fmt: skip
 
 #: Why a scalar was refused, by the type expected.
 EXPECTED = {
@@ -24,9 +29,58 @@ EXPECTED = {
 }
 
 
+#: the bad items of one list that are named before the rest of the list is left unread
+MAX_ITEM_ERRORS = 10
+#: the longest value an error text quotes
+_SHOWN = 60
+
+
+class _BoundedRepr(reprlib.Repr):
+    """A repr that reads at most a few items of each collection, a few levels deep: its cost does not grow
+    with the value (a list of 10**8 items, YAML aliases expanded, costs what a short one does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxdict = self.maxset = self.maxfrozenset = 4
+        self.maxstring = self.maxlong = self.maxother = _SHOWN
+
+    def repr_dict(self, x: dict, level: int) -> str:
+        """reprlib's, without sorting every key first: the first few, in order."""
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in islice(x.items(), 4)]
+        return "{" + ", ".join(items) + (", ...}" if len(x) > len(items) else "}")
+
+
+_BOUNDED = _BoundedRepr()
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error text quotes it: a repr of at most 60 characters, built from a bounded part of
+    ``value`` (never from all of it)."""
+    text = _BOUNDED.repr(value)
+    return text if len(text) <= _SHOWN else f"{text[: _SHOWN - 3]}..."
+
+
+#: the problems an error lists, and the longest line it shows of each
+MAX_PROBLEMS = 20
+_LINE = 300
+
+
+def capped(problems: list[str]) -> list[str]:
+    """``problems`` as an error lists them: the first :data:`MAX_PROBLEMS`, each cut to 300 characters, and
+    a last line saying how many more there were. Called on every refused wire document and catalog."""
+    lines = [p if len(p) <= _LINE else f"{p[: _LINE - 3]}..." for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        lines.append(f"... and {len(problems) - MAX_PROBLEMS} more")
+    return lines
+
+
 def _got(value: Any) -> str:
-    shown = repr(value)
-    return f"got {shown}" if len(shown) <= 60 else f"got {shown[:57]}..."
+    return f"got {shown(value)}"
 
 
 def _strict(kind: type) -> Callable[[Any, type], Any]:
@@ -74,6 +128,8 @@ def register_strict_collections(converter: cattrs.Converter) -> None:
                     note = IterableValidationNote(f"Structuring {kind} @ index {index}", index, item)
                     exc.__notes__ = [*getattr(exc, "__notes__", []), note]
                     errors.append(exc)
+                    if len(errors) == MAX_ITEM_ERRORS:  # enough to fix the list by; the rest stays unread
+                        break
             if errors:
                 raise IterableValidationError(f"While structuring {kind!r}", errors, kind)
             return tuple(out)

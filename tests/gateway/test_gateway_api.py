@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.net.server import HttpServer, Limits, Request, Response
 from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
-from llmgw.testing.processes import ProcessSet, free_port, processes  # noqa: F401
+from llmgw.testing.processes import ProcessSet, free_port, processes, wait_for  # noqa: F401
 
 KEY = "sk-llmgw-test-0123456789abcdef"
 MESSAGES = [{"role": "user", "content": "tell me about gateways"}]
@@ -211,6 +211,23 @@ class TestErrors:
             response = await http.get("/v1/models")
         assert response.status_code == 401
         assert "none has been created yet" in response.json()["error"]["message"]
+
+    async def test_every_key_revoked_says_so(self, nursery, feed):
+        """Once the only key is revoked, the 401 says every key was revoked and how to create one."""
+        _, gateway = await start_gateway(nursery, feed.url)
+        async with client(gateway) as http:
+            assert (await http.get("/v1/models")).status_code == 200
+            feed.set(keys={})
+
+            async def refused():
+                response = await http.get("/v1/models")
+                return response if response.status_code == 401 else None
+
+            with trio.fail_after(10):
+                response = await wait_for(refused, "the gateway refusing keys once none is in force")
+        message = response.json()["error"]["message"]
+        assert "every one has been revoked" in message and "none has been created" not in message
+        assert "llmgw ctl keys create NAME" in message
 
     async def test_without_keys_anyone_is_served(self, nursery, feed, caplog):
         """A gateway started without keys serves requests with no Authorization, and warns that it does."""

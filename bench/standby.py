@@ -3,7 +3,7 @@
 For each fleet size it fills a throwaway PostgreSQL (``initdb``, as the tests
 do) with a cluster of N nodes (8 GPUs each) and two single-GPU replicas per
 node, placed by the real scheduler and stored by the real flush, then runs a
-standby's view (:class:`llmgw.server.standby.StandbyView`) on it and prints:
+standby's view (:class:`llmgw.server.ha.standby.StandbyView`) on it and prints:
 
 - the time one view takes to read (the cluster and API keys, in one
   REPEATABLE READ transaction) and to build (a server app over it);
@@ -27,9 +27,9 @@ import trio
 from llmgw.catalog import parse_catalog
 from llmgw.models import NodeFacts
 from llmgw.server.cluster import Cluster, Settings
-from llmgw.server.persist import add_api_key, flush
-from llmgw.server.standby import StandbyView
-from llmgw.server.store_pg import open_pg_store
+from llmgw.server.persist.cluster import add_api_key, flush
+from llmgw.server.ha.standby import StandbyView
+from llmgw.server.persist.postgres import open_pg_store
 from llmgw.testing.fakes import make_gpus
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.wire import SyncRequest

@@ -12,9 +12,9 @@ from llmgw.configfile import config_options
 from llmgw.net.server import parse_listen
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
-from llmgw.server.migrate import migrate_command
-from llmgw.server.store import StoreError
-from llmgw.server.store_pg import check_store_url
+from llmgw.server.persist.migrate import migrate_command
+from llmgw.server.persist.sqlite import StoreError
+from llmgw.server.persist.postgres import check_store_url
 
 __all__ = ["server_command"]
 

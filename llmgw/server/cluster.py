@@ -7,22 +7,22 @@ reads no clock: callers pass ``now``, so tests drive it step by step. The
 server persists what changed (:attr:`Cluster.dirty`) and wakes long-polls
 when :attr:`Cluster.revision` moves. What it shows (the shards each node
 should run, the routes feed, the admin API's status views) is in
-:mod:`llmgw.server.views`; the records it keeps are in :mod:`llmgw.server.records`.
+:mod:`llmgw.server.views.cluster`; the records it keeps are in :mod:`llmgw.server.state.records`.
 """
 
 from __future__ import annotations
 
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import ScheduleResult, Unplaced
-from llmgw.server.agent_restart import left_agent, note_agent, start_again
-from llmgw.server.drain import drain_moves
-from llmgw.server.events import EventLog
-from llmgw.server.plan import SchedulePlan
-from llmgw.server.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.rollout import Rollouts
-from llmgw.server.silence import SilenceWatch
-from llmgw.server.stopping import StopOrder
-from llmgw.server.views import ClusterViews
+from llmgw.server.controllers.health.agent_restart import left_agent, note_agent, start_again
+from llmgw.server.controllers.nodes.drain import drain_moves
+from llmgw.server.state.events import EventLog
+from llmgw.server.controllers.placement import SchedulePlan
+from llmgw.server.state.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.controllers.rollout.rollouts import Rollouts
+from llmgw.server.controllers.nodes.silence import SilenceWatch
+from llmgw.server.controllers.stopping import StopOrder
+from llmgw.server.views.cluster import ClusterViews
 from llmgw.weights import Manifest
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
 

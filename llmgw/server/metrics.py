@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from llmgw.net.metrics import Health, register_process_collectors
-from llmgw.server.records import Event
+from llmgw.server.state.records import Event
 
 __all__ = ["ServerMetrics", "failure_cause", "NODE_STATES", "REPLICA_STATES", "ROLLOUT_STATES"]
 

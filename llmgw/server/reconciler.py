@@ -20,8 +20,8 @@ from typing import Any
 import trio
 
 from llmgw.server.cluster import Cluster
-from llmgw.server.persist import restore_changes, take_changes, write_changes
-from llmgw.server.store import Store
+from llmgw.server.persist.cluster import restore_changes, take_changes, write_changes
+from llmgw.server.persist.sqlite import Store
 
 __all__ = ["Reconciler"]
 

@@ -6,7 +6,7 @@ import attrs
 from test_cluster import Harness  # the reconciler's step-by-step harness
 from test_rollout import Rollout, started, text
 
-from llmgw.server.rollout import FAILURES_TO_PAUSE
+from llmgw.server.controllers.rollout.rollouts import FAILURES_TO_PAUSE
 from llmgw.wire import PREVIOUS_AGENT_EXIT, SyncRequest
 
 

@@ -8,10 +8,10 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, Fabric, NodeFacts
-from llmgw.server import persist
+from llmgw.server.persist import cluster as persist
 from llmgw.server.cluster import Cluster, Settings
-from llmgw.server.persist import flush, load_cluster
-from llmgw.server.store import open_store
+from llmgw.server.persist.cluster import flush, load_cluster
+from llmgw.server.persist.sqlite import open_store
 from llmgw.wire import ObservedShard, Route, SyncRequest
 
 ENGINES = {"sim": SimEngine()}
@@ -306,7 +306,7 @@ async def test_state_dir_from_schema_2_is_migrated_and_loads(tmp_path):
     import json
     import sqlite3
 
-    from llmgw.server.store import MIGRATIONS, schema_version
+    from llmgw.server.persist.sqlite import MIGRATIONS, schema_version
     from llmgw.wire import to_json
 
     text = CATALOG.format(big=0)

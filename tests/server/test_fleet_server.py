@@ -250,8 +250,8 @@ async def test_a_server_restarted_on_a_large_state_answers_ctl(tmp_path, test_pk
     """1,000 nodes and 2,000 replicas in state.db: a new server process lists them all to ctl."""
     from llmgw.catalog import parse_catalog
     from llmgw.server.cluster import Cluster
-    from llmgw.server.persist import flush
-    from llmgw.server.store import open_store
+    from llmgw.server.persist.cluster import flush
+    from llmgw.server.persist.sqlite import open_store
     from llmgw.wire import SyncRequest
 
     cluster = Cluster()

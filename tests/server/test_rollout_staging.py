@@ -8,7 +8,7 @@ from test_cluster import Harness, facts  # the reconciler's step-by-step harness
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import ModelCopy, NodeFacts
-from llmgw.server.models_view import model_list
+from llmgw.server.views.models import model_list
 from llmgw.weights import Manifest, ManifestFile
 from llmgw.wire import StagingProgress
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_cluster import Harness  # the reconciler's step-by-step harness
 
 from llmgw.models import Catalog
-from llmgw.server.stopping import STOP_MARGIN
+from llmgw.server.controllers.stopping import STOP_MARGIN
 from llmgw.wire import ObservedShard
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE
-from llmgw.server.records import NodeRecord, ReplicaRecord
+from llmgw.server.state.records import NodeRecord, ReplicaRecord
 from llmgw.wire import DesiredShard
 
 __all__ = ["STOP_MARGIN", "HeldWorkers", "StopOrder"]

@@ -1,6 +1,6 @@
 """The agents' weights endpoints: manifests of distributable sources, who holds copies, copy events.
 
-Mixed into :class:`llmgw.server.api.ServerApp`, which routes to them (node
+Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes to them (node
 certificates only):
 
 - ``POST /v1/agent/manifests``: a node holding a seed sends the manifest it
@@ -28,8 +28,8 @@ from typing import Any
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.cluster import Cluster
-from llmgw.server.replies import Refused, answer
-from llmgw.server.store import Store
+from llmgw.server.http.replies import Refused, answer
+from llmgw.server.persist.sqlite import Store
 from llmgw.weights import Manifest, hub_ref, is_distributable
 from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 

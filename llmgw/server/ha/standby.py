@@ -2,7 +2,7 @@
 
 While another server leads, a standby (PostgreSQL store) holds a read-only
 view: the cluster loaded from the store as a restarting server loads it
-(:func:`~llmgw.server.persist.load_cluster`, the API keys), read in one
+(:func:`~llmgw.server.persist.cluster.load_cluster`, the API keys), read in one
 REPEATABLE READ transaction together with the change feed's revision (table
 ``feed``, moved by every write of the leader in that write's transaction).
 It follows the feed from a connection of its own: ``LISTEN llmgw_changes``
@@ -46,10 +46,10 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.net.server import Request, Response
 from llmgw.pki import IdentityError, RevocationList, Role, peer_identity
-from llmgw.server.api import ServerApp
+from llmgw.server.http.api import ServerApp
 from llmgw.server.cluster import Settings
-from llmgw.server.persist import load_api_keys, load_cluster
-from llmgw.server.store_pg import FEED_CHANNEL, PgStore, feed_revision
+from llmgw.server.persist.cluster import load_api_keys, load_cluster
+from llmgw.server.persist.postgres import FEED_CHANNEL, PgStore, feed_revision
 from llmgw.serverlist import STANDBY_HEADER
 from llmgw.wire import RouteTable
 
@@ -79,7 +79,7 @@ class StandbyView:
     """A standby's view of the store and its answers; see the module docstring.
 
     Set :attr:`refusal` before answering: the answer to what a standby does not answer (503
-    ``not_leader`` naming the leader; :func:`~llmgw.server.leader.lead_when_elected` sets it, and
+    ``not_leader`` naming the leader; :func:`~llmgw.server.ha.lease.lead_when_elected` sets it, and
     :attr:`leader`).
 
     :param poll: seconds between two reads of the feed's revision without a notification.
@@ -125,7 +125,7 @@ class StandbyView:
     ) -> None:
         """Keep the view current until cancelled; ``started`` with the scope that cancels it.
 
-        Called by :func:`~llmgw.server.leader.lead_when_elected` while this server is a standby.
+        Called by :func:`~llmgw.server.ha.lease.lead_when_elected` while this server is a standby.
         Store errors are logged once, then retried every :attr:`poll` seconds; the view ages meanwhile.
         """
         with trio.CancelScope() as scope:

@@ -11,7 +11,7 @@ import attrs
 
 from llmgw.models import Catalog
 from llmgw.scheduler import DEFAULT_HEADROOM, NodeView, Replica, ScheduleResult, schedule
-from llmgw.server.records import Launch
+from llmgw.server.state.records import Launch
 
 __all__ = ["SchedulePlan"]
 

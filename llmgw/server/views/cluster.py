@@ -15,11 +15,11 @@ import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
-from llmgw.server.records import Launch, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.stopping import StopOrder
+from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.controllers.stopping import StopOrder
 
 if TYPE_CHECKING:
-    from llmgw.server.rollout import Rollouts
+    from llmgw.server.controllers.rollout.rollouts import Rollouts
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,

@@ -1,6 +1,6 @@
 """Rollouts: replacing a model's outdated replicas without an outage, and stopping when that fails.
 
-A replica runs the :class:`~llmgw.server.records.Launch` it was started
+A replica runs the :class:`~llmgw.server.state.records.Launch` it was started
 from; when the catalog in force asks for another command, the replica is
 *outdated*. On every reconcile, :meth:`Rollouts.step` (called by
 :meth:`Cluster.begin <llmgw.server.cluster.Cluster.begin>` after it judged
@@ -15,7 +15,7 @@ the replicas) moves each model's rollout on:
   each ready before its original stops; with no room for one, the rollout
   *waits* and says why;
 - a new distributable source is copied to the nodes of the outdated
-  replicas first (:mod:`llmgw.server.rollout_staging`), while they serve;
+  replicas first (:mod:`llmgw.server.controllers.rollout.staging`), while they serve;
 - up to ``rollout.max_unavailable`` outdated replicas that serve, and whose
   nodes hold the new weights, are restarted in place (they serve nothing
   until ready again);
@@ -38,8 +38,8 @@ import attrs
 
 from llmgw.models import Catalog
 from llmgw.scheduler import Replica
-from llmgw.server.records import Launch, ReplicaRecord
-from llmgw.server.rollout_staging import copied_bytes, stage_ahead, staging_note
+from llmgw.server.state.records import Launch, ReplicaRecord
+from llmgw.server.controllers.rollout.staging import copied_bytes, stage_ahead, staging_note
 from llmgw.wire import RolloutList, RolloutStatus
 
 if TYPE_CHECKING:

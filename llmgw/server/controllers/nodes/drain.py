@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from llmgw.server.records import ReplicaRecord
+from llmgw.server.state.records import ReplicaRecord
 
 if TYPE_CHECKING:
     from llmgw.server.cluster import Cluster

@@ -1,6 +1,6 @@
 """The admin API's catalog and rollout endpoints: show, diff, apply, history, rollout status and undo.
 
-Mixed into :class:`llmgw.server.api.ServerApp`, which routes to them.
+Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes to them.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from llmgw.pki import Identity
 from llmgw.server.catalog_diff import catalog_diff
 from llmgw.server.cluster import Cluster
 from llmgw.server.late_plugins import late_plugin_note
-from llmgw.server.persist import catalog_history, catalog_revision
-from llmgw.server.replies import InvalidCatalog, Refused, answer, query_int
-from llmgw.server.rollout import undo_refusal
-from llmgw.server.store import Store
+from llmgw.server.persist.cluster import catalog_history, catalog_revision
+from llmgw.server.http.replies import InvalidCatalog, Refused, answer, query_int
+from llmgw.server.controllers.rollout.rollouts import undo_refusal
+from llmgw.server.persist.sqlite import Store
 from llmgw.wire import ApplyCatalog, CatalogApplied, CatalogDiff, CatalogText, RolloutUndone, from_json
 
 __all__ = ["CatalogEndpoints"]

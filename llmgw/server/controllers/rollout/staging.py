@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmgw.scheduler import DiskRoom, format_bytes
-from llmgw.server.records import Launch, NodeRecord, ReplicaRecord
+from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord
 from llmgw.weights import is_distributable
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def stage_ahead(
 ) -> tuple[dict[str, str], set[str]]:
     """Where ``wanted``'s weights are copied ahead of the rollout, and which replicas wait for them.
 
-    Called by :meth:`Rollouts.step <llmgw.server.rollout.Rollouts.step>` for each
+    Called by :meth:`Rollouts.step <llmgw.server.controllers.rollout.rollouts.Rollouts.step>` for each
     model with outdated replicas that serve.
 
     :returns: node id -> the source it should copy now, and the ids of the

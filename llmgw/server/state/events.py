@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from llmgw.server.records import Event
+from llmgw.server.state.records import Event
 
 __all__ = ["EventLog", "REPEATING_KINDS", "REPEAT_WINDOW"]
 

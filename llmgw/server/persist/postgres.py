@@ -1,13 +1,13 @@
 """The server's state in PostgreSQL: ``llmgw server --store postgresql://USER@HOST[:PORT]/DB``.
 
-Same interface and discipline as the sqlite :class:`~llmgw.server.store.Store`:
+Same interface and discipline as the sqlite :class:`~llmgw.server.persist.sqlite.Store`:
 one connection, used by one worker thread at a time and never abandoned on
 cancel (a cancelled caller waits for its query, so no transaction is left
 half-way on the connection the next caller uses); :meth:`PgStore.write` is
 one transaction, committed whole or rolled back. The queries are
-:mod:`llmgw.server.persist`'s, written once with sqlite's ``?`` placeholders:
+:mod:`llmgw.server.persist.cluster`'s, written once with sqlite's ``?`` placeholders:
 :class:`PgConn` turns them into psycopg's. The schema is
-:data:`~llmgw.server.store.MIGRATIONS`, each translated by :func:`pg_migration`
+:data:`~llmgw.server.persist.sqlite.MIGRATIONS`, each translated by :func:`pg_migration`
 (sqlite's ``REAL`` is a 4-byte float in PostgreSQL), versioned in table
 ``llmgw_schema``; a database newer than this code is refused. Several servers
 migrating at once take turns (an advisory lock).
@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from llmgw.server.store import MIGRATIONS, StoreError, _statements
+from llmgw.server.persist.sqlite import MIGRATIONS, StoreError, _statements
 
 __all__ = [
     "FEED_CHANNEL",
@@ -88,7 +88,7 @@ def _pg_sql(sql: str) -> str:
 
 
 class PgConn:
-    """The connection as :mod:`llmgw.server.persist` uses it: ``execute`` and ``executemany`` with ``?``."""
+    """The connection as :mod:`llmgw.server.persist.cluster` uses it: ``execute`` and ``executemany`` with ``?``."""
 
     def __init__(self, raw: Any) -> None:
         #: the psycopg connection
@@ -143,7 +143,7 @@ class PgStore:
         """Run ``fn(conn)`` inside one transaction: committed when it returns, rolled back when it raises.
 
         The transaction also moves the change feed's revision (table ``feed``) and notifies
-        :data:`FEED_CHANNEL`, so standbys reload their view (:mod:`llmgw.server.standby`).
+        :data:`FEED_CHANNEL`, so standbys reload their view (:mod:`llmgw.server.ha.standby`).
         Not retried: a connection lost during the commit leaves unknown whether it landed.
         """
 

@@ -15,7 +15,7 @@ after ``idle_in_transaction_session_timeout`` (the lease's length).
 
 ``NOTIFY llmgw_leader`` on release only wakes standbys early; they poll the
 row anyway. Meanwhile a standby answers reads from the store
-(:mod:`llmgw.server.standby`).
+(:mod:`llmgw.server.ha.standby`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import trio
 
 from llmgw.errors import LlmgwError
 from llmgw.net.server import Response
-from llmgw.server.store import Store, StoreError
-from llmgw.server.store_pg import _psycopg
+from llmgw.server.persist.sqlite import Store, StoreError
+from llmgw.server.persist.postgres import _psycopg
 from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 if TYPE_CHECKING:
-    from llmgw.server.standby import StandbyView
+    from llmgw.server.ha.standby import StandbyView
 
 __all__ = [
     "CHANNEL",

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from llmgw.server.records import NodeRecord
+from llmgw.server.state.records import NodeRecord
 
 
 @attrs.define

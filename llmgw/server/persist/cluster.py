@@ -20,9 +20,9 @@ from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.cluster import Cluster, Event, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.manifests import load_manifests
-from llmgw.server.records import Launch
-from llmgw.server.store import Store
+from llmgw.server.http.weights import load_manifests
+from llmgw.server.state.records import Launch
+from llmgw.server.persist.sqlite import Store
 from llmgw.wire import (
     CatalogHistory,
     CatalogRevision,

@@ -76,7 +76,7 @@ class NodeRecord:
     cert_serial: int | None = None
     cert_not_after: float | None = None
     #: the agent's instance id, whether it said it is leaving, and when it last left or restarted
-    #: (:mod:`llmgw.server.agent_restart`); not stored: a server restart forgets them
+    #: (:mod:`llmgw.server.controllers.health.agent_restart`); not stored: a server restart forgets them
     agent_instance: str = ""
     agent_leaving: bool = False
     agent_left_at: float | None = None
@@ -103,7 +103,7 @@ class Launch:
 
     The shards agents are told to run are built from it, never from the
     catalog in force: a replica runs what it was started with until it is
-    replaced (see :mod:`llmgw.server.rollout`).
+    replaced (see :mod:`llmgw.server.controllers.rollout.rollouts`).
     """
 
     model: Model

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from llmgw.server.records import NodeRecord, ReplicaRecord
+from llmgw.server.state.records import NodeRecord, ReplicaRecord
 from llmgw.wire import PREVIOUS_AGENT_EXIT, SyncRequest
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.server.leader import DB_NOW
-from llmgw.server.store_pg import PgStore
+from llmgw.server.ha.lease import DB_NOW
+from llmgw.server.persist.postgres import PgStore
 from llmgw.wire.servers import ControlServer, ControlServers
 
 __all__ = ["control_servers"]

@@ -27,8 +27,8 @@ import trio
 from llmgw.catalog import parse_catalog
 from llmgw.models import NodeFacts
 from llmgw.server.cluster import Cluster, Settings
-from llmgw.server.persist.cluster import add_api_key, flush
 from llmgw.server.ha.standby import StandbyView
+from llmgw.server.persist.cluster import add_api_key, flush
 from llmgw.server.persist.postgres import open_pg_store
 from llmgw.testing.fakes import make_gpus
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin

@@ -13,8 +13,8 @@ from llmgw.net.server import parse_listen
 from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.persist.migrate import migrate_command
-from llmgw.server.persist.sqlite import StoreError
 from llmgw.server.persist.postgres import check_store_url
+from llmgw.server.persist.sqlite import StoreError
 
 __all__ = ["server_command"]
 

@@ -16,12 +16,12 @@ from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import ScheduleResult, Unplaced
 from llmgw.server.controllers.health.agent_restart import left_agent, note_agent, start_again
 from llmgw.server.controllers.nodes.drain import drain_moves
-from llmgw.server.state.events import EventLog
-from llmgw.server.controllers.placement import SchedulePlan
-from llmgw.server.state.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.controllers.rollout.rollouts import Rollouts
 from llmgw.server.controllers.nodes.silence import SilenceWatch
+from llmgw.server.controllers.placement import SchedulePlan
+from llmgw.server.controllers.rollout.rollouts import Rollouts
 from llmgw.server.controllers.stopping import StopOrder
+from llmgw.server.state.events import EventLog
+from llmgw.server.state.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.views.cluster import ClusterViews
 from llmgw.weights import Manifest
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest

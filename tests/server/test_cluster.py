@@ -8,8 +8,8 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, Fabric, NodeFacts
-from llmgw.server.persist import cluster as persist
 from llmgw.server.cluster import Cluster, Settings
+from llmgw.server.persist import cluster as persist
 from llmgw.server.persist.cluster import flush, load_cluster
 from llmgw.server.persist.sqlite import open_store
 from llmgw.wire import ObservedShard, Route, SyncRequest

@@ -8,8 +8,8 @@ import pytest
 import trio
 
 from llmgw.server.ha.lease import Lease, LostLease, NotLeader
-from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.server.persist.postgres import open_pg_store
+from llmgw.server.persist.sqlite import Store, StoreError
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from test_cluster import Harness  # the reconciler's step-by-step harness
 
 from llmgw.catalog import parse_catalog
 from llmgw.errors import CatalogError
-from llmgw.server.persist.cluster import flush, load_cluster
 from llmgw.server.controllers.rollout.rollouts import FAILURES_TO_PAUSE, undo_refusal
+from llmgw.server.persist.cluster import flush, load_cluster
 from llmgw.server.persist.sqlite import open_store
 
 ENGINES = {"sim": SimEngine()}

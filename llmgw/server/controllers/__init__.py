@@ -1,1 +1,1 @@
-"""The controllers: each decides on the cluster's state and changes it only through its verbs; none imports another."""
+"""The controllers: each decides on the cluster's state and changes it only through its verbs."""

@@ -32,8 +32,8 @@ import trio
 
 from llmgw.errors import LlmgwError
 from llmgw.net.server import Response
-from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.server.persist.postgres import _psycopg
+from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 

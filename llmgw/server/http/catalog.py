@@ -17,10 +17,10 @@ from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.catalog_diff import catalog_diff
 from llmgw.server.cluster import Cluster
+from llmgw.server.controllers.rollout.rollouts import undo_refusal
+from llmgw.server.http.replies import InvalidCatalog, Refused, answer, query_int
 from llmgw.server.late_plugins import late_plugin_note
 from llmgw.server.persist.cluster import catalog_history, catalog_revision
-from llmgw.server.http.replies import InvalidCatalog, Refused, answer, query_int
-from llmgw.server.controllers.rollout.rollouts import undo_refusal
 from llmgw.server.persist.sqlite import Store
 from llmgw.wire import ApplyCatalog, CatalogApplied, CatalogDiff, CatalogText, RolloutUndone, from_json
 

@@ -15,8 +15,8 @@ import click
 import trio
 
 from llmgw.cli import Command
-from llmgw.server.persist.sqlite import Store, StoreError, open_store
 from llmgw.server.persist.postgres import PgStore, open_pg_store, redact
+from llmgw.server.persist.sqlite import Store, StoreError, open_store
 
 __all__ = ["copy_state", "migrate_command"]
 

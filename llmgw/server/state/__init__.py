@@ -1,1 +1,1 @@
-"""The control plane's state: the records, the cluster that holds them, and the verbs that change a replica."""
+"""The control plane's state: the records, the cluster that holds them, the verbs that change a replica."""

@@ -15,8 +15,8 @@ import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE, Catalog, LaunchSpec
 from llmgw.scheduler import Unplaced, node_warnings
-from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.controllers.stopping import StopOrder
+from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord, Settings
 
 if TYPE_CHECKING:
     from llmgw.server.controllers.rollout.rollouts import Rollouts

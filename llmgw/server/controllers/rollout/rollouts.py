@@ -38,8 +38,8 @@ import attrs
 
 from llmgw.models import Catalog
 from llmgw.scheduler import Replica
-from llmgw.server.state.records import Launch, ReplicaRecord
 from llmgw.server.controllers.rollout.staging import copied_bytes, stage_ahead, staging_note
+from llmgw.server.state.records import Launch, ReplicaRecord
 from llmgw.wire import RolloutList, RolloutStatus
 
 if TYPE_CHECKING:

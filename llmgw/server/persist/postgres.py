@@ -88,7 +88,7 @@ def _pg_sql(sql: str) -> str:
 
 
 class PgConn:
-    """The connection as :mod:`~llmgw.server.persist.cluster` uses it (``execute``, ``executemany``, ``?``)."""
+    """The connection as :mod:`~llmgw.server.persist.cluster` uses it: ``execute``, ``executemany``, ``?``."""
 
     def __init__(self, raw: Any) -> None:
         #: the psycopg connection

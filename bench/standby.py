@@ -26,10 +26,10 @@ import trio
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import NodeFacts
-from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.ha.standby import StandbyView
 from llmgw.server.persist.cluster import add_api_key, flush
 from llmgw.server.persist.postgres import open_pg_store
+from llmgw.server.state.cluster import Cluster, Settings
 from llmgw.testing.fakes import make_gpus
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.wire import SyncRequest

@@ -10,11 +10,11 @@ import click
 from llmgw.cli import Group, serve_until_signalled
 from llmgw.configfile import config_options
 from llmgw.net.server import parse_listen
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.persist.migrate import migrate_command
 from llmgw.server.persist.postgres import check_store_url
 from llmgw.server.persist.sqlite import StoreError
+from llmgw.server.state.cluster import Settings
 
 __all__ = ["server_command"]
 

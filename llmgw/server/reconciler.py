@@ -19,9 +19,9 @@ from typing import Any
 
 import trio
 
-from llmgw.server.cluster import Cluster
 from llmgw.server.persist.cluster import restore_changes, take_changes, write_changes
 from llmgw.server.persist.sqlite import Store
+from llmgw.server.state.cluster import Cluster
 
 __all__ = ["Reconciler"]
 

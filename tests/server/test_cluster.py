@@ -8,10 +8,10 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, Fabric, NodeFacts
-from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.persist import cluster as persist
 from llmgw.server.persist.cluster import flush, load_cluster
 from llmgw.server.persist.sqlite import open_store
+from llmgw.server.state.cluster import Cluster, Settings
 from llmgw.wire import ObservedShard, Route, SyncRequest
 
 ENGINES = {"sim": SimEngine()}

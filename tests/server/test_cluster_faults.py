@@ -11,7 +11,7 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, NodeFacts
-from llmgw.server.cluster import Cluster, Settings
+from llmgw.server.state.cluster import Cluster, Settings
 from llmgw.wire import ObservedShard, SyncRequest
 
 CATALOG = """

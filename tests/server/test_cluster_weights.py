@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from llmgw.models import ModelCopy
-from llmgw.server.cluster import Cluster, Settings
+from llmgw.server.state.cluster import Cluster, Settings
 from llmgw.wire import SyncRequest
 from tests.server.test_cluster import Harness, facts
 

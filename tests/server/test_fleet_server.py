@@ -20,8 +20,8 @@ import trio
 from llmgw_engine_sim import SimEngine
 
 import llmgw.server.main
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.state.cluster import Settings
 from llmgw.testing.processes import free_port, processes, wait_until  # noqa: F401
 from llmgw.wire import SyncReply, from_json
 from tests.server.test_server_api import CATALOG, client, sync_body
@@ -249,9 +249,9 @@ async def test_the_server_answers_starting_while_it_loads(nursery, test_pki, tmp
 async def test_a_server_restarted_on_a_large_state_answers_ctl(tmp_path, test_pki, processes, llmgw_exe):  # noqa: F811
     """1,000 nodes and 2,000 replicas in state.db: a new server process lists them all to ctl."""
     from llmgw.catalog import parse_catalog
-    from llmgw.server.cluster import Cluster
     from llmgw.server.persist.cluster import flush
     from llmgw.server.persist.sqlite import open_store
+    from llmgw.server.state.cluster import Cluster
     from llmgw.wire import SyncRequest
 
     cluster = Cluster()

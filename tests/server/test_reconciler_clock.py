@@ -16,9 +16,9 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
 from llmgw.net.server import Request
-from llmgw.server.cluster import Cluster, Settings
 from llmgw.server.http.api import ServerApp
 from llmgw.server.persist.sqlite import open_store
+from llmgw.server.state.cluster import Cluster, Settings
 from llmgw.testing import make_gpus
 from llmgw.testing.processes import wait_for
 from llmgw.wire import SyncRequest, to_json

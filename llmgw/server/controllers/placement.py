@@ -1,7 +1,7 @@
 """One scheduling run, copied out of the cluster so it can run off the event loop.
 
-:meth:`llmgw.server.cluster.Cluster.begin` makes a :class:`SchedulePlan`, the
-server runs it in a worker thread, and :meth:`~llmgw.server.cluster.Cluster.finish`
+:meth:`llmgw.server.state.cluster.Cluster.begin` makes a :class:`SchedulePlan`, the
+server runs it in a worker thread, and :meth:`~llmgw.server.state.cluster.Cluster.finish`
 applies its result.
 """
 

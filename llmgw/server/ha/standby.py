@@ -46,10 +46,10 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.net.server import Request, Response
 from llmgw.pki import IdentityError, RevocationList, Role, peer_identity
-from llmgw.server.cluster import Settings
 from llmgw.server.http.api import ServerApp
 from llmgw.server.persist.cluster import load_api_keys, load_cluster
 from llmgw.server.persist.postgres import FEED_CHANNEL, PgStore, feed_revision
+from llmgw.server.state.cluster import Settings
 from llmgw.serverlist import STANDBY_HEADER
 from llmgw.wire import RouteTable
 

@@ -25,7 +25,6 @@ from llmgw.engine import Engine
 from llmgw.models import NodeFacts
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw.pki import Identity, IdentityError, RevocationList, Role, peer_identity
-from llmgw.server.cluster import Cluster
 from llmgw.server.http.catalog import CatalogEndpoints
 from llmgw.server.http.replies import InvalidCatalog, Refused, answer, error, query_int
 from llmgw.server.http.servers import control_servers
@@ -38,6 +37,7 @@ from llmgw.server.persist.cluster import (
 )
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.cluster import Cluster
 from llmgw.server.views.models import model_list
 from llmgw.wire import (
     ApiKey,

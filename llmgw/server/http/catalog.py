@@ -16,12 +16,12 @@ from llmgw.models import Catalog
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.catalog_diff import catalog_diff
-from llmgw.server.cluster import Cluster
 from llmgw.server.controllers.rollout.rollouts import undo_refusal
 from llmgw.server.http.replies import InvalidCatalog, Refused, answer, query_int
 from llmgw.server.late_plugins import late_plugin_note
 from llmgw.server.persist.cluster import catalog_history, catalog_revision
 from llmgw.server.persist.sqlite import Store
+from llmgw.server.state.cluster import Cluster
 from llmgw.wire import ApplyCatalog, CatalogApplied, CatalogDiff, CatalogText, RolloutUndone, from_json
 
 __all__ = ["CatalogEndpoints"]

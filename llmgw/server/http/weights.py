@@ -27,9 +27,9 @@ from typing import Any
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
-from llmgw.server.cluster import Cluster
 from llmgw.server.http.replies import Refused, answer
 from llmgw.server.persist.sqlite import Store
+from llmgw.server.state.cluster import Cluster
 from llmgw.weights import Manifest, hub_ref, is_distributable
 from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 

@@ -1,6 +1,6 @@
 """What the cluster shows: the shards each node should run, the routes feed, the admin API's status views.
 
-:class:`ClusterViews` is the query half of :class:`~llmgw.server.cluster.Cluster`
+:class:`ClusterViews` is the query half of :class:`~llmgw.server.state.cluster.Cluster`
 (which inherits it): every method reads the cluster's state and returns
 records of :mod:`llmgw.wire`, ready for ``to_json``; none changes anything.
 """
@@ -43,7 +43,7 @@ EXPIRY_WARNING_DAYS = 30
 
 
 class ClusterViews:
-    """The queries of :class:`~llmgw.server.cluster.Cluster`; see the module docstring."""
+    """The queries of :class:`~llmgw.server.state.cluster.Cluster`; see the module docstring."""
 
     settings: Settings
     catalog: Catalog

@@ -8,7 +8,7 @@ from llmgw.weights import is_distributable
 from llmgw.wire import CopyProgress, ModelList, ModelStatus
 
 if TYPE_CHECKING:
-    from llmgw.server.cluster import Cluster
+    from llmgw.server.state.cluster import Cluster
 
 __all__ = ["model_list"]
 

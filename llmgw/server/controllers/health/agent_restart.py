@@ -32,7 +32,7 @@ from llmgw.server.state.records import NodeRecord, ReplicaRecord
 from llmgw.wire import PREVIOUS_AGENT_EXIT, SyncRequest
 
 if TYPE_CHECKING:
-    from llmgw.server.cluster import Cluster
+    from llmgw.server.state.cluster import Cluster
 
 __all__ = ["note_agent", "left_agent", "start_again"]
 

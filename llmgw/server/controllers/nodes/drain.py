@@ -1,6 +1,6 @@
 """Draining a node: its replicas move one at a time, each replacement ready before its original stops.
 
-:func:`drain_moves` is called by :meth:`Cluster.begin <llmgw.server.cluster.Cluster.begin>`
+:func:`drain_moves` is called by :meth:`Cluster.begin <llmgw.server.state.cluster.Cluster.begin>`
 on every reconcile; the moves it returns are the scheduler's ``replace=``.
 """
 
@@ -13,7 +13,7 @@ import attrs
 from llmgw.server.state.records import ReplicaRecord
 
 if TYPE_CHECKING:
-    from llmgw.server.cluster import Cluster
+    from llmgw.server.state.cluster import Cluster
 
 __all__ = ["drain_moves"]
 

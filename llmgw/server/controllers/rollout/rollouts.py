@@ -3,7 +3,7 @@
 A replica runs the :class:`~llmgw.server.state.records.Launch` it was started
 from; when the catalog in force asks for another command, the replica is
 *outdated*. On every reconcile, :meth:`Rollouts.step` (called by
-:meth:`Cluster.begin <llmgw.server.cluster.Cluster.begin>` after it judged
+:meth:`Cluster.begin <llmgw.server.state.cluster.Cluster.begin>` after it judged
 the replicas) moves each model's rollout on:
 
 - a replacement that is ready retires the replica it replaces (its shards
@@ -43,7 +43,7 @@ from llmgw.server.state.records import Launch, ReplicaRecord
 from llmgw.wire import RolloutList, RolloutStatus
 
 if TYPE_CHECKING:
-    from llmgw.server.cluster import Cluster
+    from llmgw.server.state.cluster import Cluster
 
 __all__ = ["FAILURES_TO_PAUSE", "Pause", "Rollouts", "undo_refusal"]
 

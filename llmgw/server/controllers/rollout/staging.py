@@ -23,7 +23,7 @@ from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord
 from llmgw.weights import is_distributable
 
 if TYPE_CHECKING:
-    from llmgw.server.cluster import Cluster
+    from llmgw.server.state.cluster import Cluster
 
 __all__ = ["stage_ahead", "staging_note", "copied_bytes"]
 

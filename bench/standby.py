@@ -29,7 +29,8 @@ from llmgw.models import NodeFacts
 from llmgw.server.ha.standby import StandbyView
 from llmgw.server.persist.cluster import add_api_key, flush
 from llmgw.server.persist.postgres import open_pg_store
-from llmgw.server.state.cluster import Cluster, Settings
+from llmgw.server.reconciler import reconcile
+from llmgw.server.state.cluster import ClusterState, Settings
 from llmgw.testing.fakes import make_gpus
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.wire import SyncRequest
@@ -47,9 +48,9 @@ models:
 """
 
 
-def fleet(size: int, engines: dict) -> Cluster:
+def fleet(size: int, engines: dict) -> ClusterState:
     """A cluster of ``size`` nodes with two replicas per node, placed."""
-    cluster = Cluster(Settings())
+    cluster = ClusterState(Settings())
     now = time.time()
     for index in range(size):
         node_id = f"node-{index:05d}"
@@ -73,7 +74,7 @@ def fleet(size: int, engines: dict) -> Cluster:
         cluster.sync(request, now)
     text = CATALOG.format(replicas=2 * size)
     cluster.apply_catalog(parse_catalog(text, engines), text, now, "bench")
-    cluster.reconcile(now)
+    reconcile(cluster, now)
     return cluster
 
 

@@ -1,19 +1,23 @@
-"""One scheduling run, copied out of the cluster so it can run off the event loop.
+"""The placement controller: one scheduling run, copied out of the cluster so it runs off the event loop.
 
-:meth:`llmgw.server.state.cluster.Cluster.begin` makes a :class:`SchedulePlan`, the
-server runs it in a worker thread, and :meth:`~llmgw.server.state.cluster.Cluster.finish`
-applies its result.
+The reconciler's first half (:func:`llmgw.server.reconciler.begin`) asks
+:func:`plan` for a :class:`SchedulePlan`, the server runs it in a worker
+thread, and the second half (:func:`~llmgw.server.reconciler.finish`) has
+:func:`apply` record its result through the state's verbs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import attrs
 
 from llmgw.models import Catalog
 from llmgw.scheduler import DEFAULT_HEADROOM, NodeView, Replica, ScheduleResult, schedule
+from llmgw.server.state.cluster import ClusterState, where
 from llmgw.server.state.records import Launch
 
-__all__ = ["SchedulePlan"]
+__all__ = ["SchedulePlan", "plan", "apply"]
 
 
 @attrs.frozen
@@ -50,3 +54,55 @@ class SchedulePlan:
             sizes=dict(self.sizes),
             headroom=self.headroom,
         )
+
+
+def plan(state: ClusterState, now: float, moves: list[str], rolls: list[str]) -> SchedulePlan | None:
+    """The schedule to run now, or None when nothing the scheduler reads changed.
+
+    ``moves`` are a drain's replicas to move, ``rolls`` a rollout's outdated
+    replicas to replace beside themselves; replicas without a place are
+    tried again every ``unplaced_retry`` seconds.
+    """
+    retry = bool(state.unplaced) and now - state.scheduled_at >= state.settings.unplaced_retry
+    if not (state.schedule_wanted or moves or rolls or retry):
+        return None
+    state.schedule_wanted = False
+    state.scheduled_at = now
+    return SchedulePlan(
+        nodes=tuple(node.view() for node in state.nodes.values()),
+        catalog=state.catalog,
+        placements=tuple(record.placement for record in state.replicas.values()),
+        replace=tuple(moves),
+        roll=tuple(rolls),
+        launches=tuple(
+            (r.id, r.launch) for r in state.replicas.values() if r.launch is not None and state.is_outdated(r)
+        ),
+        sizes=tuple((source, m.total_bytes) for source, m in sorted(state.manifests.items())),
+        headroom=state.settings.disk_headroom,
+    )
+
+
+def apply(
+    state: ClusterState,
+    now: float,
+    result: ScheduleResult,
+    launch_for: Callable[[ClusterState, Replica], Launch | None],
+) -> None:
+    """Record a schedule's result: replicas removed, placed, placed again; what cannot be placed.
+
+    ``launch_for`` says what a replica placed anew runs (the rollout controller's answer).
+    """
+    for removal in result.removed:
+        if removal.replica.id in state.replicas:
+            state.remove(removal.replica.id, now, f"removed: {removal.reason}")
+    for placement in result.placements:
+        record = state.replicas.get(placement.id)
+        if record is not None and record.placement == placement:
+            continue
+        if record is None:
+            what = f"replacement for {placement.replaces}" if placement.replaces else "placed"
+            state.place(placement, launch_for(state, placement), now, what)
+        else:
+            state.start_attempt(record, now, f"placed again on {where(placement)}", placement=placement)
+    if result.unplaced != state.unplaced:
+        state.note_unplaced(result.unplaced, now)

@@ -10,102 +10,78 @@ their agents keep them running (and never start them anew) until the server
 drops them, which it does once rank 0 is gone, its node is lost, or its grace
 (plus :data:`STOP_MARGIN`) has passed.
 
-:class:`StopOrder` is the cluster's record of those held workers; it reads
-only what it is given and the clock it is passed.
+:func:`hold` and :func:`release` decide; the record of the held workers is
+:class:`~llmgw.server.state.stopping.StopOrder`, changed only by the state's verbs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE
-from llmgw.server.state.records import NodeRecord, ReplicaRecord
+from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
+from llmgw.server.state.stopping import HeldWorkers, StopOrder
 from llmgw.wire import DesiredShard
 
-__all__ = ["STOP_MARGIN", "HeldWorkers", "StopOrder"]
+__all__ = ["STOP_MARGIN", "hold", "release"]
 
 #: seconds past rank 0's grace the workers are held at most: the agent's
 #: own SIGKILL margin, plus a sync or two to report rank 0 gone
 STOP_MARGIN = 10.0
 
 
-@attrs.frozen
-class HeldWorkers:
-    """The workers of one stopping replica attempt, waiting for its rank 0 to be gone."""
+def hold(
+    before: Mapping[str, tuple[DesiredShard, ...]],
+    replicas: Mapping[str, ReplicaRecord],
+    stopping: StopOrder,
+    revision: int,
+    now: float,
+) -> dict[str, HeldWorkers]:
+    """The workers to hold of every multi-node attempt that ``before`` ran and the reconciler just retired.
 
-    #: node id -> that node's held worker shards (``stop_after_rank0`` set)
-    workers: tuple[tuple[str, DesiredShard], ...]
-    rank0_node: str
-    rank0_key: str
-    #: the cluster revision when rank 0 was dropped: an agent past it has applied the stop
-    revision: int
-    #: when the workers are dropped whatever rank 0 does
-    deadline: float
+    Called by the reconciler after the controllers decided, with ``before`` the
+    desired shards it started from. An attempt is retired when its replica is
+    gone from ``replicas`` or runs another attempt (not after a failure: a
+    failed replica's shards all stop at once, as there is nothing to save).
+
+    :returns: ``replica/attempt`` -> its workers to hold (those not held already in ``stopping``).
+    """
+    by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
+    for node_id, shards in before.items():
+        for shard in shards:
+            if shard.spec.nnodes > 1 and not shard.stop_after_rank0 and _retired(shard, replicas):
+                by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
+    out = {}
+    for attempt, shards in by_attempt.items():
+        rank0 = next(((n, s) for n, s in shards if s.rank == 0), None)
+        workers = tuple((n, attrs.evolve(s, stop_after_rank0=True)) for n, s in shards if s.rank > 0)
+        if rank0 is None or not workers or attempt in stopping.held:
+            continue
+        grace = DEFAULT_STOP_GRACE if rank0[1].stop_grace is None else rank0[1].stop_grace
+        out[attempt] = HeldWorkers(workers, rank0[0], rank0[1].key, revision, now + grace + STOP_MARGIN)
+    return out
 
 
-class StopOrder:
-    """The held workers of every stopping multi-node replica; see the module docstring."""
+def release(stopping: StopOrder, nodes: Mapping[str, NodeRecord], now: float) -> list[tuple[str, str]]:
+    """The held attempts whose rank 0 is gone (or lost, or out of grace), and why.
 
-    def __init__(self) -> None:
-        #: ``replica/attempt`` -> its held workers
-        self.held: dict[str, HeldWorkers] = {}
+    Called by the reconciler on every pass, before it compares the desired state.
 
-    def note(
-        self,
-        before: Mapping[str, tuple[DesiredShard, ...]],
-        replicas: Mapping[str, ReplicaRecord],
-        revision: int,
-        now: float,
-    ) -> None:
-        """Hold the workers of every multi-node attempt that ``before`` ran and the reconciler just retired.
-
-        Called by the reconciler after it decided, with ``before`` the desired
-        shards it started from. An attempt is retired when its replica is gone
-        from ``replicas`` or runs another attempt (not after a failure: a
-        failed replica's shards all stop at once, as there is nothing to save).
-        """
-        by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
-        for node_id, shards in before.items():
-            for shard in shards:
-                if shard.spec.nnodes > 1 and not shard.stop_after_rank0 and _retired(shard, replicas):
-                    by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
-        for attempt, shards in by_attempt.items():
-            rank0 = next(((n, s) for n, s in shards if s.rank == 0), None)
-            workers = tuple((n, attrs.evolve(s, stop_after_rank0=True)) for n, s in shards if s.rank > 0)
-            if rank0 is None or not workers or attempt in self.held:
-                continue
-            grace = DEFAULT_STOP_GRACE if rank0[1].stop_grace is None else rank0[1].stop_grace
-            self.held[attempt] = HeldWorkers(
-                workers, rank0[0], rank0[1].key, revision, now + grace + STOP_MARGIN
-            )
-
-    def settle(self, nodes: Mapping[str, NodeRecord], now: float) -> list[tuple[str, str]]:
-        """Release the workers whose rank 0 is gone (or lost, or out of grace).
-
-        Called by the reconciler on every pass, before it compares the desired state.
-
-        :returns: (replica id, what happened) for each attempt released, for ``ctl events``.
-        """
-        released = []
-        for attempt, held in list(self.held.items()):
-            why = _rank0_gone(held, nodes.get(held.rank0_node), now)
-            if why is not None:
-                del self.held[attempt]
-                replica_id, _, number = attempt.rpartition("/")
-                released.append((replica_id, f"attempt {number}: {why}; stopping its workers"))
-        return released
-
-    def shards(self) -> Iterable[tuple[str, DesiredShard]]:
-        """(node id, shard) of every held worker, for the desired state."""
-        for held in self.held.values():
-            yield from held.workers
+    :returns: (``replica/attempt``, what happened) for each attempt to release.
+    """
+    released = []
+    for attempt, held in stopping.held.items():
+        why = _rank0_gone(held, nodes.get(held.rank0_node), now)
+        if why is not None:
+            released.append((attempt, why))
+    return released
 
 
 def _retired(shard: DesiredShard, replicas: Mapping[str, ReplicaRecord]) -> bool:
     record = replicas.get(shard.replica_id)
-    return record is None or (record.attempt != shard.attempt and record.state != "backoff")
+    return record is None or (record.attempt != shard.attempt and record.state != ReplicaState.BACKOFF)
 
 
 def _rank0_gone(held: HeldWorkers, node: NodeRecord | None, now: float) -> str | None:

@@ -50,6 +50,7 @@ from llmgw.server.http.api import ServerApp
 from llmgw.server.persist.cluster import load_api_keys, load_cluster
 from llmgw.server.persist.postgres import FEED_CHANNEL, PgStore, feed_revision
 from llmgw.server.state.cluster import Settings
+from llmgw.server.views.cluster import route_table
 from llmgw.serverlist import STANDBY_HEADER
 from llmgw.wire import RouteTable
 
@@ -199,7 +200,7 @@ class StandbyView:
         )
         app.keys = keys
         active = {sha: name for name, (sha, _, revoked) in keys.items() if revoked is None}
-        table = attrs.evolve(cluster.route_table(active), revision=0)
+        table = attrs.evolve(route_table(cluster, active), revision=0)
         if self._routes is None or self._routes[0] != table:
             # as the leader numbers them: milliseconds, so a gateway moving between servers sees a change
             previous = self._routes[1] if self._routes else 0

@@ -37,7 +37,8 @@ from llmgw.server.persist.cluster import (
 )
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
-from llmgw.server.state.cluster import Cluster
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.views import cluster as views
 from llmgw.server.views.models import model_list
 from llmgw.wire import (
     ApiKey,
@@ -70,7 +71,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: ClusterState,
         store: Store,
         engines: Mapping[str, Engine],
         *,
@@ -155,7 +156,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             await trio.sleep(interval)
 
     async def fence_revoked(self) -> None:
-        """Declare lost at once every node whose last certificate is revoked (``Cluster.fence_node``).
+        """Declare lost at once every node whose last certificate is revoked (``ClusterState.fence_node``).
 
         Called when the revocation list is reloaded and when a revoked node is
         refused; commits only when some node was fenced.
@@ -276,7 +277,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
 
     def _sync_reply(self, node_id: str) -> Response:
         """The sync answer for ``node_id``, encoded once per revision of what it says."""
-        shards = self.cluster.desired_for(node_id)
+        shards = views.desired_for(self.cluster, node_id)
         stage = self.cluster.rollouts.stage_sources().get(node_id, ())
         key = (self.cluster.revision, self.cluster.sources_revision, shards, stage)
         cached = self._replies.get(node_id)
@@ -302,7 +303,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         if request.query.get("wait") == "1":
             await self.reconciler.wait_routes(known, self.poll_timeout)
         keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
-        return answer(self.cluster.route_table(keys))
+        return answer(views.route_table(self.cluster, keys))
 
     async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway found a replica stalled: an event for the operator, nothing torn down.
@@ -337,7 +338,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
 
     async def _get_nodes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         revoked = self.revocations.is_revoked if self.revocations is not None else (lambda serial: False)
-        return answer(self.cluster.node_list(self.clock(), revoked))
+        return answer(views.node_list(self.cluster, self.clock(), revoked))
 
     async def _node_action(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         node_id, action = params["node"], params["action"]
@@ -345,7 +346,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             self._known_node(node_id)
             self.cluster.set_cordon(node_id, action != "uncordon", self.clock(), drain=action == "drain")
             await self.commit()
-        return answer(self.cluster.drain_status(node_id))
+        return answer(views.drain_status(self.cluster, node_id))
 
     async def _declare_lost(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         """``ctl nodes lost NODE``: the operator says the node is gone, whatever the server suspects."""
@@ -354,10 +355,10 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             self._known_node(node_id)
             self.cluster.fence_node(node_id, f"declared lost by {identity.name}", self.clock())
             await self.commit()
-        return answer(self.cluster.drain_status(node_id))
+        return answer(views.drain_status(self.cluster, node_id))
 
     async def _get_drain(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
-        return answer(self.cluster.drain_status(self._known_node(params["node"])))
+        return answer(views.drain_status(self.cluster, self._known_node(params["node"])))
 
     def _known_node(self, node_id: str) -> str:
         """``node_id``, or a 404 that lists the nodes there are."""
@@ -370,7 +371,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         # thousands of replicas take a while to encode: once per change of what they show
         version = self.cluster.view_version
         if self._replica_list is None or self._replica_list[0] != version:
-            self._replica_list = (version, answer(self.cluster.replica_list()))
+            self._replica_list = (version, answer(views.replica_list(self.cluster)))
         return self._replica_list[1]
 
     async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:

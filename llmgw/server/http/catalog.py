@@ -21,7 +21,9 @@ from llmgw.server.http.replies import InvalidCatalog, Refused, answer, query_int
 from llmgw.server.late_plugins import late_plugin_note
 from llmgw.server.persist.cluster import catalog_history, catalog_revision
 from llmgw.server.persist.sqlite import Store
-from llmgw.server.state.cluster import Cluster
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.views.cluster import replica_counts
+from llmgw.server.views.rollouts import rollout_status
 from llmgw.wire import ApplyCatalog, CatalogApplied, CatalogDiff, CatalogText, RolloutUndone, from_json
 
 __all__ = ["CatalogEndpoints"]
@@ -30,7 +32,7 @@ __all__ = ["CatalogEndpoints"]
 class CatalogEndpoints:
     """Handlers for ``/v1/admin/catalog*`` and ``/v1/admin/rollouts*``; each returns the JSON answer."""
 
-    cluster: Cluster
+    cluster: ClusterState
     store: Store
     engines: Mapping[str, Engine]
     clock: Callable[[], float]
@@ -62,7 +64,7 @@ class CatalogEndpoints:
 
     def _diff_against_stored(self, catalog: Catalog) -> CatalogDiff:
         return catalog_diff(
-            self.cluster.catalog, catalog, self.cluster.replica_counts(), self.cluster.catalog_revision
+            self.cluster.catalog, catalog, replica_counts(self.cluster), self.cluster.catalog_revision
         )
 
     async def _diff_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
@@ -86,7 +88,7 @@ class CatalogEndpoints:
         model = request.query.get("model")
         if model is not None:
             self._known_model(model)
-        return answer(self.cluster.rollouts.status(self.cluster, model))
+        return answer(rollout_status(self.cluster, model))
 
     def _known_model(self, model: str) -> str:
         """``model``, or a 404 that lists the catalog's models."""

@@ -29,7 +29,7 @@ from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.http.replies import Refused, answer
 from llmgw.server.persist.sqlite import Store
-from llmgw.server.state.cluster import Cluster
+from llmgw.server.state.cluster import ClusterState
 from llmgw.weights import Manifest, hub_ref, is_distributable
 from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 
@@ -59,7 +59,7 @@ def save_manifest(conn: sqlite3.Connection, manifest: Manifest, now: float) -> N
 class WeightsEndpoints:
     """Handlers for ``/v1/agent/manifests`` and ``/v1/agent/weights*``."""
 
-    cluster: Cluster
+    cluster: ClusterState
     store: Store
     clock: Callable[[], float]
     reconciler: Any

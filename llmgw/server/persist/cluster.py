@@ -21,7 +21,7 @@ from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
 from llmgw.server.http.weights import load_manifests
 from llmgw.server.persist.sqlite import Store
-from llmgw.server.state.cluster import Cluster, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.state.cluster import ClusterState, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.state.records import Launch
 from llmgw.wire import (
     CatalogHistory,
@@ -56,7 +56,7 @@ def load_cluster(
     now: float,
     *,
     memo: Callable[[tuple, Callable[[], Any]], Any] | None = None,
-) -> Cluster:
+) -> ClusterState:
     """Build the cluster from the store, as the server starts (and a standby, each time it moved).
 
     Nodes get ``now`` as their last sync, so a server that was down does not
@@ -71,7 +71,7 @@ def load_cluster(
     """
     if memo is None:
         memo = _no_memo
-    cluster = Cluster(settings, revision=Store.get_setting(conn, "revision", 0) + 1)
+    cluster = ClusterState(settings, revision=Store.get_setting(conn, "revision", 0) + 1)
     cluster.next_attempt = Store.get_setting(conn, "next_attempt", 1)
     # Gateways keep the routes revision they last saw; start past any earlier run's.
     cluster.routes_revision = int(now * 1000)
@@ -167,7 +167,7 @@ class Changes:
         return self.catalog is not None or any(rows)
 
 
-def take_changes(cluster: Cluster, now: float) -> Changes:
+def take_changes(cluster: ClusterState, now: float) -> Changes:
     """Everything :func:`write_changes` must store, taken out of ``cluster`` (its dirty marks are cleared).
 
     Called on the event loop, so the rows are a consistent snapshot while
@@ -213,7 +213,7 @@ def take_changes(cluster: Cluster, now: float) -> Changes:
                 record.failures,
                 record.consecutive_failures,
                 record.sent_revision,
-                record.state,
+                str(record.state),
                 record.reason,
                 now,
                 json.dumps(to_json(record.launch)) if record.launch is not None else None,
@@ -244,7 +244,7 @@ def take_changes(cluster: Cluster, now: float) -> Changes:
     return changes
 
 
-def restore_changes(cluster: Cluster, changes: Changes) -> None:
+def restore_changes(cluster: ClusterState, changes: Changes) -> None:
     """Mark what ``changes`` held dirty again, after its write failed: the next flush retries it."""
     cluster.dirty_catalog = cluster.dirty_catalog or changes.catalog is not None
     cluster.dirty_nodes.update(row[0] for row in changes.nodes)
@@ -272,7 +272,7 @@ def write_changes(conn: sqlite3.Connection, changes: Changes) -> None:
         changes.replicas,
     )
     for event in changes.events:
-        Store.add_event(conn, event.kind, event.subject, event.message, at=event.at)
+        Store.add_event(conn, str(event.kind), event.subject, event.message, at=event.at)
     if changes.events:
         _trim_events(conn, changes.now)
     for key, value in changes.settings:
@@ -298,7 +298,7 @@ def _upsert(table: str, key: str, *columns: str) -> str:
     return f"INSERT INTO {table} ({names}) VALUES ({marks}) ON CONFLICT ({key}) DO UPDATE SET {updates}"
 
 
-def flush(conn: sqlite3.Connection, cluster: Cluster, now: float) -> None:
+def flush(conn: sqlite3.Connection, cluster: ClusterState, now: float) -> None:
     """Write what changed since the last flush, in the caller's transaction (``Store.write``).
 
     For tools and tests that own the cluster; the server takes the changes

@@ -1,36 +1,51 @@
-"""The control plane's view of the cluster, and the reconciler that moves it.
+"""The cluster's state: every record the control plane keeps, and the verbs that alone change a replica.
 
-:class:`Cluster` holds what the server knows (the catalog, every node and
-what its agent last observed, every replica) and decides, in
-:meth:`Cluster.reconcile`, what each node should run. It does no I/O and
-reads no clock: callers pass ``now``, so tests drive it step by step. The
-server persists what changed (:attr:`Cluster.dirty`) and wakes long-polls
-when :attr:`Cluster.revision` moves. What it shows (the shards each node
-should run, the routes feed, the admin API's status views) is in
-:mod:`llmgw.server.views.cluster`; the records it keeps are in :mod:`llmgw.server.state.records`.
+:class:`ClusterState` holds what the server knows (the catalog, every node and
+what its agent last observed, every replica, the manifests, the events not
+stored yet) and what changed since it was last stored (the dirty sets). The
+edges write their inputs through its input methods (:meth:`~ClusterState.sync`,
+:meth:`~ClusterState.apply_catalog`, ...); the controllers
+(:mod:`llmgw.server.controllers`) decide and change replicas only through its
+verbs: :meth:`~ClusterState.start_attempt`, :meth:`~ClusterState.fail`,
+:meth:`~ClusterState.mark_ready`, :meth:`~ClusterState.retire`,
+:meth:`~ClusterState.take_back`, :meth:`~ClusterState.place` and
+:meth:`~ClusterState.remove`. It does no I/O and reads no clock: callers
+pass ``now``. The reconciler (:mod:`llmgw.server.reconciler`) runs the
+controllers; what the state shows is in :mod:`llmgw.server.views`.
 """
 
 from __future__ import annotations
 
+import attrs
+
 from llmgw.models import Catalog, NodeFacts
-from llmgw.scheduler import ScheduleResult, Unplaced
-from llmgw.server.controllers.health.agent_restart import left_agent, note_agent, start_again
-from llmgw.server.controllers.nodes.drain import drain_moves
+from llmgw.scheduler import Replica, Unplaced
 from llmgw.server.controllers.nodes.silence import SilenceWatch
-from llmgw.server.controllers.placement import SchedulePlan
-from llmgw.server.controllers.rollout.rollouts import Rollouts
-from llmgw.server.controllers.stopping import StopOrder
 from llmgw.server.state.events import EventLog
-from llmgw.server.state.records import DEFAULT_SETTINGS, Event, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.views.cluster import ClusterViews
+from llmgw.server.state.records import (
+    DEFAULT_SETTINGS,
+    Event,
+    EventKind,
+    Launch,
+    NodeRecord,
+    ReplicaRecord,
+    ReplicaState,
+    Settings,
+)
+from llmgw.server.state.rollouts import RolloutBook
+from llmgw.server.state.stopping import HeldWorkers, StopOrder
 from llmgw.weights import Manifest
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
+from llmgw.wire.causes import FailureCause
 
-__all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event", "SchedulePlan"]
+__all__ = ["ClusterState", "KEEP", "where", "NodeRecord", "ReplicaRecord", "Settings", "Event"]
+
+#: :meth:`ClusterState.start_attempt`'s ``reason`` when the replica's reason stays as it is
+KEEP = object()
 
 
-class Cluster(ClusterViews):
-    """What the server knows and decides; see the module docstring."""
+class ClusterState:
+    """What the server knows; see the module docstring."""
 
     def __init__(self, settings: Settings = DEFAULT_SETTINGS, *, revision: int = 1) -> None:
         self.settings = settings
@@ -51,11 +66,14 @@ class Cluster(ClusterViews):
         self.dirty_nodes: set[str] = set()
         self.dirty_replicas: set[str] = set()
         self.dirty_catalog = False
-        self._desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
+        #: node id -> the shards it should run, as last built (:func:`llmgw.server.views.cluster.desired`)
+        self.desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
+        #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
+        self.shards_memo: dict[str, tuple[tuple, list]] = {}
         #: workers of stopping multi-node replicas, held until their rank 0 is gone
         self.stopping = StopOrder()
         #: every model's rollout of outdated replicas
-        self.rollouts = Rollouts()
+        self.rollouts = RolloutBook()
         #: the next attempt number; persisted so a restart never reuses one
         self.next_attempt = 1
         #: whether something the scheduler reads changed since its last run
@@ -68,20 +86,58 @@ class Cluster(ClusterViews):
         self.sources_revision = revision
         #: the settings rows as last stored (only changed ones are written)
         self.saved_settings: dict[str, object] = {}
-        self._before: tuple[dict[str, tuple[DesiredShard, ...]], frozenset[str]] | None = None
-        #: the mass-silence episode under way, if any (see :meth:`_detect_lost`)
+        #: the mass-silence episode under way, if any (the nodes controller's memory)
         self.silence = SilenceWatch()
         #: the stored manifest of every distributable source (its size is what a copy takes on disk)
         self.manifests: dict[str, Manifest] = {}
         #: when the scheduler last ran (replicas without a place are tried again every ``unplaced_retry``)
         self.scheduled_at = 0.0
+        self._wanted_commands: tuple[Catalog, dict[str, tuple[object, ...]]] | None = None
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
         attempt, self.next_attempt = self.next_attempt, self.next_attempt + 1
         return attempt
 
-    # -- inputs --------------------------------------------------------------
+    # -- queries the controllers and the views share ---------------------------------------------
+
+    @property
+    def spared(self) -> frozenset[str]:
+        """Silent nodes not declared lost: too many went silent at once (the nodes controller)."""
+        return self.silence.spared
+
+    def launch_of(self, record: ReplicaRecord) -> Launch | None:
+        """What ``record``'s current attempt runs: its recorded launch, or (none recorded) the catalog's."""
+        return record.launch if record.launch is not None else Launch.of(self.catalog, record.placement.model)
+
+    def is_outdated(self, record: ReplicaRecord) -> bool:
+        """Whether ``record`` runs another command than the catalog in force now asks for its model."""
+        cache = self._wanted_commands
+        if cache is None or cache[0] is not self.catalog:
+            commands = {name: Launch.of(self.catalog, name) for name in self.catalog.models}
+            cache = self._wanted_commands = (self.catalog, {k: v.command for k, v in commands.items() if v})
+        wanted = cache[1].get(record.placement.model)
+        launch = self.launch_of(record)
+        return wanted is not None and launch is not None and launch.command != wanted
+
+    def ready_timeout_of(self, record: ReplicaRecord) -> float:
+        """Seconds ``record``'s rank 0 may take to be ready: its profile's, or the server's setting."""
+        launch = self.launch_of(record)
+        return (launch.profile.ready_timeout if launch is not None else None) or self.settings.ready_timeout
+
+    def sources_to_check(self) -> tuple[str, ...]:
+        """Every model source in the catalog, for agents to report on."""
+        return tuple(sorted({m.source for m in self.catalog.models.values()}))
+
+    def node_revision(self, node_id: str) -> int:
+        """The revision at which what ``node_id`` should run (or check) last changed."""
+        return max(self.node_revisions.get(node_id, 0), self.sources_revision)
+
+    def ready_ids(self) -> frozenset[str]:
+        """The ids of the ready replicas (the routes)."""
+        return frozenset(r.id for r in self.replicas.values() if r.state == ReplicaState.READY)
+
+    # -- inputs from the edges -------------------------------------------------------------------
 
     def apply_catalog(self, catalog: Catalog, text: str, now: float, author: str = "") -> None:
         """Make ``catalog`` the desired state (already validated); ``author`` applied it."""
@@ -96,7 +152,7 @@ class Cluster(ClusterViews):
         self.revision += 1
         self.sources_revision = self.revision
         by = f" by {author}" if author else ""
-        self.record_event(now, "catalog", f"revision {self.catalog_revision}", f"catalog applied{by}")
+        self.record_event(now, EventKind.CATALOG, f"revision {self.catalog_revision}", f"catalog applied{by}")
 
     def sync(self, request: SyncRequest, now: float) -> bool:
         """Record what a node's agent reported: facts, observed shards, revision.
@@ -122,11 +178,11 @@ class Cluster(ClusterViews):
             self.nodes[node.node_id] = node
             self.dirty_nodes.add(node.node_id)
             self.schedule_wanted = wanted = True
-            self.record_event(now, "node", node.node_id, f"registered from {request.address}")
+            self.record_event(now, EventKind.NODE, node.node_id, f"registered from {request.address}")
         elif node.lost:
-            self.record_event(now, "node", node.node_id, "is back after being lost")
-        if (message := note_agent(node, request, now)) is not None:
-            self.record_event(now, "node", node.node_id, message)
+            self.record_event(now, EventKind.NODE, node.node_id, "is back after being lost")
+        if (message := self._note_agent(node, request, now)) is not None:
+            self.record_event(now, EventKind.NODE, node.node_id, message)
             wanted = True
         if (node.address, node.facts, node.port_range) != (
             request.address,
@@ -162,6 +218,31 @@ class Cluster(ClusterViews):
         node.reported = True
         return wanted
 
+    def _note_agent(self, node: NodeRecord, request: SyncRequest, now: float) -> str | None:
+        """Record the agent instance and farewell a sync carries; called for every sync of a known node.
+
+        See :mod:`llmgw.server.controllers.health.agent_restart` for what follows.
+
+        :returns: the node event to record when the agent is leaving or restarted, else None.
+        """
+        message = None
+        if request.instance and request.instance != node.agent_instance:
+            if node.agent_instance and not node.agent_leaving:
+                node.agent_left_at, node.agent_gone_since = now, node.last_seen
+                message = (
+                    "its agent restarted: the replicas with a shard here start again (no failure counted)"
+                )
+            if node.agent_instance:
+                node.agent_instance_since = now
+            node.agent_instance, node.agent_leaving = request.instance, False
+        if request.leaving and not node.agent_leaving:
+            node.agent_leaving, node.agent_left_at, node.agent_gone_since = True, now, now
+            message = (
+                "its agent is stopping on purpose: the replicas with a shard here leave the routes and start "
+                "again once it is back (no failure counted)"
+            )
+        return message
+
     def note_manifest(self, manifest: Manifest) -> None:
         """The first manifest of a source was stored: placing now knows how much disk a copy takes."""
         self.manifests[manifest.source] = manifest
@@ -174,25 +255,6 @@ class Cluster(ClusterViews):
             node.cert_serial, node.cert_not_after = serial, not_after
             self.dirty_nodes.add(node_id)
 
-    def fence_node(self, node_id: str, reason: str, now: float) -> bool:
-        """Declare ``node_id`` lost at once, whatever its last sync: its certificate was revoked or expired.
-
-        Called by the server when the revocation list names the node's
-        certificate or refuses its sync; the next reconcile moves its replicas
-        elsewhere (out of the routes meanwhile), as for any lost node. It stays
-        lost until a sync is accepted again.
-
-        :returns: whether anything changed (False: unknown node, or already lost).
-        """
-        node = self.nodes.get(node_id)
-        if node is None or node.lost:
-            return False
-        node.lost = True
-        self.schedule_wanted = True
-        self.dirty_nodes.add(node_id)
-        self.record_event(now, "node", node_id, f"lost at once: {reason}; its replicas are rebuilt elsewhere")
-        return True
-
     def set_cordon(self, node_id: str, cordoned: bool, now: float, *, drain: bool = False) -> None:
         """Cordon (no new replicas), uncordon, or start draining a node."""
         node = self.nodes[node_id]
@@ -201,259 +263,204 @@ class Cluster(ClusterViews):
         self.dirty_nodes.add(node_id)
         self.schedule_wanted = True
         action = "drain started" if drain else ("cordoned" if cordoned else "uncordoned")
-        self.record_event(now, "node", node_id, action)
+        self.record_event(now, EventKind.NODE, node_id, action)
 
-    # -- the reconciler ------------------------------------------------------
+    # -- the nodes' verbs ------------------------------------------------------------------------
 
-    def reconcile(self, now: float) -> bool:
-        """Move the cluster one step toward the catalog: :meth:`begin`, the schedule, :meth:`finish`.
+    def fence_node(self, node_id: str, reason: str, now: float) -> bool:
+        """Declare ``node_id`` lost at once, whatever its last sync: its certificate was revoked or expired.
 
-        The server runs the three steps itself (the schedule off the event
-        loop); tests and tools call this.
+        Called by the server when the revocation list names the node's
+        certificate or refuses its sync, and by the nodes controller when a
+        recorded certificate expired; the next reconcile moves its replicas
+        elsewhere (out of the routes meanwhile), as for any lost node. It stays
+        lost until a sync is accepted again.
 
-        :returns: whether what some node should run changed (the revision moved).
+        :returns: whether anything changed (False: unknown node, or already lost).
         """
-        plan = self.begin(now)
-        return bool(self.finish(now, plan.run() if plan is not None else None))
-
-    def begin(self, now: float) -> SchedulePlan | None:
-        """The first step of a reconcile: judge what agents observed; say whether to schedule.
-
-        Declares lost nodes, judges each replica's current attempt (ready,
-        failed, rebuilt after backoff), advances drains and rollouts. Costs O(nodes +
-        replicas); never schedules.
-
-        :returns: the schedule to run before :meth:`finish`, or None when
-            nothing the scheduler reads changed (or placing waits for agents
-            to check the catalog's sources).
-        """
-        self._before = (self.desired(), self._ready_ids())
-        self._detect_lost(now)
-        for record in list(self.replicas.values()):
-            self._judge(record, now)
-        if self._waiting_for_sources(now):
-            return None
-        moves = drain_moves(self, now)
-        rolls = self.rollouts.step(self, now)
-        retry = bool(self.unplaced) and now - self.scheduled_at >= self.settings.unplaced_retry
-        if not (self.schedule_wanted or moves or rolls or retry):
-            return None
-        self.schedule_wanted = False
-        self.scheduled_at = now
-        return SchedulePlan(
-            nodes=tuple(node.view() for node in self.nodes.values()),
-            catalog=self.catalog,
-            placements=tuple(record.placement for record in self.replicas.values()),
-            replace=tuple(moves),
-            roll=tuple(rolls),
-            launches=tuple(
-                (r.id, r.launch)
-                for r in self.replicas.values()
-                if r.launch is not None and self.is_outdated(r)
-            ),
-            sizes=tuple((source, m.total_bytes) for source, m in sorted(self.manifests.items())),
-            headroom=self.settings.disk_headroom,
-        )
-
-    def finish(self, now: float, result: ScheduleResult | None = None) -> frozenset[str]:
-        """The last step of a reconcile: apply the schedule's ``result`` (if any) and publish.
-
-        Moves :attr:`revision` when what some node should run changed, and
-        :attr:`routes_revision` when the set of ready replicas changed.
-
-        :returns: the ids of the nodes whose shards changed (their long-polls wake).
-        """
-        if result is not None:
-            self._apply_schedule(now, result)
-        if result is not None or self.dirty_replicas or self.dirty_nodes or self.dirty_catalog:
-            self.view_version += 1
-        before, ready_before = self._before if self._before is not None else ({}, frozenset())
-        self._before = None
-        self._order_stops(before, now)
-        self._desired_cache = None
-        after = self.desired()
-        changed = frozenset(
-            node_id
-            for node_id in before.keys() | after.keys()
-            if before.get(node_id, ()) != after.get(node_id, ())
-        ) | self.rollouts.take_stage_changed()
-        if changed:
-            self.revision += 1
-            for node_id in changed:
-                self.node_revisions[node_id] = self.revision
-            for record in self.replicas.values():
-                if record.sent_revision == 0:
-                    record.sent_revision = self.revision
-                    self.dirty_replicas.add(record.id)
-        if self._ready_ids() != ready_before:
-            self.routes_revision += 1
-        return changed
-
-    def node_revision(self, node_id: str) -> int:
-        """The revision at which what ``node_id`` should run (or check) last changed."""
-        return max(self.node_revisions.get(node_id, 0), self.sources_revision)
-
-    def _order_stops(self, before: dict[str, tuple[DesiredShard, ...]], now: float) -> None:
-        """Hold the workers of multi-node replicas just retired; release those whose rank 0 is gone."""
-        self.stopping.note(before, self.replicas, self.revision, now)
-        for replica_id, message in self.stopping.settle(self.nodes, now):
-            self.record_event(now, "replica", replica_id, message)
-
-    def _waiting_for_sources(self, now: float) -> bool:
-        """Whether placing should wait: a live node has not yet checked the catalog's sources."""
-        if now - self.catalog_applied_at >= self.settings.source_wait:
+        node = self.nodes.get(node_id)
+        if node is None or node.lost:
             return False
-        sources = set(self.sources_to_check())
-        return any(
-            not node.lost and node.reported and not sources <= node.checked_sources
-            for node in self.nodes.values()
-        )
+        self.declare_lost(node_id, now, f"lost at once: {reason}; its replicas are rebuilt elsewhere")
+        return True
 
-    def _detect_lost(self, now: float) -> None:
-        """Declare lost the nodes silent for ``lost_after``, unless too many went silent at once.
+    def declare_lost(self, node_id: str, now: float, message: str) -> None:
+        """Mark ``node_id`` lost (its replicas are placed elsewhere at the next schedule) and say why."""
+        self.nodes[node_id].lost = True
+        self.schedule_wanted = True
+        self.dirty_nodes.add(node_id)
+        self.record_event(now, EventKind.NODE, node_id, message)
 
-        A node whose recorded certificate expired is lost at once; the rest is
-        :meth:`SilenceWatch.judge`. An operator may declare spared nodes lost
-        (``ctl nodes lost``), which does not end the episode.
+    def end_drain(self, node_id: str, now: float) -> None:
+        """A draining node has no replica left: the drain is over (the node stays cordoned)."""
+        self.nodes[node_id].draining = False
+        self.dirty_nodes.add(node_id)
+        self.record_event(now, EventKind.NODE, node_id, "drained: no replica left; still cordoned")
+
+    # -- the replicas' verbs: the only code that changes a replica --------------------------------
+
+    def place(self, placement: Replica, launch: Launch | None, now: float, what: str) -> ReplicaRecord:
+        """Record a replica the scheduler placed anew (``what``: ``placed``, ``replacement for ...``)."""
+        record = ReplicaRecord(placement, self.new_attempt(), started_at=now, launch=launch)
+        self.replicas[placement.id] = record
+        self.dirty_replicas.add(placement.id)
+        self.record_event(now, EventKind.REPLICA, placement.id, f"{what} on {where(placement)}")
+        return record
+
+    def start_attempt(
+        self,
+        record: ReplicaRecord,
+        now: float,
+        event: str | None,
+        *,
+        placement: Replica | None = None,
+        launch: Launch | None = None,
+        renumber: bool = True,
+        reason: str | None | object = KEEP,
+        back: bool = False,
+        forget_failure: bool = False,
+    ) -> None:
+        """Start ``record`` (again) as a new attempt: its shards are handed out anew at the next revision.
+
+        Called when a failed replica's backoff has passed (``renumber`` False:
+        the failure gave it its new number), when the scheduler placed it
+        again (``placement``), when its agent restarted, and when a rollout
+        restarts it on a new command (``launch``; a replica in backoff then
+        only changes what it will rebuild on; ``back``: a paused rollout puts it
+        back on what it ran before). ``reason`` replaces the one ``ctl
+        replicas`` shows unless :data:`KEEP`; ``forget_failure``: the agent's
+        going ended the attempt, not the replica. ``event`` is recorded for
+        ``ctl events`` unless None.
         """
-        for node in list(self.nodes.values()):
-            if not node.lost and node.cert_not_after and now >= node.cert_not_after:
-                self.fence_node(node.node_id, f"its certificate {node.cert_serial or 0:x} expired", now)
-        limit = self.settings.lost_after
-        verdict = self.silence.judge(self.nodes.values(), limit, self.settings.max_lost_fraction, now)
-        for message in verdict.messages:
-            self.record_event(now, "cluster", "nodes", message)
-        for node_id, seconds in verdict.lost:
-            self.nodes[node_id].lost = True
-            self.schedule_wanted = True
-            self.dirty_nodes.add(node_id)
-            message = f"lost: no sync for {seconds:.0f} s (limit {limit:.0f} s)"
-            self.record_event(now, "node", node_id, message)
+        if placement is not None:
+            record.placement = placement
+        if launch is not None:
+            if back:
+                record.rolled_from = None
+            elif record.launch is not None and record.launch != launch:
+                record.rolled_from = record.launch
+            record.launch = launch
+            record.consecutive_failures = 0
+        if launch is None or record.state != ReplicaState.BACKOFF:
+            if renumber:
+                record.attempt = self.new_attempt()
+            record.state = ReplicaState.STARTING
+            record.started_at = now
+            record.sent_revision = 0
+            record.ready_since = None
+        if reason is not KEEP:
+            record.reason = reason  # type: ignore[assignment]
+        if forget_failure:
+            record.failed_at = None
+        self.dirty_replicas.add(record.id)
+        if event is not None:
+            self.record_event(now, EventKind.REPLICA, record.id, event)
 
-    @property
-    def spared(self) -> frozenset[str]:
-        """Silent nodes not declared lost: too many went silent at once (see :meth:`_detect_lost`)."""
-        return self.silence.spared
-
-    def _judge(self, record: ReplicaRecord, now: float) -> None:
-        if (left := left_agent(record, self.nodes)) is not None:
-            return start_again(self, record, left, now)
-        if record.state == "backoff":
-            if now >= record.not_before:
-                record.state = "starting"
-                record.started_at = now
-                record.sent_revision = 0
-                record.reason = None
-                self.dirty_replicas.add(record.id)
-                self.record_event(now, "replica", record.id, f"rebuilding after {record.failures} failures")
-            return
-        observed: list[ObservedShard | None] = []
-        for node_id, key in record.shard_keys():
-            node = self.nodes.get(node_id)
-            if node is None or node.lost:
-                return  # the scheduler moves replicas off lost nodes
-            if not node.reported:
-                return  # after a server restart: wait for the agent to say what runs
-            shard = node.observed.get(key)
-            if shard is None and record.sent_revision and node.agent_revision >= record.sent_revision:
-                self._fail(record, now, f"shard {key} is gone from {node_id} (its agent restarted?)")
-                return
-            if shard is not None and shard.state in ("exited", "unhealthy"):
-                detail = f": {shard.detail}" if shard.detail else ""
-                code = f" with code {shard.exit_code}" if shard.exit_code is not None else ""
-                self._fail(record, now, f"shard r{shard.rank} on {node_id} {shard.state}{code}{detail}")
-                return
-            observed.append(shard)
-        if record.state == "ready":
-            if any(s is None or s.state not in ("running", "ready") for s in observed):
-                self._fail(record, now, "a shard stopped running")
-            elif record.ready_since is not None and now - record.ready_since >= self.settings.stable_after:
-                if record.consecutive_failures:
-                    record.consecutive_failures = 0
-                    self.dirty_replicas.add(record.id)
-            return
-        if any(s is not None and s.state == "staging" for s in observed):
-            record.started_at = now  # copying the weights: the ready timeout counts from the copy's end
-            return
-        all_up = all(s is not None and s.state in ("running", "ready") for s in observed)
-        if all_up and observed[0] is not None and observed[0].state == "ready":
-            record.state = "ready"
-            record.ready_since = now
-            record.reason = None
-            self.dirty_replicas.add(record.id)
-            self.record_event(now, "replica", record.id, f"ready on {', '.join(record.placement.node_ids)}")
-        elif now - record.started_at > (timeout := self.ready_timeout_of(record)):
-            self._fail(record, now, f"not ready within {timeout:.0f} s")
-
-    def _fail(self, record: ReplicaRecord, now: float, reason: str) -> None:
+    def fail(self, record: ReplicaRecord, now: float, cause: FailureCause, reason: str) -> None:
+        """``record``'s attempt failed for ``cause`` (``reason`` for people): tear it down, rebuild after a
+        backoff that doubles with each failure in a row. Called by the health controller."""
         record.failures, record.consecutive_failures, record.failed_at = (
-            record.failures + 1, record.consecutive_failures + 1, now
+            record.failures + 1,
+            record.consecutive_failures + 1,
+            now,
         )
         record.attempt = self.new_attempt()
         delay = min(
             self.settings.backoff_max, self.settings.backoff_base * 2 ** (record.consecutive_failures - 1)
         )
-        record.state = "backoff"
+        record.state = ReplicaState.BACKOFF
         record.not_before = now + delay
         record.ready_since = None
         record.reason = reason
+        record.cause = cause
+        self.dirty_replicas.add(record.id)
+        teardown = f"tearing down every shard, rebuild in {delay:.1f} s (failure {record.failures})"
+        message = f"failed: {reason}; {teardown}"
+        self.event_log.record(Event(now, EventKind.REPLICA, record.id, message, cause))
+
+    def take_back(self, record: ReplicaRecord) -> None:
+        """Uncount ``record``'s last failure: its agent's going caused it, not the replica."""
+        record.failures = max(0, record.failures - 1)
+        record.consecutive_failures = max(0, record.consecutive_failures - 1)
+        self.dirty_replicas.add(record.id)
+
+    def mark_ready(self, record: ReplicaRecord, now: float) -> None:
+        """Every shard of ``record`` runs and rank 0 passes its health check: it serves."""
+        record.state = ReplicaState.READY
+        record.ready_since = now
+        record.reason = None
+        record.cause = None
         self.dirty_replicas.add(record.id)
         self.record_event(
-            now,
-            "replica",
-            record.id,
-            f"failed: {reason}; tearing down every shard, rebuild in {delay:.1f} s "
-            f"(failure {record.failures})",
+            now, EventKind.REPLICA, record.id, f"ready on {', '.join(record.placement.node_ids)}"
         )
 
-    def _apply_schedule(self, now: float, result: ScheduleResult) -> None:
-        for removal in result.removed:
-            if removal.replica.id in self.replicas:
-                del self.replicas[removal.replica.id]
-                self.dirty_replicas.add(removal.replica.id)
-                self.record_event(now, "replica", removal.replica.id, f"removed: {removal.reason}")
-        for placement in result.placements:
-            record = self.replicas.get(placement.id)
-            if record is not None and record.placement == placement:
-                continue
-            if record is None:
-                launch = self.rollouts.launch_for(self, placement)
-                record = ReplicaRecord(placement, self.new_attempt(), started_at=now, launch=launch)
-                self.replicas[placement.id] = record
-                what = f"replacement for {placement.replaces}" if placement.replaces else "placed"
-            else:
-                record.placement = placement
-                record.attempt = self.new_attempt()
-                record.state = "starting"
-                record.started_at = now
-                record.sent_revision = 0
-                record.ready_since = None
-                what = "placed again"
-            self.dirty_replicas.add(placement.id)
-            where = ", ".join(
-                f"{s.node_id} (r{s.rank}, GPUs {','.join(map(str, s.gpus)) or '-'}, port {s.port})"
-                for s in placement.shards
-            )
-            self.record_event(now, "replica", placement.id, f"{what} on {where}")
-        if result.unplaced != self.unplaced:
-            self._record_unplaced(now, [item for item in result.unplaced if item not in self.unplaced])
-            self.unplaced = result.unplaced
+    def note_staging(self, record: ReplicaRecord, now: float) -> None:
+        """``record``'s shards still copy their weights: its ready timeout counts from the copy's end."""
+        record.started_at = now
 
-    def _record_unplaced(self, now: float, new: list[Unplaced]) -> None:
-        """One event per model and reason for replicas that newly cannot be placed, however many they are."""
+    def mark_stable(self, record: ReplicaRecord) -> None:
+        """``record`` has been ready for ``stable_after``: its failures in a row are forgiven."""
+        if record.consecutive_failures:
+            record.consecutive_failures = 0
+            self.dirty_replicas.add(record.id)
+
+    def retire(self, original: str, replacement: ReplicaRecord, now: float, message: str) -> None:
+        """``replacement`` is ready: stop the replica it replaces (a drain's move, a rollout's surge)."""
+        del self.replicas[original]
+        self.dirty_replicas.add(original)
+        replacement.placement = attrs.evolve(replacement.placement, replaces=None)
+        self.dirty_replicas.add(replacement.id)
+        self.schedule_wanted = True
+        self.record_event(now, EventKind.REPLICA, original, message)
+
+    def remove(self, replica_id: str, now: float, message: str | None) -> None:
+        """Stop ``replica_id`` for good (a scale-down, a model removed, a paused rollout's replacement)."""
+        del self.replicas[replica_id]
+        self.dirty_replicas.add(replica_id)
+        if message is not None:
+            self.record_event(now, EventKind.REPLICA, replica_id, message)
+
+    def note_unplaced(self, unplaced: tuple[Unplaced, ...], now: float) -> None:
+        """Record what the scheduler could not place; one event per model and reason newly unplaced."""
+        new = [item for item in unplaced if item not in self.unplaced]
+        self.unplaced = unplaced
         groups: dict[tuple[str, str], list[Unplaced]] = {}
         for item in new:
             groups.setdefault((item.model, item.reason), []).append(item)
         for (model, reason), items in groups.items():
             if len(items) == 1:
-                self.record_event(now, "replica", items[0].id, f"cannot be placed: {reason}")
+                self.record_event(now, EventKind.REPLICA, items[0].id, f"cannot be placed: {reason}")
             else:
                 first, last = items[0].id, items[-1].id
                 message = f"{len(items)} replicas ({first} … {last}) cannot be placed: {reason}"
-                self.record_event(now, "model", model, message)
+                self.record_event(now, EventKind.MODEL, model, message)
 
-    def _ready_ids(self) -> frozenset[str]:
-        return frozenset(r.id for r in self.replicas.values() if r.state == "ready")
+    # -- the stopping workers' verbs -------------------------------------------------------------
+
+    def hold_workers(self, attempt: str, held: HeldWorkers) -> None:
+        """Keep the workers of ``attempt`` (``replica/attempt``) running until its rank 0 is gone."""
+        self.stopping.held[attempt] = held
+
+    def release_workers(self, attempt: str, why: str, now: float) -> None:
+        """Stop the held workers of ``attempt``: its rank 0 is gone (``why``)."""
+        del self.stopping.held[attempt]
+        replica_id, _, number = attempt.rpartition("/")
+        self.record_event(
+            now, EventKind.REPLICA, replica_id, f"attempt {number}: {why}; stopping its workers"
+        )
+
+    def publish(self, changed: frozenset[str]) -> None:
+        """What ``changed`` nodes should run moved: a new revision, and the new attempts learn theirs."""
+        self.revision += 1
+        for node_id in changed:
+            self.node_revisions[node_id] = self.revision
+        for record in self.replicas.values():
+            if record.sent_revision == 0:
+                record.sent_revision = self.revision
+                self.dirty_replicas.add(record.id)
+
+    # -- events ----------------------------------------------------------------------------------
 
     def take_events(self) -> list[Event]:
         """The events recorded since the last call (for the server to persist)."""
@@ -462,6 +469,14 @@ class Cluster(ClusterViews):
     def record_event(self, now: float, kind: str, subject: str, message: str) -> None:
         """Add an event for ``ctl events``; it is stored at the next flush (see :class:`EventLog`)."""
         self.event_log.record(Event(now, kind, subject, message))
+
+
+def where(placement: Replica) -> str:
+    """Where ``placement``'s shards run, for events: node, rank, GPUs, port."""
+    return ", ".join(
+        f"{s.node_id} (r{s.rank}, GPUs {','.join(map(str, s.gpus)) or '-'}, port {s.port})"
+        for s in placement.shards
+    )
 
 
 def _placement_facts(facts: NodeFacts) -> tuple[object, ...]:

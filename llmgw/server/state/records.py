@@ -2,13 +2,49 @@
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from llmgw.models import DEFAULT_READY_TIMEOUT, Catalog, Model, NodeFacts, Profile, Rollout
 from llmgw.scheduler import NodeView, Replica
 from llmgw.wire import ObservedShard, shard_key
+from llmgw.wire.causes import FailureCause
 
-__all__ = ["Settings", "DEFAULT_SETTINGS", "Event", "NodeRecord", "ReplicaRecord", "Launch"]
+__all__ = [
+    "Settings",
+    "DEFAULT_SETTINGS",
+    "Event",
+    "EventKind",
+    "NodeRecord",
+    "ReplicaRecord",
+    "ReplicaState",
+    "Launch",
+]
+
+
+class ReplicaState(enum.StrEnum):
+    """A replica's state as the server records it (``ctl replicas`` shows ``staging`` for a starting
+    replica whose shards copy their weights)."""
+
+    STARTING = "starting"
+    READY = "ready"
+    #: failed; rebuilt once its backoff has passed
+    BACKOFF = "backoff"
+
+
+class EventKind(enum.StrEnum):
+    """What an event is about: ``ctl events``' kind column and ``llmgw_server_events_total{kind}``."""
+
+    CATALOG = "catalog"
+    CLUSTER = "cluster"
+    GATEWAY = "gateway"
+    MODEL = "model"
+    NODE = "node"
+    REFUSAL = "refusal"
+    REPLICA = "replica"
+    ROLLOUT = "rollout"
+    WEIGHTS = "weights"
 
 
 @attrs.frozen
@@ -50,6 +86,8 @@ class Event:
     kind: str
     subject: str
     message: str
+    #: a replica's failure: why (not stored; the metrics count it as it is recorded)
+    cause: FailureCause | None = attrs.field(default=None, eq=False)
 
 
 @attrs.define
@@ -150,9 +188,10 @@ class ReplicaRecord:
     consecutive_failures: int = 0
     #: every failure of this replica, for the operator
     failures: int = 0
-    #: ``starting``, ``ready`` or ``backoff``
-    state: str = "starting"
+    state: ReplicaState = attrs.field(default=ReplicaState.STARTING, converter=ReplicaState)
     reason: str | None = None
+    #: why it last failed (not stored)
+    cause: FailureCause | None = None
     #: when the current attempt's shards were first handed out (revision)
     sent_revision: int = 0
     started_at: float = 0.0

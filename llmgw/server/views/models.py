@@ -8,12 +8,12 @@ from llmgw.weights import is_distributable
 from llmgw.wire import CopyProgress, ModelList, ModelStatus
 
 if TYPE_CHECKING:
-    from llmgw.server.state.cluster import Cluster
+    from llmgw.server.state.cluster import ClusterState
 
 __all__ = ["model_list"]
 
 
-def model_list(cluster: Cluster) -> ModelList:
+def model_list(cluster: ClusterState) -> ModelList:
     """Every model of the catalog in force: source, pinned revision, size, digest, holders, copies under way.
 
     Called for every ``GET /v1/admin/models``; reads what agents last

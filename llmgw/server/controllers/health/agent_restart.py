@@ -4,7 +4,8 @@ An agent's shards end with it: its launchers end their process groups when it
 exits, and a new agent ends the groups an earlier one left (reporting their
 shards ``exited``). That is no fault of the replicas, so it must not cost them
 a backoff, a failure, or (for a rollout's replacement) a step towards pausing
-the rollout. The server learns of a restart two ways:
+the rollout. The server learns of a restart two ways (the state records
+them as syncs come, :meth:`ClusterState.sync <llmgw.server.state.cluster.ClusterState.sync>`):
 
 - the agent says it is leaving: on SIGTERM (a planned restart, an upgrade) it
   sends a last sync with ``leaving`` set *before* it stops any shard, so the
@@ -26,37 +27,12 @@ taken back too: the server cannot tell them apart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from llmgw.server.state.records import NodeRecord, ReplicaRecord
-from llmgw.wire import PREVIOUS_AGENT_EXIT, SyncRequest
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
+from llmgw.wire.causes import FailureCause
 
-if TYPE_CHECKING:
-    from llmgw.server.state.cluster import Cluster
-
-__all__ = ["note_agent", "left_agent", "start_again"]
-
-
-def note_agent(node: NodeRecord, request: SyncRequest, now: float) -> str | None:
-    """Record the agent instance and farewell a sync carries; called for every sync of a known node.
-
-    :returns: the node event to record when the agent is leaving or restarted, else None.
-    """
-    message = None
-    if request.instance and request.instance != node.agent_instance:
-        if node.agent_instance and not node.agent_leaving:
-            node.agent_left_at, node.agent_gone_since = now, node.last_seen
-            message = "its agent restarted: the replicas with a shard here start again (no failure counted)"
-        if node.agent_instance:
-            node.agent_instance_since = now
-        node.agent_instance, node.agent_leaving = request.instance, False
-    if request.leaving and not node.agent_leaving:
-        node.agent_leaving, node.agent_left_at, node.agent_gone_since = True, now, now
-        message = (
-            "its agent is stopping on purpose: the replicas with a shard here leave the routes and start "
-            "again once it is back (no failure counted)"
-        )
-    return message
+__all__ = ["left_agent", "start_again"]
 
 
 def left_agent(record: ReplicaRecord, nodes: Mapping[str, NodeRecord]) -> tuple[str, bool] | None:
@@ -70,44 +46,34 @@ def left_agent(record: ReplicaRecord, nodes: Mapping[str, NodeRecord]) -> tuple[
         failed = record.failed_at
         if failed is not None and node.agent_gone_since < failed <= node.agent_left_at:
             return node_id, True
-        if node.agent_left_at > record.started_at and record.state != "backoff":
+        if node.agent_left_at > record.started_at and record.state != ReplicaState.BACKOFF:
             return node_id, False
-    for node_id, key in record.shard_keys() if record.state != "backoff" else ():
+    for node_id, key in record.shard_keys() if record.state != ReplicaState.BACKOFF else ():
         # the old agent may have started this attempt's shard after its farewell: the new one ended it
         node = nodes.get(node_id)
         shard = node.observed.get(key) if node is not None else None
         if (
             shard is not None
             and shard.state == "exited"
-            and (shard.detail or "").startswith(PREVIOUS_AGENT_EXIT)
+            and shard.cause == FailureCause.PREVIOUS_AGENT
             and node.agent_instance_since > record.started_at
         ):
             return node_id, False
     return None
 
 
-def start_again(cluster: Cluster, record: ReplicaRecord, left: tuple[str, bool], now: float) -> None:
+def start_again(state: ClusterState, record: ReplicaRecord, left: tuple[str, bool], now: float) -> None:
     """Start ``record`` again under a new attempt where it is: the agent of a node ended its shards.
 
-    Called by the reconciler in place of a failure; counts no failure and sets no backoff.
+    Called by the health controller in place of a failure; counts no failure and sets no backoff.
     ``left`` is what :func:`left_agent` said: the node, and whether to take back the failure
     that its agent's going caused.
     """
     node_id, take_back = left
-    node = cluster.nodes[node_id]
-    how = "is stopping" if node.agent_leaving else "restarted"
+    how = "is stopping" if state.nodes[node_id].agent_leaving else "restarted"
+    reason = f"the agent of {node_id} {how}"
     if take_back:
-        record.failures = max(0, record.failures - 1)
-        record.consecutive_failures = max(0, record.consecutive_failures - 1)
         how += f"; its failure ({record.reason}) is taken back"
-    record.failed_at = None
-    record.attempt = cluster.new_attempt()
-    record.state = "starting"
-    record.started_at = now
-    record.sent_revision = 0
-    record.ready_since = None
-    record.reason = f"the agent of {node_id} {how.partition(';')[0]}"
-    cluster.dirty_replicas.add(record.id)
-    cluster.record_event(
-        now, "replica", record.id, f"starting again: the agent of {node_id} {how} (not counted as a failure)"
-    )
+        state.take_back(record)
+    record_event = f"starting again: the agent of {node_id} {how} (not counted as a failure)"
+    state.start_attempt(record, now, record_event, reason=reason, forget_failure=True)

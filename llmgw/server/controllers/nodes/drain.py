@@ -1,24 +1,18 @@
 """Draining a node: its replicas move one at a time, each replacement ready before its original stops.
 
-:func:`drain_moves` is called by :meth:`Cluster.begin <llmgw.server.state.cluster.Cluster.begin>`
+:func:`drain_moves` is called by the reconciler (:func:`llmgw.server.reconciler.begin`)
 on every reconcile; the moves it returns are the scheduler's ``replace=``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import attrs
-
-from llmgw.server.state.records import ReplicaRecord
-
-if TYPE_CHECKING:
-    from llmgw.server.state.cluster import Cluster
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import ReplicaRecord, ReplicaState
 
 __all__ = ["drain_moves"]
 
 
-def drain_moves(cluster: Cluster, now: float) -> list[str]:
+def drain_moves(cluster: ClusterState, now: float) -> list[str]:
     """Replica ids to move off draining nodes now: one at a time per node.
 
     Retires each original whose replacement is ready, and ends the drain of
@@ -37,29 +31,18 @@ def drain_moves(cluster: Cluster, now: float) -> list[str]:
         )
         for replica_id in on_node:
             replacement = _replacement_of(cluster, replica_id)
-            if replacement is not None and replacement.state == "ready":
-                _retire(cluster, replica_id, replacement, now)
+            if replacement is not None and replacement.state == ReplicaState.READY:
+                message = f"moved: {replacement.id} is ready, stopping the original"
+                cluster.retire(replica_id, replacement, now, message)
         on_node = [i for i in on_node if i in replicas]
         if not on_node:
             if not any(node.node_id in r.placement.node_ids for r in replicas.values()):
-                node.draining = False
-                cluster.dirty_nodes.add(node.node_id)
-                cluster.record_event(now, "node", node.node_id, "drained: no replica left; still cordoned")
+                cluster.end_drain(node.node_id, now)
             continue
         if not any(i in replacing for i in on_node):
             moves.append(on_node[0])
     return moves
 
 
-def _replacement_of(cluster: Cluster, replica_id: str) -> ReplicaRecord | None:
+def _replacement_of(cluster: ClusterState, replica_id: str) -> ReplicaRecord | None:
     return next((r for r in cluster.replicas.values() if r.placement.replaces == replica_id), None)
-
-
-def _retire(cluster: Cluster, replica_id: str, replacement: ReplicaRecord, now: float) -> None:
-    del cluster.replicas[replica_id]
-    cluster.dirty_replicas.add(replica_id)
-    replacement.placement = attrs.evolve(replacement.placement, replaces=None)
-    cluster.dirty_replicas.add(replacement.id)
-    cluster.record_event(
-        now, "replica", replica_id, f"moved: {replacement.id} is ready, stopping the original"
-    )

@@ -16,24 +16,20 @@ copy, unused by then, to make room.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from llmgw.scheduler import DiskRoom, format_bytes
+from llmgw.scheduler import DiskRoom
+from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord
 from llmgw.weights import is_distributable
 
-if TYPE_CHECKING:
-    from llmgw.server.state.cluster import Cluster
-
-__all__ = ["stage_ahead", "staging_note", "copied_bytes"]
+__all__ = ["stage_ahead", "copied_bytes"]
 
 
 def stage_ahead(
-    cluster: Cluster, wanted: Launch, outdated: list[ReplicaRecord]
+    cluster: ClusterState, wanted: Launch, outdated: list[ReplicaRecord]
 ) -> tuple[dict[str, str], set[str]]:
     """Where ``wanted``'s weights are copied ahead of the rollout, and which replicas wait for them.
 
-    Called by :meth:`Rollouts.step <llmgw.server.controllers.rollout.rollouts.Rollouts.step>` for each
+    Called by :func:`~llmgw.server.controllers.rollout.rollouts.step` for each
     model with outdated replicas that serve.
 
     :returns: node id -> the source it should copy now, and the ids of the
@@ -63,7 +59,7 @@ def stage_ahead(
     return stage, waiting
 
 
-def _sources_used(cluster: Cluster, node_ids: set[str]) -> dict[str, set[str]]:
+def _sources_used(cluster: ClusterState, node_ids: set[str]) -> dict[str, set[str]]:
     """Node id -> the sources the replicas on it run, for ``node_ids`` only (one pass over the replicas)."""
     used: dict[str, set[str]] = {}
     if not node_ids:
@@ -77,7 +73,9 @@ def _sources_used(cluster: Cluster, node_ids: set[str]) -> dict[str, set[str]]:
     return used
 
 
-def _room_beside(cluster: Cluster, node: NodeRecord, used: set[str], source: str, size: int | None) -> bool:
+def _room_beside(
+    cluster: ClusterState, node: NodeRecord, used: set[str], source: str, size: int | None
+) -> bool:
     """Whether ``node`` can take a copy of ``source`` beside the copies of ``used`` (its replicas run)."""
     disk = DiskRoom(node.facts)
     for running in sorted(used):
@@ -86,7 +84,7 @@ def _room_beside(cluster: Cluster, node: NodeRecord, used: set[str], source: str
     return disk.fits(source, size, cluster.settings.disk_headroom)
 
 
-def copied_bytes(cluster: Cluster, wanted: Launch) -> int:
+def copied_bytes(cluster: ClusterState, wanted: Launch) -> int:
     """Bytes of ``wanted``'s distributable source in copies on live nodes (0 for other sources).
 
     A rollout whose copies grow is making progress (its progress_deadline).
@@ -100,29 +98,4 @@ def copied_bytes(cluster: Cluster, wanted: Launch) -> int:
         if not node.lost
         for copy in node.facts.model_copies
         if copy.source == source and not copy.seed
-    )
-
-
-def staging_note(cluster: Cluster, stage: dict[str, str]) -> str:
-    """What ``ctl rollout status`` says while the new weights are copied ahead: nodes and percent."""
-    parts = []
-    for node_id, source in sorted(stage.items()):
-        node = cluster.nodes.get(node_id)
-        copy = None
-        if node is not None:
-            copy = max(
-                (c for c in node.facts.model_copies if c.source == source),
-                key=lambda c: c.bytes_present,
-                default=None,
-            )
-        if copy is not None and copy.bytes_total:
-            parts.append(f"{node_id} {100 * copy.bytes_present // copy.bytes_total}%")
-        else:
-            parts.append(f"{node_id} 0%")
-    source = next(iter(stage.values()))
-    manifest = cluster.manifests.get(source)
-    size = f" ({format_bytes(manifest.total_bytes)})" if manifest is not None else ""
-    return (
-        f"copying the new weights {source}{size} to the outdated replicas' nodes before they are "
-        f"restarted or replaced: {', '.join(parts)}; the outdated replicas keep serving"
     )

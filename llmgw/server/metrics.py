@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from llmgw.net.metrics import Health, register_process_collectors
+from llmgw.server.persist.sqlite import ping
 from llmgw.server.state.records import Event, EventKind, ReplicaState
 from llmgw.server.views.cluster import node_state
 from llmgw.server.views.rollouts import rollout_status
@@ -223,7 +224,7 @@ async def _check_store(store: Any) -> str | None:
         return None
     with trio.move_on_after(STORE_CHECK_TIMEOUT):
         try:
-            await store.run(lambda conn: conn.execute("SELECT 1").fetchone())
+            await store.run(ping)
         except Exception as exc:  # any failure of the store is what /health reports
             return f"the store ({store.path}) fails: {str(exc).strip() or type(exc).__name__}"
         return None

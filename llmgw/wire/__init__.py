@@ -54,7 +54,7 @@ from llmgw.wire._weights import (
     WeightsEvent,
     WeightsInfo,
 )
-from llmgw.wire.causes import FailureCause
+from llmgw.wire.causes import FailureCause, structure_cause
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
@@ -454,15 +454,9 @@ def _make_converter() -> cattrs.Converter:
     made.register_unstructure_hook(
         ErrorDetail, make_dict_unstructure_fn(ErrorDetail, made, problems=override(omit_if_default=True))
     )
-    made.register_unstructure_hook(FailureCause, lambda cause: cause.value)
-    made.register_structure_hook(FailureCause, _structure_cause)
+    made.register_unstructure_hook(FailureCause, str)
+    made.register_structure_hook(FailureCause, structure_cause)
     return made
-
-
-def _structure_cause(value: Any, _: type) -> FailureCause:
-    if not isinstance(value, str) or value not in FailureCause._value2member_map_:
-        raise ValueError(f"expected one of {', '.join(FailureCause)}, got {value!r}")
-    return FailureCause(value)
 
 
 #: The one converter: wire documents, stored records, the catalog, ``agent.toml``.

@@ -12,8 +12,9 @@ says how to add one.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
-__all__ = ["FailureCause", "SHARD_CAUSES"]
+__all__ = ["FailureCause", "SHARD_CAUSES", "structure_cause"]
 
 
 class FailureCause(enum.StrEnum):
@@ -44,3 +45,10 @@ class FailureCause(enum.StrEnum):
 
 #: the causes an agent reports for a shard (the rest are the server's own judgements)
 SHARD_CAUSES = (FailureCause.EXITED, FailureCause.UNHEALTHY, FailureCause.HUNG, FailureCause.OOM)
+
+
+def structure_cause(value: Any, _: type) -> FailureCause:
+    """The converter's hook: a cause from its JSON spelling; anything else is refused, naming the causes."""
+    if not isinstance(value, str) or value not in FailureCause._value2member_map_:
+        raise ValueError(f"expected one of {', '.join(FailureCause)}, got {value!r}")
+    return FailureCause(value)

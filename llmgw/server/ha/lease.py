@@ -32,7 +32,8 @@ import trio
 
 from llmgw.errors import LlmgwError
 from llmgw.net.server import Response
-from llmgw.server.persist.postgres import _psycopg
+from llmgw.server.persist import lease as queries
+from llmgw.server.persist.postgres import connection_error
 from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from llmgw.server.ha.standby import StandbyView
 
 __all__ = [
-    "CHANNEL",
     "LEADER_HEADER",
     "LeaderInfo",
     "Lease",
@@ -53,10 +53,6 @@ __all__ = [
 
 log = logging.getLogger("llmgw.server")
 
-#: the channel a leader that lets go notifies on
-CHANNEL = "llmgw_leader"
-#: now on the database's clock, as seconds since 1970 (clock_timestamp: not frozen at the transaction's start)
-DB_NOW = "extract(epoch from clock_timestamp())::float8"
 
 
 class NotLeader(LlmgwError):
@@ -140,24 +136,13 @@ class Lease:
         sent = time.monotonic()
         self._check_in(conn)
         with conn.transaction():
-            conn.execute("SET LOCAL lock_timeout = '1s'")
-            row = conn.execute(
-                f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
-                " FROM leader WHERE id = 1 FOR UPDATE"
-            ).fetchone()
+            row = queries.lock_lease(conn)
             previous = LeaderInfo(*row) if row else LeaderInfo("", "", 0, 0.0, 0.0)
             self.seen = previous if row else None
             if row is not None and previous.expires_in > 0:
                 return None
             epoch = previous.epoch + 1
-            conn.execute(
-                "INSERT INTO leader (id, holder, address, epoch, acquired_at, renewed_at, expires_at)"
-                f" VALUES (1, %s, %s, %s, {DB_NOW}, {DB_NOW}, {DB_NOW} + %s)"
-                " ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, address = excluded.address,"
-                " epoch = excluded.epoch, acquired_at = excluded.acquired_at,"
-                " renewed_at = excluded.renewed_at, expires_at = excluded.expires_at",
-                (self.holder, self.address, epoch, self.duration),
-            )
+            queries.take_lease(conn, self.holder, self.address, epoch, self.duration)
         self.epoch = epoch
         self.deadline = sent + self.duration * 0.9
         self.seen = LeaderInfo(self.holder, self.address, epoch, 0.0, self.duration)
@@ -167,7 +152,7 @@ class Lease:
         # until the lease as last read runs out (a killed leader's is taken at once), a fifth of it at most
         left = self.seen.expires_in if self.seen is not None else self.duration
         conn = self._connection()
-        conn.execute(f"LISTEN {CHANNEL}")
+        queries.listen(conn)
         for _ in conn.notifies(timeout=min(self.duration / 5, max(left, 0.0) + 0.02), stop_after=1):
             pass
 
@@ -209,13 +194,8 @@ class Lease:
         conn = self._connection()
         sent = time.monotonic()
         self._check_in(conn)
-        conn.execute(f"DELETE FROM servers WHERE seen_at < {DB_NOW} - %s", (self.duration * 20,))
-        row = conn.execute(
-            f"UPDATE leader SET renewed_at = {DB_NOW}, expires_at = {DB_NOW} + %s"
-            f" WHERE id = 1 AND holder = %s AND epoch = %s AND expires_at > {DB_NOW} RETURNING epoch",
-            (self.duration, self.holder, self.epoch),
-        ).fetchone()
-        if row is None:
+        queries.forget_servers_older_than(conn, self.duration * 20)
+        if not queries.renew_lease(conn, self.holder, self.epoch, self.duration):
             return False
         self.deadline = sent + self.duration * 0.9
         return True
@@ -233,9 +213,7 @@ class Lease:
         late = time.monotonic() - self.deadline
         if late > 0:
             raise NotLeader(f"the lease (epoch {self.epoch}) ran out {late:.1f} s ago; not writing")
-        row = conn.execute(
-            f"SELECT holder, epoch, expires_at - {DB_NOW} FROM leader WHERE id = 1 FOR SHARE"
-        ).fetchone()
+        row = queries.lease_for_write(conn)
         if row is None or row[1] != self.epoch or row[2] <= 0:
             holder = f"{row[0]} holds epoch {row[1]}" if row else "no lease row"
             raise NotLeader(f"the lease of epoch {self.epoch} is over ({holder}); not writing")
@@ -250,12 +228,8 @@ class Lease:
         def let_go() -> None:
             conn = self._connection()
             if epoch is not None:
-                conn.execute(
-                    f"UPDATE leader SET expires_at = {DB_NOW} WHERE id = 1 AND holder = %s AND epoch = %s",
-                    (self.holder, epoch),
-                )
-                conn.execute(f"NOTIFY {CHANNEL}")
-            conn.execute("DELETE FROM servers WHERE holder = %s", (self.holder,))
+                queries.let_go(conn, self.holder, epoch)
+            queries.leave(conn, self.holder)
 
         try:
             await self._in_thread(let_go)
@@ -268,12 +242,7 @@ class Lease:
 
     def _check_in(self, conn: Any) -> None:
         """Say this server is up (``ctl servers``); not a write of the cluster's state, so not fenced."""
-        conn.execute(
-            "INSERT INTO servers (holder, address, started_at, seen_at)"
-            f" VALUES (%s, %s, {DB_NOW}, {DB_NOW})"
-            " ON CONFLICT (holder) DO UPDATE SET seen_at = excluded.seen_at",
-            (self.holder, self.address),
-        )
+        queries.check_in(conn, self.holder, self.address)
 
     # -- plumbing ------------------------------------------------------------
 
@@ -281,10 +250,7 @@ class Lease:
         """The lease row now (None when no server ever led)."""
 
         def read() -> LeaderInfo | None:
-            row = self._connection().execute(
-                f"SELECT holder, address, epoch, {DB_NOW} - acquired_at, expires_at - {DB_NOW}"
-                " FROM leader WHERE id = 1"
-            ).fetchone()
+            row = queries.read_lease(self._connection())
             return LeaderInfo(*row) if row else None
 
         self.seen = await self._in_thread(read)
@@ -351,7 +317,7 @@ async def lead_when_elected(
     every change of leader and why. The lease is released (standbys wake at
     once) when the server stops.
     """
-    psycopg = _psycopg()
+    unreachable = connection_error()
     lease = Lease(store.connect, address, duration)
     store.before_write = lease.fence
     loading = False  # between taking the lease and answering as the leader
@@ -388,7 +354,7 @@ async def lead_when_elected(
                         await lead(nursery)
                         loading = False
                         _stop_following(front, view, following)  # the app answers from now on
-                except* (LostLease, NotLeader, StoreError, psycopg.OperationalError) as group:
+                except* (LostLease, NotLeader, StoreError, unreachable) as group:
                     reason = "; ".join(str(e).strip() for e in _leaves(group))
                 loading = False
                 _stop_following(front, view, following)

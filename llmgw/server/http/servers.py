@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.server.ha.lease import DB_NOW
+from llmgw.server.persist.lease import control_servers_rows
 from llmgw.server.persist.postgres import PgStore
 from llmgw.wire.servers import ControlServer, ControlServers
 
@@ -15,12 +15,7 @@ async def control_servers(store: Any) -> ControlServers:
     """Every server that checked in recently, the leader first; on sqlite, none (one server, no election)."""
     if not isinstance(store, PgStore):
         return ControlServers("sqlite")
-    query = (
-        f"SELECT s.address, l.holder = s.holder AND l.expires_at > {DB_NOW}, {DB_NOW} - s.seen_at,"
-        f" {DB_NOW} - s.started_at, l.epoch, {DB_NOW} - l.acquired_at, l.expires_at - {DB_NOW}"
-        " FROM servers s LEFT JOIN leader l ON l.id = 1 ORDER BY s.address"
-    )
-    rows = await store.run(lambda conn: conn.execute(query).fetchall())
+    rows = await store.run(control_servers_rows)
     servers = [
         ControlServer(address, "leader", seen, up, epoch, age, expires)
         if leads

@@ -19,41 +19,25 @@ certificates only):
 
 from __future__ import annotations
 
-import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.http.replies import Refused, answer
+from llmgw.server.persist.manifests import save_manifest
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState
 from llmgw.weights import Manifest, hub_ref, is_distributable
-from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
+from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json
 
-__all__ = ["HUB_LEASE", "WeightsEndpoints", "load_manifests", "save_manifest"]
+__all__ = ["HUB_LEASE", "WeightsEndpoints"]
 
 #: seconds a node's Hub download lease lasts without a renewal
 HUB_LEASE = 15.0
 
 log = logging.getLogger("llmgw.server")
-
-
-def load_manifests(conn: sqlite3.Connection) -> dict[str, Manifest]:
-    """Every stored manifest, by source."""
-    rows = conn.execute("SELECT source, manifest FROM manifests").fetchall()
-    return {source: from_json(json.loads(text), Manifest) for source, text in rows}
-
-
-def save_manifest(conn: sqlite3.Connection, manifest: Manifest, now: float) -> None:
-    """Store ``manifest`` for its source unless one is stored already."""
-    conn.execute(
-        "INSERT INTO manifests (source, digest, manifest, made_by, made_at) VALUES (?, ?, ?, ?, ?)"
-        " ON CONFLICT (source) DO NOTHING",
-        (manifest.source, manifest.digest, json.dumps(to_json(manifest)), manifest.made_by, now),
-    )
 
 
 class WeightsEndpoints:

@@ -19,7 +19,7 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
-from llmgw.server.http.weights import load_manifests
+from llmgw.server.persist.manifests import load_manifests
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState, Event, NodeRecord, ReplicaRecord, Settings
 from llmgw.server.state.records import Launch

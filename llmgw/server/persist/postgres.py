@@ -187,6 +187,14 @@ def _psycopg() -> Any:
     return psycopg
 
 
+def connection_error() -> type[Exception]:
+    """The driver's error for a database that cannot be reached or dropped the connection.
+
+    :raises StoreError: psycopg is not installed.
+    """
+    return _psycopg().OperationalError
+
+
 def check_store_url(url: str) -> dict[str, str]:
     """The connection parameters of a ``postgresql://`` URL; refuses anything else, and a password in it.
 

@@ -229,6 +229,11 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
+def ping(conn: Any) -> None:
+    """A query that reads nothing: it answers when the store does (``/health``)."""
+    conn.execute("SELECT 1").fetchone()
+
+
 def schema_version(conn: sqlite3.Connection) -> int:
     """The database's schema version (``PRAGMA user_version``)."""
     return conn.execute("PRAGMA user_version").fetchone()[0]

@@ -53,6 +53,14 @@ SQL_HOMES = ("llmgw/server/persist/", "llmgw/testing/")
 STORE_DRIVERS = ("sqlite3", "psycopg")
 SQL = re.compile(r"^\s*(SELECT\b|INSERT INTO\b|DELETE FROM\b|CREATE (TABLE|INDEX)\b|UPDATE \w+ SET\b)", re.I)
 CONTROLLERS = "llmgw.server.controllers."
+#: circles known and not yet broken, each for a reason; the test fails on any other, and on one of
+#: these that is gone (take it off the list)
+KNOWN_CIRCLES = {
+    # Stager hands itself to HubFetcher, which calls back into its peers, config and copy_changed
+    ("llmgw.agent.hub_fetch", "llmgw.agent.staging"),
+    # files.py renders what node.py's Settings holds; Settings belongs beside the files it describes
+    ("llmgw.onboard.files", "llmgw.onboard.node"),
+}
 
 
 def core_modules() -> dict[str, Path]:
@@ -126,8 +134,11 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle_in_llmgw():
     """No llmgw module imports, through others, one that imports it back (an import under
     ``TYPE_CHECKING`` counts: the two still know each other's insides)."""
-    circles = import_circles(import_graph())
-    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+    circles = {tuple(c) for c in import_circles(import_graph())}
+    new = sorted(circles - KNOWN_CIRCLES)
+    assert not new, "import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    gone = KNOWN_CIRCLES - circles
+    assert not gone, f"no longer circles, take them off KNOWN_CIRCLES: {gone}"
 
 
 def test_the_circle_check_sees_a_circle_made_under_type_checking():

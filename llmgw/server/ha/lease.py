@@ -35,6 +35,7 @@ from llmgw.net.server import Response
 from llmgw.server.persist import lease as queries
 from llmgw.server.persist.postgres import connection_error
 from llmgw.server.persist.sqlite import Store, StoreError
+from llmgw.server.state.records import EventKind
 from llmgw.serverlist import LEADER_HEADER, NOT_LEADER
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
@@ -349,7 +350,8 @@ async def lead_when_elected(
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(lease.keep)
                         message = f"{address} leads (epoch {lease.epoch}): {why}"
-                        event = partial(Store.add_event, kind="leader", subject=address, message=message)
+                        leads = EventKind.LEADER
+                        event = partial(Store.add_event, kind=leads, subject=address, message=message)
                         await store.write(event)
                         await lead(nursery)
                         loading = False

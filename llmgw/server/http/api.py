@@ -38,6 +38,7 @@ from llmgw.server.persist.cluster import (
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import EventKind
 from llmgw.server.views import cluster as views
 from llmgw.server.views.models import model_list
 from llmgw.wire import (
@@ -244,7 +245,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             log.warning("refused sync: certificate CN %r claims node id %r", identity.name, sync.node_id)
             self.cluster.record_event(
                 self.clock(),
-                "refusal",
+                EventKind.REFUSAL,
                 sync.node_id,
                 f"sync refused: certificate is for {identity.name!r}",
             )
@@ -329,7 +330,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             f"gateway {identity.name} found it stalled: {report.reason}{folded}; "
             "the agent's liveness canary decides whether it is hung"
         )
-        self.cluster.record_event(now, "gateway", report.replica, message)
+        self.cluster.record_event(now, EventKind.GATEWAY, report.replica, message)
         async with self._lock:
             await self.reconciler.save()
         return answer(SuspectRecorded(report.replica, state), 202)

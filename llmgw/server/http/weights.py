@@ -29,6 +29,7 @@ from llmgw.server.http.replies import Refused, answer
 from llmgw.server.persist.manifests import save_manifest
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import EventKind
 from llmgw.weights import Manifest, hub_ref, is_distributable
 from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json
 
@@ -82,12 +83,12 @@ class WeightsEndpoints:
                 f"manifest of {manifest.source} made by {identity.name}: {len(manifest.files)} files, "
                 f"{manifest.total_bytes / 1e6:.1f} MB, digest {manifest.digest[:12]}{pinned}"
             )
-            self.cluster.record_event(now, "weights", manifest.source, message)
+            self.cluster.record_event(now, EventKind.WEIGHTS, manifest.source, message)
             log.info(message)
         elif known[manifest.source].digest != manifest.digest:
             stored = known[manifest.source]
             self.cluster.record_event(
-                self.clock(), "weights", manifest.source,
+                self.clock(), EventKind.WEIGHTS, manifest.source,
                 f"node {identity.name} holds different files (digest {manifest.digest[:12]}) than the "
                 f"manifest made by {stored.made_by} (digest {stored.digest[:12]}): its seed is not used",
             )  # fmt: skip
@@ -113,7 +114,9 @@ class WeightsEndpoints:
 
     async def _post_weights_event(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         event = from_json(request.json(), WeightsEvent)
-        self.cluster.record_event(self.clock(), "weights", identity.name, f"{event.source}: {event.message}")
+        self.cluster.record_event(
+            self.clock(), EventKind.WEIGHTS, identity.name, f"{event.source}: {event.message}"
+        )
         log.warning("node %s: %s: %s", identity.name, event.source, event.message)
         return answer(event)
 

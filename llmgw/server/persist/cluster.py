@@ -22,7 +22,7 @@ from llmgw.scheduler import Replica
 from llmgw.server.persist.manifests import load_manifests
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState, Event, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.state.records import Launch
+from llmgw.server.state.records import EventKind, Launch
 from llmgw.wire import (
     CatalogHistory,
     CatalogRevision,
@@ -338,13 +338,13 @@ def load_api_keys(conn: sqlite3.Connection) -> dict[str, tuple[str, float, float
 def add_api_key(conn: sqlite3.Connection, name: str, digest: str, now: float, by: str) -> None:
     """Store a new API key's hash and say who created it (inside a ``Store.write``)."""
     conn.execute("INSERT INTO api_keys (name, sha256, created_at) VALUES (?, ?, ?)", (name, digest, now))
-    Store.add_event(conn, "key", name, f"API key created by {by}", at=now)
+    Store.add_event(conn, EventKind.KEY, name, f"API key created by {by}", at=now)
 
 
 def revoke_api_key(conn: sqlite3.Connection, name: str, now: float, by: str) -> None:
     """Mark an API key revoked at ``now`` and say who did it (inside a ``Store.write``)."""
     conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ?", (now, name))
-    Store.add_event(conn, "key", name, f"API key revoked by {by}", at=now)
+    Store.add_event(conn, EventKind.KEY, name, f"API key revoked by {by}", at=now)
 
 
 # -- events ------------------------------------------------------------------

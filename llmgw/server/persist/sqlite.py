@@ -199,7 +199,7 @@ class Store:
         """Record what the server decided and why (inside a :meth:`write`)."""
         conn.execute(
             "INSERT INTO events (at, kind, subject, message) VALUES (?, ?, ?, ?)",
-            (time.time() if at is None else at, kind, subject, message),
+            (time.time() if at is None else at, str(kind), subject, message),
         )
 
     @staticmethod

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from llmgw.server.state.records import Event
+from llmgw.server.state.records import Event, EventKind
 
 __all__ = ["EventLog", "REPEATING_KINDS", "REPEAT_WINDOW"]
 
 #: event kinds a peer can cause over and over (a misconfigured node retrying): repeats are folded
-REPEATING_KINDS = frozenset({"refusal"})
+REPEATING_KINDS = frozenset({EventKind.REFUSAL})
 #: seconds within which a repeated event is counted instead of stored
 REPEAT_WINDOW = 600.0
 

@@ -39,6 +39,10 @@ class EventKind(enum.StrEnum):
     CATALOG = "catalog"
     CLUSTER = "cluster"
     GATEWAY = "gateway"
+    #: an API key created or revoked
+    KEY = "key"
+    #: a server took the lead (written by the leader itself)
+    LEADER = "leader"
     MODEL = "model"
     NODE = "node"
     REFUSAL = "refusal"

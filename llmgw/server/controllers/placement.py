@@ -66,8 +66,7 @@ def plan(state: ClusterState, now: float, moves: list[str], rolls: list[str]) ->
     retry = bool(state.unplaced) and now - state.scheduled_at >= state.settings.unplaced_retry
     if not (state.schedule_wanted or moves or rolls or retry):
         return None
-    state.schedule_wanted = False
-    state.scheduled_at = now
+    state.note_scheduled(now)
     return SchedulePlan(
         nodes=tuple(node.view() for node in state.nodes.values()),
         catalog=state.catalog,

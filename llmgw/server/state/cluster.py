@@ -436,6 +436,17 @@ class ClusterState:
                 message = f"{len(items)} replicas ({first} … {last}) cannot be placed: {reason}"
                 self.record_event(now, EventKind.MODEL, model, message)
 
+    # -- the scheduler's marks -------------------------------------------------------------------
+
+    def want_schedule(self) -> None:
+        """Something the scheduler reads changed: the next pass schedules."""
+        self.schedule_wanted = True
+
+    def note_scheduled(self, now: float) -> None:
+        """A schedule is made now from the state as it is (the pass runs it)."""
+        self.schedule_wanted = False
+        self.scheduled_at = now
+
     # -- the stopping workers' verbs -------------------------------------------------------------
 
     def hold_workers(self, attempt: str, held: HeldWorkers) -> None:

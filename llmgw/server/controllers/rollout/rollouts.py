@@ -230,7 +230,7 @@ def _pause(
         elif record.rolled_from is not None:
             back = "back on the command it ran before the rollout, which paused"
             cluster.start_attempt(record, now, back, launch=record.rolled_from, back=True)
-    cluster.schedule_wanted = True
+    cluster.want_schedule()
 
 
 def launch_for(cluster: ClusterState, placement: Replica) -> Launch | None:

@@ -26,8 +26,8 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw import pki
 from llmgw.models import NodeFacts
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus
 from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import free_port

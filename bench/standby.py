@@ -3,7 +3,7 @@
 For each fleet size it fills a throwaway PostgreSQL (``initdb``, as the tests
 do) with a cluster of N nodes (8 GPUs each) and two single-GPU replicas per
 node, placed by the real scheduler and stored by the real flush, then runs a
-standby's view (:class:`llmgw.server.standby.StandbyView`) on it and prints:
+standby's view (:class:`llmgw.server.ha.standby.StandbyView`) on it and prints:
 
 - the time one view takes to read (the cluster and API keys, in one
   REPEATABLE READ transaction) and to build (a server app over it);
@@ -26,10 +26,11 @@ import trio
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import NodeFacts
-from llmgw.server.cluster import Cluster, Settings
-from llmgw.server.persist import add_api_key, flush
-from llmgw.server.standby import StandbyView
-from llmgw.server.store_pg import open_pg_store
+from llmgw.server.ha.standby import StandbyView
+from llmgw.server.persist.cluster import add_api_key, flush
+from llmgw.server.persist.postgres import open_pg_store
+from llmgw.server.reconciler import reconcile
+from llmgw.server.state.cluster import ClusterState, Settings
 from llmgw.testing.fakes import make_gpus
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.wire import SyncRequest
@@ -47,9 +48,9 @@ models:
 """
 
 
-def fleet(size: int, engines: dict) -> Cluster:
+def fleet(size: int, engines: dict) -> ClusterState:
     """A cluster of ``size`` nodes with two replicas per node, placed."""
-    cluster = Cluster(Settings())
+    cluster = ClusterState(Settings())
     now = time.time()
     for index in range(size):
         node_id = f"node-{index:05d}"
@@ -73,7 +74,7 @@ def fleet(size: int, engines: dict) -> Cluster:
         cluster.sync(request, now)
     text = CATALOG.format(replicas=2 * size)
     cluster.apply_catalog(parse_catalog(text, engines), text, now, "bench")
-    cluster.reconcile(now)
+    reconcile(cluster, now)
     return cluster
 
 

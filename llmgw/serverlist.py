@@ -2,7 +2,7 @@
 
 Agents, gateways and ``ctl`` take a comma-separated list. They talk to one
 server at a time; when it cannot be reached they move to the next, and when
-it answers 503 ``not_leader`` (a standby, see :mod:`llmgw.server.leader`) they
+it answers 503 ``not_leader`` (a standby, see :mod:`llmgw.server.ha.lease`) they
 move to the leader it names in the ``x-llmgw-leader`` header, else to the next.
 A standby answers reads itself (the admin API's, the routes feed) from the
 store, marking them with the ``x-llmgw-standby`` header. A standby that

@@ -81,8 +81,8 @@ class TestPki:
 
         Defaults: ``lost_after`` 30 s, long-polls of 0.5 s; ``changes`` replace any field.
         """
-        from llmgw.server.cluster import Settings
         from llmgw.server.main import ServerConfig
+        from llmgw.server.state.cluster import Settings
 
         fields = dict(
             state_dir=state_dir,

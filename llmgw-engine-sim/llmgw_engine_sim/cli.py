@@ -166,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="fault injection: exit with code 1 once the N-th inference request is answered",
     )
+    add(
+        "--oom-after-requests",
+        type=_positive_int,
+        metavar="N",
+        help="fault injection: once the N-th inference request is answered, log that CUDA ran out of "
+        "memory as vLLM does (torch.OutOfMemoryError) and exit with code 1",
+    )
     add("--disable-log-requests", action="store_true", help="do not log one line per HTTP request")
     add(
         "--log-format",
@@ -277,6 +284,7 @@ async def _rank_zero(args: argparse.Namespace, life: _Lifecycle, nursery: trio.N
         max_num_seqs=args.max_num_seqs,
         hang_after_requests=args.hang_after_requests,
         exit_after_requests=args.exit_after_requests,
+        oom_after_requests=args.oom_after_requests,
         log_requests=not args.disable_log_requests,
         prefill=PrefillOptions.from_args(args),
     )

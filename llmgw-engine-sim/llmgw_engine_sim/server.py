@@ -57,6 +57,7 @@ class ServeOptions:
     tokens_per_second: float = 0.0
     hang_after_requests: int | None = None
     exit_after_requests: int | None = None
+    oom_after_requests: int | None = None
     log_requests: bool = True
     #: generations running at once; the others wait (None: no limit)
     max_num_seqs: int | None = None
@@ -146,6 +147,15 @@ class SimApp:
             log.info('%s:%s "%s %s" %d', host, port, request.method, request.path, response.status)
         return response
 
+    def _out_of_memory(self) -> None:
+        """``--oom-after-requests``: die as vLLM's engine does when CUDA runs out of memory."""
+        log.error("EngineCore encountered a fatal error.")
+        log.error(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.15 GiB of which 1.02 GiB is free."
+        )
+        self._exit(1, f"out of memory (--oom-after-requests {self.options.oom_after_requests})")
+
     async def _route(self, request: Request) -> Response:
         methods = self._routes.get(request.path)
         if methods is None:
@@ -209,6 +219,9 @@ class SimApp:
         if exit_after is not None and number >= exit_after:
             reason = f"exiting after {number} requests (--exit-after-requests {exit_after})"
             after = lambda: self._exit(1, reason)  # noqa: E731
+        oom_after = self.options.oom_after_requests
+        if oom_after is not None and number >= oom_after:
+            after = self._out_of_memory
         try:
             body = request.json()
         except InvalidJSON as exc:

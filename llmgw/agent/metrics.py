@@ -2,8 +2,9 @@
 
 Counted as things happen: ``llmgw_agent_shard_starts_total{model}``,
 ``llmgw_agent_shard_failures_total{model,cause}`` (a shard that exited or
-became unhealthy: the server restarts its replica; cause ``exited``,
-``unhealthy`` or ``hung``) and ``llmgw_agent_canary_results_total{model,result}``
+became unhealthy: the server restarts its replica; cause: the shard's
+:class:`~llmgw.wire.causes.FailureCause`, ``exited``, ``unhealthy``, ``hung``
+or ``oom``) and ``llmgw_agent_canary_results_total{model,result}``
 (each liveness canary: ``ok``, ``busy``, ``failed``, ``hung``).
 
 Read at scrape time: ``llmgw_agent_shards{state}``, ``llmgw_agent_gpus``,
@@ -27,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from llmgw.net.metrics import Health, register_process_collectors
 from llmgw.wire import SHARD_STATES, ObservedShard
+from llmgw.wire.causes import SHARD_CAUSES, FailureCause
 
 __all__ = ["AgentMetrics"]
 
@@ -49,7 +51,7 @@ class AgentMetrics:
         self.failures = Counter(
             "llmgw_agent_shard_failures",
             "Shards that exited or turned unhealthy (their replica is restarted), by model and cause: "
-            "exited, unhealthy, hung.",
+            f"{', '.join(SHARD_CAUSES)}.",
             ["model", "cause"],
             registry=self.registry,
         )
@@ -70,7 +72,7 @@ class AgentMetrics:
         """The agent is about to start ``supervisor``'s shard."""
         model = supervisor.desired.spec.served_name
         self.starts.labels(model).inc()
-        for cause in ("exited", "unhealthy", "hung"):  # at 0 from the start: increase() sees the first
+        for cause in SHARD_CAUSES:  # at 0 from the start: increase() sees the first
             self.failures.labels(model, cause)
         for result in ("ok", "busy", "failed", "hung"):
             self.canaries.labels(model, result)
@@ -82,8 +84,8 @@ class AgentMetrics:
             return
         model = supervisor.desired.spec.served_name
         if after.state in ("exited", "unhealthy") and old not in ("exited", "unhealthy", "stopping"):
-            hung = after.state == "unhealthy" and (after.detail or "").rstrip(")").endswith("hung")
-            self.failures.labels(model, "hung" if hung else after.state).inc()
+            cause = after.cause or FailureCause(after.state)  # an exited or unhealthy shard has a cause
+            self.failures.labels(model, cause).inc()
 
     def canary(self, supervisor: Any, result: str) -> None:
         """One liveness canary on ``supervisor``'s rank 0 ended with ``result``."""

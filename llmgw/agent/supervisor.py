@@ -30,6 +30,7 @@ import attrs
 import httpx
 import trio
 
+from llmgw.agent.causes import log_cause
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.liveness import watch_liveness
 from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
@@ -38,6 +39,7 @@ from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.weights import is_distributable
 from llmgw.wire import DesiredShard, ObservedShard
+from llmgw.wire.causes import FailureCause
 
 __all__ = ["ShardSupervisor", "shard_log_path"]
 
@@ -138,6 +140,10 @@ class ShardSupervisor:
             changes["staged"] = None
         if current == "unhealthy" and new in ("starting", "running", "ready"):
             return  # the server tears an unhealthy shard down; it does not come back
+        if new in ("exited", "unhealthy") and new != current:
+            seen = changes.get("cause") or FailureCause(new)  # exited, unhealthy: a cause of the same name
+            # an engine out of GPU memory fails every way at once: its log says so (a small read)
+            changes["cause"] = log_cause(self.log_path, seen) if self.engine_child is not None else seen
         if new != current:
             changes["since"] = time.time()
         self.observed = attrs.evolve(self.observed, **changes)
@@ -375,7 +381,8 @@ class ShardSupervisor:
                     await trio.sleep(settings.interval)
                     ok, last = await self._probe_once(client, url)
                     failures = 0 if ok else failures + 1
-                self._hung(f"health check failed {failures} times in a row: GET {url}: {last}")
+                problem = f"health check failed {failures} times in a row: GET {url}: {last}"
+                self._hung(problem, FailureCause.UNHEALTHY)
                 checks.cancel_scope.cancel()
 
     async def _liveness(self, client: httpx.AsyncClient, probe: LivenessProbe) -> None:
@@ -391,11 +398,12 @@ class ShardSupervisor:
             outcome=self.on_canary,
         )
 
-    def _hung(self, detail: str) -> None:
-        """Report ``unhealthy``: rank 0 stopped answering. Its stop will not wait the whole grace."""
+    def _hung(self, detail: str, cause: FailureCause = FailureCause.HUNG) -> None:
+        """Report ``unhealthy``: rank 0 stopped answering (its health check, or the liveness canary: hung).
+        Its stop will not wait the whole grace."""
         if self.engine_child is not None:
             self.engine_child.kill_after = HUNG_STOP_GRACE
-        self._update(state="unhealthy", detail=detail)
+        self._update(state="unhealthy", detail=detail, cause=cause)
 
     async def _probe_once(self, client: httpx.AsyncClient, url: str) -> tuple[bool, str]:
         """One GET of the health path, within the health timeout: (passed, what it answered)."""

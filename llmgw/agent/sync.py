@@ -54,6 +54,7 @@ from llmgw.models import NodeFacts
 from llmgw.pki import PkiError, client_ssl_context
 from llmgw.serverlist import NotLeaderAnswer, ServerList, raise_for_standby
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
+from llmgw.wire.causes import FailureCause
 
 __all__ = ["Agent"]
 
@@ -143,6 +144,7 @@ class Agent:
                     state="exited",
                     port=record.get("port"),
                     detail=f"{wire.PREVIOUS_AGENT_EXIT} (pid {record.get('agent_pid')}); it starts again",
+                    cause=FailureCause.PREVIOUS_AGENT,
                     since=time.time(),
                 )
             except (KeyError, TypeError, ValueError):

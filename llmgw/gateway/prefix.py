@@ -30,10 +30,19 @@ import math
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from llmgw.gateway.balancer import Upstream
+
+class Candidate(Protocol):
+    """What choosing reads of a replica (:class:`llmgw.gateway.balancer.Upstream`)."""
+
+    name: str
+    in_flight: int
+    affinity_key: bytes
+
+
+#: the replicas' type: :meth:`PrefixTable.choose` returns one of those it is given
+C = TypeVar("C", bound=Candidate)
 
 __all__ = ["prefix_keys", "prompt_text", "PrefixTable"]
 
@@ -116,7 +125,7 @@ class PrefixTable:
         self.capacity = capacity
         self._where: OrderedDict[bytes, str] = OrderedDict()
 
-    def choose(self, candidates: Sequence[Upstream], keys: Sequence[bytes]) -> Upstream:
+    def choose(self, candidates: Sequence[C], keys: Sequence[bytes]) -> C:
         """The replica for a request whose prompt has ``keys`` (non-empty ``candidates``); remembers it."""
         total = sum(replica.in_flight for replica in candidates)
         bound = math.ceil(self.load_factor * (total + 1) / len(candidates))

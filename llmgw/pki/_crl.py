@@ -10,17 +10,25 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from llmgw.pki._files import IssuedRecord, _write_file
 from llmgw.pki._identity import PkiError, _common_name, _extension, _now, _read_cert
 
-if TYPE_CHECKING:
-    from llmgw.pki._ca import CA
+
+class Signer(Protocol):
+    """What signing a CRL reads of the CA (:class:`llmgw.pki._ca.CA`): its certificate, key and CRL's path."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @property
+    def crl_path(self) -> Path: ...
 
 #: The ``nextUpdate`` of a CRL. The server reads serials and ignores it; OpenSSL-style checkers would not.
 _CRL_DAYS = 365
@@ -109,14 +117,14 @@ class RevocationList:
         return serial in self.serials
 
 
-def _authority_key_id(ca: CA) -> x509.AuthorityKeyIdentifier:
+def _authority_key_id(ca: Signer) -> x509.AuthorityKeyIdentifier:
     ski = _extension(ca.cert, x509.SubjectKeyIdentifier)
     if ski is not None:
         return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
     return x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key())
 
 
-def _write_crl(ca: CA, records: list[IssuedRecord]) -> None:
+def _write_crl(ca: Signer, records: list[IssuedRecord]) -> None:
     """Sign a CRL of every revoked record and put it at ``crl.pem``, numbered one past the last."""
     number = 1
     if ca.crl_path.exists():

@@ -10,11 +10,11 @@ import click
 
 from llmgw.cli import Group, serve_until_signalled
 from llmgw.net.server import parse_listen
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
-from llmgw.server.migrate import migrate_command
-from llmgw.server.store import StoreError
-from llmgw.server.store_pg import check_store_url
+from llmgw.server.persist.migrate import migrate_command
+from llmgw.server.persist.postgres import check_store_url
+from llmgw.server.persist.sqlite import StoreError
+from llmgw.server.state.cluster import Settings
 from llmgw.settings import LogSettings, setting, settings_options
 
 __all__ = ["ServerSettings", "server_command"]

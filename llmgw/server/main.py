@@ -19,14 +19,14 @@ from llmgw.net.metrics import observability_handler, render_registry
 from llmgw.net.server import HttpServer, Limits, Request, Response
 from llmgw.pki import IdentityError, RevocationList, peer_identity, server_ssl_context
 from llmgw.plugins import get_plugin_manager
-from llmgw.server.api import ServerApp
-from llmgw.server.cluster import Settings
-from llmgw.server.leader import NotLeader, lead_when_elected
+from llmgw.server.ha.lease import NotLeader, lead_when_elected
+from llmgw.server.ha.standby import StandbyView
+from llmgw.server.http.api import ServerApp
 from llmgw.server.metrics import ServerMetrics
-from llmgw.server.persist import load_cluster
-from llmgw.server.standby import StandbyView
-from llmgw.server.store import open_store
-from llmgw.server.store_pg import PgStore, open_pg_store
+from llmgw.server.persist.cluster import load_cluster
+from llmgw.server.persist.postgres import PgStore, open_pg_store
+from llmgw.server.persist.sqlite import open_store
+from llmgw.server.state.cluster import Settings
 from llmgw.wire import ErrorDetail, ErrorReply, to_json
 
 __all__ = ["ServerConfig", "ServerError", "serve_server"]

@@ -7,8 +7,9 @@ long-poll wait excluded; its ``_count`` is the sync rate);
 ``llmgw_server_requests_total{endpoint,status}``;
 ``llmgw_server_store_write_duration_seconds`` and
 ``llmgw_server_store_errors_total``; ``llmgw_server_events_total{kind}`` and
-``llmgw_server_replica_failures_total{model,cause}`` (cause: ``hung``,
-``unhealthy``, ``exited``, ``ready_timeout``, ``shard_gone``, ``other``).
+``llmgw_server_replica_failures_total{model,cause}`` (cause: a counted
+:class:`~llmgw.wire.causes.FailureCause`: ``exited``, ``unhealthy``, ``hung``,
+``oom``, ``ready_timeout``, ``shard_gone``, ``other``).
 
 Read from the cluster at scrape time: ``llmgw_server_leader`` (1 while this
 server leads), ``llmgw_server_leader_epoch`` (PostgreSQL),
@@ -37,39 +38,27 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from llmgw.net.metrics import Health, register_process_collectors
-from llmgw.server.records import Event
+from llmgw.server.persist.sqlite import ping
+from llmgw.server.state.records import Event, EventKind, ReplicaState
+from llmgw.server.views.cluster import node_state
+from llmgw.server.views.rollouts import rollout_status
+from llmgw.wire.causes import FailureCause
 
-__all__ = ["ServerMetrics", "failure_cause", "NODE_STATES", "REPLICA_STATES", "ROLLOUT_STATES"]
+__all__ = ["ServerMetrics", "NODE_STATES", "REPLICA_STATES", "ROLLOUT_STATES", "FAILURE_CAUSES"]
 
 #: every state a node is counted in (zeros included, so alerts see a series)
 NODE_STATES = ("ready", "cordoned", "draining", "lost")
 #: every state a replica is counted in
-REPLICA_STATES = ("starting", "staging", "ready", "backoff")
+REPLICA_STATES = (ReplicaState.STARTING, "staging", ReplicaState.READY, ReplicaState.BACKOFF)
 ROLLOUT_STATES = ("done", "rolling", "waiting", "paused")
-FAILURE_CAUSES = ("hung", "unhealthy", "exited", "ready_timeout", "shard_gone", "other")
+#: every cause a replica failure is counted under (zeros included)
+FAILURE_CAUSES = tuple(cause for cause in FailureCause if cause.counted)
 #: seconds a store check in ``/health`` may take before the store counts as not answering
 STORE_CHECK_TIMEOUT = 2.0
 #: a reconciler that has not run for this many ticks is reported stuck by ``/health``
 STUCK_TICKS = 10
 
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-
-
-def failure_cause(message: str) -> str | None:
-    """The cause label of a replica-failure event's message (``failed: ...``); None for other events."""
-    if not message.startswith("failed: "):
-        return None
-    reason = message.removeprefix("failed: ").split("; tearing down", 1)[0]
-    if reason.endswith(": hung") or "hung" in reason.rsplit("(", 1)[-1]:
-        return "hung"
-    if "not ready within" in reason and " unhealthy" not in reason:
-        return "ready_timeout"
-    for cause in ("unhealthy", "exited"):
-        if f" {cause}" in reason:
-            return cause
-    if "is gone from" in reason or "stopped running" in reason:
-        return "shard_gone"
-    return "other"
 
 
 class ServerMetrics:
@@ -114,8 +103,7 @@ class ServerMetrics:
         )
         self.replica_failures = Counter(
             "llmgw_server_replica_failures",
-            "Replica failures (torn down and rebuilt), by model and cause: hung, unhealthy, exited, "
-            "ready_timeout, shard_gone, other.",
+            f"Replica failures (torn down and rebuilt), by model and cause: {', '.join(FAILURE_CAUSES)}.",
             ["model", "cause"],
             registry=r,
         )
@@ -164,10 +152,8 @@ class ServerMetrics:
     def event(self, event: Event, model_of: Callable[[str], str | None]) -> None:
         """An event was recorded: counted by kind, and as a failure when it is a replica's."""
         self.events.labels(event.kind).inc()
-        if event.kind == "replica":
-            cause = failure_cause(event.message)
-            if cause is not None:
-                self.replica_failures.labels(model_of(event.subject) or "(unknown)", cause).inc()
+        if event.kind == EventKind.REPLICA and event.cause is not None and event.cause.counted:
+            self.replica_failures.labels(model_of(event.subject) or "(unknown)", event.cause).inc()
 
     # -- Prometheus' service discovery of engines ---------------------------------------------------
 
@@ -238,7 +224,7 @@ async def _check_store(store: Any) -> str | None:
         return None
     with trio.move_on_after(STORE_CHECK_TIMEOUT):
         try:
-            await store.run(lambda conn: conn.execute("SELECT 1").fetchone())
+            await store.run(ping)
         except Exception as exc:  # any failure of the store is what /health reports
             return f"the store ({store.path}) fails: {str(exc).strip() or type(exc).__name__}"
         return None
@@ -304,7 +290,7 @@ def _node_families(cluster: Any, expiry: GaugeMetricFamily) -> Iterator[Metric]:
     )
     now = time.time()
     for node in cluster.nodes.values():
-        states[cluster.node_state(node)] = states.get(cluster.node_state(node), 0) + 1
+        states[node_state(node)] = states.get(node_state(node), 0) + 1
         age.add_metric([node.node_id], max(0.0, now - node.last_seen))
         if node.cert_not_after:
             expiry.add_metric([node.node_id], node.cert_not_after)
@@ -318,7 +304,7 @@ def _node_families(cluster: Any, expiry: GaugeMetricFamily) -> Iterator[Metric]:
         labels=["node", "state"],
     )
     for node in sorted(cluster.nodes.values(), key=lambda n: n.node_id):
-        current = cluster.node_state(node)
+        current = node_state(node)
         for state in NODE_STATES:
             each.add_metric([node.node_id, state], int(state == current))
     yield each
@@ -375,7 +361,7 @@ def _replica_families(cluster: Any) -> Iterator[Metric]:
         "Each model's rollout: 1 for the state it is in (done, rolling, waiting, paused), 0 for the others.",
         labels=["model", "state"],
     )
-    for status in cluster.rollouts.status(cluster).rollouts:
+    for status in rollout_status(cluster).rollouts:
         for state in ROLLOUT_STATES:
             rollout.add_metric([status.model, state], int(status.state == state))
     yield rollout

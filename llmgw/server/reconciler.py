@@ -1,6 +1,14 @@
-"""The reconciler's loop: when the cluster is reconciled, persisted, and who is woken after.
+"""The reconciler: the controllers run in a fixed order, what changed is persisted, who waits is woken.
 
-Syncs only record what agents report (:meth:`Cluster.sync`); when that
+One pass is :func:`begin` (the nodes controller, the health controller on
+every replica, drains, rollouts, then the placement plan), the schedule, and
+:func:`finish` (the placement applied, the stopping order, the revisions that
+wake long-polls). The controllers decide on the state and change it only
+through its verbs (:class:`~llmgw.server.state.cluster.ClusterState`); none
+imports another: what one needs of another (a rollout's launch for a new
+placement) is passed in here.
+
+Syncs only record what agents report (:meth:`ClusterState.sync`); when that
 matters, they :meth:`Reconciler.request` a run. Requests are coalesced (many
 changes, one run), and the loop also runs on a timer (lost nodes, backoff,
 timeouts). A run judges replicas on the event loop (cheap), computes a
@@ -19,21 +27,115 @@ from typing import Any
 
 import trio
 
-from llmgw.server.cluster import Cluster
-from llmgw.server.persist import restore_changes, take_changes, write_changes
-from llmgw.server.store import Store
+from llmgw.scheduler import ScheduleResult
+from llmgw.server.controllers import placement, stopping
+from llmgw.server.controllers.health.judge import judge
+from llmgw.server.controllers.nodes.drain import drain_moves
+from llmgw.server.controllers.nodes.lost import detect_lost
+from llmgw.server.controllers.rollout.rollouts import launch_for
+from llmgw.server.controllers.rollout.rollouts import step as step_rollouts
+from llmgw.server.persist.cluster import restore_changes, take_changes, write_changes
+from llmgw.server.persist.sqlite import Store
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.views.cluster import desired
+from llmgw.wire import DesiredShard
 
-__all__ = ["Reconciler"]
+__all__ = ["Reconciler", "begin", "finish", "reconcile"]
 
 log = logging.getLogger("llmgw.server")
 
+#: the state's desired shards and ready replicas as :func:`begin` found them, for :func:`finish`
+_Before = tuple[dict[str, tuple[DesiredShard, ...]], frozenset[str]]
+
+
+def reconcile(state: ClusterState, now: float) -> bool:
+    """Move the cluster one step toward the catalog: :func:`begin`, the schedule, :func:`finish`.
+
+    The server runs the three steps itself (the schedule off the event
+    loop); tests and tools call this.
+
+    :returns: whether what some node should run changed (the revision moved).
+    """
+    plan, before = begin(state, now)
+    return bool(finish(state, now, before, plan.run() if plan is not None else None))
+
+
+def begin(state: ClusterState, now: float) -> tuple[placement.SchedulePlan | None, _Before]:
+    """The first half of a pass: the controllers in their order; say whether to schedule.
+
+    Declares lost nodes, judges each replica's current attempt (ready,
+    failed, rebuilt after backoff), advances drains and rollouts. Costs
+    O(nodes + replicas); never schedules.
+
+    :returns: the schedule to run before :func:`finish` (None when nothing the
+        scheduler reads changed, or placing waits for agents to check the
+        catalog's sources), and what :func:`finish` compares with.
+    """
+    before = (desired(state), state.ready_ids())
+    detect_lost(state, now)
+    for record in list(state.replicas.values()):
+        judge(state, record, now)
+    if _waiting_for_sources(state, now):
+        return None, before
+    moves = drain_moves(state, now)
+    rolls = step_rollouts(state, now)
+    return placement.plan(state, now, moves, rolls), before
+
+
+def finish(
+    state: ClusterState, now: float, before: _Before, result: ScheduleResult | None = None
+) -> frozenset[str]:
+    """The second half of a pass: apply the schedule's ``result`` (if any), order the stops, publish.
+
+    Moves the revision when what some node should run changed, and the
+    routes revision when the set of ready replicas changed.
+
+    :returns: the ids of the nodes whose shards changed (their long-polls wake).
+    """
+    if result is not None:
+        placement.apply(state, now, result, launch_for)
+    if result is not None or state.dirty_replicas or state.dirty_nodes or state.dirty_catalog:
+        state.view_version += 1
+    shards_before, ready_before = before
+    held = stopping.hold(shards_before, state.replicas, state.stopping, state.revision, now)
+    for attempt, workers in held.items():
+        state.hold_workers(attempt, workers)
+    for attempt, why in stopping.release(state.stopping, state.nodes, now):
+        state.release_workers(attempt, why, now)
+    state.desired_cache = None
+    after = desired(state)
+    changed = (
+        frozenset(
+            node_id
+            for node_id in shards_before.keys() | after.keys()
+            if shards_before.get(node_id, ()) != after.get(node_id, ())
+        )
+        | state.rollouts.take_stage_changed()
+    )
+    if changed:
+        state.publish(changed)
+    if state.ready_ids() != ready_before:
+        state.routes_revision += 1
+    return changed
+
+
+def _waiting_for_sources(state: ClusterState, now: float) -> bool:
+    """Whether placing should wait: a live node has not yet checked the catalog's sources."""
+    if now - state.catalog_applied_at >= state.settings.source_wait:
+        return False
+    sources = set(state.sources_to_check())
+    return any(
+        not node.lost and node.reported and not sources <= node.checked_sources
+        for node in state.nodes.values()
+    )
+
 
 class Reconciler:
-    """Runs :class:`Cluster`'s reconcile for the server; see the module docstring."""
+    """Runs the reconcile passes for the server; see the module docstring."""
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: ClusterState,
         store: Store,
         *,
         clock: Callable[[], float] = time.time,
@@ -70,7 +172,7 @@ class Reconciler:
         with trio.CancelScope(shield=True):
             began = time.perf_counter()
             now = self.clock()
-            plan = self.cluster.begin(now)
+            plan, before = begin(self.cluster, now)
             result = None
             if plan is not None:
                 started = time.perf_counter()
@@ -81,7 +183,7 @@ class Reconciler:
                     len(plan.placements),
                     (time.perf_counter() - started) * 1000,
                 )
-            changed = self.cluster.finish(now, result)
+            changed = finish(self.cluster, now, before, result)
             await self.save()
             if self.cluster.sources_revision != self._sources_seen:
                 self._sources_seen = self.cluster.sources_revision

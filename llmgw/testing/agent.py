@@ -22,8 +22,8 @@ from llmgw.agent.config import AgentConfig, HealthSettings, SyncSettings
 from llmgw.dev.cluster import program
 from llmgw.engine import Engine
 from llmgw.models import Command, LaunchSpec, Sidecar
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
 from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_for
 from llmgw.wire import DesiredShard

@@ -54,6 +54,7 @@ from llmgw.wire._weights import (
     WeightsEvent,
     WeightsInfo,
 )
+from llmgw.wire.causes import FailureCause, structure_cause
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
@@ -111,6 +112,8 @@ class ObservedShard:
     engine_version: str | None = None
     #: while ``staging``: the copy's bytes present, total and rate (None: not fetching yet)
     staged: StagingProgress | None = None
+    #: once ``exited`` or ``unhealthy``: why (:mod:`llmgw.wire.causes`); None from agents that predate it
+    cause: FailureCause | None = attrs.field(default=None, converter=attrs.converters.optional(FailureCause))
 
     @property
     def key(self) -> str:
@@ -451,6 +454,8 @@ def _make_converter() -> cattrs.Converter:
     made.register_unstructure_hook(
         ErrorDetail, make_dict_unstructure_fn(ErrorDetail, made, problems=override(omit_if_default=True))
     )
+    made.register_unstructure_hook(FailureCause, str)
+    made.register_structure_hook(FailureCause, structure_cause)
     return made
 
 

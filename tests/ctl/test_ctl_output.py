@@ -21,7 +21,7 @@ from llmgw.ctl.cli import ctl
 from llmgw.ctl.options import OUTPUTS
 from llmgw.dev.cluster import program
 from llmgw.models import Fabric, NodeFacts
-from llmgw.server.cluster import Settings
+from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus
 from llmgw.testing.processes import processes, wait_for  # noqa: F401
 from llmgw.testing.server import start_server

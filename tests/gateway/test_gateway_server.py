@@ -16,8 +16,8 @@ import trio
 from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus
 from llmgw.testing.gateway import start_gateway, start_sim, wait_healthy
 from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401

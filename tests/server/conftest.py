@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from llmgw.server.store import open_store
+from llmgw.server.persist.sqlite import open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -19,7 +19,7 @@ def open_test_store(request: pytest.FixtureRequest, tmp_path) -> Callable:
         opener = lambda: open_store(tmp_path / "state")  # noqa: E731
         opener.url = None
     else:
-        from llmgw.server.store_pg import open_pg_store
+        from llmgw.server.persist.postgres import open_pg_store
 
         url = request.getfixturevalue("pg_url")
         opener = lambda: open_pg_store(url)  # noqa: E731

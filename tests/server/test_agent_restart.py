@@ -6,8 +6,10 @@ import attrs
 from test_cluster import Harness  # the reconciler's step-by-step harness
 from test_rollout import Rollout, started, text
 
-from llmgw.server.rollout import FAILURES_TO_PAUSE
+from llmgw.server.controllers.rollout.rollouts import FAILURES_TO_PAUSE
+from llmgw.server.views import cluster as views
 from llmgw.wire import PREVIOUS_AGENT_EXIT, SyncRequest
+from llmgw.wire.causes import FailureCause
 
 
 class Agents:
@@ -42,11 +44,12 @@ class Agents:
         self.revisions[node_id] = 0
         for key, shard in self.states[node_id].items():
             detail = f"{PREVIOUS_AGENT_EXIT} (pid 1); it starts again"
-            self.states[node_id][key] = attrs.evolve(shard, state="exited", detail=detail)
+            cause = FailureCause.PREVIOUS_AGENT
+            self.states[node_id][key] = attrs.evolve(shard, state="exited", detail=detail, cause=cause)
         self.sync(node_id)
 
 
-class Cluster(Agents, Harness):
+class ClusterState(Agents, Harness):
     pass
 
 
@@ -54,9 +57,9 @@ class RollingCluster(Agents, Rollout):
     pass
 
 
-def two_models() -> Cluster:
+def two_models() -> ClusterState:
     """node-1 and node-2 on one fabric: small-0 and the two-node big-0, both ready."""
-    h = Cluster()
+    h = ClusterState()
     h.join("node-1", fabric="ib-a")
     h.join("node-2", fabric="ib-a")
     h.apply(big=1)
@@ -83,7 +86,7 @@ def test_a_leaving_agent_starts_its_replicas_again_without_a_failure():
     h.leave(worker)
     assert big.state == "starting" and big.attempt != attempt
     assert big.reason == f"the agent of {worker} is stopping"
-    assert "big" not in h.cluster.route_table().routes
+    assert "big" not in views.route_table(h.cluster).routes
     events = [f"{e.subject}: {e.message}" for e in h.cluster.event_log.take()]
     assert f"big-0: starting again: the agent of {worker} is stopping (not counted as a failure)" in events
     assert any(e.startswith(f"{worker}: its agent is stopping on purpose") for e in events), events

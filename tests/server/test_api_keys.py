@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
-from llmgw.server.persist import add_api_key
+from llmgw.server.persist.cluster import add_api_key
 from llmgw.testing.server import start_server
 
 #: a key an older llmgw accepted (``$`` matched before the trailing newline)

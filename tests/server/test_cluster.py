@@ -8,10 +8,12 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, Fabric, NodeFacts
-from llmgw.server import persist
-from llmgw.server.cluster import Cluster, Settings
-from llmgw.server.persist import flush, load_cluster
-from llmgw.server.store import open_store
+from llmgw.server.persist import cluster as persist
+from llmgw.server.persist.cluster import flush, load_cluster
+from llmgw.server.persist.sqlite import open_store
+from llmgw.server.reconciler import begin, finish, reconcile
+from llmgw.server.state.cluster import ClusterState, Settings
+from llmgw.server.views import cluster as views
 from llmgw.wire import ObservedShard, Route, SyncRequest
 
 ENGINES = {"sim": SimEngine()}
@@ -53,7 +55,7 @@ class Harness:
     """A cluster plus agents that report whatever the test says their shards do."""
 
     def __init__(self) -> None:
-        self.cluster = Cluster(Settings(lost_after=30, backoff_base=2))
+        self.cluster = ClusterState(Settings(lost_after=30, backoff_base=2))
         self.now = 1000.0
         self.states: dict[str, dict[str, ObservedShard]] = {}
         self.revisions: dict[str, int] = {}
@@ -70,7 +72,7 @@ class Harness:
     def apply(self, big: int = 0) -> None:
         text = CATALOG.format(big=big)
         self.cluster.apply_catalog(parse_catalog(text, ENGINES), text, self.now)
-        self.cluster.reconcile(self.now)
+        reconcile(self.cluster, self.now)
         self.sync_all()
 
     def facts_of(self, node_id: str) -> NodeFacts:
@@ -89,8 +91,8 @@ class Harness:
             checked_sources=self.cluster.sources_to_check(),
         )
         self.cluster.sync(request, self.now)
-        self.cluster.reconcile(self.now)
-        desired = {s.key: s for s in self.cluster.desired_for(node_id)}
+        reconcile(self.cluster, self.now)
+        desired = {s.key: s for s in views.desired_for(self.cluster, node_id)}
         for key in list(self.states[node_id]):
             if key not in desired:
                 del self.states[node_id][key]
@@ -126,12 +128,12 @@ def test_places_and_becomes_ready():
     record = h.cluster.replicas["small-0"]
     node = record.placement.rank0.node_id
     h.sync_all()
-    assert [s.replica_id for s in h.cluster.desired_for(node)] == ["small-0"]
+    assert [s.replica_id for s in views.desired_for(h.cluster, node)] == ["small-0"]
     assert record.state == "starting"
     h.set_state(node, "small-0", "ready")
     h.sync(node)
     assert record.state == "ready"
-    assert h.cluster.route_table().routes["small"] == (
+    assert views.route_table(h.cluster).routes["small"] == (
         Route("small-0", f"http://{h._addresses[node]}:{record.placement.rank0.port}"),
     )
 
@@ -149,15 +151,15 @@ def test_exited_shard_tears_down_and_rebuilds_with_backoff():
     h.sync("node-1")
     assert record.state == "backoff" and record.failures == 1
     assert "exited with code 1: CUDA error" in record.reason
-    assert h.cluster.desired_for("node-1") == ()
-    assert "small" not in h.cluster.route_table().routes
+    assert views.desired_for(h.cluster, "node-1") == ()
+    assert "small" not in views.route_table(h.cluster).routes
     h.now += 1
     h.sync("node-1")
     assert record.state == "backoff", "rebuilt before the backoff passed"
     h.now += 1.5
     h.sync("node-1")
     assert record.state == "starting" and record.attempt != first_attempt
-    assert [s.attempt for s in h.cluster.desired_for("node-1")] == [record.attempt]
+    assert [s.attempt for s in views.desired_for(h.cluster, "node-1")] == [record.attempt]
 
 
 def test_backoff_grows_while_it_keeps_failing():
@@ -190,7 +192,7 @@ def test_multi_node_replica_on_one_fabric_with_its_adapters():
     record = h.cluster.replicas["big-0"]
     assert sorted(record.placement.node_ids) == ["a1", "a2"]
     rank0, rank1 = record.placement.shards
-    shards = {n: {s.rank: s for s in h.cluster.desired_for(n)} for n in ("a1", "a2")}
+    shards = {n: {s.rank: s for s in views.desired_for(h.cluster, n)} for n in ("a1", "a2")}
     spec0 = shards[rank0.node_id][0].spec
     spec1 = shards[rank1.node_id][1].spec
     assert (
@@ -244,9 +246,9 @@ def test_drain_keeps_the_ready_count():
     h.run_all("small-0")
     source = h.cluster.replicas["small-0"].placement.rank0.node_id
     h.cluster.set_cordon(source, True, h.now, drain=True)
-    h.cluster.reconcile(h.now)
+    reconcile(h.cluster, h.now)
     h.sync_all()
-    ready = lambda: len(h.cluster.route_table().routes.get("small", ()))  # noqa: E731
+    ready = lambda: len(views.route_table(h.cluster).routes.get("small", ()))  # noqa: E731
     assert ready() == 1
     replacement = next(r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0")
     assert source not in replacement.placement.node_ids
@@ -258,7 +260,7 @@ def test_drain_keeps_the_ready_count():
     assert "small-0" not in h.cluster.replicas
     assert not any(source in r.placement.node_ids for r in h.cluster.replicas.values())
     assert h.cluster.nodes[source].cordoned and not h.cluster.nodes[source].draining
-    assert h.cluster.desired_for(source) == ()
+    assert views.desired_for(h.cluster, source) == ()
 
 
 async def test_state_survives_a_restart(open_test_store):
@@ -277,9 +279,9 @@ async def test_state_survives_a_restart(open_test_store):
     assert loaded.replicas["small-0"].placement == h.cluster.replicas["small-0"].placement
     assert loaded.replicas["small-0"].attempt == h.cluster.replicas["small-0"].attempt
     assert loaded.revision > h.cluster.revision - 1
-    loaded.reconcile(later)
+    reconcile(loaded, later)
     assert not loaded.nodes["node-1"].lost
-    assert loaded.desired_for("node-1") == h.cluster.desired_for("node-1")
+    assert views.desired_for(loaded, "node-1") == views.desired_for(h.cluster, "node-1")
 
 
 async def test_events_are_bounded_to_the_newest(open_test_store, monkeypatch):
@@ -306,7 +308,7 @@ async def test_state_dir_from_schema_2_is_migrated_and_loads(tmp_path):
     import json
     import sqlite3
 
-    from llmgw.server.store import MIGRATIONS, schema_version
+    from llmgw.server.persist.sqlite import MIGRATIONS, schema_version
     from llmgw.wire import to_json
 
     text = CATALOG.format(big=0)
@@ -353,7 +355,7 @@ def test_placement_waits_until_every_node_checked_the_sources():
     h.join("node-2")
     text = CATALOG.format(big=0).replace("profile: one", "profile: one\n    replicas: 2")
     h.cluster.apply_catalog(parse_catalog(text, ENGINES), text, h.now)
-    h.cluster.reconcile(h.now)
+    reconcile(h.cluster, h.now)
     assert h.cluster.replicas == {}, "placed before the nodes were asked about the sources"
     h.sync("node-1")
     assert h.cluster.replicas == {}, "placed before node-2 answered"
@@ -401,7 +403,8 @@ def test_worker_failure_takes_down_every_shard(state):
     worker = h.cluster.replicas["big-0"].placement.shards[1].node_id
     h.set_state(worker, "big-0", state)
     h.sync(worker)
-    assert all(not any(s.replica_id == "big-0" for s in h.cluster.desired_for(n)) for n in ("a1", "a2"))
+    shards = [s for n in ("a1", "a2") for s in views.desired_for(h.cluster, n)]
+    assert not any(s.replica_id == "big-0" for s in shards)
 
 
 def test_a_heartbeat_asks_for_no_reconcile_and_steady_state_schedules_nothing():
@@ -420,8 +423,9 @@ def test_a_heartbeat_asks_for_no_reconcile_and_steady_state_schedules_nothing():
         checked_sources=h.cluster.sources_to_check(),
     )
     assert h.cluster.sync(request, h.now + 1) is False, "a plain heartbeat asked for a reconcile"
-    assert h.cluster.begin(h.now + 1) is None, "nothing changed, yet the reconciler would schedule"
-    assert h.cluster.finish(h.now + 1) == frozenset()
+    plan, before = begin(h.cluster, h.now + 1)
+    assert plan is None, "nothing changed, yet the reconciler would schedule"
+    assert finish(h.cluster, h.now + 1, before) == frozenset()
     gpus = [attrs.evolve(g, memory_free_mib=1) for g in facts("node-1").gpus]
     fresher = attrs.evolve(facts("node-1"), gpus=gpus)
     assert h.cluster.sync(attrs.evolve(request, facts=fresher), h.now + 2) is False, "free memory moved"
@@ -431,7 +435,7 @@ def test_a_heartbeat_asks_for_no_reconcile_and_steady_state_schedules_nothing():
 
 def test_repeated_refusals_are_one_event_with_a_count():
     """A node retrying a refused sync every 30 s makes one event per 10 minutes, saying how many it folds."""
-    cluster = Cluster()
+    cluster = ClusterState()
     for second in range(0, 1200, 30):
         message = "sync refused: certificate is for 'node-1'"
         cluster.record_event(1000.0 + second, "refusal", "node-9", message)
@@ -449,7 +453,7 @@ async def test_events_older_than_the_retention_are_deleted(open_test_store):
     """Events past persist.MAX_EVENT_AGE are deleted at the next flush that stores an event."""
     store = open_test_store()
     try:
-        cluster = Cluster()
+        cluster = ClusterState()
         cluster.record_event(1000.0, "node", "node-1", "old")
         await store.write(lambda conn: flush(conn, cluster, 1000.0))
         later = 1000.0 + persist.MAX_EVENT_AGE + 1
@@ -467,9 +471,9 @@ def test_profile_timings_reach_the_agent_and_the_ready_deadline():
         "gpus_per_node: 2", "gpus_per_node: 2\n    ready_timeout: 90\n    stop_grace: 7"
     )
     h.cluster.apply_catalog(parse_catalog(text, ENGINES), text, h.now)
-    h.cluster.reconcile(h.now)
+    reconcile(h.cluster, h.now)
     h.sync_all()
-    [shard] = h.cluster.desired_for("node-1")
+    [shard] = views.desired_for(h.cluster, "node-1")
     assert (shard.ready_timeout, shard.stop_grace) == (90.0, 7.0)
     h.now += 89
     h.sync_all()
@@ -485,5 +489,5 @@ def test_profile_without_timings_gets_the_defaults():
     h = Harness()
     h.join("node-1")
     h.apply()
-    [shard] = h.cluster.desired_for("node-1")
+    [shard] = views.desired_for(h.cluster, "node-1")
     assert (shard.ready_timeout, shard.stop_grace) == (600.0, 30.0)

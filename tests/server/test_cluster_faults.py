@@ -11,7 +11,9 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import GPU, NodeFacts
-from llmgw.server.cluster import Cluster, Settings
+from llmgw.server.reconciler import reconcile
+from llmgw.server.state.cluster import ClusterState, Settings
+from llmgw.server.views import cluster as views
 from llmgw.wire import ObservedShard, SyncRequest
 
 CATALOG = """
@@ -32,7 +34,7 @@ class Fleet:
     """A cluster and ``count`` nodes whose agents sync when the test says, running what they are told."""
 
     def __init__(self, count: int, replicas: int = 0, **settings) -> None:
-        self.cluster = Cluster(Settings(lost_after=LOST_AFTER, **settings))
+        self.cluster = ClusterState(Settings(lost_after=LOST_AFTER, **settings))
         self.now = 1000.0
         self.ids = [f"node-{i}" for i in range(1, count + 1)]
         for node_id in self.ids:
@@ -54,9 +56,8 @@ class Fleet:
             engines={"sim": "0"},
             model_sources=["/models/small"],
         )
-        observed = [
-            ObservedShard(s.replica_id, s.attempt, s.rank, "ready") for s in self.cluster.desired_for(node_id)
-        ]
+        desired = views.desired_for(self.cluster, node_id)
+        observed = [ObservedShard(s.replica_id, s.attempt, s.rank, "ready") for s in desired]
         request = SyncRequest(
             node_id=node_id,
             address=f"127.0.0.{self.ids.index(node_id) + 10}",
@@ -67,7 +68,7 @@ class Fleet:
             checked_sources=("/models/small",),
         )
         self.cluster.sync(request, self.now)
-        self.cluster.reconcile(self.now)
+        reconcile(self.cluster, self.now)
 
     def sync_all(self, except_: tuple[str, ...] = ()) -> None:
         for node_id in self.ids:
@@ -80,7 +81,7 @@ class Fleet:
             self.now += 1
             if int(self.now) % 5 == 0:
                 self.sync_all(except_=silent)
-            self.cluster.reconcile(self.now)
+            reconcile(self.cluster, self.now)
 
     def lost(self) -> list[str]:
         return sorted(n for n, node in self.cluster.nodes.items() if node.lost)
@@ -113,7 +114,7 @@ def test_two_of_four_silent_together_are_spared_with_one_event():
         "`llmgw ctl nodes lost NODE...` declares one lost"
     ]
     assert fleet.cluster.spared == {"node-1", "node-2"}
-    status = {n.node_id: n for n in fleet.cluster.node_list(fleet.now).nodes}
+    status = {n.node_id: n for n in views.node_list(fleet.cluster, fleet.now).nodes}
     assert status["node-1"].state == "ready" and status["node-1"].warnings[-1].startswith(
         "no sync for 600 s, not declared lost: many nodes stopped syncing at once (ctl events); "
         "`llmgw ctl nodes lost node-1` if it is gone"
@@ -165,7 +166,7 @@ def test_operator_declares_one_spared_node_lost_and_the_other_stays_spared():
     fleet = Fleet(4, replicas=4)
     fleet.pass_time(60, silent=("node-1", "node-2"))
     assert fleet.cluster.fence_node("node-1", "declared lost by ops", fleet.now)
-    fleet.cluster.reconcile(fleet.now)
+    reconcile(fleet.cluster, fleet.now)
     fleet.pass_time(120, silent=("node-1", "node-2"))
     assert fleet.lost() == ["node-1"]
     assert all("node-1" not in r.placement.node_ids for r in fleet.cluster.replicas.values())
@@ -199,11 +200,11 @@ class TestFencing:
         fleet.cluster.take_events()
         assert fleet.cluster.fence_node(node_id, "its certificate 1f is revoked", fleet.now)
         assert not fleet.cluster.fence_node(node_id, "again", fleet.now)
-        fleet.cluster.reconcile(fleet.now)
+        reconcile(fleet.cluster, fleet.now)
         assert fleet.lost() == [node_id]
         replica = fleet.cluster.replicas["small-0"]
         assert replica.placement.rank0.node_id != node_id and replica.state == "starting"
-        assert fleet.cluster.route_table().routes == {}
+        assert views.route_table(fleet.cluster).routes == {}
         assert [m for m in fleet.events("node") if m.startswith("lost")] == [
             "lost at once: its certificate 1f is revoked; its replicas are rebuilt elsewhere"
         ]

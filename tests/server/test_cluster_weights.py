@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from llmgw.models import ModelCopy
-from llmgw.server.cluster import Cluster, Settings
+from llmgw.server.state.cluster import ClusterState, Settings
 from llmgw.wire import SyncRequest
 from tests.server.test_cluster import Harness, facts
 
@@ -23,7 +23,7 @@ def request(copy: ModelCopy | None, sources: tuple[str, ...] = (), free: int = 1
 
 def test_copy_progress_is_not_a_placement_fact():
     """Bytes fetched, last use and free bytes change the stored facts but ask for no schedule."""
-    cluster = Cluster(Settings())
+    cluster = ClusterState(Settings())
     copy = ModelCopy("d" * 64, "seed:///m", 10, 100)
     cluster.sync(request(copy), 1000.0)
     cluster.schedule_wanted = False

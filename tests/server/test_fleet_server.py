@@ -20,8 +20,9 @@ import trio
 from llmgw_engine_sim import SimEngine
 
 import llmgw.server.main
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig, serve_server
+from llmgw.server.reconciler import reconcile
+from llmgw.server.state.cluster import Settings
 from llmgw.testing.processes import free_port, processes, wait_until  # noqa: F401
 from llmgw.wire import SyncReply, from_json
 from tests.server.test_server_api import CATALOG, client, sync_body
@@ -249,18 +250,18 @@ async def test_the_server_answers_starting_while_it_loads(nursery, test_pki, tmp
 async def test_a_server_restarted_on_a_large_state_answers_ctl(tmp_path, test_pki, processes, llmgw_exe):  # noqa: F811
     """1,000 nodes and 2,000 replicas in state.db: a new server process lists them all to ctl."""
     from llmgw.catalog import parse_catalog
-    from llmgw.server.cluster import Cluster
-    from llmgw.server.persist import flush
-    from llmgw.server.store import open_store
+    from llmgw.server.persist.cluster import flush
+    from llmgw.server.persist.sqlite import open_store
+    from llmgw.server.state.cluster import ClusterState
     from llmgw.wire import SyncRequest
 
-    cluster = Cluster()
+    cluster = ClusterState()
     for number in range(1000):
         body = sync_body(f"node-{number:04}")
         cluster.sync(from_json({**body, "checked_sources": ["tiny/model"]}, SyncRequest), 1000.0)
     catalog = CATALOG.replace("profile: one", "profile: one\n    replicas: 2000")
     cluster.apply_catalog(parse_catalog(catalog, {"sim": SimEngine()}), catalog, 1000.0)
-    cluster.reconcile(1000.0 + 11)  # past the wait for sources, before lost-after
+    reconcile(cluster, 1000.0 + 11)  # past the wait for sources, before lost-after
     assert len(cluster.replicas) == 2000
     store = open_store(tmp_path / "state")
     try:

@@ -56,9 +56,9 @@ async def test_a_lease_not_renewed_goes_to_the_next_node(server, test_pki, monke
     """node-1 stops renewing (its agent died): once the lease ran out, node-2 gets the download."""
     import trio
 
-    import llmgw.server.manifests
+    import llmgw.server.http.weights
 
-    monkeypatch.setattr(llmgw.server.manifests, "HUB_LEASE", 0.3)
+    monkeypatch.setattr(llmgw.server.http.weights, "HUB_LEASE", 0.3)
     async with client(test_pki, "node", "node-1") as one, client(test_pki, "node", "node-2") as two:
         for http, node in ((one, "node-1"), (two, "node-2")):
             assert (await http.post(f"{server}/v1/agent/sync", json=sync_body(node))).status_code == 200

@@ -7,9 +7,9 @@ import time
 import pytest
 import trio
 
-from llmgw.server.leader import Lease, LostLease, NotLeader
-from llmgw.server.store import Store, StoreError
-from llmgw.server.store_pg import open_pg_store
+from llmgw.server.ha.lease import Lease, LostLease, NotLeader
+from llmgw.server.persist.postgres import open_pg_store
+from llmgw.server.persist.sqlite import Store, StoreError
 
 
 @pytest.fixture

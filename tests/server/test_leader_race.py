@@ -21,9 +21,9 @@ import trio
 
 from llmgw import pki
 from llmgw.dev.cluster import LocalCluster
-from llmgw.server.leader import Lease, NotLeader
-from llmgw.server.store import Store
-from llmgw.server.store_pg import open_pg_store
+from llmgw.server.ha.lease import Lease, NotLeader
+from llmgw.server.persist.postgres import open_pg_store
+from llmgw.server.persist.sqlite import Store
 from llmgw.testing.postgres import PostgresCluster
 from llmgw.testing.processes import free_port
 

@@ -12,7 +12,7 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
 from llmgw.models import NodeFacts
-from llmgw.server.cluster import Settings
+from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus
 from llmgw.testing.server import start_server
 from llmgw.wire import SyncRequest, to_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from llmgw.server.leader import LeaderInfo, Lease, not_leader_reply
+from llmgw.server.ha.lease import LeaderInfo, Lease, not_leader_reply
 
 
 def unconnected(address: str) -> Lease:

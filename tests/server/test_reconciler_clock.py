@@ -16,9 +16,9 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
 from llmgw.net.server import Request
-from llmgw.server.api import ServerApp
-from llmgw.server.cluster import Cluster, Settings
-from llmgw.server.store import open_store
+from llmgw.server.http.api import ServerApp
+from llmgw.server.persist.sqlite import open_store
+from llmgw.server.state.cluster import ClusterState, Settings
 from llmgw.testing import make_gpus
 from llmgw.testing.processes import wait_for
 from llmgw.wire import SyncRequest, to_json
@@ -43,7 +43,7 @@ async def app(tmp_path):
     """A server app on a fresh store, its reconciler ticking every second of trio time."""
     store = open_store(tmp_path / "state")
     app = ServerApp(
-        Cluster(Settings(lost_after=LOST_AFTER)),
+        ClusterState(Settings(lost_after=LOST_AFTER)),
         store,
         {"sim": SimEngine()},
         poll_timeout=POLL_TIMEOUT,

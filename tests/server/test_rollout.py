@@ -6,11 +6,15 @@ import pytest
 from llmgw_engine_sim import SimEngine
 from test_cluster import Harness  # the reconciler's step-by-step harness
 
+import llmgw.server.reconciler
 from llmgw.catalog import parse_catalog
 from llmgw.errors import CatalogError
-from llmgw.server.persist import flush, load_cluster
-from llmgw.server.rollout import FAILURES_TO_PAUSE, undo_refusal
-from llmgw.server.store import open_store
+from llmgw.server.controllers.rollout.rollouts import FAILURES_TO_PAUSE, undo_refusal
+from llmgw.server.persist.cluster import flush, load_cluster
+from llmgw.server.persist.sqlite import open_store
+from llmgw.server.reconciler import reconcile
+from llmgw.server.views import cluster as views
+from llmgw.server.views.rollouts import rollout_status
 
 ENGINES = {"sim": SimEngine()}
 CATALOG = """
@@ -42,22 +46,22 @@ class Rollout(Harness):
 
     def apply_text(self, catalog: str) -> None:
         self.cluster.apply_catalog(parse_catalog(catalog, ENGINES), catalog, self.now)
-        self.cluster.reconcile(self.now)
+        reconcile(self.cluster, self.now)
         self.sync_all()
 
     def args_of(self, replica_id: str) -> tuple[str, ...]:
         """The extra args the replica's shards are told to run with."""
         node = self.cluster.replicas[replica_id].placement.rank0.node_id
-        shard = next(s for s in self.cluster.desired_for(node) if s.replica_id == replica_id)
+        shard = next(s for s in views.desired_for(self.cluster, node) if s.replica_id == replica_id)
         return shard.spec.extra_args
 
     def ready_ids(self) -> list[str]:
         return sorted(
-            r for routes in self.cluster.route_table().routes.values() for r in [x.replica for x in routes]
+            r.replica for routes in views.route_table(self.cluster).routes.values() for r in routes
         )
 
     def status(self, model: str = "small"):
-        return self.cluster.rollouts.status(self.cluster, model).rollouts[0]
+        return rollout_status(self.cluster, model).rollouts[0]
 
     def run_everything(self) -> None:
         for replica_id, record in list(self.cluster.replicas.items()):
@@ -79,12 +83,13 @@ def started(nodes: int = 2, cls: type[Rollout] = Rollout, **catalog) -> Rollout:
     return h
 
 
-def test_a_changed_command_leaves_replicas_outdated_running_what_they_started_with():
+def test_a_changed_command_leaves_replicas_outdated_running_what_they_started_with(monkeypatch):
     """New args: the running replicas are outdated (ctl replicas says so) and still told their old args."""
     h = started()
-    h.cluster.rollouts.step = lambda cluster, now: []  # look before any replacement starts
+    # look before any replacement starts
+    monkeypatch.setattr(llmgw.server.reconciler, "step_rollouts", lambda cluster, now: [])
     h.apply_text(text(args='["--max-tokens", "64"]'))
-    listed = {r.id: r.outdated for r in h.cluster.replica_list().replicas}
+    listed = {r.id: r.outdated for r in views.replica_list(h.cluster).replicas}
     assert listed == {"big-0": False, "small-0": True, "small-1": True}
     assert h.args_of("small-0") == () and h.args_of("small-1") == ()
 
@@ -93,7 +98,7 @@ def test_a_timing_change_leaves_nothing_outdated():
     """stop_grace is not part of the command: nothing is outdated, nothing is replaced."""
     h = started()
     h.apply_text(text().replace("gpus_per_node: 2", "gpus_per_node: 2\n    stop_grace: 5"))
-    assert not any(r.outdated for r in h.cluster.replica_list().replicas)
+    assert not any(r.outdated for r in views.replica_list(h.cluster).replicas)
     assert sorted(h.cluster.replicas) == ["big-0", "small-0", "small-1"]
     assert h.status().state == "done"
 
@@ -173,7 +178,7 @@ def test_failing_replacements_pause_the_rollout_and_say_what_failed():
     assert "node-" in status.failure and "code 2" in status.failure and "--bogus" in status.failure
     assert "ctl rollout undo small" in status.reason
     assert sorted(h.cluster.replicas) == ["big-0", "small-0", "small-1"]
-    assert all(not any(s.replica_id == "small-2" for s in h.cluster.desired_for(n)) for n in h.states)
+    assert all(not any(s.replica_id == "small-2" for s in views.desired_for(h.cluster, n)) for n in h.states)
     assert h.ready_ids() == ["big-0", "small-0", "small-1"]
     for _ in range(5):
         h.now += 20
@@ -197,7 +202,7 @@ def test_launches_and_paused_rollouts_survive_a_restart(tmp_path):
     loaded = load_cluster(store._conn, h.cluster.settings, ENGINES, h.now)
     assert loaded.replicas["small-0"].launch.profile.args == ()
     assert loaded.is_outdated(loaded.replicas["small-0"])
-    assert loaded.rollouts.status(loaded, "small").rollouts[0].state == "paused"
+    assert rollout_status(loaded, "small").rollouts[0].state == "paused"
     assert loaded.rollouts.rolling == {"small"}  # no second "started" event after a restart
     # a row stored before launches were recorded runs the catalog in force
     store._conn.execute("UPDATE replicas SET launch = NULL")
@@ -271,12 +276,14 @@ def test_a_two_node_replica_is_rolled_and_its_original_stops_rank_0_first():
     h.events()
     h.run_all("big-1")  # ready: the original is retired
     assert sorted(h.cluster.replicas) == ["big-1"] and h.ready_ids() == ["big-1"]
-    old = {n: [(s.rank, s.stop_after_rank0) for s in h.cluster.desired_for(n) if s.replica_id == "big-0"]
-           for n in h.states}  # fmt: skip
+    old = {
+        n: [(s.rank, s.stop_after_rank0) for s in views.desired_for(h.cluster, n) if s.replica_id == "big-0"]
+        for n in h.states
+    }
     assert sorted(old.values()) == [[], [(1, True)]]  # rank 0 stops; its worker is held meanwhile
     h.sync_all()
     h.sync_all()
-    assert not any(s.replica_id == "big-0" for n in h.states for s in h.cluster.desired_for(n))
+    assert not any(s.replica_id == "big-0" for n in h.states for s in views.desired_for(h.cluster, n))
     assert h.status("big").state == "done"
     events = [e for e in h.events() if e.startswith("big-0:")]
     assert events[0] == "big-0: replaced: big-1 is ready, stopping the original"
@@ -328,7 +335,7 @@ def test_a_drain_while_paused_moves_replicas_on_their_own_command():
     assert h.status().state == "paused"
     node = h.cluster.replicas["small-0"].placement.rank0.node_id
     h.cluster.set_cordon(node, True, h.now, drain=True)
-    h.cluster.reconcile(h.now)
+    reconcile(h.cluster, h.now)
     h.sync_all()
     [moved] = [r for r in h.cluster.replicas.values() if r.placement.replaces == "small-0"]
     assert h.args_of(moved.id) == () and h.cluster.is_outdated(moved)  # not the failing --bogus

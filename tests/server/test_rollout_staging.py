@@ -8,7 +8,10 @@ from test_cluster import Harness, facts  # the reconciler's step-by-step harness
 
 from llmgw.catalog import parse_catalog
 from llmgw.models import ModelCopy, NodeFacts
-from llmgw.server.models_view import model_list
+from llmgw.server.reconciler import reconcile
+from llmgw.server.views import cluster as views
+from llmgw.server.views.models import model_list
+from llmgw.server.views.rollouts import rollout_status
 from llmgw.weights import Manifest, ManifestFile
 from llmgw.wire import StagingProgress
 
@@ -54,7 +57,7 @@ class Weights(Harness):
     def apply_source(self, source: str) -> None:
         text = CATALOG.format(source=source)
         self.cluster.apply_catalog(parse_catalog(text, ENGINES), text, self.now)
-        self.cluster.reconcile(self.now)
+        reconcile(self.cluster, self.now)
         self.sync_all()
 
     def source_of(self, replica_id: str) -> str:
@@ -95,11 +98,11 @@ def test_a_staging_replica_shows_staging_with_bytes_rate_and_eta():
     progress = StagingProgress(GB, 4 * GB, 100e6)
     h.set_state("node-1", on_1, "staging", detail="fetching 25% (1000 of 4000 MB, 100 MB/s)", staged=progress)
     h.sync_all()
-    status = next(r for r in h.cluster.replica_list().replicas if r.id == on_1)
+    status = next(r for r in views.replica_list(h.cluster).replicas if r.id == on_1)
     assert status.state == "staging" and status.staging == progress and status.eta == 30.0
     h.set_state("node-1", on_1, "starting", detail=None, staged=None)
     h.sync_all()
-    assert next(r for r in h.cluster.replica_list().replicas if r.id == on_1).state == "starting"
+    assert next(r for r in views.replica_list(h.cluster).replicas if r.id == on_1).state == "starting"
 
 
 def test_a_rollout_to_new_weights_copies_them_before_it_restarts_anything():
@@ -109,14 +112,14 @@ def test_a_rollout_to_new_weights_copies_them_before_it_restarts_anything():
     h.apply_source(NEW)
     assert h.cluster.rollouts.stage_sources() == {"node-1": (NEW,), "node-2": (NEW,)}
     assert all(r.state == "ready" and h.source_of(r.id) == OLD for r in h.cluster.replicas.values())
-    status = h.cluster.rollouts.status(h.cluster, "chat").rollouts[0]
+    status = rollout_status(h.cluster, "chat").rollouts[0]
     assert status.state == "staging" and "node-1 0%, node-2 0%" in status.reason, status.reason
 
     partial = ModelCopy("b" * 64, NEW, GB // 2, GB)
     h.set_weights("node-2", free=10 * GB, sources=(OLD,), copies=(OLD_COPY, partial))
     h.now += 1
     h.sync_all()
-    assert "node-2 50%" in h.cluster.rollouts.status(h.cluster, "chat").rollouts[0].reason
+    assert "node-2 50%" in rollout_status(h.cluster, "chat").rollouts[0].reason
     assert all(r.state == "ready" for r in h.cluster.replicas.values()), "nothing restarts while copying"
 
     h.set_weights(

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from llmgw.server.cli import server_command
-from llmgw.server.store import StoreError
-from llmgw.server.store_pg import open_pg_store
+from llmgw.server.persist.postgres import open_pg_store
+from llmgw.server.persist.sqlite import StoreError
 
 TLS = ["--cert", "c.pem", "--key", "k.pem", "--ca", "ca.pem"]
 

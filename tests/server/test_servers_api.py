@@ -7,8 +7,8 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
-from llmgw.server.cluster import Settings
 from llmgw.server.main import ServerConfig
+from llmgw.server.state.cluster import Settings
 from llmgw.testing.server import start_server
 
 

@@ -19,12 +19,12 @@ from llmgw.ctl.cli import ctl
 from llmgw.gateway.reports import SuspectReporter
 from llmgw.net.client import ConnectionPool
 from llmgw.net.server import Request, Response
-from llmgw.server.cluster import Settings
+from llmgw.server.ha.standby import StandbyView
 from llmgw.server.main import serve_server
-from llmgw.server.persist import add_api_key
-from llmgw.server.standby import StandbyView
-from llmgw.server.store import StoreError
-from llmgw.server.store_pg import feed_revision, open_pg_store
+from llmgw.server.persist.cluster import add_api_key
+from llmgw.server.persist.postgres import feed_revision, open_pg_store
+from llmgw.server.persist.sqlite import StoreError
+from llmgw.server.state.cluster import Settings
 from llmgw.serverlist import LEADER_HEADER, STANDBY_HEADER, ServerList, send_to_leader
 from llmgw.testing.gateway import start_gateway
 from llmgw.testing.processes import wait_for

@@ -5,7 +5,9 @@ from __future__ import annotations
 from test_cluster import Harness  # the reconciler's step-by-step harness
 
 from llmgw.models import Catalog
-from llmgw.server.stopping import STOP_MARGIN
+from llmgw.server.controllers.stopping import STOP_MARGIN
+from llmgw.server.reconciler import reconcile
+from llmgw.server.views import cluster as views
 from llmgw.wire import ObservedShard
 
 
@@ -24,7 +26,8 @@ def running_two_node_replica() -> tuple[Harness, str, str]:
 
 
 def big_shards(h: Harness, node_id: str) -> list[tuple[int, bool]]:
-    return [(s.rank, s.stop_after_rank0) for s in h.cluster.desired_for(node_id) if s.replica_id == "big-0"]
+    desired = views.desired_for(h.cluster, node_id)
+    return [(s.rank, s.stop_after_rank0) for s in desired if s.replica_id == "big-0"]
 
 
 def test_workers_are_held_until_rank_0_has_stopped():
@@ -33,7 +36,7 @@ def test_workers_are_held_until_rank_0_has_stopped():
     h.apply(big=0)
     assert big_shards(h, rank0_node) == []
     assert big_shards(h, rank1_node) == [(1, True)]
-    assert "big" not in h.cluster.route_table().routes
+    assert "big" not in views.route_table(h.cluster).routes
     h.sync(rank0_node)  # its agent applied the stop and reports rank 0 gone
     h.sync(rank1_node)
     assert big_shards(h, rank1_node) == []
@@ -100,5 +103,5 @@ def test_single_node_replicas_hold_nothing():
     h.sync_all()
     h.run_all("small-0")
     h.cluster.apply_catalog(Catalog(h.cluster.catalog.profiles, {}), "", h.now)
-    h.cluster.reconcile(h.now)
-    assert h.cluster.desired_for("node-1") == () and not h.cluster.stopping.held
+    reconcile(h.cluster, h.now)
+    assert views.desired_for(h.cluster, "node-1") == () and not h.cluster.stopping.held

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 import trio
 
-from llmgw.server.store import MIGRATIONS, Store, StoreError, open_store, schema_version
+from llmgw.server.persist.sqlite import MIGRATIONS, Store, StoreError, open_store, schema_version
 
 
 async def test_new_database_is_migrated_to_the_latest_version(tmp_path):
@@ -118,7 +118,7 @@ async def test_catalog_revisions_stored_before_authors_migrate_with_no_author(tm
 
 async def test_newer_postgresql_schema_is_refused(pg_url):
     """A PostgreSQL database migrated by a newer llmgw is refused with what to do."""
-    from llmgw.server.store_pg import open_pg_store
+    from llmgw.server.persist.postgres import open_pg_store
 
     open_pg_store(pg_url).close()
     import psycopg
@@ -131,8 +131,8 @@ async def test_newer_postgresql_schema_is_refused(pg_url):
 
 async def test_postgresql_times_keep_their_fractions(pg_url):
     """Timestamps round-trip to the microsecond in PostgreSQL (sqlite's REAL is a double there too)."""
-    from llmgw.server import persist
-    from llmgw.server.store_pg import open_pg_store
+    from llmgw.server.persist import cluster as persist
+    from llmgw.server.persist.postgres import open_pg_store
 
     store = open_pg_store(pg_url)
     try:
@@ -145,7 +145,7 @@ async def test_postgresql_times_keep_their_fractions(pg_url):
 
 async def test_servers_migrating_one_database_at_once_take_turns(pg_url):
     """Two servers starting on a new database together both open it, and the schema is migrated once."""
-    from llmgw.server.store_pg import open_pg_store, schema_version
+    from llmgw.server.persist.postgres import open_pg_store, schema_version
 
     stores = []
 
@@ -173,7 +173,7 @@ async def test_servers_migrating_one_database_at_once_take_turns(pg_url):
 )
 def test_bad_store_urls_are_refused_naming_the_flag(url, expected):
     """A --store URL with a password, of another database, or unknown options is refused, naming --store."""
-    from llmgw.server.store_pg import check_store_url
+    from llmgw.server.persist.postgres import check_store_url
 
     with pytest.raises(StoreError, match=expected) as caught:
         check_store_url(url)
@@ -182,7 +182,7 @@ def test_bad_store_urls_are_refused_naming_the_flag(url, expected):
 
 def test_unreachable_postgresql_is_a_clear_error(tmp_path):
     """A server pointed at a database that does not answer says where and why, without the password."""
-    from llmgw.server.store_pg import open_pg_store
+    from llmgw.server.persist.postgres import open_pg_store
     from llmgw.testing.processes import free_port
 
     secret = tmp_path / "pw"

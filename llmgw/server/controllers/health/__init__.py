@@ -1,0 +1,1 @@
+"""The health controller: judging each replica's current attempt from what its agents observe."""

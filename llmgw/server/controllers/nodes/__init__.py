@@ -1,0 +1,1 @@
+"""The nodes controller: lost nodes, mass silence, fencing and drains."""

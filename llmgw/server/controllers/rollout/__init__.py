@@ -1,0 +1,1 @@
+"""The rollout controller: replacing outdated replicas, staging their new weights ahead."""

@@ -1,0 +1,98 @@
+"""Stopping a multi-node replica in order: rank 0 first, with its grace; the workers once rank 0 is gone.
+
+When a replica leaves the desired state (a drain's original retired, a
+scale-down, a model removed from the catalog), its rank 0 is dropped from
+its node's desired shards at once: that agent sends SIGTERM and rank 0 has
+its ``stop_grace`` to finish the requests in flight. Rank 0 needs its workers
+for that (every token of a multi-node engine goes through them), so the
+workers stay in their nodes' desired shards, marked ``stop_after_rank0``:
+their agents keep them running (and never start them anew) until the server
+drops them, which it does once rank 0 is gone, its node is lost, or its grace
+(plus :data:`STOP_MARGIN`) has passed.
+
+:func:`hold` and :func:`release` decide; the record of the held workers is
+:class:`~llmgw.server.state.stopping.StopOrder`, changed only by the state's verbs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from llmgw.models import DEFAULT_STOP_GRACE
+from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
+from llmgw.server.state.stopping import HeldWorkers, StopOrder
+from llmgw.wire import DesiredShard
+
+__all__ = ["STOP_MARGIN", "hold", "release"]
+
+#: seconds past rank 0's grace the workers are held at most: the agent's
+#: own SIGKILL margin, plus a sync or two to report rank 0 gone
+STOP_MARGIN = 10.0
+
+
+def hold(
+    before: Mapping[str, tuple[DesiredShard, ...]],
+    replicas: Mapping[str, ReplicaRecord],
+    stopping: StopOrder,
+    revision: int,
+    now: float,
+) -> dict[str, HeldWorkers]:
+    """The workers to hold of every multi-node attempt that ``before`` ran and the reconciler just retired.
+
+    Called by the reconciler after the controllers decided, with ``before`` the
+    desired shards it started from. An attempt is retired when its replica is
+    gone from ``replicas`` or runs another attempt (not after a failure: a
+    failed replica's shards all stop at once, as there is nothing to save).
+
+    :returns: ``replica/attempt`` -> its workers to hold (those not held already in ``stopping``).
+    """
+    by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
+    for node_id, shards in before.items():
+        for shard in shards:
+            if shard.spec.nnodes > 1 and not shard.stop_after_rank0 and _retired(shard, replicas):
+                by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
+    out = {}
+    for attempt, shards in by_attempt.items():
+        rank0 = next(((n, s) for n, s in shards if s.rank == 0), None)
+        workers = tuple((n, attrs.evolve(s, stop_after_rank0=True)) for n, s in shards if s.rank > 0)
+        if rank0 is None or not workers or attempt in stopping.held:
+            continue
+        grace = DEFAULT_STOP_GRACE if rank0[1].stop_grace is None else rank0[1].stop_grace
+        out[attempt] = HeldWorkers(workers, rank0[0], rank0[1].key, revision, now + grace + STOP_MARGIN)
+    return out
+
+
+def release(stopping: StopOrder, nodes: Mapping[str, NodeRecord], now: float) -> list[tuple[str, str]]:
+    """The held attempts whose rank 0 is gone (or lost, or out of grace), and why.
+
+    Called by the reconciler on every pass, before it compares the desired state.
+
+    :returns: (``replica/attempt``, what happened) for each attempt to release.
+    """
+    released = []
+    for attempt, held in stopping.held.items():
+        why = _rank0_gone(held, nodes.get(held.rank0_node), now)
+        if why is not None:
+            released.append((attempt, why))
+    return released
+
+
+def _retired(shard: DesiredShard, replicas: Mapping[str, ReplicaRecord]) -> bool:
+    record = replicas.get(shard.replica_id)
+    return record is None or (record.attempt != shard.attempt and record.state != ReplicaState.BACKOFF)
+
+
+def _rank0_gone(held: HeldWorkers, node: NodeRecord | None, now: float) -> str | None:
+    """Why the workers may stop now, or None while rank 0 may still be finishing requests."""
+    if node is None or node.lost:
+        return f"rank 0's node {held.rank0_node} is lost"
+    observed = node.observed.get(held.rank0_key)
+    if observed is not None and observed.state == "exited":
+        return "rank 0 exited"
+    if observed is None and node.reported and node.agent_revision > held.revision:
+        return "rank 0 stopped"
+    if now >= held.deadline:
+        return "rank 0 is still stopping past its grace"
+    return None

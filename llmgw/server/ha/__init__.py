@@ -1,0 +1,1 @@
+"""High availability: the leader's lease on PostgreSQL, and the standby that answers reads meanwhile."""

@@ -119,7 +119,7 @@ class Stager:
                 log.error("seed %s here differs from the server's manifest: copied from peers", source)
             else:
                 self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
-                await self.copy_changed()  # reported as a copy: peers may fetch from here
+            await self.copy_changed()  # reported as a copy: peers may fetch from here (or it differs)
         if self.published[source] != manifest.digest:
             self.peers.offers.pop(manifest.digest, None)
             return None

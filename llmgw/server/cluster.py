@@ -12,6 +12,8 @@ should run, the routes feed, the admin API's status views) is in
 
 from __future__ import annotations
 
+import attrs
+
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import ScheduleResult, Unplaced
 from llmgw.server.agent_restart import left_agent, note_agent, start_again
@@ -23,8 +25,11 @@ from llmgw.server.rollout import Rollouts
 from llmgw.server.silence import SilenceWatch
 from llmgw.server.stopping import StopOrder
 from llmgw.server.views import ClusterViews
-from llmgw.weights import Manifest
+from llmgw.weights import Manifest, agreeing_facts
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
+
+#: seconds without a sync after which a node's staging progress (bytes, rate, ETA) is no longer shown
+STALE_PROGRESS = 10.0
 
 __all__ = ["Cluster", "NodeRecord", "ReplicaRecord", "Settings", "Event", "SchedulePlan"]
 
@@ -241,7 +246,11 @@ class Cluster(ClusterViews):
         self.schedule_wanted = False
         self.scheduled_at = now
         return SchedulePlan(
-            nodes=tuple(node.view() for node in self.nodes.values()),
+            # a node whose seed folder differs from the fleet's manifest does not hold that source
+            nodes=tuple(
+                attrs.evolve(node.view(), facts=agreeing_facts(node.facts, self.manifests))
+                for node in self.nodes.values()
+            ),
             catalog=self.catalog,
             placements=tuple(record.placement for record in self.replicas.values()),
             replace=tuple(moves),
@@ -312,6 +321,8 @@ class Cluster(ClusterViews):
     def _detect_lost(self, now: float) -> None:
         """Declare lost the nodes silent for ``lost_after``, unless too many went silent at once.
 
+        The staging progress of a node lost, or silent for :data:`STALE_PROGRESS`, is dropped.
+
         A node whose recorded certificate expired is lost at once; the rest is
         :meth:`SilenceWatch.judge`. An operator may declare spared nodes lost
         (``ctl nodes lost``), which does not end the episode.
@@ -329,6 +340,13 @@ class Cluster(ClusterViews):
             self.dirty_nodes.add(node_id)
             message = f"lost: no sync for {seconds:.0f} s (limit {limit:.0f} s)"
             self.record_event(now, "node", node_id, message)
+        for node in self.nodes.values():  # a staging shard reports every PROGRESS_EVERY: silent, it is stale
+            if node.lost or now - node.last_seen > STALE_PROGRESS:
+                stale = {k: s for k, s in node.observed.items() if s.staged is not None}
+                if stale:
+                    why = f"no progress known: {node.node_id} has not synced for over {STALE_PROGRESS:.0f} s"
+                    node.observed |= {k: attrs.evolve(s, staged=None, detail=why) for k, s in stale.items()}
+                    self.view_version += 1
 
     @property
     def spared(self) -> frozenset[str]:

@@ -7,9 +7,11 @@
 - elsewhere, a copy under ``--models-dir``: the manifest comes from the
   server with the nodes holding copies; each missing file is fetched from a
   holder (resumed from its partial bytes), hashed, and kept only when its
-  sha256 matches; a file changed on disk since it was verified is hashed
-  again, and fetched again on a mismatch (an event says so). Every verified
-  file is served to other peers at once, so copies fan out;
+  sha256 matches; a file no node has verified yet is followed as a node
+  still fetching it writes it (a Hub download), so it survives that node; a
+  file changed on disk since it was verified is hashed again, and fetched
+  again on a mismatch (an event says so). Every verified file is served to
+  other peers at once, so copies fan out;
 - for ``hf://``, while no node holds a complete copy, the one node given the
   server's lease downloads it from the Hub (:mod:`llmgw.agent.hub_fetch`) and
   makes the manifest; the others copy from it (and from each other) as above.
@@ -37,7 +39,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.agent.copy_meter import CopyMeter, Progress
 from llmgw.agent.hub_fetch import HubFetcher
 from llmgw.agent.models_dir import ModelsDir
-from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
+from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, fetch_partial, peer_client_context
 from llmgw.serverlist import ServerList, send_to_leader
 from llmgw.weights import Manifest, ManifestFile, file_sha256, hub_ref, seed_path
 from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
@@ -302,4 +304,40 @@ class Stager:
                 await self.copy_changed()
                 fetched = True
                 break
+            else:  # no node has it verified yet: take the bytes one is fetching now (its Hub download)
+                await self._follow(manifest, file, partial, ranked, meter)
         return fetched
+
+    async def _follow(
+        self,
+        manifest: Manifest,
+        file: ManifestFile,
+        partial: Path,
+        holders: list[PeerHolder],
+        meter: CopyMeter,
+    ) -> None:
+        """Append the bytes of ``file`` that a node still copying it has beyond ``partial``, as they come.
+
+        So the fleet keeps what a downloading node got if it dies: the next
+        downloader resumes from there. Returns after the first holder that
+        gave bytes, or when none has any.
+        """
+        got = [0]
+
+        def count(size: int) -> None:
+            got[0] += size
+            self._count(meter, size)
+
+        for holder in holders:
+            if holder.complete:
+                continue
+            peer = (holder.node, holder.address, holder.port)
+            try:
+                with self.peers.write(manifest.digest, file.path):  # others may follow it from here in turn
+                    digest = manifest.digest
+                    await fetch_partial(self.peer_context, self.ca, peer, digest, file, partial, count)
+            except PeerError as exc:
+                log.debug("%s: no bytes from node %s still fetching it: %s", file.path, peer[0], exc)
+            if got[0]:
+                log.info("%s: %d bytes from node %s while it fetches it", file.path, got[0], peer[0])
+                return

@@ -5,7 +5,7 @@ The server side (:class:`PeerFiles`) answers ``GET /v1/peer/files/DIGEST/PATH``
 read-only, and only files a manifest names: a seed's files as they are, a
 copy's files once verified. A peer asking with ``X-Llmgw-Partial: 1`` also
 gets the bytes of a file still being fetched here (a Hub download), followed
-as they grow (:func:`fetch_partial`): so when the downloading node dies, the
+as they grow (:func:`fetch_file` with ``follow``): so when the downloading node dies, the
 fleet still has what it had downloaded (the copy verifies the whole file
 later, against the manifest). At most ``max_uploads`` files go out at once (a
 peer asking for more gets 503 and tries another node), and all of them
@@ -41,7 +41,7 @@ from llmgw.pki import IdentityError, PkiError, Role, peer_identity
 from llmgw.weights import Manifest, ManifestFile
 
 __all__ = [
-    "PeerError", "PeerFiles", "fetch_file", "fetch_partial", "in_worker", "peer_client_context", "verify_peer"
+    "PeerError", "PeerFiles", "fetch_file", "in_worker", "peer_client_context", "verify_peer"
 ]  # fmt: skip
 
 log = logging.getLogger("llmgw.agent.peers")
@@ -269,6 +269,8 @@ async def fetch_file(
     file: ManifestFile,
     partial: Path,
     on_bytes: Callable[[int], None] = lambda n: None,
+    *,
+    follow: bool = False,
 ) -> str:
     """Fetch ``file`` of copy ``digest`` from ``peer`` (node id, address, port) into ``partial``.
 
@@ -279,41 +281,21 @@ async def fetch_file(
     move in a worker thread with a blocking TLS socket: TLS records are 16 KB,
     and a trio task per record costs more CPU than the copy itself.
 
-    :raises PeerError: the peer could not be reached, refused, stalled, or sent too much or too little.
+    ``follow``: called when no peer has the file verified yet, appends the
+    bytes ``peer`` holds beyond ``partial`` while it still fetches the file
+    (a Hub download), as they come, until that stops or the file is whole;
+    nothing is hashed (returns ""): a later fetch hashes the whole file.
+
+    :raises PeerError: the peer could not be reached, refused, stalled, or sent too much or too little
+        (or, following, has no such bytes or broke off: what came is kept).
     """
     have = await trio.to_thread.run_sync(_resume_from, partial, file.size)
-    hashed = await trio.to_thread.run_sync(_hash_prefix, partial, have)
-    if have == file.size:
-        return hashed.hexdigest()
-    target = f"/v1/peer/files/{digest}/{quote(file.path)}"
-    args = (context, ca, peer, target, have, file, partial, hashed, True)
-    await in_worker(_fetch_blocking, *args, on_bytes=on_bytes)
-    return hashed.hexdigest()
-
-
-async def fetch_partial(
-    context: ssl.SSLContext,
-    ca: x509.Certificate,
-    peer: tuple[str, str, int],
-    digest: str,
-    file: ManifestFile,
-    partial: Path,
-    on_bytes: Callable[[int], None] = lambda n: None,
-) -> None:
-    """Append to ``partial`` the bytes of ``file`` that ``peer`` holds beyond it while it still fetches it.
-
-    Called when no peer has the file verified yet: the bytes are followed as
-    the peer's own fetch (a Hub download) writes them, until that stops or the
-    file is whole. Nothing is verified here: :func:`fetch_file` hashes the
-    whole file before it is used.
-
-    :raises PeerError: the peer has no such bytes, or could not be reached, or broke off (what came is kept).
-    """
-    have = await trio.to_thread.run_sync(_resume_from, partial, file.size)
+    hashed = None if follow else await trio.to_thread.run_sync(_hash_prefix, partial, have)
     if have < file.size:
         target = f"/v1/peer/files/{digest}/{quote(file.path)}"
-        args = (context, ca, peer, target, have, file, partial, None, False)
+        args = (context, ca, peer, target, have, file, partial, hashed)
         await in_worker(_fetch_blocking, *args, on_bytes=on_bytes)
+    return hashed.hexdigest() if hashed is not None else ""
 
 
 async def in_worker(transfer: Callable[..., None], *args: object, on_bytes: Callable[[int], None]) -> None:
@@ -345,11 +327,11 @@ def _fetch_blocking(
     file: ManifestFile,
     partial: Path,
     hashed: hashlib._Hash | None,
-    whole: bool,
     report: Callable[[int], None],
     stop: threading.Event,
 ) -> None:
     node, address, port = peer
+    whole = hashed is not None  # else following a file still being fetched there
     headers = {"Host": node, "Range": f"bytes={have}-"}
     if not whole:
         headers[PARTIAL_HEADER] = "1"
@@ -377,7 +359,7 @@ def _fetch_blocking(
                     if received > file.size:
                         raise PeerError(f"node {node} sent more than the {file.size} bytes of {file.path}")
                     block = buffer[:size]
-                    if hashed is not None:
+                    if whole:
                         hashed.update(block)
                     handle.write(block)
                     report(size)

@@ -39,7 +39,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.agent.copy_meter import CopyMeter, Progress
 from llmgw.agent.hub_fetch import HubFetcher
 from llmgw.agent.models_dir import ModelsDir
-from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, fetch_partial, peer_client_context
+from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
 from llmgw.serverlist import ServerList, send_to_leader
 from llmgw.weights import Manifest, ManifestFile, file_sha256, hub_ref, seed_path
 from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
@@ -334,8 +334,8 @@ class Stager:
             peer = (holder.node, holder.address, holder.port)
             try:
                 with self.peers.write(manifest.digest, file.path):  # others may follow it from here in turn
-                    digest = manifest.digest
-                    await fetch_partial(self.peer_context, self.ca, peer, digest, file, partial, count)
+                    args = (self.peer_context, self.ca, peer, manifest.digest, file, partial, count)
+                    await fetch_file(*args, follow=True)
             except PeerError as exc:
                 log.debug("%s: no bytes from node %s still fetching it: %s", file.path, peer[0], exc)
             if got[0]:

@@ -167,6 +167,11 @@ def test_two_of_four_agents_silent_lose_nothing_one_of_four_is_lost(tmp_path):
             os.kill(pid, signal.SIGCONT)
         stopped.clear()
         cluster.wait(lambda: cluster.all_ready() and _syncs_back(cluster), "syncs to return", 30)
+        # released together, they end the episode: neither is declared lost as the other syncs first
+        events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+        assert not [e.message for e in events if e.kind == "node" and "lost" in e.message]
+        after = {r.id: (r.attempt, tuple(s.node for s in r.shards)) for r in cluster.replicas().replicas}
+        assert after == before, "a replica of a node released with the others was rebuilt"
 
         stopped.append(cluster.nodes["node-3"].process.pid)
         os.kill(stopped[-1], signal.SIGSTOP)

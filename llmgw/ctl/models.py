@@ -55,8 +55,8 @@ def model_lines(data: ModelList, wide: bool) -> list[str]:
 @click.pass_context
 def models(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """List the catalog's models: source, pinned revision, size, digest, nodes holding a verified copy,
-    nodes whose seed folder differs from the manifest (no holders), and copies under way (node and
-    percent). Size and digest show once a holder made the manifest."""
+    copies under way (node and percent), and nodes whose seed folder differs from the manifest (no
+    holders: `ctl events` names the files). Size and digest show once a holder made the manifest."""
     client = AdminClient.for_command(ctx)
     show(
         output,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from llmgw.scheduler import DiskRoom, format_bytes
 from llmgw.server.records import Launch, NodeRecord, ReplicaRecord
-from llmgw.weights import is_distributable
+from llmgw.weights import holds, is_distributable
 
 if TYPE_CHECKING:
     from llmgw.server.cluster import Cluster
@@ -51,7 +51,7 @@ def stage_ahead(
             continue
         for node_id in record.placement.node_ids:
             node = cluster.nodes.get(node_id)
-            if node is not None and not node.lost and source not in node.facts.model_sources:
+            if node is not None and not node.lost and not holds(node.facts, source, manifest):
                 lacking.setdefault(node_id, []).append(record.id)
     stage: dict[str, str] = {}
     waiting: set[str] = set()

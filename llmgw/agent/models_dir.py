@@ -212,17 +212,19 @@ class ModelsDir:
         return self.meta / f"seed-{hashlib.sha256(source.encode()).hexdigest()[:32]}.json"
 
     def seed_copies(self, sources: Iterable[str]) -> list[ModelCopy]:
-        """The seeds among ``sources`` on this node whose manifest was made, as copies (never hashes)."""
+        """The seeds among ``sources`` on this node whose manifest was made from the files there now, as
+        copies (never hashes: a seed changed since, emptied or half written, is no copy until hashed)."""
         out = []
         for source in sources:
             root = self.seed_dir(source)
             if root is None or not root.is_dir():
                 continue
             try:
-                manifest = from_json(json.loads(self._seed_cache(source).read_text())["manifest"], Manifest)
+                data = json.loads(self._seed_cache(source).read_text())
+                manifest = from_json(data["manifest"], Manifest)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if not manifest.files or not seed_has_files(root):
+            if not manifest.files or data.get("stats") != _tree_stats(root):
                 continue
             size = manifest.total_bytes
             out.append(ModelCopy(manifest.digest, source, size, size, complete=True, seed=True))

@@ -112,6 +112,9 @@ class Stager:
         """
         manifest = await trio.to_thread.run_sync(self.models.seed_manifest, source, self.config.node)
         if manifest is None:
+            if self._posted.pop(source, None) is not None:  # emptied or removed since it was sent
+                self._unoffer_seed(source)
+                await self.copy_changed()
             return None
         if self._posted.get(source) != manifest.digest:
             answer = await self._call("POST", "/v1/agent/manifests", body=to_json(manifest))
@@ -123,19 +126,30 @@ class Stager:
                 self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
             await self.copy_changed()  # reported as a copy: peers may fetch from here (or it differs)
         if self.published[source] != manifest.digest:
-            self.peers.offers.pop(manifest.digest, None)
+            self._unoffer_seed(source)
             return None
         return manifest
 
+    def _unoffer_seed(self, source: str) -> None:
+        """Stop serving the seed ``source`` here: its files are no longer those of the fleet's manifest."""
+        digest = self.published.get(source, "")
+        offer = self.peers.offers.get(digest)
+        if offer is not None and offer.seed:
+            del self.peers.offers[digest]
+
     async def watch_seeds(self, sources: Callable[[], tuple[str, ...]]) -> None:
-        """Publish every seed of the catalog this node holds, and serve the copies it has; forever."""
+        """Publish every seed of the catalog this node holds, and serve the copies it has; forever.
+
+        A seed is looked at again every round: one changed (a file replaced,
+        the folder emptied) is hashed and sent again, or no longer served.
+        """
         for copy in await trio.to_thread.run_sync(self.models.copies):
             known = await trio.to_thread.run_sync(self.models.load, copy.digest)
             if known is not None:
                 self.peers.offer(known[0], self.models.copy_dir(copy.digest), seed=False)
         while True:
             for source in sources():
-                if seed_path(source) is not None and source not in self.published:
+                if seed_path(source) is not None:
                     try:
                         await self.publish_seed(source)
                     except (PeerError, OSError) as exc:

@@ -24,7 +24,7 @@ import trio
 
 import llmgw
 from llmgw.agent.config import AgentConfig
-from llmgw.agent.models_dir import ModelsDir
+from llmgw.agent.models_dir import ModelsDir, seed_has_files
 from llmgw.engine import Engine, help_and_version_of
 from llmgw.models import NodeFacts
 from llmgw.node.discovery import discover_node
@@ -63,7 +63,7 @@ def present_sources(sources: Iterable[str], models: ModelsDir | None = None) -> 
     A name that is not an absolute path is one the engine resolves itself
     (a hub id such as ``meta-llama/Llama-3.1-8B``), so it counts as present.
     A distributable source (``seed:///PATH``) is present when its directory
-    exists here or ``models`` holds a complete copy of it; an ``hf://`` source
+    exists here with files in it or ``models`` holds a complete copy of it; an ``hf://`` source
     only when ``models`` holds a complete copy.
     """
     present = []
@@ -73,7 +73,7 @@ def present_sources(sources: Iterable[str], models: ModelsDir | None = None) -> 
             seed = models.seed_dir(source) if models is not None else None
             if seed is None and models is None and seed_path(source) is not None:
                 seed = Path(seed_path(source) or "")
-            if (seed is not None and seed.is_dir()) or source in copied:
+            if (seed is not None and seed.is_dir() and seed_has_files(seed)) or source in copied:
                 present.append(source)
         elif not os.path.isabs(source) or os.path.exists(source):
             present.append(source)

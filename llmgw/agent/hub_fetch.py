@@ -207,7 +207,8 @@ class HubFetcher:
         meter = CopyMeter(manifest.total_bytes, present, progress, label)
         meter.show()
         for file, partial in zip(missing, partials, strict=True):
-            await self._fetch(ref, manifest.revision, HubFile(file.path, file.size), partial, meter.add)
+            with stager.peers.write(manifest.digest, file.path):  # peers follow its bytes as they come
+                await self._fetch(ref, manifest.revision, HubFile(file.path, file.size), partial, meter.add)
             digest = await trio.to_thread.run_sync(file_sha256, partial)
             if digest != file.sha256:
                 await trio.to_thread.run_sync(partial.unlink)

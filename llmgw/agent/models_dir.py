@@ -27,7 +27,7 @@ from llmgw.models import ModelCopy
 from llmgw.weights import Manifest, ManifestFile, compute_manifest, seed_path
 from llmgw.wire import from_json, to_json
 
-__all__ = ["ModelsDir", "PARTIAL_SUFFIX"]
+__all__ = ["ModelsDir", "PARTIAL_SUFFIX", "seed_has_files"]
 
 log = logging.getLogger("llmgw.agent")
 
@@ -212,22 +212,27 @@ class ModelsDir:
         return self.meta / f"seed-{hashlib.sha256(source.encode()).hexdigest()[:32]}.json"
 
     def seed_copies(self, sources: Iterable[str]) -> list[ModelCopy]:
-        """The seeds among ``sources`` on this node whose manifest was made, as copies (never hashes)."""
+        """The seeds among ``sources`` on this node whose manifest was made from the files there now, as
+        copies (never hashes: a seed changed since, emptied or half written, is no copy until hashed)."""
         out = []
         for source in sources:
             root = self.seed_dir(source)
             if root is None or not root.is_dir():
                 continue
             try:
-                manifest = from_json(json.loads(self._seed_cache(source).read_text())["manifest"], Manifest)
+                data = json.loads(self._seed_cache(source).read_text())
+                manifest = from_json(data["manifest"], Manifest)
             except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if not manifest.files or data.get("stats") != _tree_stats(root):
                 continue
             size = manifest.total_bytes
             out.append(ModelCopy(manifest.digest, source, size, size, complete=True, seed=True))
         return out
 
     def seed_manifest(self, source: str, node: str) -> Manifest | None:
-        """The manifest of the seed directory ``source`` names on this node, or None when it is not here.
+        """The manifest of the seed directory ``source`` names on this node, or None when it is not here
+        (or holds no file).
 
         Hashing every file takes a while: the manifest is kept with the stats
         of the files it was made from, and made again only when one changed.
@@ -236,6 +241,8 @@ class ModelsDir:
         if root is None or not root.is_dir():
             return None
         stats = _tree_stats(root)
+        if not stats:
+            return None  # an empty folder is no copy: never a manifest of no files
         cache = self._seed_cache(source)
         try:
             data = json.loads(cache.read_text())
@@ -253,6 +260,14 @@ class ModelsDir:
         if self.prepare() is None:
             _write_atomic(cache, {"stats": _tree_stats(root), "manifest": to_json(manifest)})
         return manifest
+
+
+def seed_has_files(root: Path) -> bool:
+    """Whether the seed folder ``root`` holds any file (an empty one is no copy); stops at the first."""
+    for _, _, filenames in os.walk(root):
+        if any(not name.startswith(".llmgw") for name in filenames):
+            return True
+    return False
 
 
 def _tree_stats(root: Path) -> dict[str, list[int]]:

@@ -3,7 +3,11 @@
 The server side (:class:`PeerFiles`) answers ``GET /v1/peer/files/DIGEST/PATH``
 (``Range: bytes=N-`` resumes) over mutual TLS, to node certificates only,
 read-only, and only files a manifest names: a seed's files as they are, a
-copy's files once verified. At most ``max_uploads`` files go out at once (a
+copy's files once verified. A peer asking with ``X-Llmgw-Partial: 1`` also
+gets the bytes of a file still being fetched here (a Hub download), followed
+as they grow (:func:`fetch_file` with ``follow``): so when the downloading node dies, the
+fleet still has what it had downloaded (the copy verifies the whole file
+later, against the manifest). At most ``max_uploads`` files go out at once (a
 peer asking for more gets 503 and tries another node), and all of them
 together within ``bandwidth_limit``.
 
@@ -23,7 +27,7 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -31,12 +35,14 @@ import attrs
 import trio
 from cryptography import x509
 
-from llmgw.agent.models_dir import ModelsDir
+from llmgw.agent.models_dir import PARTIAL_SUFFIX, ModelsDir
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.pki import IdentityError, PkiError, Role, peer_identity
 from llmgw.weights import Manifest, ManifestFile
 
-__all__ = ["PeerError", "PeerFiles", "fetch_file", "in_worker", "peer_client_context", "verify_peer"]
+__all__ = [
+    "PeerError", "PeerFiles", "fetch_file", "in_worker", "peer_client_context", "verify_peer"
+]  # fmt: skip
 
 log = logging.getLogger("llmgw.agent.peers")
 
@@ -45,6 +51,10 @@ _CHUNK = 1024 * 1024
 _WRITE_BLOCK = 1024 * 1024
 #: seconds without a byte from a peer after which it counts as gone (a machine that stopped answering)
 STALL_TIMEOUT = 30.0
+#: seconds between two looks at a partial file being followed
+FOLLOW_POLL = 0.1
+#: the request header asking for the bytes of a file still being fetched
+PARTIAL_HEADER = "x-llmgw-partial"
 
 
 class PeerError(Exception):
@@ -88,8 +98,19 @@ class PeerFiles:
         self.uploading = 0
         #: copy digest -> its files being sent now (such a copy is not evicted)
         self.sending: dict[str, int] = {}
+        #: (copy digest, path) of the files being written here now (from the Hub or a peer)
+        self.writing: set[tuple[str, str]] = set()
         self.bytes_served = 0
         self.port: int | None = None
+
+    @contextlib.contextmanager
+    def write(self, digest: str, path: str) -> Iterator[None]:
+        """While in it, ``path`` of copy ``digest`` is being fetched here: peers following it wait."""
+        self.writing.add((digest, path))
+        try:
+            yield
+        finally:
+            self.writing.discard((digest, path))
 
     def offer(self, manifest: Manifest, root: Path, *, seed: bool) -> None:
         """Serve the files of ``manifest`` under ``root`` (a copy's files only once verified)."""
@@ -127,6 +148,10 @@ class PeerFiles:
             return Response.text(404, f"no file {unquote(raw_path)!r} of copy {digest[:12]} here")
         path = offer.root / file.path
         usable = await trio.to_thread.run_sync(self._usable, offer, file, path)
+        follow = not usable and not offer.seed and request.header(PARTIAL_HEADER) == "1"
+        if follow:
+            path = offer.root / (file.path + PARTIAL_SUFFIX)
+            usable = await trio.to_thread.run_sync(path.is_file)
         if not usable:
             return Response.text(404, f"{file.path} of copy {digest[:12]} is not verified here yet")
         start = _range_start(request.header("range"))
@@ -140,7 +165,7 @@ class PeerFiles:
         headers = [("content-range", f"bytes {start}-{max(file.size - 1, start)}/{file.size}")]
         return Response.stream(
             206 if start else 200,
-            self._chunks(path, start, file.size, sent),
+            self._chunks(path, start, file.size, sent, (digest, file.path) if follow else None),
             content_type="application/octet-stream",
             headers=headers,
             after=lambda: self._done(identity.name, file, sent[0], digest),
@@ -159,17 +184,26 @@ class PeerFiles:
             self.sending.pop(digest, None)
         log.info("served %s to %s: %d bytes", file.path, peer, sent)
 
-    async def _chunks(self, path: Path, start: int, size: int, sent: list[int]) -> AsyncIterator[bytes]:
-        handle = await trio.open_file(path, "rb")
+    async def _chunks(
+        self, path: Path, start: int, size: int, sent: list[int], follow: tuple[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        """The bytes of ``path`` from ``start`` to ``size``; ``follow``: the (digest, path) of a partial
+        file, waited for while it is being written here (:meth:`write`)."""
+        try:
+            handle = await trio.open_file(path, "rb")
+        except OSError:
+            return  # a partial file renamed (verified) or removed since: the asker asks again
         try:
             await handle.seek(start)
             left = size - start
             while left > 0:
-                block = min(_CHUNK, left)
-                await self.bucket.take(block)
-                data = await handle.read(block)
+                data = await handle.read(min(_CHUNK, left))
+                if not data and follow in self.writing:
+                    await trio.sleep(FOLLOW_POLL)
+                    continue
                 if not data:
                     return
+                await self.bucket.take(len(data))
                 left -= len(data)
                 self.bytes_served += len(data)
                 sent[0] += len(data)
@@ -235,6 +269,8 @@ async def fetch_file(
     file: ManifestFile,
     partial: Path,
     on_bytes: Callable[[int], None] = lambda n: None,
+    *,
+    follow: bool = False,
 ) -> str:
     """Fetch ``file`` of copy ``digest`` from ``peer`` (node id, address, port) into ``partial``.
 
@@ -245,16 +281,21 @@ async def fetch_file(
     move in a worker thread with a blocking TLS socket: TLS records are 16 KB,
     and a trio task per record costs more CPU than the copy itself.
 
-    :raises PeerError: the peer could not be reached, refused, stalled, or sent too much or too little.
+    ``follow``: called when no peer has the file verified yet, appends the
+    bytes ``peer`` holds beyond ``partial`` while it still fetches the file
+    (a Hub download), as they come, until that stops or the file is whole;
+    nothing is hashed (returns ""): a later fetch hashes the whole file.
+
+    :raises PeerError: the peer could not be reached, refused, stalled, or sent too much or too little
+        (or, following, has no such bytes or broke off: what came is kept).
     """
     have = await trio.to_thread.run_sync(_resume_from, partial, file.size)
-    hashed = await trio.to_thread.run_sync(_hash_prefix, partial, have)
-    if have == file.size:
-        return hashed.hexdigest()
-    target = f"/v1/peer/files/{digest}/{quote(file.path)}"
-    args = (context, ca, peer, target, have, file, partial, hashed)
-    await in_worker(_fetch_blocking, *args, on_bytes=on_bytes)
-    return hashed.hexdigest()
+    hashed = None if follow else await trio.to_thread.run_sync(_hash_prefix, partial, have)
+    if have < file.size:
+        target = f"/v1/peer/files/{digest}/{quote(file.path)}"
+        args = (context, ca, peer, target, have, file, partial, hashed)
+        await in_worker(_fetch_blocking, *args, on_bytes=on_bytes)
+    return hashed.hexdigest() if hashed is not None else ""
 
 
 async def in_worker(transfer: Callable[..., None], *args: object, on_bytes: Callable[[int], None]) -> None:
@@ -285,11 +326,15 @@ def _fetch_blocking(
     have: int,
     file: ManifestFile,
     partial: Path,
-    hashed: hashlib._Hash,
+    hashed: hashlib._Hash | None,
     report: Callable[[int], None],
     stop: threading.Event,
 ) -> None:
     node, address, port = peer
+    whole = hashed is not None  # else following a file still being fetched there
+    headers = {"Host": node, "Range": f"bytes={have}-"}
+    if not whole:
+        headers[PARTIAL_HEADER] = "1"
     connection = http.client.HTTPSConnection(address, port, context=context, timeout=STALL_TIMEOUT)
     try:
         try:
@@ -298,7 +343,7 @@ def _fetch_blocking(
             raise PeerError(f"node {node} ({address}:{port}) unreachable: {exc}") from None
         verify_peer(connection.sock.getpeercert(binary_form=True), ca, node)
         try:
-            connection.request("GET", target, headers={"Host": node, "Range": f"bytes={have}-"})
+            connection.request("GET", target, headers=headers)
             response = connection.getresponse()
             if response.status not in (200, 206):
                 text = response.read(300).decode(errors="replace")
@@ -314,7 +359,8 @@ def _fetch_blocking(
                     if received > file.size:
                         raise PeerError(f"node {node} sent more than the {file.size} bytes of {file.path}")
                     block = buffer[:size]
-                    hashed.update(block)
+                    if whole:
+                        hashed.update(block)
                     handle.write(block)
                     report(size)
         except TimeoutError:
@@ -323,7 +369,7 @@ def _fetch_blocking(
             raise PeerError(f"node {node} broke the connection: {exc!r}") from None
     finally:
         connection.close()
-    if received != file.size and not stop.is_set():
+    if whole and received != file.size and not stop.is_set():
         raise PeerError(f"node {node} sent {received} of the {file.size} bytes of {file.path}")
 
 

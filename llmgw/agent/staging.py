@@ -7,9 +7,11 @@
 - elsewhere, a copy under ``--models-dir``: the manifest comes from the
   server with the nodes holding copies; each missing file is fetched from a
   holder (resumed from its partial bytes), hashed, and kept only when its
-  sha256 matches; a file changed on disk since it was verified is hashed
-  again, and fetched again on a mismatch (an event says so). Every verified
-  file is served to other peers at once, so copies fan out;
+  sha256 matches; a file no node has verified yet is followed as a node
+  still fetching it writes it (a Hub download), so it survives that node; a
+  file changed on disk since it was verified is hashed again, and fetched
+  again on a mismatch (an event says so). Every verified file is served to
+  other peers at once, so copies fan out;
 - for ``hf://``, while no node holds a complete copy, the one node given the
   server's lease downloads it from the Hub (:mod:`llmgw.agent.hub_fetch`) and
   makes the manifest; the others copy from it (and from each other) as above.
@@ -110,6 +112,9 @@ class Stager:
         """
         manifest = await trio.to_thread.run_sync(self.models.seed_manifest, source, self.config.node)
         if manifest is None:
+            if self._posted.pop(source, None) is not None:  # emptied or removed since it was sent
+                self._unoffer_seed(source)
+                await self.copy_changed()
             return None
         if self._posted.get(source) != manifest.digest:
             answer = await self._call("POST", "/v1/agent/manifests", body=to_json(manifest))
@@ -119,21 +124,32 @@ class Stager:
                 log.error("seed %s here differs from the server's manifest: copied from peers", source)
             else:
                 self.peers.offer(manifest, self.models.seed_dir(source) or Path(), seed=True)
-                await self.copy_changed()  # reported as a copy: peers may fetch from here
+            await self.copy_changed()  # reported as a copy: peers may fetch from here (or it differs)
         if self.published[source] != manifest.digest:
-            self.peers.offers.pop(manifest.digest, None)
+            self._unoffer_seed(source)
             return None
         return manifest
 
+    def _unoffer_seed(self, source: str) -> None:
+        """Stop serving the seed ``source`` here: its files are no longer those of the fleet's manifest."""
+        digest = self.published.get(source, "")
+        offer = self.peers.offers.get(digest)
+        if offer is not None and offer.seed:
+            del self.peers.offers[digest]
+
     async def watch_seeds(self, sources: Callable[[], tuple[str, ...]]) -> None:
-        """Publish every seed of the catalog this node holds, and serve the copies it has; forever."""
+        """Publish every seed of the catalog this node holds, and serve the copies it has; forever.
+
+        A seed is looked at again every round: one changed (a file replaced,
+        the folder emptied) is hashed and sent again, or no longer served.
+        """
         for copy in await trio.to_thread.run_sync(self.models.copies):
             known = await trio.to_thread.run_sync(self.models.load, copy.digest)
             if known is not None:
                 self.peers.offer(known[0], self.models.copy_dir(copy.digest), seed=False)
         while True:
             for source in sources():
-                if seed_path(source) is not None and source not in self.published:
+                if seed_path(source) is not None:
                     try:
                         await self.publish_seed(source)
                     except (PeerError, OSError) as exc:
@@ -302,4 +318,40 @@ class Stager:
                 await self.copy_changed()
                 fetched = True
                 break
+            else:  # no node has it verified yet: take the bytes one is fetching now (its Hub download)
+                await self._follow(manifest, file, partial, ranked, meter)
         return fetched
+
+    async def _follow(
+        self,
+        manifest: Manifest,
+        file: ManifestFile,
+        partial: Path,
+        holders: list[PeerHolder],
+        meter: CopyMeter,
+    ) -> None:
+        """Append the bytes of ``file`` that a node still copying it has beyond ``partial``, as they come.
+
+        So the fleet keeps what a downloading node got if it dies: the next
+        downloader resumes from there. Returns after the first holder that
+        gave bytes, or when none has any.
+        """
+        got = [0]
+
+        def count(size: int) -> None:
+            got[0] += size
+            self._count(meter, size)
+
+        for holder in holders:
+            if holder.complete:
+                continue
+            peer = (holder.node, holder.address, holder.port)
+            try:
+                with self.peers.write(manifest.digest, file.path):  # others may follow it from here in turn
+                    args = (self.peer_context, self.ca, peer, manifest.digest, file, partial, count)
+                    await fetch_file(*args, follow=True)
+            except PeerError as exc:
+                log.debug("%s: no bytes from node %s still fetching it: %s", file.path, peer[0], exc)
+            if got[0]:
+                log.info("%s: %d bytes from node %s while it fetches it", file.path, got[0], peer[0])
+                return

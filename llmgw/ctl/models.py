@@ -1,4 +1,8 @@
-"""``llmgw ctl models``: each catalog model's weights: source, revision, size, holders, copies under way."""
+"""``llmgw ctl models``: each catalog model's weights: source, revision, size, holders, copies under way.
+
+``differing`` names the nodes whose seed folder holds other files than the
+model's manifest: they are no holders of it (``ctl events`` says which files).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from llmgw.wire import ModelList, ModelStatus, to_json
 
 __all__ = ["models", "model_lines", "model_rows"]
 
-HEADERS = ["model", "source", "revision", "size", "digest", "holders", "copying"]
+HEADERS = ["model", "source", "revision", "size", "digest", "holders", "copying", "differing"]
 
 
 def model_rows(data: ModelList) -> list[list[str]]:
@@ -32,6 +36,7 @@ def _row(model: ModelStatus) -> list[str]:
         model.digest[:12] if model.digest else "-",
         ", ".join(model.holders) or "none",
         copying or "-",
+        ", ".join(model.differing) or "-",
     ]
 
 
@@ -50,7 +55,8 @@ def model_lines(data: ModelList, wide: bool) -> list[str]:
 @click.pass_context
 def models(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """List the catalog's models: source, pinned revision, size, digest, nodes holding a verified copy,
-    and copies under way (node and percent). Size and digest show once a holder made the manifest."""
+    copies under way (node and percent), and nodes whose seed folder differs from the manifest (no
+    holders: `ctl events` names the files). Size and digest show once a holder made the manifest."""
     client = AdminClient.for_command(ctx)
     show(
         output,

@@ -16,6 +16,7 @@ The first node holding (or downloading) a distributable source computes its :cla
 verified against it, file by file.
 """
 
+from llmgw.weights._holding import agreeing_facts, differing_files, differs, holds
 from llmgw.weights._manifest import (
     MANIFEST_LIMIT,
     Manifest,
@@ -36,6 +37,10 @@ from llmgw.weights._sources import (
 
 __all__ = [
     "MANIFEST_LIMIT",
+    "agreeing_facts",
+    "differing_files",
+    "differs",
+    "holds",
     "Manifest",
     "ManifestFile",
     "compute_manifest",

@@ -199,6 +199,10 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, (parts.hostname or "").lower(), parts.port
 
 
+#: bytes of a Hub download held in memory before they are written to the partial file
+WRITE_EVERY = 1024 * 1024
+
+
 def download(
     settings: HubSettings,
     ref: HubRef,
@@ -219,11 +223,14 @@ def download(
     """
     stop = stop or threading.Event()
     try:
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
         from huggingface_hub.file_download import http_get
         from huggingface_hub.utils import build_hf_headers, disable_progress_bars
 
         disable_progress_bars()
+        # written (so counted in the progress, and followed by peers) every MiB, not every 10 MiB: the
+        # bytes a dying downloader held in memory are lost to the fleet
+        constants.DOWNLOAD_CHUNK_SIZE = WRITE_EVERY
         token = settings.token()
         url = hf_hub_url(ref.repo, file.path, revision=commit, endpoint=settings.endpoint)
         location = get_hf_file_metadata(url, token=token).location

@@ -113,6 +113,8 @@ class ModelStatus:
     #: nodes with a complete, verified copy (or the seed, or the path for a plain source)
     holders: tuple[str, ...] = attrs.field(converter=tuple, default=())
     copying: tuple[CopyProgress, ...] = attrs.field(converter=tuple, default=())
+    #: nodes whose seed folder holds other files than the manifest: no holders of it
+    differing: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: whether llmgw copies it between nodes (seed:// and the like); False: it must be on the node already
     distributable: bool = False
 

@@ -19,6 +19,7 @@ DATA = ModelList(
             digest="ab" * 32,
             holders=("node-1", "node-3"),
             copying=(CopyProgress("node-2", 1_680_000_000, 4_200_000_000),),
+            differing=("node-4",),
             distributable=True,
         ),
         ModelStatus("plain", "/models/plain", holders=()),
@@ -38,13 +39,16 @@ def run(monkeypatch, module, command, data, *args: str) -> str:
 
 
 def test_models_table(monkeypatch):
-    """One row per model: source, revision, size, short digest, holders, copies under way with percent."""
+    """One row per model: source, revision, size, short digest, holders, copies under way with percent,
+    the nodes whose seed folder differs."""
     lines = run(monkeypatch, module, module.models, DATA).splitlines()
-    assert lines[0].split() == ["model", "source", "revision", "size", "digest", "holders", "copying"]
+    headers = ["model", "source", "revision", "size", "digest", "holders", "copying", "differing"]
+    assert lines[0].split() == headers
     assert lines[2].split() == [
-        "chat", "seed:///data/chat", "-", "4.2", "GB", "abababababab", "node-1,", "node-3", "node-2", "40%"
+        "chat", "seed:///data/chat", "-", "4.2", "GB", "abababababab", "node-1,", "node-3", "node-2", "40%",
+        "node-4",
     ]  # fmt: skip
-    assert lines[3].split() == ["plain", "/models/plain", "-", "-", "-", "none", "-"]
+    assert lines[3].split() == ["plain", "/models/plain", "-", "-", "-", "none", "-", "-"]
 
 
 def test_models_json(monkeypatch):

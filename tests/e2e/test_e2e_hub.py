@@ -210,10 +210,9 @@ def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Pat
             lambda: len(cluster.replicas().replicas) == 2 and cluster.all_ready(), "both replicas ready", 120
         )
         assert {s.node for s in shards(cluster)} == {other}
-        assert hub.downloads["acme/tiny-sim/a.safetensors"] == 1, "a.safetensors came from the peer"
-        assert hub.downloads["acme/tiny-sim/b.safetensors"] == 2, (
-            "b.safetensors again, from the new downloader"
-        )
+        # the other node followed each file as it was downloaded: what the Hub served, it served about once
+        total = sum(len(data) for data in files.values())
+        assert hub.total_bytes_served() <= total + 3_000_000, dict(hub.bytes_served)
         copy = copy_of(cluster, other)
         assert {p.name: p.read_bytes() == files[p.name] for p in copy.iterdir()} == {n: True for n in files}
     finally:

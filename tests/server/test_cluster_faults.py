@@ -141,14 +141,20 @@ def test_a_third_node_falling_silent_later_joins_the_episode():
 
 
 def test_syncs_returning_end_the_episode_and_the_still_silent_are_judged():
-    """One of two spared nodes syncs again: the episode ends, the other (now 1 of 4) is lost."""
+    """One of two spared nodes syncs again: the episode ends; the other, silent lost_after more, is lost."""
     fleet = Fleet(4, replicas=4)
     fleet.pass_time(60, silent=("node-1", "node-2"))
     fleet.cluster.take_events()
     fleet.pass_time(10, silent=("node-2",))
-    assert fleet.lost() == ["node-2"]
-    assert fleet.events("cluster") == ["syncs are back (node-1): silent nodes are declared lost again"]
+    assert fleet.lost() == []
+    assert fleet.events("cluster") == [
+        "syncs are back (node-1): the silence is over and no node was declared lost; still silent: node-2, "
+        "each declared lost if it does not sync within 30 s"
+    ]
     assert fleet.cluster.spared == frozenset()
+    fleet.pass_time(LOST_AFTER, silent=("node-2",))
+    assert fleet.lost() == ["node-2"]
+    assert fleet.events("node") == ["lost: no sync for 31 s (limit 30 s)"]
 
 
 def test_all_syncs_returning_loses_nothing():

@@ -36,6 +36,12 @@ def manifest(source: str, size: int) -> Manifest:
     return Manifest(source, (ManifestFile("model.safetensors", size, "a" * 64),), made_by="node-1")
 
 
+def seed_of(source: str) -> ModelCopy:
+    """A verified seed of ``source`` (OLD is 2 GB, NEW 1 GB)."""
+    held = manifest(source, 2 * GB if source == OLD else GB)
+    return ModelCopy(held.digest, source, held.total_bytes, held.total_bytes, complete=True, seed=True)
+
+
 OLD_COPY = ModelCopy(manifest(OLD, 2 * GB).digest, OLD, 2 * GB, 2 * GB, complete=True)
 
 
@@ -47,6 +53,9 @@ class Weights(Harness):
         self.node_facts: dict[str, NodeFacts] = {}
 
     def set_weights(self, node_id: str, *, free: int, sources=(), copies=()) -> None:
+        """The node holds ``sources`` (verified: reported as seeds, as an agent does once it hashed them)."""
+        complete = {c.source for c in copies if c.complete}
+        copies = (*copies, *(seed_of(s) for s in sources if s not in complete))
         self.node_facts[node_id] = attrs.evolve(
             facts(node_id), model_sources=sources, model_copies=copies, models_free_bytes=free, peer_port=7444
         )

@@ -16,6 +16,7 @@ from llmgw.models import Catalog
 from llmgw.scheduler import DEFAULT_HEADROOM, NodeView, Replica, ScheduleResult, schedule
 from llmgw.server.state.cluster import ClusterState, where
 from llmgw.server.state.records import Launch
+from llmgw.weights import agreeing_facts
 
 __all__ = ["SchedulePlan", "plan", "apply"]
 
@@ -68,7 +69,11 @@ def plan(state: ClusterState, now: float, moves: list[str], rolls: list[str]) ->
         return None
     state.note_scheduled(now)
     return SchedulePlan(
-        nodes=tuple(node.view() for node in state.nodes.values()),
+        # a node whose seed folder differs from the fleet's manifest does not hold that source
+        nodes=tuple(
+            attrs.evolve(node.view(), facts=agreeing_facts(node.facts, state.manifests))
+            for node in state.nodes.values()
+        ),
         catalog=state.catalog,
         placements=tuple(record.placement for record in state.replicas.values()),
         replace=tuple(moves),

@@ -4,7 +4,9 @@ Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes to them (node
 certificates only):
 
 - ``POST /v1/agent/manifests``: a node holding a seed sends the manifest it
-  made; the first one stored for a source stays (answered with the stored one).
+  made; the first complete one stored for a source is the fleet's and stays
+  (answered with it); a node sending another is named, with the files that
+  differ, in one event, and is no holder of the source (:mod:`llmgw.weights`).
 - ``GET /v1/agent/weights?source=S``: the stored manifest of ``S`` (or none
   yet) and the nodes holding copies of it, complete ones first.
 - ``POST /v1/agent/weights/events``: a node reports something about a copy
@@ -30,7 +32,7 @@ from llmgw.server.persist.manifests import save_manifest
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind
-from llmgw.weights import Manifest, hub_ref, is_distributable
+from llmgw.weights import Manifest, differing_files, hub_ref, is_distributable
 from llmgw.wire import HubClaim, HubLease, PeerHolder, WeightsEvent, WeightsInfo, from_json
 
 __all__ = ["HUB_LEASE", "WeightsEndpoints"]
@@ -72,27 +74,34 @@ class WeightsEndpoints:
             raise Refused(400, f"revision: expected the 40-hex commit {manifest.source} was downloaded at")
         if manifest.made_by != identity.name:
             raise Refused(403, f"made_by: a node sends its own manifests ({identity.name!r})")
-        known = await self.manifests()
-        if manifest.source not in known:
+        if not manifest.files:
+            raise Refused(400, f"files: empty manifest of {manifest.source} (an empty folder is no copy)")
+        stored = (await self.manifests()).get(manifest.source)
+        if stored is None:
             now = self.clock()
-            await self.store.write(lambda conn: save_manifest(conn, manifest, now))
-            self.cluster.note_manifest(manifest)
-            self.reconciler.request()  # its size is known: placing now counts disk room for it
-            pinned = f", revision pinned to commit {manifest.revision}" if manifest.revision else ""
+            # two first manifests at once: the store keeps one, and both answers (and the cluster) name it
+            stored = await self.store.write(lambda conn: save_manifest(conn, manifest, now))
+            if stored.source not in self.cluster.manifests:
+                self.cluster.note_manifest(stored)
+                self.reconciler.request()  # its size is known: placing now counts disk room for it
+                pinned = f", revision pinned to commit {stored.revision}" if stored.revision else ""
+                message = (
+                    f"manifest of {stored.source} made by {stored.made_by}: {len(stored.files)} files, "
+                    f"{stored.total_bytes / 1e6:.1f} MB, digest {stored.digest[:12]}{pinned}"
+                )
+                self.cluster.record_event(now, EventKind.WEIGHTS, stored.source, message)
+                log.info(message)
+        if stored.digest != manifest.digest:
+            files = differing_files(stored, manifest)
+            more = f" and {len(files) - 20} more" if len(files) > 20 else ""
             message = (
-                f"manifest of {manifest.source} made by {identity.name}: {len(manifest.files)} files, "
-                f"{manifest.total_bytes / 1e6:.1f} MB, digest {manifest.digest[:12]}{pinned}"
+                f"node {identity.name} holds files of {manifest.source} that differ from the manifest of "
+                f"{stored.made_by} ({stored.digest[:12]}): {', '.join(files[:20])}{more}; "
+                "it is no holder of it (not counted as holding it, not used as a peer) until its files match"
             )
-            self.cluster.record_event(now, EventKind.WEIGHTS, manifest.source, message)
-            log.info(message)
-        elif known[manifest.source].digest != manifest.digest:
-            stored = known[manifest.source]
-            self.cluster.record_event(
-                self.clock(), EventKind.WEIGHTS, manifest.source,
-                f"node {identity.name} holds different files (digest {manifest.digest[:12]}) than the "
-                f"manifest made by {stored.made_by} (digest {stored.digest[:12]}): its seed is not used",
-            )  # fmt: skip
-        return answer(known[manifest.source])
+            self.cluster.record_event(self.clock(), EventKind.WEIGHTS, identity.name, message)
+            log.warning(message)
+        return answer(stored)
 
     async def _get_weights(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         source = request.query.get("source", "")

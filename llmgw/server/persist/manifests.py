@@ -17,10 +17,12 @@ def load_manifests(conn: sqlite3.Connection) -> dict[str, Manifest]:
     return {source: from_json(json.loads(text), Manifest) for source, text in rows}
 
 
-def save_manifest(conn: sqlite3.Connection, manifest: Manifest, now: float) -> None:
-    """Store ``manifest`` for its source unless one is stored already."""
+def save_manifest(conn: sqlite3.Connection, manifest: Manifest, now: float) -> Manifest:
+    """Store ``manifest`` for its source unless one is stored already; returns the one stored (the first)."""
     conn.execute(
         "INSERT INTO manifests (source, digest, manifest, made_by, made_at) VALUES (?, ?, ?, ?, ?)"
         " ON CONFLICT (source) DO NOTHING",
         (manifest.source, manifest.digest, json.dumps(to_json(manifest)), manifest.made_by, now),
     )
+    [text] = conn.execute("SELECT manifest FROM manifests WHERE source = ?", (manifest.source,)).fetchone()
+    return from_json(json.loads(text), Manifest)

@@ -3,15 +3,11 @@
 :class:`ClusterState` holds what the server knows (the catalog, every node and
 what its agent last observed, every replica, the manifests, the events not
 stored yet) and what changed since it was last stored (the dirty sets). The
-edges write their inputs through its input methods (:meth:`~ClusterState.sync`,
-:meth:`~ClusterState.apply_catalog`, ...); the controllers
-(:mod:`llmgw.server.controllers`) decide and change replicas only through its
-verbs: :meth:`~ClusterState.start_attempt`, :meth:`~ClusterState.fail`,
-:meth:`~ClusterState.mark_ready`, :meth:`~ClusterState.retire`,
-:meth:`~ClusterState.take_back`, :meth:`~ClusterState.place` and
-:meth:`~ClusterState.remove`. It does no I/O and reads no clock: callers
-pass ``now``. The reconciler (:mod:`llmgw.server.reconciler`) runs the
-controllers; what the state shows is in :mod:`llmgw.server.views`.
+edges write their inputs through its input methods (``sync``, ``apply_catalog``, ...);
+the controllers (:mod:`llmgw.server.controllers`) decide and change replicas only
+through its verbs: ``start_attempt``, ``fail``, ``mark_ready``, ``retire``,
+``take_back``, ``place`` and ``remove``. It does no I/O and reads no clock: callers pass ``now``.
+The reconciler runs the controllers; what the state shows is in :mod:`llmgw.server.views`.
 """
 
 from __future__ import annotations
@@ -290,6 +286,10 @@ class ClusterState:
         self.schedule_wanted = True
         self.dirty_nodes.add(node_id)
         self.record_event(now, EventKind.NODE, node_id, message)
+
+    def forget_progress(self, node_id: str, why: str) -> None:
+        """Drop the staging progress a lost or silent node last reported (its rate and ETA went stale)."""
+        self.view_version += self.nodes[node_id].forget_progress(why)
 
     def end_drain(self, node_id: str, now: float) -> None:
         """A draining node has no replica left: the drain is over (the node stays cordoned)."""

@@ -138,6 +138,15 @@ class NodeRecord:
         """This node as the scheduler sees it."""
         return NodeView(facts=self.facts, address=self.address, state=self.state, port_range=self.port_range)
 
+    def forget_progress(self, why: str) -> bool:
+        """Drop the staging progress (bytes, rate, ETA) its shards last reported; ``why`` is their detail.
+
+        Called by :meth:`ClusterState.forget_progress` for a node lost or silent; returns whether it had any.
+        """
+        stale = {key: shard for key, shard in self.observed.items() if shard.staged is not None}
+        self.observed |= {key: attrs.evolve(shard, staged=None, detail=why) for key, shard in stale.items()}
+        return bool(stale)
+
 
 @attrs.frozen
 class Launch:

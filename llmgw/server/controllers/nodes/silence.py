@@ -32,6 +32,8 @@ class SilenceWatch:
     spared: frozenset[str] = frozenset()
     #: the nodes the events of the current episode named
     announced: frozenset[str] = frozenset()
+    #: nodes still silent when the last episode ended -> when it ended: their silence counts from then
+    ended: dict[str, float] = attrs.field(factory=dict)
 
     def judge(
         self, nodes: Iterable[NodeRecord], lost_after: float, max_fraction: float, now: float
@@ -43,24 +45,30 @@ class SilenceWatch:
         least two) are late (no sync for half of ``lost_after``: they stopped
         within the same window), none is declared lost: they are
         :attr:`spared` and one event says so. The episode ends when one of them
-        syncs again; then every node still silent is judged as usual.
+        syncs again: none is declared lost then (nodes released together do not
+        sync in the same instant), and the silence of each node still silent
+        counts from the episode's end, so it is lost only when it has not
+        synced for ``lost_after`` after it, by the usual rule.
 
         :returns: the nodes to declare lost (sorted) and the events to record.
         """
         verdict = Verdict()
         live = [node for node in nodes if not node.lost]
-        quiet = {node.node_id: now - node.last_seen for node in live}
+        self.ended = {
+            node.node_id: self.ended[node.node_id]
+            for node in live
+            if node.node_id in self.ended and node.last_seen < self.ended[node.node_id]
+        }
+        quiet = {n.node_id: now - max(n.last_seen, self.ended.get(n.node_id, 0.0)) for n in live}
         silent = {node_id: seconds for node_id, seconds in quiet.items() if seconds > lost_after}
         late = [node_id for node_id, seconds in quiet.items() if seconds > lost_after / 2]
         if self.spared:
             returned = sorted(n for n in self.spared if n in quiet and n not in silent)
             self.spared = frozenset(n for n in self.spared if n in silent)
             if returned:
-                self.spared = frozenset()
-                verdict.messages.append(
-                    f"syncs are back ({', '.join(returned)}): silent nodes are declared lost again"
-                )
-            elif self.spared:
+                self._end(returned, silent, lost_after, now, verdict)
+                return verdict
+            if self.spared:
                 self._spare(silent, late, len(live), max_fraction, verdict)
                 return verdict
         if silent and len(late) >= 2 and len(late) > max_fraction * len(live):
@@ -68,6 +76,21 @@ class SilenceWatch:
             return verdict
         verdict.lost = sorted(silent.items())
         return verdict
+
+    def _end(
+        self, returned: list[str], silent: dict[str, float], lost_after: float, now: float, verdict: Verdict
+    ) -> None:
+        """End the episode: the nodes still silent get ``lost_after`` from ``now``; one event says so."""
+        still = sorted(silent)
+        self.spared = frozenset()
+        self.ended.update((node_id, now) for node_id in still)
+        message = f"syncs are back ({', '.join(returned)}): the silence is over and no node was declared lost"
+        if still:
+            message += (
+                f"; still silent: {', '.join(still)}, each declared lost if it does not sync "
+                f"within {lost_after:.0f} s"
+            )
+        verdict.messages.append(message)
 
     def _spare(
         self, silent: dict[str, float], late: list[str], live: int, max_fraction: float, verdict: Verdict

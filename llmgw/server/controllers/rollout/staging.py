@@ -19,7 +19,7 @@ from __future__ import annotations
 from llmgw.scheduler import DiskRoom
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import Launch, NodeRecord, ReplicaRecord
-from llmgw.weights import is_distributable
+from llmgw.weights import holds, is_distributable
 
 __all__ = ["stage_ahead", "copied_bytes"]
 
@@ -47,7 +47,7 @@ def stage_ahead(
             continue
         for node_id in record.placement.node_ids:
             node = cluster.nodes.get(node_id)
-            if node is not None and not node.lost and source not in node.facts.model_sources:
+            if node is not None and not node.lost and not holds(node.facts, source, manifest):
                 lacking.setdefault(node_id, []).append(record.id)
     stage: dict[str, str] = {}
     waiting: set[str] = set()

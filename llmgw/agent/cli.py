@@ -99,6 +99,13 @@ def _given(ctx: click.Context, flags: dict) -> dict[str, str]:
     help="Seconds between SIGTERM and SIGKILL when a shard stops  [default: 10].",
 )
 @click.option(
+    "--orphan-grace",
+    type=float,
+    metavar="SECONDS",
+    help="Seconds each engine keeps running while no agent is attached, for the next agent to adopt "
+    "(0: engines end with their agent)  [default: 300].",
+)
+@click.option(
     "--models-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Where copies of distributable models go  [default: /var/lib/llmgw/models].",
@@ -159,6 +166,7 @@ def agent(
     port_range: str | None,
     engine_options: tuple[str, ...],
     stop_grace: float | None,
+    orphan_grace: float | None,
     models_dir: Path | None,
     peer_port: int | None,
     max_uploads: int | None,
@@ -196,6 +204,7 @@ def agent(
         "port_range": parse_port_range(port_range) if port_range else None,
         "engines": _engine_options(engine_options),
         "stop_grace": stop_grace,
+        "orphan_grace": orphan_grace,
         "models_dir": models_dir and str(models_dir),
         "peer_port": peer_port,
         "max_uploads": max_uploads,

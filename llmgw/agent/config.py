@@ -15,6 +15,7 @@ Every setting has one name, used both as a TOML key and (with ``-`` for
     fabrics = ["ib-a:mlx5_0,mlx5_1"]
     port_range = "20000-20999"            # or [20000, 20999]
     stop_grace = 10.0                     # seconds between SIGTERM and SIGKILL
+    orphan_grace = 300.0                  # seconds engines outlive their agent, for the next to adopt
     models_dir = "/var/lib/llmgw/models"  # where copies of distributable models go
     peer_port = 7444                      # serves model files to other nodes (0: any free port)
     max_uploads = 4                       # files served to peers at once
@@ -145,6 +146,8 @@ class AgentConfig:
     )
     #: seconds between SIGTERM and SIGKILL when a shard's process group is stopped
     stop_grace: float = 10.0
+    #: seconds a shard's launcher keeps its engine running with no agent attached (0: it ends with the agent)
+    orphan_grace: float = 300.0
     #: seconds each sidecar may take to become ready
     sidecar_timeout: float = 120.0
     health: HealthSettings = HealthSettings()
@@ -210,6 +213,7 @@ class _AgentFile:
     port_range: _PortRange | None = None
     engines: dict[str, dict[str, str]] | None = None
     stop_grace: float | None = None
+    orphan_grace: float | None = None
     sidecar_timeout: float | None = None
     health: HealthSettings | None = None
     sync: SyncSettings | None = None
@@ -392,7 +396,7 @@ def load_agent_config(
             f"node id {node!r}: use lowercase letters, digits, '.' and '-' (the certificate's common name)"
         )
     servers = _check_server(values["server"])
-    for name in ("stop_grace", "sidecar_timeout"):
+    for name in ("stop_grace", "orphan_grace", "sidecar_timeout"):
         if name in values and (type(values[name]) not in (int, float) or values[name] < 0):
             raise AgentConfigError(
                 f"--{name.replace('_', '-')}: expected a number >= 0, got {values[name]!r}"
@@ -416,6 +420,7 @@ def load_agent_config(
         port_range=values.get("port_range", DEFAULT_PORT_RANGE),
         engines=engines,
         stop_grace=values.get("stop_grace", 10.0),
+        orphan_grace=values.get("orphan_grace", 300.0),
         sidecar_timeout=values.get("sidecar_timeout", 120.0),
         health=HealthSettings(**values.get("health", {})),
         sync=SyncSettings(**values.get("sync", {})),

@@ -1,8 +1,10 @@
 """An agent restarted on purpose is not a replica failure.
 
-An agent's shards end with it: its launchers end their process groups when it
-exits, and a new agent ends the groups an earlier one left (reporting their
-shards ``exited``). That is no fault of the replicas, so it must not cost them
+An agent's shards may end with it: with ``orphan_grace = 0`` its launchers end
+their process groups when it exits, and a new agent ends the groups it cannot
+adopt (reporting their shards ``exited``). A restarted agent that adopted every
+shard its predecessor ran (it reports them all running on its first sync)
+restarted nothing, and nothing starts again. That is no fault of the replicas, so it must not cost them
 a backoff, a failure, or (for a rollout's replacement) a step towards pausing
 the rollout. The server learns of a restart two ways:
 
@@ -44,7 +46,9 @@ def note_agent(node: NodeRecord, request: SyncRequest, now: float) -> str | None
     """
     message = None
     if request.instance and request.instance != node.agent_instance:
-        if node.agent_instance and not node.agent_leaving:
+        if node.agent_instance and not node.agent_leaving and _adopted_all(node, request):
+            message = "its agent restarted and adopted every shard running here (nothing restarts)"
+        elif node.agent_instance and not node.agent_leaving:
             node.agent_left_at, node.agent_gone_since = now, node.last_seen
             message = "its agent restarted: the replicas with a shard here start again (no failure counted)"
         if node.agent_instance:
@@ -57,6 +61,16 @@ def note_agent(node: NodeRecord, request: SyncRequest, now: float) -> str | None
             "again once it is back (no failure counted)"
         )
     return message
+
+
+def _adopted_all(node: NodeRecord, request: SyncRequest) -> bool:
+    """Whether a restarted agent reports every shard its predecessor ran still running (it adopted them)."""
+    now = {shard.key: shard.state for shard in request.observed}
+    return all(
+        now.get(key) in ("running", "ready")
+        for key, shard in node.observed.items()
+        if shard.state in ("starting", "running", "ready")
+    )
 
 
 def left_agent(record: ReplicaRecord, nodes: Mapping[str, NodeRecord]) -> tuple[str, bool] | None:

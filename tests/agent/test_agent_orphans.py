@@ -1,4 +1,4 @@
-"""Engines outlive their agent for its orphan grace; a new agent adopts them; past the grace none is left.
+"""An agent process killed, stopped and paused: its engines outlive it, and a pause fails none of them.
 
 The agent runs as a real process (``llmgw agent``) against a real server, with
 the sim engine. What is proven: an agent killed with -9 leaves its engine
@@ -6,7 +6,9 @@ running, the next agent adopts it (the same pid, the same attempt, the
 replica never leaves ``ready``), an agent stopped with SIGTERM leaves it too,
 and with no agent for ``orphan_grace`` seconds the launcher ends the engine's
 group and frees its port. A group whose launcher died cannot be adopted: the
-next agent ends it, and the replica is rebuilt.
+next agent ends it, and the replica is rebuilt. An agent paused (SIGSTOP) for
+longer than its canary's limit re-arms the canary when it runs again: its
+healthy engine is not failed.
 """
 
 from __future__ import annotations
@@ -185,3 +187,25 @@ async def test_new_agent_ends_groups_its_launchers_did_not(server, procs, agent_
     with trio.fail_after(30):
         second = await ready_replica(server, procs, not_attempt=first["attempt"])
     assert second["shards"][0]["pid"] != shard["pid"]
+
+
+async def test_an_agent_paused_past_its_canary_limit_fails_no_healthy_engine(server, procs, agent_files):
+    """SIGSTOP of the agent for 12 s (the sim's canary gives up after 2 s + 5 s), then SIGCONT: the agent
+    re-arms its canary, and the engine keeps its pid, the replica its attempt, no failure counted."""
+    config, state = agent_files
+    agent = start_agent(procs, config)
+    await server.apply(replicas=1)
+    with trio.fail_after(STARTUP):
+        first = await ready_replica(server, procs)
+    agent.signal(signal.SIGSTOP)
+    await trio.sleep(12)  # the pause itself is what is tested: nothing to wait for
+    agent.signal(signal.SIGCONT)
+    with trio.fail_after(30):
+        await agent.wait_for_stderr_trio("the liveness canary starts again")
+    await trio.sleep(8)  # a canary judged after the pause would fail within interval + timeout (7 s)
+    with trio.fail_after(30):
+        after = await ready_replica(server, procs)
+    assert (after["attempt"], after["shards"][0]["pid"], after["failures"]) == (
+        first["attempt"], first["shards"][0]["pid"], 0
+    ), agent.stderr()[-3000:]
+    assert "unhealthy" not in agent.stderr()

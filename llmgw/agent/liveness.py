@@ -193,7 +193,7 @@ async def watch_liveness(
         verdict = _judge(round_, probe.timeout)
         if verdict is None:
             log.info(
-                "shard %s: %s waited %g s unanswered, but the engine produced tokens meanwhile: busy",
+                "shard %s: %s waited %g s unanswered, but the engine made tokens meanwhile: busy, not hung",
                 shard,
                 what,
                 probe.timeout,

@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from llmgw.agent.launcher import attach_address
-from llmgw.agent.process import Child
+from llmgw.agent.process import Child, read_line
 from llmgw.agent.records import ProcessRecords, end_groups, still_ours
 from llmgw.agent.supervisor import shard_log_path
 from llmgw.wire import PREVIOUS_AGENT_EXIT, DesiredShard, ObservedShard, WireError, from_json
@@ -86,13 +86,7 @@ async def _attach(pgid: int, name: str) -> Attached | str:
     try:
         with trio.fail_after(ATTACH_TIMEOUT):
             await sock.connect(attach_address(name))
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    break
-                line += chunk
-        reply = json.loads(line)
+            reply = json.loads(await read_line(stream))
         if isinstance(reply, dict) and isinstance(reply.get("pid"), int):
             return Attached(pgid, reply["pid"], stream)
         why = reply.get("error") if isinstance(reply, dict) else None

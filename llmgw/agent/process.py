@@ -31,7 +31,8 @@ from llmgw.agent.launcher import LAUNCHER_PREFIX
 from llmgw.models import Command
 
 __all__ = [
-    "Child", "Launcher", "AdoptedLauncher", "run_child", "keep_child", "last_log_line", "describe_exit",
+    "Child", "Launcher", "AdoptedLauncher", "run_child", "keep_child", "read_line", "last_log_line",
+    "describe_exit",
 ]  # fmt: skip
 
 log = logging.getLogger("llmgw.agent")
@@ -167,7 +168,8 @@ async def _stop_group(
     _killpg(process.pid, signal.SIGKILL)
 
 
-async def _read_line(stream: trio.lowlevel.FdStream) -> bytes:
+async def read_line(stream: trio.abc.ReceiveStream) -> bytes:
+    """Read up to and including a newline (less when the stream ends first); callers own the deadline."""
     data = b""
     while not data.endswith(b"\n"):
         chunk = await stream.receive_some(4096)
@@ -249,7 +251,7 @@ async def run_child(
             try:
                 await control.send_all((json.dumps(spec) + "\n").encode())
                 with trio.fail_after(LAUNCH_TIMEOUT):
-                    line = await _read_line(status)
+                    line = await read_line(status)
                 reply = json.loads(line) if line.strip() else {"error": "the launcher exited at once"}
             except trio.TooSlowError:
                 reply = {"error": f"the launcher did not start the command within {LAUNCH_TIMEOUT:g} s"}

@@ -120,12 +120,12 @@ async def serve_agent(
         agent.check_sources = check_sources
         agent.sources_checked = check_sources
         agent.report_previous(previous)
-        agent.adopt(adopted)
-        if adopted:
-            log.info("adopted %d shards an earlier agent left running; nothing restarts", len(adopted))
         async with trio.open_nursery() as nursery:
             if config.metrics_listen is not None:
                 await _serve_metrics(nursery, agent, config.metrics_listen)
+            agent.adopt(adopted)  # once the metrics are there: adopted shards are counted too
+            if adopted:
+                log.info("adopted %d shards an earlier agent left running; nothing restarts", len(adopted))
             await _serve_peers(nursery, agent, peers)
             syncing = trio.CancelScope()
             nursery.start_soon(_sync, agent, nursery, syncing)

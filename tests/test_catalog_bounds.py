@@ -19,7 +19,7 @@ from llmgw_engine_sim import SimEngine
 from llmgw.catalog import MAX_CATALOG_VALUES, parse_catalog
 from llmgw.cli import cli
 from llmgw.errors import CatalogError
-from llmgw.server import api_catalog
+from llmgw.server.http import catalog as api_catalog
 from llmgw.testing.server import start_server
 
 ENGINES = {"sim": SimEngine()}

@@ -9,7 +9,9 @@ The public surface:
 Modules: :mod:`~llmgw.agent.config`, :mod:`~llmgw.agent.facts` (what the node
 has), :mod:`~llmgw.agent.sync` (the loop with the server),
 :mod:`~llmgw.agent.supervisor` (one shard: sidecars, engine, health),
-:mod:`~llmgw.agent.process` (process groups, records of them, leftovers) and
+:mod:`~llmgw.agent.process` (commands under launchers),
+:mod:`~llmgw.agent.records` and :mod:`~llmgw.agent.adoption` (what an agent
+leaves running and the next adopts) and
 :mod:`~llmgw.agent.launcher` (the small program every engine and sidecar
 runs under). Names are imported lazily, so that the launcher, which imports
 this package, starts without loading trio or httpx.

@@ -1,4 +1,4 @@
-"""``llmgw agent``: run the node agent until SIGTERM or Ctrl-C, then stop every shard and exit 0."""
+"""``llmgw agent``: run the node agent until SIGTERM or Ctrl-C, then leave its shards to the next."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ log = logging.getLogger("llmgw.agent")
 def agent(config: AgentConfig) -> None:
     """Run this node's agent: report its facts, run the shards the server gives it.
 
-    On SIGTERM or Ctrl-C it tells the server it is leaving (its replicas start again once an
-    agent is back, not counted as failures), stops every shard (SIGTERM, grace, SIGKILL) and exits 0.
+    On SIGTERM or Ctrl-C it exits 0 and leaves every shard running: the next agent adopts them
+    (an upgrade restarts nothing); with no agent for --orphan-grace seconds their launchers stop them.
+    With --orphan-grace 0 it tells the server it is leaving, then stops every shard first.
     Settings come from the flags, their environment variables, agent.toml (--config; its tables
     [engines.NAME], [health] and [sync] have no flags), then the defaults.
     """
@@ -39,6 +40,10 @@ def agent(config: AgentConfig) -> None:
         serve,
         stop=lambda: leaving[0].set() if leaving else None,
         log=log,
-        stopping="stopping every shard (the server told first), then exiting",
+        stopping=(
+            f"leaving every shard running for the next agent (kept {config.orphan_grace:g} s)"
+            if config.orphan_grace > 0
+            else "stopping every shard (the server told first), then exiting"
+        ),
         stopping_again=f"shards still running get SIGKILL {config.stop_grace:g} s after their SIGTERM",
     )

@@ -5,20 +5,30 @@ session, so the launcher leads its own process group, and talks to it over
 two pipes:
 
 - **stdin** (agent → launcher): one JSON line ``{"argv": [...], "env": {...},
-  "cwd": ..., "grace": 10.0}``, then nothing. The agent keeps the write end
-  open for as long as it wants the command to run. End of file means the
-  agent is gone (it exited or was killed, even with ``kill -9``: the kernel
-  closes its end) or wants the command stopped.
+  "cwd": ..., "grace": 10.0, "orphan_grace": 300.0, "socket": NAME}``, then
+  nothing. The agent keeps the write end open for as long as it is attached.
+  End of file means the agent is gone (it exited or was killed, even with
+  ``kill -9``: the kernel closes its end).
 - **stdout** (launcher → agent): one JSON line, ``{"pid": N}`` once the command
   started, or ``{"error": "..."}`` when it could not be started.
+- **the attach socket** (``socket``, a name in Linux's abstract unix socket
+  namespace, so no file and no path-length limit): a later agent (the same
+  user only) connects to adopt the command. The launcher answers one line,
+  ``{"pid": N}`` (or ``{"error": ...}`` when another agent is attached), and
+  the connection is then what stdin was: closing it detaches the agent. When
+  the command ends, the attached agent gets ``{"exit": CODE}`` before the
+  launcher exits.
 
 stderr is the shard's log; the command inherits it as its stdout and stderr.
 
 The command runs in the launcher's process group, so one signal to the group
 reaches it and everything it starts. The launcher:
 
-- on end of file, sends SIGTERM to its group, waits ``grace`` seconds, then
-  SIGKILLs whatever of the group is left;
+- when its agent goes away, keeps the command running for ``orphan_grace``
+  seconds for another agent to attach (an agent upgraded or restarted
+  restarts no engine); past it, or at once when ``orphan_grace`` is 0, sends
+  SIGTERM to its group, waits ``grace`` seconds, then SIGKILLs whatever of the
+  group is left;
 - on SIGTERM (the agent signals the whole group: the command got it too),
   waits ``grace`` seconds for the command, then SIGKILLs the rest;
 - when the command exits by itself, ends the rest of the group the same way
@@ -42,16 +52,23 @@ import os
 import resource
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 
-__all__ = ["main", "LAUNCHER_PREFIX", "group_members", "pid_alive"]
+__all__ = ["main", "LAUNCHER_PREFIX", "group_members", "pid_alive", "attach_address"]
 
 #: every line the launcher itself writes to the log starts with this
 LAUNCHER_PREFIX = "[llmgw-launcher]"
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL = 0.05
+
+
+def attach_address(name: str) -> str:
+    """The address of a launcher's attach socket called ``name`` (in the abstract namespace)."""
+    return "\0" + name
 
 
 def _state_and_group(pid: int) -> tuple[bytes, int] | None:
@@ -92,6 +109,11 @@ class _Launcher:
         #: the command's exit code once reaped (negative: killed by that signal)
         self.code: int | None = None
         self.stopping = False
+        #: the agent is attached through stdin (the one that started us)
+        self.on_stdin = True
+        #: or through this connection to the attach socket (one that adopted us)
+        self.conn: socket.socket | None = None
+        self.listener: socket.socket | None = None
 
     def say(self, message: str) -> None:
         with contextlib.suppress(OSError):
@@ -135,6 +157,16 @@ class _Launcher:
         if self.signals:
             self.report({"error": "stopped before it started"})
             return 143
+        if spec.get("socket"):
+            try:
+                self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                self.listener.bind(attach_address(spec["socket"]))
+                self.listener.listen(4)
+            except OSError as exc:
+                message = f"cannot make the attach socket {spec['socket']}: {exc.strerror or exc}"
+                self.say(message)
+                self.report({"error": message})
+                return 127
         try:
             self.child = subprocess.Popen(
                 spec["argv"],
@@ -152,8 +184,10 @@ class _Launcher:
             return 127
         self.report({"pid": self.child.pid})
         grace = float(spec.get("grace", 10.0))
-        code = self.supervise(wake_r, grace)
+        code = self.supervise(wake_r, grace, float(spec.get("orphan_grace", 0.0)))
         self.end_rest(grace)
+        if self.conn is not None:
+            self.send(self.conn, {"exit": code})
         return code
 
     def read_spec(self) -> dict | None:
@@ -173,39 +207,94 @@ class _Launcher:
             os.write(1, (json.dumps(message) + "\n").encode())
             os.close(1)
 
-    def supervise(self, wake_r: int, grace: float) -> int:
+    @staticmethod
+    def send(conn: socket.socket, message: dict) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall((json.dumps(message) + "\n").encode())
+
+    def accept(self) -> bool:
+        """Take a connection to the attach socket; whether an agent attached through it."""
+        assert self.listener is not None and self.child is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return False
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        peer_pid, peer_uid, _ = struct.unpack("3i", creds)
+        if peer_uid != os.getuid() or self.on_stdin or self.conn is not None:
+            why = "another agent is attached" if peer_uid == os.getuid() else "not the launcher's user"
+            self.send(conn, {"error": why})
+            conn.close()
+            return False
+        conn.setblocking(False)
+        self.conn = conn
+        self.send(conn, {"pid": self.child.pid})
+        self.say(f"adopted by the agent with pid {peer_pid}")
+        return True
+
+    def agent_left(self) -> bool:
+        """Read from the attached agent; whether it went away (end of file)."""
+        try:
+            if self.on_stdin:
+                chunk = os.read(0, 4096)
+            else:
+                assert self.conn is not None
+                chunk = self.conn.recv(4096)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if chunk:
+            return False
+        if self.conn is not None:
+            self.conn.close()
+        self.on_stdin, self.conn = False, None
+        return True
+
+    def supervise(self, wake_r: int, grace: float, orphan_grace: float) -> int:
         assert self.child is not None
         try:
             exit_fd = os.pidfd_open(self.child.pid)
         except (AttributeError, OSError):
             exit_fd = None
-        watch_stdin = True
         kill_at: float | None = None
+        orphan_until: float | None = None
         while True:
             self.reap()
             if self.code is not None:
                 break
-            fds = [wake_r] + ([0] if watch_stdin else []) + ([exit_fd] if exit_fd is not None else [])
+            fds: list = [wake_r] + ([exit_fd] if exit_fd is not None else [])
+            fds += [0] if self.on_stdin else [self.conn] if self.conn is not None else []
+            fds += [self.listener] if self.listener is not None else []
             timeout = _POLL if exit_fd is None else 1.0
-            if kill_at is not None:
-                timeout = max(0.0, min(timeout, kill_at - time.monotonic()))
+            for at in (kill_at, orphan_until):
+                if at is not None:
+                    timeout = max(0.0, min(timeout, at - time.monotonic()))
             readable, _, _ = select.select(fds, [], [], timeout)
             if wake_r in readable:
                 os.read(wake_r, 512)
-            if watch_stdin and 0 in readable:
-                try:
-                    chunk = os.read(0, 4096)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    watch_stdin = False
-                    if kill_at is None:
-                        self.say(f"the agent went away: SIGTERM to the process group, {grace:g} s grace")
-                        kill_at = time.monotonic() + grace
-                        self.signal_others(signal.SIGTERM)
+            if (0 in readable or self.conn in readable) and self.agent_left() and kill_at is None:
+                if orphan_grace > 0 and self.listener is not None:
+                    self.say(f"the agent went away: keeping the command for up to {orphan_grace:g} s "
+                             "for an agent to adopt it")  # fmt: skip
+                    orphan_until = time.monotonic() + orphan_grace
+                else:
+                    self.say(f"the agent went away: SIGTERM to the process group, {grace:g} s grace")
+                    kill_at = time.monotonic() + grace
+                    self.signal_others(signal.SIGTERM)
+            if self.listener in readable and self.accept():
+                orphan_until = None
+            if orphan_until is not None and time.monotonic() >= orphan_until and kill_at is None:
+                self.say(
+                    f"no agent adopted the command within {orphan_grace:g} s: "
+                    f"SIGTERM to the process group, {grace:g} s grace"
+                )
+                orphan_until, kill_at = None, time.monotonic() + grace
+                self.signal_others(signal.SIGTERM)
             if self.signals and kill_at is None:
                 name = signal.Signals(self.signals[0]).name
                 kill_at = time.monotonic() + grace
+                orphan_until = None
                 if self.signals[0] == signal.SIGTERM:
                     # the agent signals the whole group: the command got it too; do not send a second
                     self.say(f"{name}: waiting up to {grace:g} s for the command to exit")
@@ -219,6 +308,8 @@ class _Launcher:
                 kill_at = time.monotonic() + 3600
         if exit_fd is not None:
             os.close(exit_fd)
+        if self.listener is not None:
+            self.listener.close()  # no agent adopts a command that ended
         self.stopping = kill_at is not None
         return self.code
 

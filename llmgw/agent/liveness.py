@@ -9,9 +9,20 @@ the served model) and waits ``timeout`` seconds for any HTTP answer.
 
 A probe with no answer in time may only have waited behind a full batch. When
 the engine names its token counters (:class:`~llmgw.engine.ProgressMetrics`),
-they are read before the probe is sent and once its time is up: if they
-grew, the engine is busy and the probe is tried again at the next interval;
-if they did not (or cannot be read), the engine is hung.
+they are read every :data:`TICK` seconds while the probe waits and once its
+time is up: if they moved within the last :data:`STILL_SHARE` of the timeout,
+the engine is busy and the probe is tried again at the next interval; if they
+stood still that long (or cannot be read), the engine is hung. So requests
+that were already streaming when an engine hung (they drain for a few
+seconds) do not buy it a second round.
+
+The timeout is counted in the engine's time, not the wall clock's: a tick of
+the agent's own clock that fires late (a loaded machine) charges the engine
+at most :data:`LATE_SLACK` of the lateness. A look at the clock later than
+the probe interval plus :data:`PAUSE_MARGIN` means the agent itself was
+paused (SIGSTOP, a frozen VM): that round says nothing of the engine, and
+the canary is re-armed. A probe whose HTTP client times out is unanswered,
+not broken.
 """
 
 from __future__ import annotations
@@ -94,6 +105,30 @@ async def read_progress(
     return f"GET {url}: no answer within {within:g} s"
 
 
+#: seconds between two readings of the engine's counters while a canary waits (at most a fifth of its timeout)
+TICK = 1.0
+#: seconds of a tick's lateness still charged to the engine; the rest is the agent's own scheduling delay
+LATE_SLACK = 0.05
+#: a tick later than the probe interval plus this many seconds: the agent was paused, not the engine
+PAUSE_MARGIN = 1.0
+#: an unanswered canary is a hang once the counters stood still for this share of the probe's timeout
+STILL_SHARE = 0.5
+
+
+@attrs.define
+class _Round:
+    """One canary: its answer, the engine time charged so far, the counters read meanwhile."""
+
+    #: [] while unanswered; [None] when answered; [why] when the connection broke
+    answer: list[str | None] = attrs.Factory(list)
+    engine_time: float = 0.0
+    #: (engine time, reading) in the order read
+    readings: list[tuple[float, Progress | str]] = attrs.Factory(list)
+    #: seconds the agent's clock jumped, when it was paused
+    paused: float | None = None
+    done: trio.Event = attrs.Factory(trio.Event)
+
+
 async def watch_liveness(
     client: httpx.AsyncClient,
     base_url: str,
@@ -109,32 +144,43 @@ async def watch_liveness(
 
     Runs beside the health check once the shard is ready; cancelled with it.
     A broken connection is reported at once; a probe with no answer in time
-    only when the engine's token counters did not grow meanwhile.
+    only when the engine's token counters stood still (see the module docstring).
     ``outcome`` (if given) is called with each probe's result: ``ok`` (answered),
     ``busy`` (no answer, but tokens were produced), ``failed`` (the connection broke)
-    or ``hung``.
+    or ``hung``; a round the agent's own pause cut short has none.
     """
     said = outcome or (lambda result: None)
     url = base_url + probe.path
     body = probe.request_body(served_name)
     what = f"liveness probe {probe.method} {url}"
+    pause_after = probe.interval + PAUSE_MARGIN
+    tick = min(TICK, probe.timeout / 5)
     while True:
+        slept_from = trio.current_time()
         await trio.sleep(probe.interval)
-        before = await _progress(client, base_url, probe, metrics_timeout)
-        answer: list[str | None] = []
-        answered = trio.Event()
+        if trio.current_time() - slept_from - probe.interval > pause_after:
+            _rearm(shard, trio.current_time() - slept_from)
+            continue
+        round_ = _Round()
         async with trio.open_nursery() as canary:
-            canary.start_soon(_ask, client, probe, url, body, answer, answered)
-            with trio.move_on_after(probe.timeout):
-                await answered.wait()
-            # read the counters while the probe still waits: it counts among the running requests
-            after = None if answer else await _progress(client, base_url, probe, metrics_timeout)
+            canary.start_soon(_ask, client, probe, url, body, round_)
+            canary.start_soon(_charge, round_, tick, probe.timeout, pause_after)
+            if probe.progress is not None:
+                canary.start_soon(_sample, client, base_url, probe.progress, metrics_timeout, tick, round_)
+            await round_.done.wait()
+            if not round_.answer and round_.paused is None and probe.progress is not None:
+                # read once more while the probe still waits: it counts among the running requests
+                final = await read_progress(client, base_url, probe.progress, metrics_timeout)
+                round_.readings.append((round_.engine_time, final))
             canary.cancel_scope.cancel()
-        if answer and answer[0] is not None:
+        if round_.paused is not None:
+            _rearm(shard, round_.paused)
+            continue
+        if round_.answer and round_.answer[0] is not None:
             said("failed")
-            report(f"{what} failed: {answer[0]}")
+            report(f"{what} failed: {round_.answer[0]}")
             return
-        if answer:
+        if round_.answer:
             said("ok")
             continue
         if probe.progress is None:
@@ -144,53 +190,92 @@ async def watch_liveness(
                 "(health still passes: a hung engine or a hung peer)"
             )
             return
-        if isinstance(before, Progress) and isinstance(after, Progress) and after.tokens > before.tokens:
+        verdict = _judge(round_, probe.timeout)
+        if verdict is None:
             log.info(
-                "shard %s: %s waited %g s unanswered, but the engine produced %d tokens meanwhile: "
-                "busy, not hung",
+                "shard %s: %s waited %g s unanswered, but the engine made tokens meanwhile: busy, not hung",
                 shard,
                 what,
                 probe.timeout,
-                after.tokens - before.tokens,
             )
             said("busy")
             continue
         said("hung")
-        report(f"{what} got no answer within {probe.timeout:g} s and {_stalled(before, after)}")
+        report(f"{what} got no answer within {probe.timeout:g} s and {verdict}")
         return
 
 
-async def _ask(
+def _rearm(shard: str, jump: float) -> None:
+    log.warning(
+        "shard %s: this agent was paused (its clock jumped %.1f s): the liveness canary starts again, "
+        "the engine is not judged on it",
+        shard,
+        jump,
+    )
+
+
+async def _charge(round_: _Round, tick: float, limit: float, pause_after: float) -> None:
+    """Count the engine's time while the canary waits; ``done`` at ``limit``, or when the agent was paused.
+
+    A tick that fires late charges the engine at most :data:`LATE_SLACK` of its lateness.
+    """
+    while round_.engine_time < limit:
+        wanted = min(tick, limit - round_.engine_time)
+        before = trio.current_time()
+        await trio.sleep(wanted)
+        gap = trio.current_time() - before
+        if gap - wanted > pause_after:
+            round_.paused = gap
+            break
+        round_.engine_time += min(gap, wanted + LATE_SLACK)
+    round_.done.set()
+
+
+async def _sample(
     client: httpx.AsyncClient,
-    probe: LivenessProbe,
-    url: str,
-    body: object,
-    answer: list[str | None],
-    answered: trio.Event,
+    base_url: str,
+    metrics: ProgressMetrics,
+    within: float,
+    tick: float,
+    round_: _Round,
 ) -> None:
-    """Send the probe; append None (any HTTP answer) or what failed to ``answer``, then set ``answered``."""
-    try:
-        await client.request(probe.method, url, json=body, timeout=probe.timeout + 1)
-    except httpx.HTTPError as exc:
-        answer.append(str(exc) or type(exc).__name__)
-    else:
-        answer.append(None)
-    answered.set()
+    """Read the engine's counters every ``tick`` seconds into ``round_.readings`` (until cancelled)."""
+    while True:
+        reading = await read_progress(client, base_url, metrics, within)
+        round_.readings.append((round_.engine_time, reading))
+        await trio.sleep(tick)
 
 
-async def _progress(
-    client: httpx.AsyncClient, base_url: str, probe: LivenessProbe, within: float
-) -> Progress | str | None:
-    if probe.progress is None:
+def _judge(round_: _Round, timeout: float) -> str | None:
+    """None when the counters moved in the last :data:`STILL_SHARE` of ``timeout``; else why it is hung."""
+    readings = [(at, r) for at, r in round_.readings if isinstance(r, Progress)]
+    last = round_.readings[-1][1] if round_.readings else "no reading"
+    if isinstance(last, str) or len(readings) < 2:
+        why = last if isinstance(last, str) else "only one reading"
+        return f"its progress cannot be read ({why}): hung"
+    moved = [at for (_, a), (at, b) in zip(readings, readings[1:], strict=False) if b.tokens > a.tokens]
+    still = round_.engine_time - moved[-1] if moved else None
+    if still is not None and still < STILL_SHARE * timeout:
         return None
-    return await read_progress(client, base_url, probe.progress, within)
+    assert isinstance(last, Progress)
+    running = f" with {last.running:.0f} requests running" if last.running is not None else ""
+    when = "meanwhile" if still is None else f"in its last {still:.1f} s"
+    return f"no token was produced {when}{running} (health still passes): hung"
 
 
-def _stalled(before: Progress | str | None, after: Progress | str | None) -> str:
-    """Why the engine counts as hung, for the shard's detail."""
-    for reading in (after, before):
-        if isinstance(reading, str):
-            return f"its progress cannot be read ({reading}): hung"
-    assert isinstance(after, Progress)
-    running = f" with {after.running:.0f} requests running" if after.running is not None else ""
-    return f"no token was produced meanwhile{running} (health still passes): hung"
+async def _ask(
+    client: httpx.AsyncClient, probe: LivenessProbe, url: str, body: object, round_: _Round
+) -> None:
+    """Send the probe; note None (any HTTP answer) or what broke in ``round_.answer``, and end the round.
+
+    An HTTP client timeout is no answer (the round's own clock judges that), not a broken connection.
+    """
+    try:
+        await client.request(probe.method, url, json=body, timeout=None)
+    except httpx.TimeoutException:
+        return
+    except httpx.HTTPError as exc:
+        round_.answer.append(str(exc) or type(exc).__name__)
+    else:
+        round_.answer.append(None)
+    round_.done.set()

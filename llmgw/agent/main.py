@@ -10,6 +10,7 @@ import httpx
 import trio
 from cryptography import x509
 
+from llmgw.agent.adoption import adopt_running
 from llmgw.agent.config import AgentConfig, AgentConfigError
 from llmgw.agent.eviction import RoomMaker, weights_in_use
 from llmgw.agent.facts import gather_facts
@@ -17,7 +18,7 @@ from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerFiles
 from llmgw.agent.prestage import PreStager
-from llmgw.agent.process import ProcessRecords, end_leftovers, hold_agent_lock
+from llmgw.agent.records import ProcessRecords, hold_agent_lock
 from llmgw.agent.staging import Stager
 from llmgw.agent.sync import Agent
 from llmgw.engine import Engine
@@ -54,9 +55,11 @@ async def serve_agent(
 ) -> None:
     """Run the node agent until cancelled.
 
-    At start: takes the state directory's lock, ends the process groups an
-    earlier agent left (and reports its shards as ``exited``), discovers the
-    node's facts, then calls ``task_status.started(agent)`` with the
+    At start: takes the state directory's lock, adopts the shards an earlier
+    agent left running (:mod:`llmgw.agent.adoption`: the same shards, the
+    same attempts, nothing restarts), ends the process groups it cannot adopt
+    (and reports their shards as ``exited``), discovers the node's facts,
+    then calls ``task_status.started(agent)`` with the
     :class:`~llmgw.agent.sync.Agent` and syncs with the server forever,
     supervising the shards it is given.
 
@@ -64,9 +67,12 @@ async def serve_agent(
     grace, SIGKILL) before this returns.
 
     :param plugins: the plugin manager; default :func:`~llmgw.plugins.get_plugin_manager`.
-    :param leave: set it to stop on purpose (``llmgw agent`` does on SIGTERM): the agent first
-        tells the server it is leaving (:func:`say_leaving`), so its replicas leave the routes and
-        start again once it is back without counting a failure; then it stops every shard and returns.
+    :param leave: set it to stop on purpose (``llmgw agent`` does on SIGTERM or Ctrl-C). With an
+        ``orphan_grace`` the agent leaves every shard running, for the next agent to adopt (an
+        upgrade or a restart restarts nothing; past the grace the launchers stop them). With
+        ``orphan_grace = 0`` it first tells the server it is leaving (:func:`say_leaving`), so
+        its replicas leave the routes and start again once it is back without counting a failure;
+        then it stops every shard. Either way it then returns.
     :raises FabricError: a ``--fabric`` this node cannot meet (before ``started``).
     :raises PkiError: the certificate, key or CA cannot be loaded.
     :raises AgentLockError: another agent runs with the same state directory.
@@ -78,9 +84,9 @@ async def serve_agent(
     config.logs_dir.mkdir(parents=True, exist_ok=True)
     with hold_agent_lock(config.runtime_dir):
         records = ProcessRecords(config.runtime_dir)
-        for line in await end_leftovers(records, config.stop_grace):
+        adopted, previous, ended = await adopt_running(records, config.logs_dir, config.stop_grace)
+        for line in ended:
             log.warning("left by an earlier agent: %s", line)
-        previous = records.shard_records()
 
         peers = PeerFiles(
             ModelsDir(config.models_dir, config.seed_root),
@@ -113,10 +119,13 @@ async def serve_agent(
         agent.cert_not_after = certificate.not_valid_after_utc.timestamp()
         agent.check_sources = check_sources
         agent.sources_checked = check_sources
-        agent.adopt_previous(previous)
+        agent.report_previous(previous)
         async with trio.open_nursery() as nursery:
             if config.metrics_listen is not None:
                 await _serve_metrics(nursery, agent, config.metrics_listen)
+            agent.adopt(adopted)  # once the metrics are there: adopted shards are counted too
+            if adopted:
+                log.info("adopted %d shards an earlier agent left running; nothing restarts", len(adopted))
             await _serve_peers(nursery, agent, peers)
             syncing = trio.CancelScope()
             nursery.start_soon(_sync, agent, nursery, syncing)
@@ -125,7 +134,8 @@ async def serve_agent(
             if leave is not None:
                 nursery.start_soon(_leave_when_asked, agent, leave, syncing, nursery.cancel_scope)
             task_status.started(agent)
-        log.info("agent stopped: every shard ended")
+        left = sum(s.detached for s in agent.supervisors.values())
+        log.info("agent stopped: %s", f"{left} shards left running" if left else "every shard ended")
 
 
 async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) -> None:
@@ -176,11 +186,13 @@ async def _say_when_stopping(agent: Agent) -> None:
     try:
         await trio.sleep_forever()
     finally:
-        log.info(
-            "agent stopping: ending %d shards (SIGTERM, then SIGKILL after %g s)",
-            len(agent.supervisors),
-            agent.config.stop_grace,
-        )
+        stopping = [s for s in agent.supervisors.values() if not s.detached]
+        if stopping:
+            log.info(
+                "agent stopping: ending %d shards (SIGTERM, then SIGKILL after %g s)",
+                len(stopping),
+                agent.config.stop_grace,
+            )
 
 
 async def _sync(agent: Agent, nursery: trio.Nursery, syncing: trio.CancelScope) -> None:
@@ -193,8 +205,17 @@ async def _leave_when_asked(
 ) -> None:
     await leave.wait()
     syncing.cancel()  # a leaving agent starts no more shards, whatever the server hands out next
-    with trio.move_on_after(FAREWELL_TIMEOUT):
-        await say_leaving(agent)
+    grace = agent.config.orphan_grace
+    if grace > 0:
+        log.info(
+            "leaving %d shards running: the next agent adopts them (their launchers stop them "
+            "if none does within %g s)",
+            agent.detach(),
+            grace,
+        )
+    else:
+        with trio.move_on_after(FAREWELL_TIMEOUT):
+            await say_leaving(agent)
     scope.cancel()
 
 

@@ -16,15 +16,19 @@ the engine process ends (with its exit code and the last line of its log).
 server decides, and hands out a new attempt.
 
 Stopping (cancelling :meth:`ShardSupervisor.run`) ends the engine's process
-group first (SIGTERM, grace, SIGKILL), then each sidecar's.
+group first (SIGTERM, grace, SIGKILL), then each sidecar's; after
+:meth:`ShardSupervisor.detach` (the agent leaves) it ends nothing: the
+launchers keep the processes for the next agent, which :meth:`adopts
+<ShardSupervisor.adopt>` them (``running`` at once, the same attempt).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
@@ -33,13 +37,17 @@ import trio
 from llmgw.agent.causes import log_cause
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.liveness import watch_liveness
-from llmgw.agent.process import Child, describe_exit, last_log_line, run_child
+from llmgw.agent.process import Child, describe_exit, keep_child, last_log_line, run_child
+from llmgw.agent.records import shard_log_path
 from llmgw.agent.sidecar_args import fill_sidecar
 from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.weights import is_distributable
 from llmgw.wire import DesiredShard, ObservedShard
 from llmgw.wire.causes import FailureCause
+
+if TYPE_CHECKING:
+    from llmgw.agent.adoption import AdoptedShard
 
 __all__ = ["ShardSupervisor", "shard_log_path"]
 
@@ -54,12 +62,6 @@ SIDECAR_POLL = 0.1
 #: seconds a hung engine (failed health or liveness checks) gets between SIGTERM and SIGKILL:
 #: it answers nothing, so it would not finish its requests in the configured grace either
 HUNG_STOP_GRACE = 2.0
-
-
-def shard_log_path(logs_dir: Path, desired: DesiredShard, sidecar: str | None = None) -> Path:
-    """``<logs>/<replica>-<attempt>-r<rank>.log`` (``.<sidecar>.log`` for a sidecar)."""
-    base = f"{desired.replica_id}-{desired.attempt}-r{desired.rank}"
-    return logs_dir / (f"{base}.{sidecar}.log" if sidecar else f"{base}.log")
 
 
 class ShardSupervisor:
@@ -104,6 +106,12 @@ class ShardSupervisor:
         )
         self.engine_child: Child | None = None
         self.sidecars: list[Child] = []
+        #: every process this shard started or adopted (see :meth:`detach`)
+        self.children: list[Child] = []
+        #: set by :meth:`detach`
+        self.detached = False
+        #: what an earlier agent left running, once :meth:`adopt` took it
+        self.adopted: AdoptedShard | None = None
         #: cancel this scope to stop the shard (see :meth:`stop`)
         self.cancel_scope = trio.CancelScope()
         #: set by whoever runs it once :meth:`run` returned (every process gone)
@@ -126,6 +134,30 @@ class ShardSupervisor:
         """Report ``stopping`` and cancel :meth:`run`, which returns once every process is gone."""
         self._update(state="stopping", detail=None)
         self.cancel_scope.cancel()
+
+    def detach(self) -> None:
+        """Leave every process running when :meth:`run` is cancelled: the agent goes, the next adopts them."""
+        self.detached = True
+        for child in self.children:
+            child.detached = True
+
+    def adopt(self, adopted: AdoptedShard) -> None:
+        """Take over the processes an earlier agent ran for this shard; :meth:`run` then watches them.
+
+        Called before :meth:`run`; the shard is ``running`` at once (rank 0 is
+        ``ready`` at its first health check), with what the earlier agent reported of it.
+        """
+        self.adopted = adopted
+        self.engine_child = adopted.engine
+        self.sidecars = list(adopted.sidecars.values())
+        self.children = [adopted.engine, *self.sidecars]
+        base = adopted.observed if adopted.observed is not None else self.observed
+        self.observed = attrs.evolve(
+            base, state="running", pid=adopted.engine.pid, detail=None, staged=None, since=time.time()
+        )
+        log.info(
+            "shard %s adopted: engine pid %s, as the earlier agent left it", self.key, adopted.engine.pid
+        )
 
     def fail(self, detail: str) -> None:
         """Report ``exited`` with ``detail``: the agent itself could not run the shard."""
@@ -163,6 +195,9 @@ class ShardSupervisor:
             and the engine gets the local path.
         """
         with self.cancel_scope:
+            if self.adopted is not None:
+                async with trio.open_nursery() as nursery:
+                    await self._run_adopted(nursery)
             for event in after:
                 await event.wait()
             source = self.desired.spec.model_source
@@ -199,21 +234,50 @@ class ShardSupervisor:
             if self._on_spawn is not None:
                 self._on_spawn(c)
 
-        async def run(task_status: trio.TaskStatus[Child]) -> None:
-            try:
-                await run_child(
-                    child,
-                    command,
-                    grace=self.stop_grace,
-                    stop_after=stop_after,
-                    on_spawn=spawned,
-                    task_status=task_status,
-                )
-            finally:
-                if self._on_gone is not None and child.process is not None:
-                    self._on_gone(child)
+        self.children.append(child)
+        child.detached = self.detached
+        return await nursery.start(
+            self._watched,
+            child,
+            functools.partial(
+                run_child,
+                child,
+                command,
+                grace=self.stop_grace,
+                orphan_grace=self.config.orphan_grace,
+                stop_after=stop_after,
+                on_spawn=spawned,
+            ),
+        )
 
-        return await nursery.start(run)
+    async def _watched(self, child: Child, run: Callable[..., Awaitable[Child]], task_status: Any) -> None:
+        """Run ``run(task_status=...)``; once it returns, its process group is forgotten (unless detached)."""
+        try:
+            await run(task_status=task_status)
+        finally:
+            if self._on_gone is not None and child.process is not None and not child.detached:
+                self._on_gone(child)
+
+    async def _run_adopted(self, nursery: trio.Nursery) -> None:
+        """Watch what :meth:`adopt` took over (sidecars, then the engine) as :meth:`_run` watches its own."""
+        assert self.adopted is not None and self.engine_child is not None
+        sidecars = {
+            sidecar.name: sidecar
+            for sidecar in (
+                fill_sidecar(s, self.desired.spec, self.desired.replica_id) for s in self.desired.sidecars
+            )
+        }
+        for name, child in self.adopted.sidecars.items():
+            keep = functools.partial(
+                keep_child, child, child.process, grace=self.stop_grace, stop_after=self._engine_gone
+            )
+            await nursery.start(self._watched, child, keep)
+            nursery.start_soon(self._watch_sidecar, sidecars[name], child)
+        child = self.engine_child
+        await nursery.start(
+            self._watched, child, functools.partial(keep_child, child, child.process, grace=self.stop_grace)
+        )
+        await self._watch_engine(child)
 
     async def _run(self, nursery: trio.Nursery) -> None:
         for sidecar in self.desired.sidecars:
@@ -250,6 +314,10 @@ class ShardSupervisor:
             self._update(state="exited", exit_code=child.returncode, detail=child.start_error)
             await trio.sleep_forever()
         self._update(state="running", pid=child.pid)
+        await self._watch_engine(child)
+
+    async def _watch_engine(self, child: Child) -> None:
+        """Probe rank 0 while the engine runs; ``exited`` once it ended; then wait to be stopped."""
         async with trio.open_nursery() as probes:
             if self.desired.rank == 0:
                 probes.start_soon(self._probe)

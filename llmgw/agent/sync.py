@@ -43,10 +43,13 @@ import trio
 from cryptography import x509
 
 from llmgw import wire
+from llmgw.agent.adoption import AdoptedShard, previous_exits
+from llmgw.agent.blocking import blockers_of
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.facts import with_weights
 from llmgw.agent.models_dir import ModelsDir
-from llmgw.agent.process import Child, ProcessRecords
+from llmgw.agent.process import Child
+from llmgw.agent.records import ProcessRecords
 from llmgw.agent.replies import describe, error_type, file_stamp, server_message
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
@@ -54,7 +57,6 @@ from llmgw.models import NodeFacts
 from llmgw.pki import PkiError, client_ssl_context
 from llmgw.serverlist import NotLeaderAnswer, ServerList, raise_for_standby
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
-from llmgw.wire.causes import FailureCause
 
 __all__ = ["Agent"]
 
@@ -125,6 +127,8 @@ class Agent:
         self.last_sync: float | None = None
         #: the share of a model's size eviction keeps free beyond its copy (the server's setting)
         self.disk_headroom = 0.05
+        #: supervisors of adopted shards, started by :meth:`run`
+        self._adopted: list[ShardSupervisor] = []
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -133,25 +137,32 @@ class Agent:
         self._changed.set()
         self._changed = trio.Event()
 
-    def adopt_previous(self, shard_records: list[dict[str, Any]]) -> None:
-        """Report the shards an earlier agent ran as ``exited``: their processes ended with it."""
-        for record in shard_records:
-            try:
-                shard = ObservedShard(
-                    replica_id=record["replica_id"],
-                    attempt=record["attempt"],
-                    rank=record["rank"],
-                    state="exited",
-                    port=record.get("port"),
-                    detail=f"{wire.PREVIOUS_AGENT_EXIT} (pid {record.get('agent_pid')}); it starts again",
-                    cause=FailureCause.PREVIOUS_AGENT,
-                    since=time.time(),
-                )
-            except (KeyError, TypeError, ValueError):
-                self.records.remove_shard(record.get("key", ""))
-                continue
+    def report_previous(self, shard_records: list[dict[str, Any]]) -> None:
+        """Report the shards an earlier agent ran and this one could not adopt as ``exited``."""
+        for shard in previous_exits(shard_records, self.records):
             self.observed[shard.key] = shard
             log.info("shard %s was running under the previous agent: reporting it exited", shard.key)
+
+    def adopt(self, adopted: list[AdoptedShard]) -> None:
+        """Take over the shards an earlier agent left running; :meth:`run` watches them from its start.
+
+        They are reported ``running`` from the first sync on: the same shard, the same attempt.
+        """
+        for shard in adopted:
+            supervisor = self._supervisor(shard.desired, shard.engine_version)
+            supervisor.adopt(shard)
+            self.observed[supervisor.key] = supervisor.observed
+            self._record_shard(supervisor)
+            self._adopted.append(supervisor)
+
+    def detach(self) -> int:
+        """Leave every shard running when the agent stops: their launchers keep them for the next agent.
+
+        :returns: how many shards are left running.
+        """
+        for supervisor in self.supervisors.values():
+            supervisor.detach()
+        return len(self.supervisors)
 
     def set_facts(self, facts: NodeFacts) -> None:
         """Report new facts at the next sync (at once, when they changed)."""
@@ -167,14 +178,45 @@ class Agent:
 
     def _report(self, key: str, observed: ObservedShard) -> None:
         if key in self.supervisors:
+            supervisor = self.supervisors[key]
             if self.metrics is not None:
-                self.metrics.shard_changed(self.supervisors[key], self.observed.get(key), observed)
+                self.metrics.shard_changed(supervisor, self.observed.get(key), observed)
+            before = self.observed.get(key)
             self.observed[key] = observed
+            if observed.state == "running" and (before is None or before.state != "running"):
+                self._record_shard(supervisor)  # what the next agent adopts: its command, its copy
             self.notify()
+
+    def _record_shard(self, supervisor: ShardSupervisor) -> None:
+        """Write shard ``supervisor``'s record: what a later agent needs to adopt it."""
+        shard, observed = supervisor.desired, supervisor.observed
+        self.records.add_shard(supervisor.key, {
+            "replica_id": shard.replica_id, "attempt": shard.attempt, "rank": shard.rank,
+            "port": shard.spec.port, "agent_pid": os.getpid(), "desired": wire.to_json(shard),
+            "observed": wire.to_json(observed), "engine_version": observed.engine_version,
+        })  # fmt: skip
+
+    def _supervisor(self, shard: DesiredShard, engine_version: str | None) -> ShardSupervisor:
+        """A supervisor for ``shard`` reporting to this agent (not started), made known to it."""
+        key = shard.key
+        supervisor = ShardSupervisor(
+            shard,
+            self.engines.get(shard.engine),
+            self.config,
+            lambda observed, key=key: self._report(key, observed),
+            on_spawn=lambda child, key=key: self._on_spawn(key, child),
+            on_gone=self._on_gone,
+            engine_version=engine_version,
+        )
+        if self.metrics is not None:
+            supervisor.on_canary = partial(self.metrics.canary, supervisor)
+            self.metrics.started(supervisor)
+        self.supervisors[key] = supervisor
+        return supervisor
 
     def _on_spawn(self, key: str, child: Child) -> None:
         if child.pgid is not None:
-            self.records.add_group(child.pgid, key, child.name)
+            self.records.add_group(child.pgid, key, child.name, socket=child.socket, sidecar=child.sidecar)
 
     def _on_gone(self, child: Child) -> None:
         if child.pgid is not None:
@@ -250,35 +292,11 @@ class Agent:
         for key, shard in desired.items():
             if key in self.observed or shard.stop_after_rank0:
                 continue  # running, or a worker of a stopping replica: never started anew
-            supervisor = ShardSupervisor(
-                shard,
-                self.engines.get(shard.engine),
-                self.config,
-                lambda observed, key=key: self._report(key, observed),
-                on_spawn=lambda child, key=key: self._on_spawn(key, child),
-                on_gone=self._on_gone,
-                engine_version=self.facts.engines.get(shard.engine),
-            )
-            if self.metrics is not None:
-                supervisor.on_canary = partial(self.metrics.canary, supervisor)
-                self.metrics.started(supervisor)
-            self.supervisors[key] = supervisor
+            supervisor = self._supervisor(shard, self.facts.engines.get(shard.engine))
             self.observed[key] = supervisor.observed
-            self.records.add_shard(
-                key,
-                {
-                    "replica_id": shard.replica_id,
-                    "attempt": shard.attempt,
-                    "rank": shard.rank,
-                    "port": shard.spec.port,
-                    "agent_pid": os.getpid(),
-                },
-            )
+            self._record_shard(supervisor)
             # a shard being stopped (or held) may still hold a port or GPU of this one: start once it is gone
-            blockers = [
-                other.done for other in self.supervisors.values()
-                if _on_the_way_out(other, desired) and _shares_resources(other.desired, shard)
-            ]
+            blockers = blockers_of(shard, self.supervisors.values(), desired)
             wait = f" once {len(blockers)} stopping shards free its ports and GPUs" if blockers else ""
             log.info(
                 "starting shard %s (%s, engine %s, port %d)%s",
@@ -330,6 +348,9 @@ class Agent:
     async def run(self, shards_nursery: trio.Nursery) -> None:
         """Sync with the server forever; shards are supervised in ``shards_nursery``."""
         self.shards_nursery = shards_nursery
+        for supervisor in self._adopted:
+            shards_nursery.start_soon(self._supervise, supervisor, [])
+        self._adopted = []
         servers = ServerList.parse(self.config.server)
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
@@ -472,22 +493,3 @@ class Agent:
                 continue
             self.sources_checked = asked
             self.set_facts(facts)
-
-
-def _on_the_way_out(supervisor: ShardSupervisor, desired: Mapping[str, DesiredShard]) -> bool:
-    """Whether a shard is stopping, or is a worker held until its replica's rank 0 is gone."""
-    held = desired.get(supervisor.key)
-    return supervisor.observed.state == "stopping" or (held is not None and held.stop_after_rank0)
-
-
-def _shares_resources(a: DesiredShard, b: DesiredShard) -> bool:
-    """Whether two shards of this node bind a port in common, or use a GPU in common."""
-    return bool(_ports(a) & _ports(b) or set(a.spec.gpus) & set(b.spec.gpus))
-
-
-def _ports(shard: DesiredShard) -> set[int]:
-    """The ports a shard binds on this node: its own, and the dist-init port if it is rank 0."""
-    ports = {shard.spec.port}
-    if shard.rank == 0 and shard.spec.dist_init_addr:
-        ports.add(int(shard.spec.dist_init_addr.rpartition(":")[2]))
-    return ports

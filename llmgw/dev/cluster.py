@@ -23,6 +23,7 @@ from typing import TypeVar
 import attrs
 
 from llmgw import pki
+from llmgw.agent.records import ProcessRecords, end_groups
 from llmgw.ctl.client import AdminClient, ClientConfig, write_client_config
 from llmgw.dev import runs, signals
 from llmgw.errors import LlmgwError
@@ -437,7 +438,7 @@ class LocalCluster:
         return process.returncode
 
     def stop_all(self) -> None:
-        """Stop every agent (they stop their engines), then the server; leave no process behind."""
+        """Stop every agent, their engines, then the server; leave no process behind."""
         with signals.stopping():
             self._stop_all()
         runs.forget_processes(self.state_dir)
@@ -458,6 +459,10 @@ class LocalCluster:
                     pass
                 _signal_group(process, signal.SIGKILL)
                 process.wait()
+        for node in self.nodes.values():
+            # stopped agents leave their engines for the next agent to adopt: this stop is for good
+            records = ProcessRecords(node.state_dir / "run")
+            end_groups(records, records.group_records(), STOP_GRACE)
         if self._client is not None:
             self._client.close()
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmgw.agent.launcher import group_members
+from llmgw.agent.records import ProcessRecords, end_groups
 
 __all__ = ["KEEP_RUNS", "new_log_dir", "record_process", "stop_leftovers", "forget_processes", "port_in_use"]
 
@@ -105,9 +106,10 @@ def _read(path: Path) -> list[dict]:
 def stop_leftovers(state_dir: Path, grace: float = 15.0) -> list[str]:
     """End every process an earlier run on ``state_dir`` recorded that still runs, and forget the record.
 
-    Each recorded process leads its own process group; its group gets SIGTERM (gateways, then agents, which
-    stop their engines, then servers), and SIGKILL after ``grace`` seconds. A pid now used by another program
-    (its start time differs) is left alone. Called when a local cluster is made, before it starts anything.
+    Each recorded process leads its own process group; its group gets SIGTERM (gateways, then agents, then
+    servers), and SIGKILL after ``grace`` seconds; then the engines the agents left (their records). A pid
+    now used by another program (its start time differs) is left alone. Called when a local cluster is
+    made, before it starts anything.
 
     :returns: ``name (pid N)`` of each process that was ended
     """
@@ -131,6 +133,10 @@ def stop_leftovers(state_dir: Path, grace: float = 15.0) -> list[str]:
     for entry in alive:
         if _group_runs(entry["pid"]):
             _signal_group(entry["pid"], signal.SIGKILL)
+    for run_dir in state_dir.glob("nodes/*/agent/run"):
+        # stopped agents leave their engines for the next agent to adopt: these are ended for good
+        records = ProcessRecords(run_dir)
+        end_groups(records, records.group_records(), grace)
     path.unlink(missing_ok=True)
     return [f"{e.get('name')} (pid {e['pid']})" for e in alive]
 

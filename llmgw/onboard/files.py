@@ -161,8 +161,9 @@ ExecStart={r}{OPT}/venv/bin/llmgw agent --config {r}{ETC}/agent.toml
 Environment=PYTHONUNBUFFERED=1
 Restart=on-failure
 RestartSec=5
-# SIGTERM to the agent, which stops its shards (SIGTERM, grace, SIGKILL); then SIGKILL to what is left.
-KillMode=mixed
+# SIGTERM to the agent alone: its engines' launchers keep them for the next agent (--orphan-grace),
+# so a restart or an upgrade restarts no engine.
+KillMode=process
 TimeoutStopSec=120
 {AGENT_HARDENING}
 [Install]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent.launcher import LAUNCHER_PREFIX
+from llmgw.agent.launcher import LAUNCHER_PREFIX, attach_address
 from llmgw.testing.agent import kill_group
 from llmgw.testing.processes import group_alive, pid_alive, wait_until
 
@@ -20,7 +22,7 @@ from llmgw.testing.processes import group_alive, pid_alive, wait_until
 class Launched:
     """A launcher started as the agent starts it: new session, control pipe on stdin, status on stdout."""
 
-    def __init__(self, argv: list[str], log: Path, grace: float = 1.0) -> None:
+    def __init__(self, argv: list[str], log: Path, grace: float = 1.0, **more: object) -> None:
         control_r, self.control_w = os.pipe()
         status_r, status_w = os.pipe()
         with open(log, "ab") as log_file:
@@ -33,7 +35,7 @@ class Launched:
             )
         os.close(control_r)
         os.close(status_w)
-        spec = {"argv": argv, "env": dict(os.environ), "grace": grace}
+        spec = {"argv": argv, "env": dict(os.environ), "grace": grace, **more}
         os.write(self.control_w, (json.dumps(spec) + "\n").encode())
         with os.fdopen(status_r, "rb") as status:
             self.status = json.loads(status.readline())
@@ -54,8 +56,8 @@ def launch(tmp_path):
     """Start launchers; every group is killed (and pipe closed) when the test ends."""
     started: list[Launched] = []
 
-    def start(argv: list[str], grace: float = 1.0) -> Launched:
-        launched = Launched(argv, tmp_path / "log", grace)
+    def start(argv: list[str], grace: float = 1.0, **more: object) -> Launched:
+        launched = Launched(argv, tmp_path / "log", grace, **more)
         started.append(launched)
         return launched
 
@@ -117,3 +119,49 @@ def test_command_that_cannot_start(launch, tmp_path):
     launched = launch([str(tmp_path / "missing")])
     assert "No such file or directory" in launched.status["error"]
     assert launched.wait() == 127
+
+
+def _attach(name: str) -> tuple[socket.socket, dict]:
+    """Connect to a launcher's attach socket as a later agent does; the connection and its answer."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(5)
+    conn.connect(attach_address(name))
+    return conn, json.loads(conn.makefile("rb").readline())
+
+
+def test_orphan_is_kept_for_its_grace_can_be_adopted_and_ends_past_it(launch, tmp_path):
+    """With an orphan grace, the agent's pipe closing ends nothing: a later agent attaches (one at a time)
+    and gets the command's pid, and the command's exit code at its end; detached again, the group ends once
+    the grace is over."""
+    name = f"llmgw-test-{secrets.token_hex(6)}"
+    launched = launch(["sh", "-c", TREE], orphan_grace=1.5, socket=name)
+    children = _pids_of(tmp_path / "log", 2)
+    launched.close_pipe()
+    conn, hello = _attach(name)
+    assert hello == {"pid": launched.status["pid"]} and group_alive(launched.pgid)
+    refused, answer = _attach(name)
+    assert answer == {"error": "another agent is attached"}
+    refused.close()
+    wait_until(lambda: "adopted by the agent with pid" in (tmp_path / "log").read_text(), 5, "the adoption")
+    conn.close()  # this agent goes too: 1.5 s later the launcher ends the group
+    started = time.monotonic()
+    assert launched.wait() == -signal.SIGTERM
+    assert time.monotonic() - started >= 1.0
+    assert not any(pid_alive(pid) for pid in children)
+    assert "no agent adopted the command within 1.5 s" in (tmp_path / "log").read_text()
+
+
+def test_adopting_agent_is_told_the_exit_code(launch, tmp_path):
+    """A command that ends while a later agent is attached: that agent reads its exit code."""
+    name = f"llmgw-test-{secrets.token_hex(6)}"
+    marker = tmp_path / "go"
+    launched = launch(
+        ["sh", "-c", f"while [ ! -e {marker} ]; do sleep 0.05; done; exit 5"], orphan_grace=60, socket=name
+    )
+    launched.close_pipe()
+    conn, hello = _attach(name)
+    assert hello == {"pid": launched.status["pid"]}
+    marker.touch()
+    reader = conn.makefile("rb")
+    assert json.loads(reader.readline()) == {"exit": 5}
+    assert launched.wait() == 5

@@ -172,3 +172,62 @@ class TestMetricsText:
         async with httpx.AsyncClient(transport=httpx.MockTransport(engine.handle)) as client:
             got = await read_progress(client, BASE, METRICS, 5.0)
         assert got == Progress(tokens=205.0, running=7.0)
+
+
+class Draining(Engine):
+    """Hangs at ``hung_at``: canaries wait forever, but requests already streaming go on for ``drain`` s."""
+
+    def __init__(self, hung_at: float, drain: float) -> None:
+        super().__init__()
+        self.hung_at, self.drain = hung_at, drain
+        self.busy = True
+
+    def tokens(self) -> float:
+        return 20 * (min(trio.current_time(), self.hung_at + self.drain) - self.started)
+
+
+async def test_streams_draining_after_a_hang_do_not_buy_the_engine_a_second_round(nursery, autojump_clock):
+    """Tokens that keep coming for 4 s after the hang (streams in flight) end with the round: hung after one
+    interval and one timeout, not two (the canary judges the counters' last moves, not the whole round)."""
+    engine = Draining(hung_at=trio.current_time() + 6, drain=4)
+    reports = watching(nursery, engine)
+    with trio.fail_after(6 + PROBE.interval + PROBE.timeout + 1):
+        await wait_for(lambda: reports, "the engine to be reported hung")
+    assert "no token was produced in its last" in reports[0], reports
+
+
+async def test_a_paused_agent_rearms_its_canary_instead_of_failing_the_engine(
+    nursery, engine, autojump_clock, caplog
+):
+    """The agent's clock jumps 60 s (SIGSTOP) while a canary waits on an engine whose counters stand still:
+    the round is void, the canary starts again, and the engine is never reported hung."""
+    reports = watching(nursery, engine)
+    await trio.sleep(PROBE.interval + 1)
+    engine.busy, engine.hung = False, True  # counters frozen; the canary in flight waits
+    await trio.sleep(1)
+    autojump_clock.jump(60)
+    engine.hung = False  # the engine was fine all along: the next canaries are answered
+    await trio.sleep(60)
+    assert reports == []
+    assert "was paused (its clock jumped" in caplog.text
+
+
+async def test_a_late_agent_charges_the_engine_only_its_own_time(nursery, autojump_clock):
+    """Every tick of the agent's clock fires 0.8 s late (a loaded machine): 12 s of wall time with the canary
+    unanswered and the counters still charge the engine under its 10 s, so it is not yet hung; it is once
+    the engine's own time reaches the timeout."""
+    engine = Engine()
+    reports = watching(nursery, engine)
+
+    async def lateness() -> None:
+        while True:
+            await trio.sleep(0.5)
+            autojump_clock.jump(0.8)
+
+    await trio.sleep(PROBE.interval + 0.1)
+    engine.busy, engine.hung = False, True
+    nursery.start_soon(lateness)
+    await trio.sleep(12)
+    assert reports == []
+    with trio.fail_after(30):
+        await wait_for(lambda: reports, "the engine to be reported hung")

@@ -1,10 +1,14 @@
-"""An agent killed with -9 leaves no orphan engine; a new agent gets the replica ready again.
+"""An agent process killed, stopped and paused: its engines outlive it, and a pause fails none of them.
 
 The agent runs as a real process (``llmgw agent``) against a real server, with
-the sim engine. What is proven: the shards stop with the agent (its
-launchers end their groups when its pipe closes), nothing is left holding
-the engine's port, and the next agent reports the old shard ``exited`` so
-the server rebuilds the replica, which becomes ready again.
+the sim engine. What is proven: an agent killed with -9 leaves its engine
+running, the next agent adopts it (the same pid, the same attempt, the
+replica never leaves ``ready``), an agent stopped with SIGTERM leaves it too,
+and with no agent for ``orphan_grace`` seconds the launcher ends the engine's
+group and frees its port. A group whose launcher died cannot be adopted: the
+next agent ends it, and the replica is rebuilt. An agent paused (SIGSTOP) for
+longer than its canary's limit re-arms the canary when it runs again: its
+healthy engine is not failed.
 """
 
 from __future__ import annotations
@@ -18,9 +22,15 @@ from pathlib import Path
 import pytest
 import trio
 
+from llmgw.agent.launcher import group_members
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
 from llmgw.testing.agent import ADDRESS, SIM, Server, group_alive, kill_group, port_free
 from llmgw.testing.processes import ProcessSet, free_port, wait_for
+
+#: seconds a launcher keeps its engine with no agent attached, in these tests
+ORPHAN_GRACE = 25
+#: seconds an agent may take to start and get a replica ready (discovery runs programs: slow under load)
+STARTUP = 90
 
 #: runs the click command directly, so these tests do not depend on where `agent` is registered
 RUNNER = "import sys; from llmgw.agent.cli import agent; agent(sys.argv[1:], prog_name='llmgw agent')"
@@ -67,6 +77,7 @@ nvidia_smi = "{smi}"
 ib_root = "{tmp_path / 'no-ib'}"
 port_range = [{low}, {min(low + 50, 65535)}]
 stop_grace = 3
+orphan_grace = {ORPHAN_GRACE}
 
 [engines.sim]
 "llmgw-sim" = "{SIM}"
@@ -109,12 +120,15 @@ def pgid_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[2])
 
 
-async def test_kill_9_of_the_agent_leaves_no_orphan(server, procs, agent_files):
-    """kill -9 of the agent ends its engine's group and frees its port; a new agent gets it ready again."""
+async def test_kill_9_then_sigterm_leave_the_engine_to_the_next_agent_then_its_grace_ends_it(
+    server, procs, agent_files
+):
+    """kill -9: the engine runs on and a new agent adopts it (same pid, same attempt, still ready);
+    SIGTERM: the same; no agent for the orphan grace: the group ends and the port is free."""
     config, state = agent_files
     agent = start_agent(procs, config)
     await server.apply(replicas=1)
-    with trio.fail_after(30):
+    with trio.fail_after(STARTUP):
         first = await ready_replica(server, procs)
     shard = first["shards"][0]
     pgid = pgid_of(shard["pid"])
@@ -123,31 +137,31 @@ async def test_kill_9_of_the_agent_leaves_no_orphan(server, procs, agent_files):
     agent.signal(signal.SIGKILL)
     with trio.fail_after(5):
         await agent.wait_exit_trio()
-    with trio.fail_after(10):
-        await wait_for(lambda: not group_alive(pgid), "the engine's process group to end", procs)
-    with trio.fail_after(5):
-        await wait_for(lambda: port_free(ADDRESS, shard["port"]), "the engine's port to be free")
-
     again = start_agent(procs, config)
-    with trio.fail_after(30):
-        second = await ready_replica(server, procs, not_attempt=first["attempt"])
-    assert second["shards"][0]["pid"] != shard["pid"]
-    with trio.fail_after(5):
-        await again.wait_for_stderr_trio("was running under the previous agent: reporting it exited")
-    # the new agent reported the model sources from its first sync: the replica was rebuilt in place,
-    # and an agent restart is no failure of the replica's (no backoff, no count)
+    with trio.fail_after(STARTUP):
+        await again.wait_for_stderr_trio("adopted 1 shards an earlier agent left running")
+        await again.wait_for_stderr_trio("synced with server")
+    with trio.fail_after(STARTUP):
+        second = await ready_replica(server, procs)
+    assert (second["attempt"], second["shards"][0]["pid"]) == (first["attempt"], shard["pid"])
+    assert second["failures"] == 0 and group_alive(pgid)
     messages = [e["message"] for e in (await server.get("/v1/admin/events"))["events"]]
-    assert any(m.startswith("starting again: the agent of ") and "restarted" in m for m in messages), messages
-    assert not any(m.startswith(("failed", "removed")) for m in messages), messages
-    assert second["failures"] == 0
+    assert any(m.startswith("its agent restarted and adopted every shard") for m in messages), messages
+    assert not any(m.startswith(("failed", "removed", "starting again")) for m in messages), messages
+    assert "adopted by the agent with pid" in await trio.Path(shard["log_path"]).read_text()
 
-    # and a clean stop: SIGTERM stops every shard and exits 0
-    new_pgid = pgid_of(second["shards"][0]["pid"])
+    # SIGTERM (an upgrade, systemctl restart): it exits 0 and leaves the engine running
     again.signal(signal.SIGTERM)
     with trio.fail_after(15):
         assert await again.wait_exit_trio() == 0
-    assert not group_alive(new_pgid)
-    assert "ended by SIGTERM" in again.stderr()
+    assert "leaving 1 shards running" in again.stderr()
+    assert group_alive(pgid) and shard["pid"] in group_members(pgid)
+
+    # no agent comes back: past the orphan grace the launcher ends the group
+    with trio.fail_after(ORPHAN_GRACE + 10):
+        await wait_for(lambda: not group_alive(pgid), "the orphaned engine's group to end", procs)
+    assert port_free(ADDRESS, shard["port"])
+    assert "no agent adopted the command within" in await trio.Path(shard["log_path"]).read_text()
 
 
 async def test_new_agent_ends_groups_its_launchers_did_not(server, procs, agent_files):
@@ -173,3 +187,25 @@ async def test_new_agent_ends_groups_its_launchers_did_not(server, procs, agent_
     with trio.fail_after(30):
         second = await ready_replica(server, procs, not_attempt=first["attempt"])
     assert second["shards"][0]["pid"] != shard["pid"]
+
+
+async def test_an_agent_paused_past_its_canary_limit_fails_no_healthy_engine(server, procs, agent_files):
+    """SIGSTOP of the agent for 12 s (the sim's canary gives up after 2 s + 5 s), then SIGCONT: the agent
+    re-arms its canary, and the engine keeps its pid, the replica its attempt, no failure counted."""
+    config, state = agent_files
+    agent = start_agent(procs, config)
+    await server.apply(replicas=1)
+    with trio.fail_after(STARTUP):
+        first = await ready_replica(server, procs)
+    agent.signal(signal.SIGSTOP)
+    await trio.sleep(12)  # the pause itself is what is tested: nothing to wait for
+    agent.signal(signal.SIGCONT)
+    with trio.fail_after(30):
+        await agent.wait_for_stderr_trio("the liveness canary starts again")
+    await trio.sleep(8)  # a canary judged after the pause would fail within interval + timeout (7 s)
+    with trio.fail_after(30):
+        after = await ready_replica(server, procs)
+    assert (after["attempt"], after["shards"][0]["pid"], after["failures"]) == (
+        first["attempt"], first["shards"][0]["pid"], 0
+    ), agent.stderr()[-3000:]
+    assert "unhealthy" not in agent.stderr()

@@ -12,7 +12,7 @@ import pytest
 import trio
 from llmgw_engine_sim import SimEngine
 
-from llmgw.agent.process import ProcessRecords
+from llmgw.agent.records import ProcessRecords
 from llmgw.agent.supervisor import ShardSupervisor, shard_log_path
 from llmgw.agent.sync import Agent
 from llmgw.models import NodeFacts, Sidecar

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -120,17 +119,20 @@ def test_lost_node_replicas_come_back_elsewhere(cluster):
         os.kill(victim.process.pid, signal.SIGCONT)
 
 
-def test_agent_restart_leaves_no_orphan(cluster):
-    """An agent killed with SIGKILL leaves no engine behind; a new agent gets its replicas running again."""
+def test_agent_killed_leaves_its_engine_to_the_next_agent(cluster):
+    """An agent killed with SIGKILL leaves its engine running (for --orphan-grace). Here the new agent comes
+    back after `lost_after` (4 s): the node was lost and its replica placed again, so the new agent adopts
+    the old engine only to stop it (the server no longer wants it), and runs the new attempt: every replica
+    ready, no engine left that no replica owns. (test_e2e_agent_restart: an agent back in time restarts
+    nothing.)"""
     node = cluster.nodes["node-4"]
     on_node = [r for r in cluster.replicas().replicas if any(s.node == "node-4" for s in r.shards)]
     assert on_node, "the island should hold a single-node replica"
     shard = on_node[0].shards[0]
     cluster.stop(node.process, signal.SIGKILL)
-    cluster.wait(lambda: not pid_alive(shard.pid), "the engine of the killed agent to be gone", 15)
-    with socket.socket() as probe:
-        assert probe.connect_ex((node.address, shard.port)) != 0, "the engine's port is still held"
+    assert pid_alive(shard.pid), "the engine ended with its agent"
     cluster.start_agent(node)
+    cluster.wait(lambda: not pid_alive(shard.pid), "the engine no replica owns to be stopped", 90)
     cluster.wait(cluster.all_ready, "every replica to be ready again", 60)
 
 

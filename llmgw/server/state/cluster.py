@@ -177,7 +177,7 @@ class ClusterState:
             self.record_event(now, EventKind.NODE, node.node_id, f"registered from {request.address}")
         elif node.lost:
             self.record_event(now, EventKind.NODE, node.node_id, "is back after being lost")
-        if (message := self._note_agent(node, request, now)) is not None:
+        if (message := node.note_agent(request, now)) is not None:
             self.record_event(now, EventKind.NODE, node.node_id, message)
             wanted = True
         if (node.address, node.facts, node.port_range) != (
@@ -213,31 +213,6 @@ class ClusterState:
         node.observed = observed
         node.reported = True
         return wanted
-
-    def _note_agent(self, node: NodeRecord, request: SyncRequest, now: float) -> str | None:
-        """Record the agent instance and farewell a sync carries; called for every sync of a known node.
-
-        See :mod:`llmgw.server.controllers.health.agent_restart` for what follows.
-
-        :returns: the node event to record when the agent is leaving or restarted, else None.
-        """
-        message = None
-        if request.instance and request.instance != node.agent_instance:
-            if node.agent_instance and not node.agent_leaving:
-                node.agent_left_at, node.agent_gone_since = now, node.last_seen
-                message = (
-                    "its agent restarted: the replicas with a shard here start again (no failure counted)"
-                )
-            if node.agent_instance:
-                node.agent_instance_since = now
-            node.agent_instance, node.agent_leaving = request.instance, False
-        if request.leaving and not node.agent_leaving:
-            node.agent_leaving, node.agent_left_at, node.agent_gone_since = True, now, now
-            message = (
-                "its agent is stopping on purpose: the replicas with a shard here leave the routes and start "
-                "again once it is back (no failure counted)"
-            )
-        return message
 
     def note_manifest(self, manifest: Manifest) -> None:
         """The first manifest of a source was stored: placing now knows how much disk a copy takes."""

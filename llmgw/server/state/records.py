@@ -8,7 +8,7 @@ import attrs
 
 from llmgw.models import DEFAULT_READY_TIMEOUT, Catalog, Model, NodeFacts, Profile, Rollout
 from llmgw.scheduler import NodeView, Replica
-from llmgw.wire import ObservedShard, shard_key
+from llmgw.wire import ObservedShard, SyncRequest, shard_key
 from llmgw.wire.causes import FailureCause
 
 __all__ = [
@@ -137,6 +137,44 @@ class NodeRecord:
     def view(self) -> NodeView:
         """This node as the scheduler sees it."""
         return NodeView(facts=self.facts, address=self.address, state=self.state, port_range=self.port_range)
+
+    def note_agent(self, request: SyncRequest, now: float) -> str | None:
+        """Record the agent instance and farewell a sync carries; called by ``ClusterState.sync``, every sync.
+
+        See :mod:`llmgw.server.controllers.health.agent_restart` for what follows.
+
+        :returns: the node event to record when the agent is leaving or restarted, else None.
+        """
+        message = None
+        if request.instance and request.instance != self.agent_instance:
+            if self.agent_instance and not self.agent_leaving and self.adopted_all(request):
+                message = "its agent restarted and adopted every shard running here (nothing restarts)"
+            elif self.agent_instance and not self.agent_leaving:
+                self.agent_left_at, self.agent_gone_since = now, self.last_seen
+                message = (
+                    "its agent restarted: the replicas with a shard here start again (no failure counted)"
+                )
+            if self.agent_instance:
+                self.agent_instance_since = now
+            self.agent_instance, self.agent_leaving = request.instance, False
+        if request.leaving and not self.agent_leaving:
+            self.agent_leaving, self.agent_left_at, self.agent_gone_since = True, now, now
+            message = (
+                "its agent is stopping on purpose: the replicas with a shard here leave the routes and start "
+                "again once it is back (no failure counted)"
+            )
+        return message
+
+    def adopted_all(self, request: SyncRequest) -> bool:
+        """Whether a restarted agent's first sync reports every shard its predecessor ran still running.
+
+        Called by :meth:`ClusterState.sync` when the agent instance changes: such an agent adopted its
+        predecessor's engines (they outlived it), so nothing starts again.
+        """
+        reported = {shard.key: shard.state for shard in request.observed}
+        live = ("starting", "running", "ready")
+        ran = [key for key, shard in self.observed.items() if shard.state in live]
+        return all(reported.get(key) in ("running", "ready") for key in ran)
 
     def forget_progress(self, why: str) -> bool:
         """Drop the staging progress (bytes, rate, ETA) its shards last reported; ``why`` is their detail.

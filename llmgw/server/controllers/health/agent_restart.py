@@ -1,8 +1,10 @@
 """An agent restarted on purpose is not a replica failure.
 
-An agent's shards end with it: its launchers end their process groups when it
-exits, and a new agent ends the groups an earlier one left (reporting their
-shards ``exited``). That is no fault of the replicas, so it must not cost them
+An agent's shards may end with it: with ``orphan_grace = 0`` its launchers end
+their process groups when it exits, and a new agent ends the groups it cannot
+adopt (reporting their shards ``exited``). A restarted agent that adopted every
+shard its predecessor ran (it reports them all running on its first sync)
+restarted nothing, and nothing starts again. That is no fault of the replicas, so it must not cost them
 a backoff, a failure, or (for a rollout's replacement) a step towards pausing
 the rollout. The server learns of a restart two ways (the state records
 them as syncs come, :meth:`ClusterState.sync <llmgw.server.state.cluster.ClusterState.sync>`):
@@ -33,6 +35,7 @@ from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
 from llmgw.wire.causes import FailureCause
 
 __all__ = ["left_agent", "start_again"]
+
 
 
 def left_agent(record: ReplicaRecord, nodes: Mapping[str, NodeRecord]) -> tuple[str, bool] | None:

@@ -51,6 +51,7 @@ __all__ = [
     "pid_alive",
     "processes",
     "running",
+    "sigint_default",
     "start",
     "wait_for",
     "wait_until",
@@ -179,8 +180,23 @@ def start(
             env=environment,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=sigint_default(),
         )
     return ManagedProcess(argv, popen, name, directory)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def sigint_default() -> Callable[[], None] | None:
+    """The ``preexec_fn`` that gives a child SIGINT's default disposition back when this process has it
+    ignored (pytest started as a background job of a script, as CI does: children inherit the ignore, and
+    a Python child then never turns SIGINT into KeyboardInterrupt); None when nothing needs restoring.
+
+    Used by :func:`start` and by tests that start a process that must stop on SIGINT with ``Popen``.
+    """
+    return _default_sigint if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else None
 
 
 @contextlib.contextmanager

@@ -15,14 +15,8 @@ from pathlib import Path
 
 import pytest
 
-__all__ = [
-    "DEV_NET_ENV",
-    "HELP_DIR_ENV",
-    "engine_help_dir",
-    "find_engine_help_dir",
-    "missing_engine_help",
-    "worker_net",
-]
+# the pinned API engine distributions use (tests/test_imports.py); worker_net is the run's own
+__all__ = ["HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir", "missing_engine_help"]
 
 #: points at the folder of real engine help texts, instead of ``shared/engine-help`` beside the repository
 HELP_DIR_ENV = "LLMGW_ENGINE_HELP_DIR"

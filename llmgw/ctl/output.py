@@ -7,11 +7,14 @@ for people. :func:`show` prints it once or, with ``--watch``, until Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -69,28 +72,29 @@ def show(
     on_terminal = sys.stdout.isatty()
     title = click.get_current_context().command_path
     first = True
-    try:
-        while True:
-            try:
-                text = _render(output, fetch(), doc, lines, stream=not on_terminal)
-            except CtlError as exc:
-                if first:
-                    raise
-                text = f"error: {exc}"
-            first = False
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            if on_terminal:
-                click.clear()
-                click.echo(f"every {interval:g}s: {title}    {stamp}\n")
-            elif output not in ("json", "yaml"):
-                click.echo(f"--- {stamp}")
-            click.echo(text)
-            sys.stdout.flush()
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return
-    except BrokenPipeError:  # `... --watch | head`: the reader is gone
-        _reader_gone()
+    with _ctrl_c_ends_it():
+        try:
+            while True:
+                try:
+                    text = _render(output, fetch(), doc, lines, stream=not on_terminal)
+                except CtlError as exc:
+                    if first:
+                        raise
+                    text = f"error: {exc}"
+                first = False
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                if on_terminal:
+                    click.clear()
+                    click.echo(f"every {interval:g}s: {title}    {stamp}\n")
+                elif output not in ("json", "yaml"):
+                    click.echo(f"--- {stamp}")
+                click.echo(text)
+                sys.stdout.flush()
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+        except BrokenPipeError:  # `... --watch | head`: the reader is gone
+            _reader_gone()
 
 
 def follow(
@@ -105,25 +109,41 @@ def follow(
     ``key`` gives an item's increasing id (the next ``since``). Used by ``ctl events --follow``.
     """
     first = True
-    try:
-        while True:
-            try:
-                items = fetch(since)
-            except CtlError as exc:
-                if first:
-                    raise
-                click.echo(f"error: {exc}", err=True)
-                items = []
-            first = False
-            for item in items:
-                click.echo(render(item))
-                since = max(since, key(item))
-            sys.stdout.flush()
-            time.sleep(interval)
-    except KeyboardInterrupt:
+    with _ctrl_c_ends_it():
+        try:
+            while True:
+                try:
+                    items = fetch(since)
+                except CtlError as exc:
+                    if first:
+                        raise
+                    click.echo(f"error: {exc}", err=True)
+                    items = []
+                first = False
+                for item in items:
+                    click.echo(render(item))
+                    since = max(since, key(item))
+                sys.stdout.flush()
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+        except BrokenPipeError:
+            _reader_gone()
+
+
+@contextlib.contextmanager
+def _ctrl_c_ends_it() -> Iterator[None]:
+    """Within the block SIGINT raises KeyboardInterrupt, even when this process inherited it ignored (a job
+    a script put in the background with ``&``: its ``kill -INT`` must still end a watch, as ``llmgw dev``'s
+    does). Called by :func:`show` and :func:`follow`; off the main thread (tests) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    except BrokenPipeError:
-        _reader_gone()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _reader_gone() -> None:

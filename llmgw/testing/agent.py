@@ -19,7 +19,7 @@ import trio
 from llmgw_engine_sim import SimEngine
 
 from llmgw.agent.config import AgentConfig, HealthSettings, SyncSettings
-from llmgw.dev.cluster import program
+from llmgw.dev.cluster import NODE_NET, program
 from llmgw.engine import Engine
 from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.server.main import ServerConfig, serve_server
@@ -29,8 +29,8 @@ from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_for
 from llmgw.wire import DesiredShard
 
 SIM = program("llmgw-sim")
-#: the address agents of the server tests report (engines bind it)
-ADDRESS = "127.0.0.2"
+#: the address agents of the server tests report (engines bind it): .2 of the run's (or worker's) node net
+ADDRESS = f"{NODE_NET}.2"
 
 #: a fake engine: ``script.py --host H --port P [--healthy N] [--status S] [--need-port Q]
 #: [--ignore-sigterm]``; answers S (200) on /health N times (forever by default), then accepts

@@ -11,7 +11,8 @@ load (drains, rollouts, removals) and then check that no request failed::
 Half the clients stream (even-numbered ones); clients are spread over the
 models in turn. A request counts as failed when the answer is not 200, a
 non-streamed answer has no content, a stream ends without ``[DONE]`` or
-carries an error event, or the connection fails. Every request is also kept
+carries an error event, the connection fails, or a 200's body is garbled
+(not the JSON of a completion). Every request is also kept
 as an :class:`Answer` (which replica answered, when, streamed or not) for
 tests that check where requests went.
 """
@@ -221,6 +222,8 @@ class GatewayLoad:
                     outcome = self._one(client, body, stream, replica)
                 except httpx.HTTPError as exc:
                     outcome = f"{type(exc).__name__}: {exc}"
+                except (ValueError, LookupError, TypeError) as exc:  # a body that is not a completion's JSON
+                    outcome = f"garbled answer: {type(exc).__name__}: {exc}"
                 answer = Answer(model, stream, replica[0], began, time.time(), outcome)
                 with self.lock:
                     self.answers.append(answer)

@@ -9,15 +9,15 @@ nothing yet is there too). A test scrapes real processes and compares them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
 import yaml
+
+from llmgw.testing.require import require
 
 __all__ = [
     "DEPLOY",
@@ -110,11 +110,8 @@ def exported_names(text: str) -> set[str]:
 def require_tool(name: str, package: str) -> str:
     """The path of program ``name``; skips the test without it (fails with ``LLMGW_REQUIRE_PROMTOOL=1``)."""
     path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian: apt-get install {package})"
-        if os.environ.get(REQUIRE_PROMTOOL) == "1":
-            pytest.fail(f"{message}, and {REQUIRE_PROMTOOL}=1 requires it")
-        pytest.skip(message)
+    message = f"{name} is not installed (Debian: apt-get install {package})"
+    require(path is not None, REQUIRE_PROMTOOL, message)
     return path
 
 

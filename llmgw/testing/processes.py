@@ -51,6 +51,7 @@ __all__ = [
     "pid_alive",
     "processes",
     "running",
+    "sigint_default",
     "start",
     "wait_for",
     "wait_until",
@@ -179,8 +180,23 @@ def start(
             env=environment,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=sigint_default(),
         )
     return ManagedProcess(argv, popen, name, directory)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def sigint_default() -> Callable[[], None] | None:
+    """The ``preexec_fn`` that gives a child SIGINT's default disposition back when this process has it
+    ignored (pytest started as a background job of a script, as CI does: children inherit the ignore, and
+    a Python child then never turns SIGINT into KeyboardInterrupt); None when nothing needs restoring.
+
+    Used by :func:`start` and by tests that start a process that must stop on SIGINT with ``Popen``.
+    """
+    return _default_sigint if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else None
 
 
 @contextlib.contextmanager
@@ -258,6 +274,8 @@ def _involved(
 def _check(predicate: Callable[[], T]) -> tuple[T | None, Exception | None]:
     try:
         return predicate(), None
+    except AssertionError:  # a check inside the predicate failed: that fails the wait (see wait_until)
+        raise
     except Exception as exc:  # e.g. connection refused while a server starts
         return None, exc
 
@@ -270,9 +288,12 @@ def wait_until(
 ) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.
 
-    An exception from ``predicate`` counts as "not yet". After ``timeout``
-    seconds, raises :class:`WaitTimeout` naming ``what``, the last exception,
-    and the stderr tail of each of ``processes``.
+    An exception from ``predicate`` counts as "not yet" (connection refused
+    while a server starts), except an ``AssertionError``: an ``assert`` inside
+    the predicate checks what every answer must be, so a failing one fails the
+    wait at once. A condition not met yet is a falsy return, never an assert.
+    After ``timeout`` seconds, raises :class:`WaitTimeout` naming ``what``,
+    the last exception, and the stderr tail of each of ``processes``.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -292,7 +313,8 @@ async def wait_for(
     """Poll ``predicate`` (a plain or async function) until it returns something truthy, and return that.
 
     Called inside the caller's ``trio.fail_after``: an exception from
-    ``predicate`` counts as "not yet", and just before the caller's deadline
+    ``predicate`` counts as "not yet" except an ``AssertionError``, which
+    fails the wait at once (as in :func:`wait_until`), and just before the caller's deadline
     it raises :class:`WaitTimeout` naming ``what``, the last exception, and
     the stderr tail of each of ``processes``. With no deadline it waits
     until pytest-timeout ends the test.
@@ -306,6 +328,8 @@ async def wait_for(
                 result, error = predicate(), None
                 if isinstance(result, Awaitable):
                     result = await result
+            except AssertionError:
+                raise
             except Exception as exc:
                 result, error = None, exc
             if result:

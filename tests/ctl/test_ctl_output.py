@@ -23,7 +23,7 @@ from llmgw.dev.cluster import program
 from llmgw.models import Fabric, NodeFacts
 from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus
-from llmgw.testing.processes import processes, wait_for  # noqa: F401
+from llmgw.testing.processes import processes, sigint_default, wait_for  # noqa: F401
 from llmgw.testing.server import start_server
 from llmgw.wire import SyncRequest, to_json
 
@@ -75,13 +75,26 @@ async def run_ctl(test_pki, server: str, *args: str):
 
 @pytest.mark.parametrize("listing", LISTINGS, ids=" ".join)
 async def test_every_listing_takes_the_four_outputs(server, test_pki, listing):
-    """table, wide, json and yaml all work; YAML holds exactly what JSON holds."""
-    results = {}
-    for output in ("table", "wide", "json", "yaml"):
+    """table, wide, json and yaml all work; YAML holds exactly what JSON holds, read at the same moment."""
+
+    async def read(output: str) -> str:
         result = await run_ctl(test_pki, server, *listing, "-o", output)
         assert result.exit_code == 0, result.output
-        results[output] = result.output
-    assert timeless(yaml.safe_load(results["yaml"])) == timeless(json.loads(results["json"]))
+        return result.output
+
+    for output in ("table", "wide"):
+        await read(output)
+    # the cluster moves on between two reads (an event lands): a YAML read between two equal JSON reads
+    # shows the moment both of them show
+    with trio.fail_after(30):
+        before = timeless(json.loads(await read("json")))
+        while True:
+            as_yaml = timeless(yaml.safe_load(await read("yaml")))
+            after = timeless(json.loads(await read("json")))
+            if before == after:
+                break
+            before = after
+    assert as_yaml == after
 
 
 #: fields that change between two looks a moment apart
@@ -164,12 +177,28 @@ async def test_events_follow_prints_new_events_as_they_come(server, test_pki, pr
     assert len(ids) == len(set(ids)), "an event was printed twice"
 
 
+@pytest.mark.parametrize("command", [["nodes", "--watch"], ["events", "--follow"]], ids=" ".join)
+async def test_a_watch_started_in_the_background_of_a_script_ends_on_sigint(
+    server, test_pki, processes, command  # noqa: F811
+):
+    """`ctl ... --watch &` in a script inherits SIGINT ignored; `kill -INT` still ends it with 0."""
+    argv = [program("llmgw"), "ctl", *connection(test_pki, server), *command, "--interval", "0.2"]
+    watcher = processes.start(["bash", "-c", 'trap "" INT; exec "$@"', "bash", *argv], name="watch")
+    with trio.fail_after(30):
+        await wait_for(lambda: "node-1" in watcher.stdout(), "the first look", watcher)
+    watcher.signal(signal.SIGINT)
+    with trio.fail_after(20):
+        assert await watcher.wait_exit_trio() == 0, watcher.stderr_tail()
+
+
 async def test_watch_on_a_terminal_redraws_the_screen(server, test_pki):
     """On a terminal, each look clears the screen and heads the table with the command and the time."""
     argv = [program("llmgw"), "ctl", *connection(test_pki, server), "nodes", "-w", "--interval", "0.2"]
     leader, follower = pty.openpty()
     os.set_blocking(leader, False)
-    watcher = subprocess.Popen(argv, stdout=follower, stderr=subprocess.DEVNULL, start_new_session=True)  # noqa: ASYNC220 (returns at once)
+    watcher = subprocess.Popen(  # noqa: ASYNC220 (returns at once)
+        argv, stdout=follower, stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=sigint_default()
+    )
     os.close(follower)
     seen = b""
 

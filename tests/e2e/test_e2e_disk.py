@@ -15,12 +15,17 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.processes import free_port
+from llmgw.testing.require import REQUIRE_ROOT, require
 from llmgw.wire import EventList, ModelList
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(os.geteuid() != 0, reason="mounting node-3's small models filesystem needs root"),
-]
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    """Skipped when not root, failed in CI (``LLMGW_REQUIRE_ROOT=1``)."""
+    require(os.geteuid() == 0, REQUIRE_ROOT, "mounting node-3's small models filesystem needs root")
+
 
 CATALOG = """
 profiles:

@@ -55,20 +55,26 @@ def test_sigstopped_engine_under_load_its_requests_go_elsewhere(tmp_path: Path):
             stopped.append(victim.shards[0].pid)
             os.kill(stopped[0], signal.SIGSTOP)
             stopped_at = len(results)
-            time.sleep(STALL + 8)  # load goes on through the stall, its detection and the retries
+
+            def reports() -> list[str]:
+                events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+                return [e.message for e in events if e.kind == "gateway" and e.subject == victim.id]
+
+            # load goes on through the stall, its detection (reported to the server) and the retries
+            cluster.wait(reports, "the gateway to report the stalled replica", STALL + 30)
+            reported_at = len(results)
+            cluster.wait(lambda: len(results) >= reported_at + 100, "100 more requests after the report", 30)
             stop.set()
             for thread in threads:
-                thread.join(40)
+                thread.join(40)  # every request in flight ends, the ones sent to the stopped engine too
             after = results[stopped_at:]
             failed = [r for r in after if r[0] != 200]
             assert not failed, failed[:5]
             slowest = max(seconds for _, seconds, _ in after)
             print(f"{len(after)} requests after SIGSTOP, slowest {slowest:.2f} s (stall timeout {STALL:g} s)")
             assert slowest <= STALL + 2, f"a request waited {slowest:.1f} s"
-            events = cluster.client.request("GET", "/v1/admin/events", EventList).events
-            reports = [e.message for e in events if e.kind == "gateway" and e.subject == victim.id]
             found = "gateway dev-gateway found it stalled: nothing arrived"
-            assert reports and reports[0].startswith(found), reports
+            assert reports()[0].startswith(found), reports()
         finally:
             for pid in stopped:
                 try:

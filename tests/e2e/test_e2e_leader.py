@@ -16,6 +16,7 @@ import pytest
 from llmgw import pki
 from llmgw.dev.cluster import LocalCluster, program
 from llmgw.testing.processes import free_port
+from llmgw.testing.sockets import connections_to
 from llmgw.wire import CreateKey, to_json
 
 pytestmark = pytest.mark.timeout(240)
@@ -115,9 +116,11 @@ def test_leader_paused_past_its_lease_writes_nothing_and_steps_down(two_servers,
                 except httpx.HTTPError as exc:
                     answers.append(exc)
 
+            waiting = lambda: {c.client for c in connections_to(port_a) if c.unread}  # noqa: E731
+            before = waiting()
             sender = threading.Thread(target=create)
             sender.start()
-            time.sleep(0.5)  # the request waits in A's socket while A is stopped
+            local.wait(lambda: waiting() - before, "the request to wait in stopped A's socket", 10)
             os.kill(local.server.pid, signal.SIGCONT)
             sender.join(30)
         line = local.wait(

@@ -10,7 +10,8 @@ import httpx
 import trio
 
 from llmgw.testing.gateway import FakeRoutesFeed, wait_healthy
-from llmgw.testing.processes import ManagedProcess, free_port, processes  # noqa: F401
+from llmgw.testing.processes import ManagedProcess, free_port, processes, wait_for  # noqa: F401
+from llmgw.testing.sockets import connections_to
 
 KEY = "llmgw-test-key"
 MIB = 1024 * 1024
@@ -112,7 +113,13 @@ class TestBodies:
             streams = [await trio.open_tcp_stream(host, int(port)) for _ in range(8)]
             for stream in streams:  # every head first: the gateway reserves what each announces
                 await stream.send_all(head)
-            await trio.sleep(0.5)
+
+            ends = {"{}:{}".format(*s.socket.getsockname()) for s in streams}
+
+            def heads_read() -> bool:  # a head refused at once is answered and its connection closed
+                return not any(c.unread for c in connections_to(int(port)) if c.client in ends)
+
+            await wait_for(heads_read, "the gateway to read every head", gateway)
 
             async def finish(stream: trio.SocketStream) -> None:
                 try:

@@ -46,6 +46,7 @@ from llmgw.ctl.client import write_client_config
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
 from llmgw.testing.processes import ProcessSet, free_port, wait_until
+from llmgw.testing.require import REQUIRE_SSHD, require
 from tests.onboard.releases import build_release
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,21 +55,18 @@ NODE = "gpu-node-7"
 
 pytestmark = pytest.mark.timeout(300)
 
-#: the end-to-end tests need OpenSSH and root; the unit tests at the end need neither
-needs_sshd = [
-    pytest.mark.skipif(
-        not SSHD.exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None,
-        reason="OpenSSH is not installed: apt-get install -y openssh-server openssh-client "
-        "(CI installs it in .ci/run)",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="onboarding logs in as root to a real sshd: run as root"),
-]
+@pytest.fixture
+def needs_sshd() -> None:
+    """The end-to-end tests need OpenSSH and root (the unit tests at the end need neither): skipped without,
+    failed in CI (``LLMGW_REQUIRE_SSHD=1``)."""
+    installed = SSHD.exists() and shutil.which("ssh") is not None and shutil.which("ssh-keygen") is not None
+    missing = "OpenSSH is not installed: apt-get install -y openssh-server openssh-client"
+    require(installed, REQUIRE_SSHD, missing)
+    require(os.geteuid() == 0, REQUIRE_SSHD, "onboarding logs in as root to a real sshd: run as root")
 
 
-def e2e(test):
-    for mark in needs_sshd:
-        test = mark(test)
-    return test
+#: marks an end-to-end test: it runs only where :func:`needs_sshd` finds OpenSSH and root
+e2e = pytest.mark.usefixtures("needs_sshd")
 
 
 # -- the node side ---------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from llmgw.dev.cluster import program
 from llmgw.models import Command
 from llmgw.provision import CommandResult, ExistingMachine, MachineRequest, ProvisionError, Step
 from llmgw.provision.cli import provision_node
+from llmgw.testing.processes import sigint_default
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBmQ6lRzZ0tZL6bMdrdWJx1EY7oQ8GIhF3l9mOTSvE1t op@laptop"
 
@@ -355,6 +356,7 @@ class TestProvisionNode:
             text=True,
             env=env,
             start_new_session=True,
+            preexec_fn=sigint_default(),
         )
         try:
             deadline = time.monotonic() + 30

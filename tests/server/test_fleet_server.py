@@ -9,6 +9,7 @@ server loads its state it says so.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from functools import partial
 
@@ -23,7 +24,7 @@ import llmgw.server.main
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.reconciler import reconcile
 from llmgw.server.state.cluster import Settings
-from llmgw.testing.processes import free_port, processes, wait_until  # noqa: F401
+from llmgw.testing.processes import free_port, processes, wait_for, wait_until  # noqa: F401
 from llmgw.wire import SyncReply, from_json
 from tests.server.test_server_api import CATALOG, client, sync_body
 
@@ -78,8 +79,18 @@ async def test_a_long_poll_wakes_on_its_own_node_only(server, test_pki, nursery)
             answered[node_id] = trio.current_time()
             node_2_answered.set()
 
+        async def syncs_recorded() -> int:
+            text = (await one.get(f"{server}/metrics")).text
+            return int(float(re.search(r"^llmgw_server_sync_duration_seconds_count (\S+)$", text, re.M)[1]))
+
+        recorded = await syncs_recorded()
         nursery.start_soon(poll, two, "node-2", placed_2)
-        await trio.sleep(0.2)  # node-2's poll is held by now (it would otherwise answer at once)
+
+        async def node_2_held() -> bool:  # its sync is recorded: what follows is its long-poll's wait
+            return await syncs_recorded() > recorded
+
+        with trio.fail_after(5):
+            await wait_for(node_2_held, "node-2's sync to be recorded and its poll held")
         started = trio.current_time()
         (shard,) = placed_1.shards
         exited = {"replica_id": shard.replica_id, "attempt": shard.attempt, "rank": 0, "state": "exited"}

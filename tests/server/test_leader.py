@@ -8,8 +8,10 @@ import pytest
 import trio
 
 from llmgw.server.ha.lease import Lease, LostLease, NotLeader
+from llmgw.server.persist.lease import CHANNEL
 from llmgw.server.persist.postgres import open_pg_store
 from llmgw.server.persist.sqlite import Store, StoreError
+from llmgw.testing.processes import wait_for
 
 
 @pytest.fixture
@@ -76,16 +78,23 @@ async def test_leader_past_its_local_deadline_does_not_even_ask(store):
 
 
 async def test_released_lease_wakes_a_standby_at_once(store):
-    """A leader that stops lets go: a standby waiting on a 30 s lease leads within a second."""
-    a, b = Lease(store.connect, "https://a", 30), Lease(store.connect, "https://b", 30)
+    """A leader that stops lets go: a standby waiting on a 60 s lease (read again every 12 s) leads at once,
+    woken by the leader's NOTIFY."""
+    a, b = Lease(store.connect, "https://a", 60), Lease(store.connect, "https://b", 60)
+
+    def standby_listens(conn) -> bool:
+        query = f"SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query = 'LISTEN {CHANNEL}'"
+        return conn.execute(query).fetchone()[0] == 1
+
     try:
         await a.acquire()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(b.acquire)
-            await trio.sleep(0.3)
+            with trio.fail_after(10):
+                await wait_for(lambda: store.run(standby_listens), "the standby to listen for the leader")
             started = trio.current_time()
             await a.release()
-        assert b.epoch == 2 and trio.current_time() - started < 6.5
+        assert b.epoch == 2 and trio.current_time() - started < 3, "the standby waited for its next read"
     finally:
         a.close()
         b.close()

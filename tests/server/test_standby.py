@@ -7,6 +7,7 @@ PostgreSQL database; the first leads, the second is a standby.
 from __future__ import annotations
 
 import logging
+import re
 from functools import partial
 
 import httpx
@@ -143,8 +144,20 @@ async def test_heartbeats_move_no_revision(servers, test_pki, pg_url):
         replica = await until(ready, "the replica to be ready on the leader")
         observed = [{"replica_id": replica["id"], "attempt": replica["attempt"], "rank": 0, "state": "ready"}]
         store = open_pg_store(pg_url)
+
+        async def reconciler_runs() -> int:
+            text = (await admin.get(f"{leader}/metrics")).text
+            return int(float(re.search(r"^llmgw_server_reconcile_runs_total (\S+)$", text, re.M)[1]))
+
         try:
-            await trio.sleep(1.5)  # the leader's last write after the replica became ready has landed
+            # the leader's writes after the replica became ready have landed: each reconciler run persists
+            # what changed, so two runs after it, nothing of it is left to write
+            ran = await reconciler_runs()
+
+            async def ran_twice() -> bool:
+                return await reconciler_runs() >= ran + 2
+
+            await until(ran_twice, "two reconciler runs on the leader")
             before = await store.run(feed_revision)
             revision = 0
             for _ in range(10):

@@ -70,3 +70,34 @@ async def test_wait_for_fails_at_the_callers_deadline_naming_the_condition(autoj
             await wait_for(refused, "the engine to be ready")
     assert "ConnectionRefusedError('port 8000')" in str(info.value)
     assert trio.current_time() - started == pytest.approx(5, abs=0.05)
+
+
+def _answers(*codes: int):
+    """A predicate over a server's successive answers that asserts each is a 200 or a 503."""
+    answers = iter(codes)
+
+    def listed() -> bool:
+        code = next(answers)
+        assert code in (200, 503), f"answered {code}"
+        return code == 200
+
+    return listed
+
+
+def test_a_failing_assert_inside_a_predicate_fails_wait_until_at_once():
+    """An assert in the predicate is a check of every answer: its failure ends the wait, not "not yet"."""
+    with pytest.raises(AssertionError, match="answered 500") as info:
+        wait_until(_answers(503, 500, 200), 10, "the listing")
+    assert not isinstance(info.value, WaitTimeout)
+    assert wait_until(_answers(503, 503, 200), 10, "the listing") is True
+
+
+async def test_a_failing_assert_inside_a_predicate_fails_wait_for_at_once(autojump_clock):
+    """wait_for as wait_until: a failing assert fails the wait before the deadline; "not yet" still waits."""
+    started = trio.current_time()
+    with pytest.raises(AssertionError, match="answered 500"):
+        with trio.fail_after(10):
+            await wait_for(_answers(503, 500, 200), "the listing")
+    assert trio.current_time() - started < 1
+    with trio.fail_after(10):
+        assert await wait_for(_answers(503, 503, 200), "the listing") is True

@@ -1,0 +1,520 @@
+"""The nemesis's cluster: servers on a throwaway PostgreSQL, agents, a gateway, and every fault applied to them.
+
+:class:`NemesisCluster` builds the cluster a run hits (``servers`` ``llmgw
+server`` on one PostgreSQL database, ``agents`` nodes with sim engines on
+``$LLMGW_DEV_NET`` addresses, a gateway) and is the injector's
+:class:`~llmgw.testing.nemesis.Target`: :meth:`NemesisCluster.apply` applies
+one fault (kill -9, SIGSTOP, a revocation, a catalog, a drain, an emptied
+seed folder) and returns what heals it. Its :meth:`sample` records what the
+invariants need while the run goes (which replicas were ready when, the
+files each new replica runs on). :meth:`stop` ends every process group,
+engines an agent left included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from llmgw import pki
+from llmgw.dev.cluster import LocalCluster, LocalNode
+from llmgw.testing.nemesis import Fault, FaultKind
+from llmgw.testing.nemesis_checks import ReplicaRun
+from llmgw.testing.postgres import PostgresCluster
+from llmgw.testing.processes import free_port
+from llmgw.pki import client_ssl_context
+from llmgw.serverlist import STANDBY_HEADER
+from llmgw.weights._manifest import compute_manifest
+from llmgw.wire import DrainStatus, NodeList, ReplicaList, from_json
+
+__all__ = ["MODELS", "NemesisCluster", "SEED", "engine_processes"]
+
+#: the models the clients load: two single-GPU models (one from a seed folder) and one on two nodes
+MODELS = ("chat", "seeded", "big")
+#: the distributable source of ``seeded``: its files are put in every node's seed folder
+SEED = "seed:///data/seeded"
+_CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "{tps}"]
+  two:
+    engine: sim
+    nodes: 2
+    gpus_per_node: 2
+models:
+  chat:
+    source: {models}/chat
+    profile: one
+    replicas: {chat}
+  seeded:
+    source: {seed}
+    profile: one
+    replicas: 2
+  big:
+    source: {models}/big
+    profile: two
+    replicas: 1
+{spare}"""
+_SPARE = """  spare:
+    source: {models}/spare
+    profile: one
+    replicas: 1
+"""
+
+
+class NemesisCluster:
+    """A real cluster under ``root`` for one nemesis run; a fault :class:`~llmgw.testing.nemesis.Target`."""
+
+    def __init__(
+        self, root: Path, postgres: PostgresCluster, *, servers: int, agents: int, lost_after: float
+    ) -> None:
+        self.root = root
+        self.postgres = postgres
+        self.database = postgres.create_database()
+        self.local = LocalCluster(
+            root / "cluster", server_port=free_port(), lost_after=lost_after, poll_timeout=1
+        )
+        self.ports = [self.local.server_port] + [free_port() for _ in range(servers - 1)]
+        self.local.server_url = ",".join(f"https://127.0.0.1:{p}" for p in self.ports)
+        self.servers: dict[str, object] = {}
+        self.agents = agents
+        #: the catalog's moving parts: tokens per second, replicas of chat, whether ``spare`` is in it
+        self.tps, self.chat, self.spare = 400, 2, False
+        self.lock = threading.Lock()
+        #: (time, model -> ready replica ids), as sampled
+        self.ready: list[tuple[float, dict[str, frozenset[str]]]] = []
+        #: shards seen ready for the first time, with the digest of the files they run on
+        self.runs: list[ReplicaRun] = []
+        self.last: ReplicaList | None = None
+        self._seen_runs: set[tuple[str, int, str]] = set()
+        #: nodes cordoned by a drain whose uncordon is still owed; nodes whose agent is paused or killed
+        self.cordoned: set[str] = set()
+        self.busy: set[str] = set()
+        self.seed_truth = ""
+        self._http = self._sampler_client()
+
+    # -- building ------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 300) -> None:
+        """Start the servers, the agents and the gateway; apply the catalog; wait until all is ready and routed."""
+        models = self.root / "models"
+        for name in ("chat", "big", "spare"):
+            (models / name).mkdir(parents=True, exist_ok=True)
+        pristine = self.root / "seed-files"
+        pristine.mkdir(parents=True, exist_ok=True)
+        (pristine / "config.json").write_text('{"model_type": "sim"}\n')
+        (pristine / "weights.bin").write_bytes(bytes(range(256)) * 256)
+        self.seed_truth = compute_manifest(pristine, SEED).digest
+        for index in range(1, len(self.ports) + 1):
+            self.start_server(index)
+        self.local.wait(
+            lambda: self.local.client.request("GET", "/v1/admin/nodes", NodeList), "a leader", timeout
+        )
+        for index in range(1, self.agents + 1):
+            node = self.local.add_node(index)
+            self.fill_seed(node)
+            self.local.start_agent(node)
+        self.local.start_gateway(free_port())
+        self.apply_catalog()
+        self.local.wait(self.local.all_ready, "every replica to be ready", timeout)
+
+    def start_server(self, index: int) -> None:
+        """Start server ``index`` (1-based) on its port; its store URL names it (PostgreSQL's log says who wrote)."""
+        name = self.server_name(index)
+        self.local.store = f"{self.postgres.url(self.database)}&application_name={name}"
+        self.servers[name] = self.local.start_server(port=self.ports[index - 1], name=name)
+
+    @staticmethod
+    def server_name(index: int) -> str:
+        """``server-a``, ``server-b``..."""
+        return f"server-{chr(ord('a') + index - 1)}"
+
+    def catalog_text(self) -> str:
+        """The catalog as the moving parts stand now."""
+        models = self.root / "models"
+        spare = _SPARE.format(models=models) if self.spare else ""
+        return _CATALOG.format(models=models, seed=SEED, tps=self.tps, chat=self.chat, spare=spare)
+
+    def wanted(self) -> dict[str, int]:
+        """model -> replicas the catalog in force asks for."""
+        return {"chat": self.chat, "seeded": 2, "big": 1} | ({"spare": 1} if self.spare else {})
+
+    def apply_catalog(self, *, prune: bool = False) -> None:
+        """Apply :meth:`catalog_text` (``prune``: a model may go)."""
+        self.local.apply(self.catalog_text(), prune=prune)
+
+    def fill_seed(self, node: LocalNode) -> None:
+        """Put the seed's files in ``node``'s seed folder (again)."""
+        folder = self.seed_folder(node)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(self.root / "seed-files", folder)
+
+    def seed_folder(self, node: LocalNode) -> Path:
+        """Where ``node`` keeps the files of :data:`SEED`."""
+        return node.seed_root / SEED.removeprefix("seed:///")
+
+    def _sampler_client(self) -> httpx.Client:
+        tls = self.local.admin_tls
+        context = client_ssl_context(tls.cert_path, tls.key_path, self.local.ca.cert_path)
+        return httpx.Client(verify=context, timeout=3.0)  # a paused server must not stall the samples long
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        """Record the ready replicas of each model, and the files every shard newly ready runs on.
+
+        Called every second by the run's sampler thread; a control plane that does not answer is skipped.
+        """
+        replicas = self.leader_replicas()
+        if replicas is None:
+            return
+        now = time.time()
+        ready: dict[str, set[str]] = {}
+        for replica in replicas.replicas:
+            if replica.state == "ready":
+                ready.setdefault(replica.model, set()).add(replica.id)
+            if replica.model != "seeded":
+                continue
+            for shard in replica.shards:
+                key = (replica.id, replica.attempt, shard.node)
+                if shard.state != "ready" or key in self._seen_runs:
+                    continue
+                self._seen_runs.add(key)
+                folder = _model_arg(shard.argv)
+                if folder is None:
+                    continue
+                try:
+                    digest = compute_manifest(Path(folder), SEED).digest
+                except (OSError, ValueError) as exc:
+                    digest = f"unreadable ({exc})"
+                with self.lock:
+                    self.runs.append(ReplicaRun(replica.id, shard.node, SEED, folder, digest, now))
+        with self.lock:
+            self.last = replicas
+            self.ready.append((now, {m: frozenset(ids) for m, ids in ready.items()}))
+
+    def leader_replicas(self) -> ReplicaList | None:
+        """``GET /v1/admin/replicas`` of the server that leads (a standby's has no pids); None when none answers."""
+        for port in self.ports:
+            try:
+                response = self._http.get(f"https://127.0.0.1:{port}/v1/admin/replicas")
+            except httpx.HTTPError:
+                continue
+            if response.status_code == 200 and STANDBY_HEADER not in response.headers:
+                return from_json(response.json(), ReplicaList)
+        return None
+
+    def _on_node(self, node_id: str) -> frozenset[str]:
+        last = self.last
+        if last is None:
+            return frozenset()
+        return frozenset(r.id for r in last.replicas if any(s.node == node_id for s in r.shards))
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def apply(self, kind: FaultKind, pick: float) -> tuple[Fault, Callable[[], None] | None]:
+        """Apply one fault of ``kind`` (the target chosen by ``pick``); return it and what heals it."""
+        return getattr(self, "_" + kind.name.lower())(kind, pick)
+
+    def _choose(self, items: list, pick: float):
+        return items[int(pick * len(items)) % len(items)] if items else None
+
+    def _free_node(self, pick: float) -> LocalNode | None:
+        nodes = [n for n in self.local.nodes.values() if n.node_id not in self.busy]
+        return self._choose(nodes, pick)
+
+    def _nothing(self, kind: FaultKind, why: str) -> tuple[Fault, None]:
+        now = time.time()
+        return Fault(kind, "-", now, now, note=f"not applied: {why}"), None
+
+    def _kill_server(self, kind: FaultKind, pick: float):
+        running = [n for n, p in self.servers.items() if p.poll() is None and n not in self.busy]
+        name = self._choose(running, pick)
+        if name is None:
+            return self._nothing(kind, "no server runs")
+        self.busy.add(name)
+        start = time.time()
+        self.local.stop(self.servers[name], signal.SIGKILL)
+
+        def heal() -> None:
+            self.busy.discard(name)
+            self.start_server(ord(name[-1]) - ord("a") + 1)
+
+        return Fault(kind, name, start), heal
+
+    def _stop_server(self, kind: FaultKind, pick: float):
+        running = [n for n, p in self.servers.items() if p.poll() is None and n not in self.busy]
+        name = self._choose(running, pick)
+        if name is None:
+            return self._nothing(kind, "no server runs")
+        return self._pause(kind, name, self.servers[name].pid, name)
+
+    def _pause(
+        self, kind: FaultKind, target: str, pgid: int, busy: str, **what
+    ) -> tuple[Fault, Callable[[], None]]:
+        self.busy.add(busy)
+        start = time.time()
+        _signal_group(pgid, signal.SIGSTOP)
+
+        def heal() -> None:
+            _signal_group(pgid, signal.SIGCONT)
+            self.busy.discard(busy)
+
+        return Fault(kind, target, start, **what), heal
+
+    def _kill_agent(self, kind: FaultKind, pick: float):
+        node = self._free_node(pick)
+        if node is None or node.process is None:
+            return self._nothing(kind, "every node is under another fault")
+        self.busy.add(node.node_id)
+        start = time.time()
+        self.local.stop(node.process, signal.SIGKILL)
+
+        def heal() -> None:
+            self.busy.discard(node.node_id)
+            self.local.start_agent(node)
+
+        return Fault(
+            kind, node.node_id, start, nodes=frozenset({node.node_id}), replicas=self._on_node(node.node_id)
+        ), heal
+
+    def _stop_agent(self, kind: FaultKind, pick: float):
+        node = self._free_node(pick)
+        if node is None or node.process is None:
+            return self._nothing(kind, "every node is under another fault")
+        what = {"nodes": frozenset({node.node_id}), "replicas": self._on_node(node.node_id)}
+        return self._pause(kind, node.node_id, node.process.pid, node.node_id, **what)
+
+    def _engine(self, pick: float):
+        last = self.last
+        shards = [
+            (r.id, s) for r in (last.replicas if last else ()) if r.state == "ready"
+            for s in r.shards if s.pid and s.node not in self.busy
+        ]  # fmt: skip
+        return self._choose(shards, pick)
+
+    def _kill_engine(self, kind: FaultKind, pick: float):
+        chosen = self._engine(pick)
+        if chosen is None:
+            return self._nothing(kind, "no ready engine on a free node")
+        replica, shard = chosen
+        start = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(shard.pid, signal.SIGKILL)
+        target = f"{replica} r{shard.rank} on {shard.node} pid {shard.pid}"
+        return Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica})), None
+
+    def _stop_engine(self, kind: FaultKind, pick: float):
+        chosen = self._engine(pick)
+        if chosen is None:
+            return self._nothing(kind, "no ready engine on a free node")
+        replica, shard = chosen
+        start = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(shard.pid, signal.SIGSTOP)
+
+        def heal() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(shard.pid, signal.SIGCONT)
+
+        target = f"{replica} r{shard.rank} on {shard.node} pid {shard.pid}"
+        return Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica})), heal
+
+    def _kill_gateway(self, kind: FaultKind, pick: float):
+        gateway = self.local.gateway
+        if gateway is None or gateway.poll() is not None or "gateway" in self.busy:
+            return self._nothing(kind, "the gateway is under another fault")
+        self.busy.add("gateway")
+        start = time.time()
+        self.local.stop(gateway, signal.SIGKILL)
+        port = int(self.local.gateway_url.rsplit(":", 1)[1])
+
+        def heal() -> None:
+            self.busy.discard("gateway")
+            self.local.start_gateway(port)
+
+        return Fault(kind, "gateway", start), heal
+
+    def _stop_gateway(self, kind: FaultKind, pick: float):
+        gateway = self.local.gateway
+        if gateway is None or gateway.poll() is not None or "gateway" in self.busy:
+            return self._nothing(kind, "the gateway is under another fault")
+        return self._pause(kind, "gateway", gateway.pid, "gateway")
+
+    def _kill_postgres(self, kind: FaultKind, pick: float):
+        if "postgres" in self.busy:
+            return self._nothing(kind, "PostgreSQL is under another fault")
+        self.busy.add("postgres")
+        start = time.time()
+        self.postgres.crash()
+
+        def heal() -> None:
+            self.postgres.restart()
+            self.busy.discard("postgres")
+
+        return Fault(kind, "postgres", start), heal
+
+    def _stop_postgres(self, kind: FaultKind, pick: float):
+        if "postgres" in self.busy or self.postgres.process is None:
+            return self._nothing(kind, "PostgreSQL is under another fault")
+        return self._pause(kind, "postgres", self.postgres.process.pid, "postgres")
+
+    def _revoke_node(self, kind: FaultKind, pick: float):
+        node = self._free_node(pick)
+        if node is None:
+            return self._nothing(kind, "every node is under another fault")
+        self.busy.add(node.node_id)
+        start = time.time()
+        pki.revoke(self.local.ca, node.node_id)
+
+        def heal() -> None:
+            node.tls = pki.issue_node(self.local.ca, node.node_id, out=node.root / "tls", overwrite=True)
+            self.busy.discard(node.node_id)
+
+        what = {"nodes": frozenset({node.node_id}), "replicas": self._on_node(node.node_id)}
+        return Fault(
+            kind, node.node_id, start, note="its certificate revoked, a new one issued at healing", **what
+        ), heal
+
+    def _apply(self, kind: FaultKind, change: Callable[[], str], *, prune: bool = False):
+        before = (self.tps, self.chat, self.spare)
+        start = time.time()
+        note = change()
+        try:
+            self.apply_catalog(prune=prune)
+        except Exception as exc:
+            self.tps, self.chat, self.spare = before
+            return self._nothing(kind, f"{note}: the apply failed: {exc}")
+        return Fault(kind, "catalog", start, note=note), None
+
+    def _apply_args(self, kind: FaultKind, pick: float):
+        def change() -> str:
+            self.tps = 300 if self.tps == 400 else 400
+            return f"--tokens-per-second {self.tps}"
+
+        return self._apply(kind, change)
+
+    def _apply_scale(self, kind: FaultKind, pick: float):
+        def change() -> str:
+            self.chat = 3 if self.chat == 2 else 2
+            return f"chat: {self.chat} replicas"
+
+        return self._apply(kind, change)
+
+    def _apply_prune(self, kind: FaultKind, pick: float):
+        def change() -> str:
+            self.spare = not self.spare
+            return "spare added" if self.spare else "spare removed (--prune)"
+
+        return self._apply(kind, change, prune=True)
+
+    def _drain(self, kind: FaultKind, pick: float):
+        node = self._free_node(pick)
+        if node is None:
+            return self._nothing(kind, "every node is under another fault")
+        start = time.time()
+        self.local.client.request("POST", f"/v1/admin/nodes/{node.node_id}/drain", DrainStatus)
+        self.cordoned.add(node.node_id)
+
+        def heal() -> None:
+            self.local.client.request("POST", f"/v1/admin/nodes/{node.node_id}/uncordon", DrainStatus)
+            self.cordoned.discard(node.node_id)
+
+        what = {"nodes": frozenset({node.node_id}), "replicas": self._on_node(node.node_id)}
+        return Fault(kind, node.node_id, start, **what), heal
+
+    def _empty_seed(self, kind: FaultKind, pick: float):
+        node = self._free_node(pick)
+        if node is None:
+            return self._nothing(kind, "every node is under another fault")
+        self.busy.add(node.node_id)
+        start = time.time()
+        folder = self.seed_folder(node)
+        for path in folder.iterdir():
+            path.unlink()
+
+        def heal() -> None:
+            self.fill_seed(node)
+            self.busy.discard(node.node_id)
+
+        return Fault(
+            kind, node.node_id, start, nodes=frozenset({node.node_id}), note=f"{folder} emptied"
+        ), heal
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Uncordon the nodes whose drain's healing could not reach a leader (called before the final bound)."""
+        for node_id in sorted(self.cordoned):
+            path = f"/v1/admin/nodes/{node_id}/uncordon"
+            self.local.wait(
+                lambda p=path: self.local.client.request("POST", p, DrainStatus), f"uncordon {node_id}", 60
+            )
+        self.cordoned.clear()
+
+    def agents_up(self) -> frozenset[str]:
+        """The nodes whose agent process runs (and is not paused by a fault)."""
+        return frozenset(
+            n.node_id for n in self.local.nodes.values()
+            if n.process is not None and n.process.poll() is None and n.node_id not in self.busy
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """End every process group: cluster, engines left by killed agents, PostgreSQL's database."""
+        for pid in (
+            list(self.servers.values())
+            + [n.process for n in self.local.nodes.values()]
+            + [self.local.gateway]
+        ):
+            if pid is not None and pid.poll() is None:
+                _signal_group(pid.pid, signal.SIGCONT)
+        with contextlib.suppress(Exception):
+            self.local.stop_all()
+        for pid in engine_processes(self.root):
+            _signal_group(os.getpgid(pid) if _exists(pid) else pid, signal.SIGKILL)
+        self._http.close()
+
+
+def engine_processes(root: Path) -> set[int]:
+    """Pids of the engine (``llmgw-sim``) processes whose log is under ``root``: the run's, whoever started them."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if not any(a.endswith(b"llmgw-sim") for a in argv[:2]):
+                continue
+            log = os.readlink(f"/proc/{entry}/fd/2")
+        except OSError:
+            continue
+        if log.startswith(str(root)):
+            found.add(int(entry))
+    return found
+
+
+def _exists(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _model_arg(argv: tuple[str, ...]) -> str | None:
+    """The value of ``--model`` in an engine's argv (the folder it runs on)."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--model":
+            return value
+    return None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

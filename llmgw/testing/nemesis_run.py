@@ -1,0 +1,321 @@
+"""One nemesis run: a cluster under seeded faults for a set time, its history read back, the invariants checked.
+
+:func:`run` builds a :class:`~llmgw.testing.nemesis_cluster.NemesisCluster`
+on a throwaway PostgreSQL (whose statement log records who wrote what, and
+when), starts ``clients`` clients on the gateway (half streaming), applies
+the schedule of :func:`~llmgw.testing.nemesis.schedule` for ``duration``
+seconds while checking the invariants every few seconds, heals every fault,
+waits up to ``settle`` seconds for the running state to equal the catalog,
+and checks everything once more. It returns a :class:`Report`, whose
+:meth:`Report.text` is the table ``bench/nemesis.py`` prints: faults by kind,
+invariants checked, each violation with the seed and the time line around it.
+Every process group it started is ended, however it ends.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import attrs
+
+from llmgw.testing.load import GatewayLoad
+from llmgw.testing.nemesis import Fault, FaultKind, Injector, schedule
+from llmgw.testing.nemesis_checks import (
+    MANIFEST_MESSAGE,
+    Acquire,
+    Claim,
+    EngineFailure,
+    FailedRequest,
+    FinalState,
+    Invariant,
+    LostNode,
+    ManifestMade,
+    StoreWrite,
+    Violation,
+    check_converged,
+    check_engine_failures,
+    check_leadership,
+    check_lost_nodes,
+    check_manifests,
+    check_requests,
+    check_writes,
+)
+from llmgw.testing.nemesis_cluster import MODELS, SEED, NemesisCluster, engine_processes
+from llmgw.testing.postgres import PostgresCluster
+from llmgw.wire import NodeList, ReplicaList
+
+__all__ = ["Options", "Report", "run"]
+
+#: seconds between two checks of the history while the run goes
+CHECK_EVERY = 15.0
+_CLAIM = re.compile(r"^(\S+ \S+) .*this server leads now \(epoch (\d+)\)")
+#: a statement's end in PostgreSQL's log, with the prefix the run sets (``%m|%a|%c|``)
+_STATEMENT = re.compile(
+    r"^(\S+ \S+) UTC\|([^|]*)\|[^|]*\|LOG:  duration: [\d.]+ ms  (?:execute [^:]*|statement): (.*)"
+)
+_PARAMETERS = re.compile(r"\|DETAIL:  parameters: (.*)")
+
+
+@attrs.frozen
+class Options:
+    """What a run does: ``bench/nemesis.py``'s options."""
+
+    seed: int
+    duration: float
+    servers: int = 2
+    agents: int = 6
+    clients: int = 16
+    kinds: tuple[FaultKind, ...] = tuple(FaultKind)
+    #: faults per second, on average
+    rate: float = 0.2
+    #: seconds after the last fault within which the running state must equal the catalog
+    settle: float = 120.0
+    lost_after: float = 6.0
+
+
+@attrs.define
+class Report:
+    """What a run found; :meth:`text` is the table printed."""
+
+    options: Options
+    started: float
+    faults: list[Fault]
+    violations: list[Violation]
+    explained: list[str]
+    requests: tuple[int, int]
+    checks: Counter[Invariant]
+    logs: Path
+
+    def text(self) -> str:
+        """Faults by kind, invariants checked (how many records each), violations with the time line around each."""
+        lines = [f"nemesis seed {self.options.seed}, {self.options.duration:.0f} s, {self.options.servers} servers, "
+                 f"{self.options.agents} agents, {self.options.clients} clients; logs in {self.logs}"]  # fmt: skip
+        applied = [f for f in self.faults if not f.note.startswith("not applied")]
+        kinds = Counter(f.kind.value for f in applied)
+        lines.append(f"faults injected: {len(applied)} of {len(self.faults)} planned, {len(kinds)} kinds")
+        lines += [f"  {kind:<15} {count:>4}" for kind, count in sorted(kinds.items())]
+        ok, failed = self.requests
+        lines.append(f"client requests: {ok} succeeded, {failed} failed ({len(self.explained)} explained)")
+        lines.append("invariants (records checked, violations):")
+        found = Counter(v.invariant for v in self.violations)
+        lines += [f"  {self.checks[i]:>6} {found[i]:>4}  {i.value}" for i in Invariant]
+        for violation in sorted(self.violations, key=lambda v: v.at)[:60]:
+            lines.append(
+                f"VIOLATION +{violation.at - self.started:.1f} s {violation.invariant.value}: {violation.text}"
+            )
+            lines += [
+                "    " + f.line(self.started)
+                for f in self.faults
+                if f.active(violation.at, 30) and f.start >= violation.at - 60
+            ]
+        if len(self.violations) > 60:
+            lines.append(f"... and {len(self.violations) - 60} more violations")
+        if self.violations:
+            lines.append(
+                f"reproduce: python bench/nemesis.py --seed {self.options.seed} --duration {self.options.duration:g}"
+            )
+        lines.append("time line:")
+        lines += ["  " + f.line(self.started) for f in self.faults]
+        return "\n".join(lines)
+
+
+def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
+    """Run the nemesis under ``root`` with PostgreSQL from ``bindir``; returns the report (every process ended)."""
+    postgres = PostgresCluster(root / "pg", bindir)
+    cluster = None
+    try:
+        postgres.start()
+        for setting in (
+            "log_min_duration_statement = 0",
+            "log_line_prefix = '%m|%a|%c|'",
+            "log_timezone = 'UTC'",
+        ):
+            postgres.sql(f"ALTER SYSTEM SET {setting}")
+        postgres.sql("SELECT pg_reload_conf()")
+        cluster = NemesisCluster(root, postgres, servers=options.servers, agents=options.agents,
+                                 lost_after=options.lost_after)  # fmt: skip
+        say(
+            f"starting {options.servers} servers, {options.agents} agents, a gateway (logs in {cluster.local.logs})"
+        )
+        cluster.start()
+        return _run(cluster, options, say)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        postgres.stop()
+
+
+def _run(cluster: NemesisCluster, options: Options, say) -> Report:
+    planned = schedule(
+        options.seed, options.duration, options.kinds, rate=options.rate, lost_after=options.lost_after
+    )
+    say(f"seed {options.seed}: {len(planned)} faults planned over {options.duration:.0f} s")
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(cluster, stop), daemon=True)
+    sampler.start()
+    reported: set[tuple] = set()
+    try:
+        with GatewayLoad(cluster.local.gateway_url, options.clients, models=MODELS) as load:
+            load.wait_served(options.clients, 120)
+            started = time.time()
+            injector = Injector(cluster, planned, started)
+            next_check = started + CHECK_EVERY
+            while time.time() < started + options.duration or injector.busy:
+                for fault in injector.step():
+                    say("  " + fault.line(started))
+                if time.time() >= started + options.duration:
+                    injector.heal_all()
+                if time.time() >= next_check:
+                    next_check = time.time() + CHECK_EVERY
+                    for v in _history_checks(cluster, injector.faults, load)[0]:
+                        if (v.invariant, v.text) not in reported:
+                            reported.add((v.invariant, v.text))
+                            say(
+                                f"VIOLATION (while running) +{v.at - started:.1f} s {v.invariant.value}: {v.text}"
+                            )
+                time.sleep(0.1)
+            say("every fault healed; waiting for the running state to equal the catalog")
+            cluster.settle()
+            final = _converge(cluster, options.settle)
+            load.wait_served(options.clients, 60)
+        violations, explained, checks = _history_checks(cluster, injector.faults, load)
+        converged = check_converged(final)
+        checks[Invariant.CONVERGED] += len(final.replicas) + len(final.engine_pids) + len(final.node_states)
+        return Report(options, started, injector.faults, violations + converged, explained, load.counts(), checks,
+                      cluster.local.logs)  # fmt: skip
+    finally:
+        stop.set()
+        sampler.join(10)
+
+
+def _sample(cluster: NemesisCluster, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        cluster.sample()
+
+
+def _final_state(cluster: NemesisCluster) -> FinalState:
+    replicas = cluster.local.client.request("GET", "/v1/admin/replicas", ReplicaList)
+    nodes = cluster.local.client.request("GET", "/v1/admin/nodes", NodeList)
+    return FinalState(
+        at=time.time(),
+        wanted=cluster.wanted(),
+        replicas={r.id: (r.model, r.state) for r in replicas.replicas},
+        unplaced={u.id: u.reason for u in replicas.unplaced},
+        engine_pids=frozenset(engine_processes(cluster.root)),
+        shard_pids=frozenset(s.pid for r in replicas.replicas for s in r.shards if s.pid),
+        node_states={n.node_id: n.state for n in nodes.nodes},
+        agents_up=cluster.agents_up(),
+    )
+
+
+def _converge(cluster: NemesisCluster, bound: float) -> FinalState:
+    """The state once it equals the catalog, or as it stands ``bound`` seconds after the last fault."""
+    deadline = time.time() + bound
+    while True:
+        try:
+            final = _final_state(cluster)
+        except Exception:
+            final = None
+        if final is not None and (not check_converged(final) or time.time() >= deadline):
+            return final
+        if time.time() >= deadline + 60:
+            raise AssertionError(
+                f"the control plane did not answer within {bound + 60:.0f} s of the last fault"
+            )
+        time.sleep(1.0)
+
+
+# -- reading the history back ----------------------------------------------------------------------
+
+
+def _history_checks(
+    cluster: NemesisCluster, faults: Sequence[Fault], load: GatewayLoad
+) -> tuple[list[Violation], list[str], Counter[Invariant]]:
+    """Every invariant but convergence, over the history so far: violations, explained failures, records checked."""
+    events = cluster.postgres.sql(
+        "SELECT at, kind, subject, message FROM events ORDER BY id", cluster.database
+    )
+    claims = _claims(cluster.local.logs)
+    acquires, writes = _store_log(cluster.postgres.log)
+    with cluster.lock:
+        runs, ready = list(cluster.runs), list(cluster.ready)
+    manifests = [
+        ManifestMade(m["source"], m["node"], m["digest"], int(m["files"]), at)
+        for at, kind, _, message in events if kind == "weights" and (m := MANIFEST_MESSAGE.search(message))
+    ]  # fmt: skip
+    lost = [LostNode(s, at, m) for at, k, s, m in events if k == "node" and m.startswith("lost")]
+    failures = _engine_failures(events)
+    with load.lock:
+        answers = [a for a in load.answers if a.failure is not None]
+    failed = [FailedRequest(a.model, a.replica, a.began, a.ended, a.failure) for a in answers]
+    request_violations, explained = check_requests(failed, faults, ready)
+    violations = (
+        check_leadership(claims, acquires) + check_writes(acquires, writes)
+        + check_manifests(manifests, runs, {SEED: cluster.seed_truth})
+        + check_lost_nodes(lost, faults) + check_engine_failures(failures, faults) + request_violations
+    )  # fmt: skip
+    checks = Counter({
+        Invariant.ONE_HOLDER: len(claims) + len(acquires), Invariant.FENCED_WRITES: len(writes),
+        Invariant.SAME_FILES: len(manifests) + len(runs), Invariant.LOST_SYNCING: len(lost),
+        Invariant.HEALTHY_ENGINES: len(failures), Invariant.EXPLAINED_REQUESTS: len(failed),
+    })  # fmt: skip
+    return violations, explained, checks
+
+
+def _engine_failures(events: Sequence[tuple]) -> list[EngineFailure]:
+    """``failed: ...`` events of replicas that were ready (their last ``ready on`` since the last failure)."""
+    ready_on: dict[str, frozenset[str]] = {}
+    found = []
+    for at, kind, subject, message in events:
+        if kind != "replica":
+            continue
+        if message.startswith("ready on "):
+            ready_on[subject] = frozenset(message.removeprefix("ready on ").split(", "))
+        elif message.startswith("failed: ") and subject in ready_on:
+            found.append(EngineFailure(subject, ready_on.pop(subject), at, message))
+        elif message.startswith(("removed", "rebuilding", "starting again")):
+            ready_on.pop(subject, None)
+    return found
+
+
+def _claims(logs: Path) -> list[Claim]:
+    """``this server leads now (epoch N)`` lines of every server's log."""
+    found = []
+    for path in sorted(logs.glob("server*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if (m := _CLAIM.match(line)) is not None:
+                at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                found.append(Claim(path.stem, int(m[2]), at))
+    return found
+
+
+def _store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:
+    """Leases taken and writes made, from PostgreSQL's log of statements (their ends), by application name."""
+    acquires, writes = [], []
+    pending: tuple[str, float] | None = None
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return [], []
+    for line in text.splitlines():
+        if (m := _STATEMENT.match(line)) is not None:
+            at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC).timestamp()
+            statement = m[3]
+            pending = None
+            if statement.startswith("INSERT INTO leader"):
+                pending = (m[2], at)
+            elif statement.startswith("UPDATE feed SET revision"):
+                writes.append(StoreWrite(m[2], at))
+        elif pending is not None and (p := _PARAMETERS.search(line)) is not None:
+            values = re.findall(r"\$(\d+) = '([^']*)'", p[1])
+            epoch = dict(values).get("3")
+            if epoch is not None:
+                acquires.append(Acquire(pending[0], int(epoch), pending[1]))
+            pending = None
+    return acquires, writes

@@ -1,0 +1,190 @@
+"""The nemesis's invariant checkers catch bad histories (and pass good ones); its schedule is the seed's alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.testing.nemesis import Fault, FaultKind, Injector, PlannedFault, parse_kinds, schedule
+from llmgw.testing.nemesis_checks import (
+    Acquire,
+    Claim,
+    EngineFailure,
+    FailedRequest,
+    FinalState,
+    Invariant,
+    LostNode,
+    ManifestMade,
+    ReplicaRun,
+    StoreWrite,
+    check_converged,
+    check_engine_failures,
+    check_leadership,
+    check_lost_nodes,
+    check_manifests,
+    check_requests,
+    check_writes,
+)
+
+T = 1_000_000.0
+
+
+def test_two_servers_claiming_one_epoch_is_caught_in_logs_and_store():
+    claims = [Claim("server-a", 1, T), Claim("server-b", 1, T + 0.01), Claim("server-b", 2, T + 30)]
+    acquires = [Acquire("server-a", 1, T), Acquire("server-b", 1, T + 0.005)]
+    found = check_leadership(claims, acquires)
+    assert [v.invariant for v in found] == [Invariant.ONE_HOLDER] * 2
+    assert "epoch 1 held by server-a at" in found[0].text and "server-b" in found[0].text
+    assert "(server logs)" in found[0].text and "(the store's log)" in found[1].text
+    assert check_leadership([Claim("server-a", 1, T), Claim("server-b", 2, T + 9)]) == []
+
+
+def test_a_write_after_another_server_took_the_lease_is_caught():
+    acquires = [Acquire("server-a", 1, T), Acquire("server-b", 2, T + 10)]
+    good = [StoreWrite("server-a", T + 5), StoreWrite("server-b", T + 11)]
+    assert check_writes(acquires, good) == []
+    (bad,) = check_writes(acquires, [*good, StoreWrite("server-a", T + 12)])
+    assert bad.invariant is Invariant.FENCED_WRITES
+    assert bad.text.startswith("write by server-a (epoch 1) after server-b took epoch 2")
+
+
+def test_a_manifest_replaced_by_an_empty_holder_and_a_replica_on_other_files_are_caught():
+    truth = {"seed:///m": "660b" + "0" * 60}
+    made = [
+        ManifestMade("seed:///m", "node-1", "660b00000000", 2, T),
+        ManifestMade("seed:///m", "node-2", "e3b0c4429", 0, T + 0.5),
+    ]
+    runs = [
+        ReplicaRun("m-0", "node-1", "seed:///m", "/a", truth["seed:///m"], T + 3),
+        ReplicaRun("m-1", "node-2", "seed:///m", "/b", "e3b0" + "1" * 60, T + 4),
+    ]
+    found = check_manifests(made, runs, truth)
+    texts = [v.text for v in found]
+    assert {v.invariant for v in found} == {Invariant.SAME_FILES}
+    assert any("made by node-2 lists 0 files" in t for t in texts)
+    assert any("manifest of seed:///m replaced" in t for t in texts)
+    assert any(t.startswith("m-1 runs on node-2") for t in texts)
+    assert len(found) == 3
+    assert check_manifests(made[:1], runs[:1], truth) == []
+
+
+def final(**changes) -> FinalState:
+    values = dict(
+        at=T,
+        wanted={"chat": 2},
+        replicas={"chat-0": ("chat", "ready"), "chat-1": ("chat", "ready")},
+        unplaced={},
+        engine_pids=frozenset({10, 11}),
+        shard_pids=frozenset({10, 11}),
+        node_states={"node-1": "ready", "node-2": "ready"},
+        agents_up=frozenset({"node-1", "node-2"}),
+    )
+    return FinalState(**(values | changes))
+
+
+def test_a_state_that_differs_from_the_catalog_is_caught():
+    assert check_converged(final()) == []
+    bad = final(
+        replicas={"chat-0": ("chat", "backoff"), "old-0": ("old", "ready")},
+        unplaced={"chat-2": "no room"},
+        engine_pids=frozenset({10, 11, 99}),
+        node_states={"node-1": "lost", "node-2": "ready"},
+    )
+    texts = [v.text for v in check_converged(bad)]
+    assert texts == [
+        "chat-0 is backoff",
+        "chat: 1 replicas, the catalog asks for 2",
+        "old: 1 replicas of a model the catalog no longer has",
+        "chat-2 unplaced: no room",
+        "engine pid 99 runs, and no replica's shard owns it",
+        "node-1 is lost, and its agent runs and syncs",
+    ]
+
+
+def test_a_node_declared_lost_after_its_agent_came_back_is_caught():
+    paused = Fault(FaultKind.STOP_AGENT, "node-3", T, T + 60, nodes=frozenset({"node-3"}))
+    during = LostNode("node-3", T + 20, "lost: no sync for 20 s")
+    after = LostNode("node-3", T + 61, "lost: no sync for 64 s")
+    elsewhere = LostNode("node-4", T + 20, "lost: no sync for 20 s")
+    found = check_lost_nodes([during, after, elsewhere], [paused])
+    assert [v.text for v in found] == [
+        "node-3 lost: no sync for 64 s; its agent was back 1.0 s before (stop-agent)",
+        "node-4 lost: no sync for 20 s",
+    ]
+
+
+def test_an_engine_failing_with_its_agent_or_without_any_fault_is_caught():
+    killed = Fault(
+        FaultKind.KILL_ENGINE, "chat-0 r0", T, T, nodes=frozenset({"node-1"}), replicas=frozenset({"chat-0"})
+    )
+    agent = Fault(
+        FaultKind.KILL_AGENT, "node-2", T, T + 3, nodes=frozenset({"node-2"}), replicas=frozenset({"big-0"})
+    )
+    failures = [
+        EngineFailure("chat-0", frozenset({"node-1"}), T + 2, "failed: shard r0 exited"),
+        EngineFailure("big-0", frozenset({"node-2", "node-3"}), T + 1, "failed: shard r1 exited"),
+        EngineFailure("chat-1", frozenset({"node-4"}), T + 200, "failed: liveness probe timed out"),
+    ]
+    found = check_engine_failures(failures, [killed, agent])
+    assert [v.text for v in found] == [
+        "big-0 failed: shard r1 exited (faults then on its nodes: kill-agent node-2)",
+        "chat-1 failed: liveness probe timed out",
+    ]
+
+
+def test_a_failed_request_with_another_ready_replica_is_caught():
+    killed = Fault(
+        FaultKind.KILL_ENGINE, "chat-0 r0", T, T, nodes=frozenset({"node-1"}), replicas=frozenset({"chat-0"})
+    )
+    server = Fault(FaultKind.KILL_SERVER, "server-a", T + 50, T + 55)
+    ready = [(T - 1, {"chat": frozenset({"chat-0", "chat-1"}), "big": frozenset({"big-0"})})]
+    failed = [
+        FailedRequest(
+            "chat", "chat-0", T - 0.2, T + 0.1, "stream ended without [DONE]"
+        ),  # on the killed engine
+        FailedRequest("chat", "", T + 1, T + 1.1, "502: no replica answered"),  # chat-1 was ready
+        FailedRequest("big", "", T + 52, T + 52.1, "503"),  # only a server was down
+    ]
+    found, explained = check_requests(failed, [killed, server], ready)
+    assert len(explained) == 1 and "kill-engine chat-0 r0 hit chat-0, which served it" in explained[0]
+    assert [v.invariant for v in found] == [Invariant.EXPLAINED_REQUESTS] * 2
+    assert "failed with chat-1 ready; faults then: kill-engine chat-0 r0" in found[0].text
+    assert "failed with big-0 ready; faults then: no fault" in found[1].text
+    only = [(T - 1, {"chat": frozenset({"chat-0"})})]
+    found, explained = check_requests(failed[1:2], [killed], only)
+    assert found == [] and "chat had no other ready replica" in explained[0]
+
+
+def test_the_schedule_is_the_seeds_alone_and_mixes_kinds():
+    kinds = tuple(FaultKind)
+    first = schedule(7, 600, kinds)
+    assert first == schedule(7, 600, kinds) != schedule(8, 600, kinds)
+    assert len(first) >= 100 and len({p.kind for p in first}) >= 8
+    times = [p.at for p in first]
+    assert times == sorted(times) and len(set(times)) < len(times), "some faults start together"
+
+
+def test_fault_kinds_are_parsed_with_a_clear_error():
+    assert parse_kinds("all") == tuple(FaultKind)
+    assert parse_kinds("kill-agent, drain") == (FaultKind.KILL_AGENT, FaultKind.DRAIN)
+    with pytest.raises(ValueError, match="--faults: unknown fault kind 'kill-everything'; expected some of"):
+        parse_kinds("kill-agent,kill-everything")
+
+
+def test_the_injector_applies_in_time_heals_and_notes_what_failed():
+    done: list[str] = []
+
+    class Target:
+        def apply(self, kind, pick):
+            if kind is FaultKind.DRAIN:
+                raise RuntimeError("no leader")
+            return Fault(kind, "node-1", T + 1), lambda: done.append("healed")
+
+    plan = [PlannedFault(1, FaultKind.STOP_AGENT, 5, 0.1), PlannedFault(2, FaultKind.DRAIN, 5, 0.5)]
+    injector = Injector(Target(), plan, started=T)
+    assert injector.step(T + 0.5) == []
+    (stopped,) = injector.step(T + 1.5)
+    assert stopped.end is None and injector.busy
+    (drain,) = injector.step(T + 2.5)
+    assert drain.note == "not applied: RuntimeError('no leader')"
+    injector.heal_all()
+    assert done == ["healed"] and stopped.end is not None and not injector.busy

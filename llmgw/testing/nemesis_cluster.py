@@ -28,7 +28,7 @@ from llmgw import pki
 from llmgw.dev.cluster import LocalCluster, LocalNode
 from llmgw.testing.nemesis import Fault, FaultKind
 from llmgw.testing.nemesis_checks import ReplicaRun
-from llmgw.testing.postgres import PostgresCluster
+from llmgw.testing.postgres import SUPERUSER, PostgresCluster
 from llmgw.testing.processes import free_port
 from llmgw.pki import client_ssl_context
 from llmgw.serverlist import STANDBY_HEADER
@@ -129,9 +129,12 @@ class NemesisCluster:
         self.local.wait(self.local.all_ready, "every replica to be ready", timeout)
 
     def start_server(self, index: int) -> None:
-        """Start server ``index`` (1-based) on its port; its store URL names it (PostgreSQL's log says who wrote)."""
+        """Start server ``index`` (1-based) on its port; it connects as its own role (so PostgreSQL's log says who wrote)."""
         name = self.server_name(index)
-        self.local.store = f"{self.postgres.url(self.database)}&application_name={name}"
+        role = name.replace("-", "_")
+        if not self.postgres.sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'"):
+            self.postgres.sql(f"CREATE ROLE {role} SUPERUSER LOGIN")
+        self.local.store = self.postgres.url(self.database).replace(f"{SUPERUSER}@", f"{role}@")
         self.servers[name] = self.local.start_server(port=self.ports[index - 1], name=name)
 
     @staticmethod

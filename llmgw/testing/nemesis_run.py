@@ -50,16 +50,16 @@ from llmgw.testing.nemesis_cluster import MODELS, SEED, NemesisCluster, engine_p
 from llmgw.testing.postgres import PostgresCluster
 from llmgw.wire import NodeList, ReplicaList
 
-__all__ = ["Options", "Report", "run"]
+__all__ = ["Options", "Report", "engine_failures", "read_claims", "read_store_log", "run"]
 
 #: seconds between two checks of the history while the run goes
 CHECK_EVERY = 15.0
 _CLAIM = re.compile(r"^(\S+ \S+) .*this server leads now \(epoch (\d+)\)")
-#: a statement's end in PostgreSQL's log, with the prefix the run sets (``%m|%a|%c|``)
+#: a statement's end in PostgreSQL's log, with the prefix the run sets (``%m|%u|%c|``: time, role, session)
 _STATEMENT = re.compile(
-    r"^(\S+ \S+) UTC\|([^|]*)\|[^|]*\|LOG:  duration: [\d.]+ ms  (?:execute [^:]*|statement): (.*)"
+    r"^(\S+ \S+) UTC\|([^|]*)\|([^|]*)\|LOG:  duration: [\d.]+ ms  (?:execute [^:]*|statement): (.*)"
 )
-_PARAMETERS = re.compile(r"\|DETAIL:  parameters: (.*)")
+_PARAMETERS = re.compile(r"^\S+ \S+ UTC\|[^|]*\|([^|]*)\|DETAIL:  parameters: (.*)")
 
 
 @attrs.frozen
@@ -133,7 +133,7 @@ def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
         postgres.start()
         for setting in (
             "log_min_duration_statement = 0",
-            "log_line_prefix = '%m|%a|%c|'",
+            "log_line_prefix = '%m|%u|%c|'",
             "log_timezone = 'UTC'",
         ):
             postgres.sql(f"ALTER SYSTEM SET {setting}")
@@ -241,8 +241,8 @@ def _history_checks(
     events = cluster.postgres.sql(
         "SELECT at, kind, subject, message FROM events ORDER BY id", cluster.database
     )
-    claims = _claims(cluster.local.logs)
-    acquires, writes = _store_log(cluster.postgres.log)
+    claims = read_claims(cluster.local.logs)
+    acquires, writes = read_store_log(cluster.postgres.log)
     with cluster.lock:
         runs, ready = list(cluster.runs), list(cluster.ready)
     manifests = [
@@ -250,7 +250,7 @@ def _history_checks(
         for at, kind, _, message in events if kind == "weights" and (m := MANIFEST_MESSAGE.search(message))
     ]  # fmt: skip
     lost = [LostNode(s, at, m) for at, k, s, m in events if k == "node" and m.startswith("lost")]
-    failures = _engine_failures(events)
+    failures = engine_failures(events)
     with load.lock:
         answers = [a for a in load.answers if a.failure is not None]
     failed = [FailedRequest(a.model, a.replica, a.began, a.ended, a.failure) for a in answers]
@@ -268,7 +268,7 @@ def _history_checks(
     return violations, explained, checks
 
 
-def _engine_failures(events: Sequence[tuple]) -> list[EngineFailure]:
+def engine_failures(events: Sequence[tuple]) -> list[EngineFailure]:
     """``failed: ...`` events of replicas that were ready (their last ``ready on`` since the last failure)."""
     ready_on: dict[str, frozenset[str]] = {}
     found = []
@@ -284,7 +284,7 @@ def _engine_failures(events: Sequence[tuple]) -> list[EngineFailure]:
     return found
 
 
-def _claims(logs: Path) -> list[Claim]:
+def read_claims(logs: Path) -> list[Claim]:
     """``this server leads now (epoch N)`` lines of every server's log."""
     found = []
     for path in sorted(logs.glob("server*.log")):
@@ -295,10 +295,10 @@ def _claims(logs: Path) -> list[Claim]:
     return found
 
 
-def _store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:
-    """Leases taken and writes made, from PostgreSQL's log of statements (their ends), by application name."""
+def read_store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:
+    """Leases taken and writes made, from PostgreSQL's log of statements (their ends), by role (one per server)."""
     acquires, writes = [], []
-    pending: tuple[str, float] | None = None
+    pending: dict[str, tuple[str, float]] = {}
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -306,16 +306,15 @@ def _store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:
     for line in text.splitlines():
         if (m := _STATEMENT.match(line)) is not None:
             at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC).timestamp()
-            statement = m[3]
-            pending = None
+            writer, session, statement = m[2].replace("_", "-"), m[3], m[4]
+            pending.pop(session, None)
             if statement.startswith("INSERT INTO leader"):
-                pending = (m[2], at)
+                pending[session] = (writer, at)
             elif statement.startswith("UPDATE feed SET revision"):
-                writes.append(StoreWrite(m[2], at))
-        elif pending is not None and (p := _PARAMETERS.search(line)) is not None:
-            values = re.findall(r"\$(\d+) = '([^']*)'", p[1])
-            epoch = dict(values).get("3")
+                writes.append(StoreWrite(writer, at))
+        elif (p := _PARAMETERS.match(line)) is not None and p[1] in pending:
+            writer, at = pending.pop(p[1])
+            epoch = dict(re.findall(r"\$(\d+) = '([^']*)'", p[2])).get("3")
             if epoch is not None:
-                acquires.append(Acquire(pending[0], int(epoch), pending[1]))
-            pending = None
+                acquires.append(Acquire(writer, int(epoch), at))
     return acquires, writes

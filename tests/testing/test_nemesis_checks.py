@@ -188,3 +188,45 @@ def test_the_injector_applies_in_time_heals_and_notes_what_failed():
     assert drain.note == "not applied: RuntimeError('no leader')"
     injector.heal_all()
     assert done == ["healed"] and stopped.end is not None and not injector.busy
+
+
+STORE_LOG = """\
+2026-12-03 17:28:30.726 UTC|server_a|6b1.42a2|LOG:  duration: 0.081 ms  bind <unnamed>: INSERT INTO leader (id) VALUES (1, $1, $2, $3)
+2026-12-03 17:28:30.726 UTC|server_a|6b1.42a2|DETAIL:  parameters: $1 = 'https://a#1', $2 = 'https://a', $3 = '1', $4 = '6'
+2026-12-03 17:28:30.727 UTC|server_a|6b1.42a2|LOG:  duration: 0.351 ms  execute <unnamed>: INSERT INTO leader (id) VALUES (1, $1, $2, $3)
+2026-12-03 17:28:30.737 UTC|server_b|6b1.42a4|LOG:  duration: 0.189 ms  execute <unnamed>: INSERT INTO leader (id) VALUES (1, $1, $2, $3)
+2026-12-03 17:28:30.727 UTC|server_a|6b1.42a2|DETAIL:  parameters: $1 = 'https://a#1', $2 = 'https://a', $3 = '1', $4 = '6'
+2026-12-03 17:28:30.737 UTC|server_b|6b1.42a4|DETAIL:  parameters: $1 = 'https://b#2', $2 = 'https://b', $3 = '1', $4 = '6'
+2026-12-03 17:28:30.755 UTC|server_b|6b1.42a5|LOG:  duration: 0.050 ms  statement: UPDATE feed SET revision = revision + 1 WHERE id = 1
+"""
+
+
+def test_the_store_log_and_server_logs_are_read_into_records(tmp_path):
+    """The readers give the checkers the store's leases and writes (by role) and the servers' claims."""
+    from llmgw.testing.nemesis_run import engine_failures, read_claims, read_store_log
+
+    (tmp_path / "pg.log").write_text(STORE_LOG)
+    acquires, writes = read_store_log(tmp_path / "pg.log")
+    assert [(a.writer, a.epoch) for a in acquires] == [("server-a", 1), ("server-b", 1)]
+    assert [w.writer for w in writes] == ["server-b"]
+    assert check_leadership([], acquires)[0].text.startswith("epoch 1 held by server-a at")
+    (tmp_path / "server-b.log").write_text(
+        "2026-12-03 17:28:30,736 llmgw.server WARNING this server leads now (epoch 1): the lease was free\n"
+    )
+    (claim,) = read_claims(tmp_path)
+    assert (claim.server, claim.epoch) == ("server-b", 1)
+    events = [
+        (T, "replica", "chat-0", "ready on node-1"),
+        (T + 1, "replica", "chat-0", "failed: shard r0 on node-1 exited with code -9"),
+        (
+            T + 2,
+            "replica",
+            "chat-0",
+            "failed: not ready within 30 s",
+        ),  # it was not ready: not a healthy engine
+    ]
+    assert engine_failures(events) == [
+        EngineFailure(
+            "chat-0", frozenset({"node-1"}), T + 1, "failed: shard r0 on node-1 exited with code -9"
+        )
+    ]

@@ -330,7 +330,7 @@ def check_engine_failures(failures: Iterable[EngineFailure], faults: Sequence[Fa
             continue
         near = [
             f"{f.kind.value} {f.target}" for f in faults
-            if f.nodes & failure.nodes and f.active(failure.at, REPORT_DELAY) and f.start <= failure.at
+            if f.nodes & failure.nodes and f.active(failure.at, 3 * REPORT_DELAY) and f.start <= failure.at
         ]  # fmt: skip
         why = f" (faults then on its nodes: {', '.join(near)})" if near else ""
         found.append(
@@ -362,7 +362,8 @@ def check_requests(
 
     A fault explains a request that was in flight on the replica it hit, or any request while it made
     the model have no ready replica but those it hit (per ``ready``: (time, model -> ready replica ids)
-    as sampled, oldest first). A gateway's own fault explains every request in flight through it.
+    as sampled, oldest first). A gateway's own fault explains every request from its start until
+    :data:`AFTERMATH` seconds after its healing (a killed gateway starts again and loads its routes).
     Control-plane faults explain nothing (the gateway keeps its routes).
     :returns: the violations, and one line per explained failure naming the fault that explains it.
     """
@@ -394,12 +395,8 @@ def _explain(
     request: FailedRequest, window: list[Fault], ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]]
 ) -> str | None:
     for fault in window:
-        if (
-            fault.kind in DATA_PATH
-            and fault.start <= request.ended + SLACK
-            and (fault.end or 0) + SLACK >= request.began
-        ):
-            return f"{fault.kind.value} {fault.target} while it was in flight"
+        if fault.kind in DATA_PATH:
+            return f"{fault.kind.value} {fault.target}: in flight through it, or sent before it served again"
         if request.replica and request.replica in fault.replicas:
             return f"{fault.kind.value} {fault.target} hit {request.replica}, which served it"
     hit = frozenset().union(*(f.replicas for f in window)) if window else frozenset()

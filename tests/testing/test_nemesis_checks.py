@@ -149,6 +149,11 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
     assert [v.invariant for v in found] == [Invariant.EXPLAINED_REQUESTS] * 2
     assert "failed with chat-1 ready; faults then: kill-engine chat-0 r0" in found[0].text
     assert "failed with big-0 ready; faults then: no fault" in found[1].text
+    gateway = Fault(FaultKind.KILL_GATEWAY, "gateway", T + 100, T + 102)
+    later = [FailedRequest("chat", "", T + 105, T + 105, "ConnectError"), FailedRequest("chat", "", T + 150, T + 150, "503")]
+    found, explained = check_requests(later, [gateway], ready)
+    assert "kill-gateway gateway: in flight through it, or sent before it served again" in explained[0]
+    assert len(found) == 1 and found[0].at == T + 150
     only = [(T - 1, {"chat": frozenset({"chat-0"})})]
     found, explained = check_requests(failed[1:2], [killed], only)
     assert found == [] and "chat had no other ready replica" in explained[0]

@@ -101,7 +101,10 @@ LONG_AGENT_PAUSE = 2.5
 
 
 def parse_kinds(text: str) -> tuple[FaultKind, ...]:
-    """The kinds ``--faults`` names, comma-separated (``all``: every kind); raises ValueError naming a bad one."""
+    """The kinds ``--faults`` names, comma-separated (``all``: every kind).
+
+    :raises ValueError: naming the unknown kind and the known ones.
+    """
     if text.strip() in ("", "all"):
         return tuple(FaultKind)
     kinds = []

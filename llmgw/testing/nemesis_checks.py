@@ -182,7 +182,7 @@ MANIFEST_MESSAGE = re.compile(
 def check_manifests(
     made: Iterable[ManifestMade], runs: Iterable[ReplicaRun], truth: Mapping[str, str]
 ) -> list[Violation]:
-    """A source keeps its first manifest, which matches the files put in its seed, and every replica runs on them.
+    """A source keeps its first manifest, which matches its seed's files, and every replica runs on those.
 
     :param truth: source -> digest of the files the run put in its seed folders (the only right content).
     """
@@ -322,7 +322,10 @@ def check_engine_failures(failures: Iterable[EngineFailure], faults: Sequence[Fa
     own = (FaultKind.KILL_ENGINE, FaultKind.STOP_ENGINE)
     for failure in failures:
         explained = any(
-            (f.kind in own and failure.replica in f.replicas or f.kind is FaultKind.REVOKE_NODE and f.nodes & failure.nodes)
+            (
+                (f.kind in own and failure.replica in f.replicas)
+                or (f.kind is FaultKind.REVOKE_NODE and f.nodes & failure.nodes)
+            )
             and f.active(failure.at, REPORT_DELAY) and f.start <= failure.at + SLACK
             for f in faults
         )  # fmt: skip
@@ -383,7 +386,8 @@ def check_requests(
             found.append(
                 Violation(
                     Invariant.EXPLAINED_REQUESTS, request.began,
-                    f"{stamp} failed with {', '.join(sorted(other)) or 'no replica'} ready; faults then: {names}",
+                    f"{stamp} failed with {', '.join(sorted(other)) or 'no replica'} ready; "
+                    f"faults then: {names}",
                 )
             )  # fmt: skip
         else:

@@ -1,4 +1,4 @@
-"""The nemesis's cluster: servers on a throwaway PostgreSQL, agents, a gateway, and every fault applied to them.
+"""The nemesis's cluster: servers on a throwaway PostgreSQL, agents, a gateway, and what it samples of them.
 
 :class:`NemesisCluster` builds the cluster a run hits (``servers`` ``llmgw
 server`` on one PostgreSQL database, ``agents`` nodes with sim engines on
@@ -19,23 +19,20 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from llmgw import pki
 from llmgw.dev.cluster import LocalCluster, LocalNode
-from llmgw.testing.nemesis import Fault, FaultKind
+from llmgw.pki import client_ssl_context
+from llmgw.serverlist import STANDBY_HEADER
 from llmgw.testing.nemesis_checks import ReplicaRun
 from llmgw.testing.postgres import SUPERUSER, PostgresCluster
 from llmgw.testing.processes import free_port
-from llmgw.pki import client_ssl_context
-from llmgw.serverlist import STANDBY_HEADER
 from llmgw.weights._manifest import compute_manifest
-from llmgw.wire import DrainStatus, NodeList, ReplicaList, from_json
+from llmgw.wire import NodeList, ReplicaList, from_json
 
-__all__ = ["MODELS", "NemesisCluster", "SEED", "engine_processes"]
+__all__ = ["MODELS", "NemesisCluster", "SEED", "engine_processes", "signal_group"]
 
 #: the models the clients load: two single-GPU models (one from a seed folder) and one on two nodes
 MODELS = ("chat", "seeded", "big")
@@ -97,16 +94,13 @@ class NemesisCluster:
         self.runs: list[ReplicaRun] = []
         self.last: ReplicaList | None = None
         self._seen_runs: set[tuple[str, int, str]] = set()
-        #: nodes cordoned by a drain whose uncordon is still owed; nodes whose agent is paused or killed
-        self.cordoned: set[str] = set()
-        self.busy: set[str] = set()
         self.seed_truth = ""
         self._http = self._sampler_client()
 
     # -- building ------------------------------------------------------------------------------
 
     def start(self, timeout: float = 300) -> None:
-        """Start the servers, the agents and the gateway; apply the catalog; wait until all is ready and routed."""
+        """Start the servers, agents and gateway; apply the catalog; wait until every replica is ready."""
         models = self.root / "models"
         for name in ("chat", "big", "spare"):
             (models / name).mkdir(parents=True, exist_ok=True)
@@ -129,7 +123,7 @@ class NemesisCluster:
         self.local.wait(self.local.all_ready, "every replica to be ready", timeout)
 
     def start_server(self, index: int) -> None:
-        """Start server ``index`` (1-based) on its port; it connects as its own role (so PostgreSQL's log says who wrote)."""
+        """Start server ``index`` (1-based) on its port, as its own PostgreSQL role (which the log names)."""
         name = self.server_name(index)
         role = name.replace("-", "_")
         if not self.postgres.sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'"):
@@ -207,7 +201,7 @@ class NemesisCluster:
             self.ready.append((now, {m: frozenset(ids) for m, ids in ready.items()}))
 
     def leader_replicas(self) -> ReplicaList | None:
-        """``GET /v1/admin/replicas`` of the server that leads (a standby's has no pids); None when none answers."""
+        """``GET /v1/admin/replicas`` of the leader (a standby's has no pids); None when none answers."""
         for port in self.ports:
             try:
                 response = self._http.get(f"https://127.0.0.1:{port}/v1/admin/replicas")
@@ -217,259 +211,17 @@ class NemesisCluster:
                 return from_json(response.json(), ReplicaList)
         return None
 
-    def _on_node(self, node_id: str) -> frozenset[str]:
+    def on_node(self, node_id: str) -> frozenset[str]:
         last = self.last
         if last is None:
             return frozenset()
         return frozenset(r.id for r in last.replicas if any(s.node == node_id for s in r.shards))
 
-    # -- faults --------------------------------------------------------------------------------
-
-    def apply(self, kind: FaultKind, pick: float) -> tuple[Fault, Callable[[], None] | None]:
-        """Apply one fault of ``kind`` (the target chosen by ``pick``); return it and what heals it."""
-        return getattr(self, "_" + kind.name.lower())(kind, pick)
-
-    def _choose(self, items: list, pick: float):
-        return items[int(pick * len(items)) % len(items)] if items else None
-
-    def _free_node(self, pick: float) -> LocalNode | None:
-        nodes = [n for n in self.local.nodes.values() if n.node_id not in self.busy]
-        return self._choose(nodes, pick)
-
-    def _nothing(self, kind: FaultKind, why: str) -> tuple[Fault, None]:
-        now = time.time()
-        return Fault(kind, "-", now, now, note=f"not applied: {why}"), None
-
-    def _kill_server(self, kind: FaultKind, pick: float):
-        running = [n for n, p in self.servers.items() if p.poll() is None and n not in self.busy]
-        name = self._choose(running, pick)
-        if name is None:
-            return self._nothing(kind, "no server runs")
-        self.busy.add(name)
-        start = time.time()
-        self.local.stop(self.servers[name], signal.SIGKILL)
-
-        def heal() -> None:
-            self.busy.discard(name)
-            self.start_server(ord(name[-1]) - ord("a") + 1)
-
-        return Fault(kind, name, start), heal
-
-    def _stop_server(self, kind: FaultKind, pick: float):
-        running = [n for n, p in self.servers.items() if p.poll() is None and n not in self.busy]
-        name = self._choose(running, pick)
-        if name is None:
-            return self._nothing(kind, "no server runs")
-        return self._pause(kind, name, self.servers[name].pid, name)
-
-    def _pause(
-        self, kind: FaultKind, target: str, pgid: int, busy: str, **what
-    ) -> tuple[Fault, Callable[[], None]]:
-        self.busy.add(busy)
-        start = time.time()
-        _signal_group(pgid, signal.SIGSTOP)
-
-        def heal() -> None:
-            _signal_group(pgid, signal.SIGCONT)
-            self.busy.discard(busy)
-
-        return Fault(kind, target, start, **what), heal
-
-    def _kill_agent(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
-        if node is None or node.process is None:
-            return self._nothing(kind, "every node is under another fault")
-        self.busy.add(node.node_id)
-        start = time.time()
-        self.local.stop(node.process, signal.SIGKILL)
-
-        def heal() -> None:
-            self.busy.discard(node.node_id)
-            self.local.start_agent(node)
-
-        return Fault(
-            kind, node.node_id, start, nodes=frozenset({node.node_id}), replicas=self._on_node(node.node_id)
-        ), heal
-
-    def _stop_agent(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
-        if node is None or node.process is None:
-            return self._nothing(kind, "every node is under another fault")
-        what = {"nodes": frozenset({node.node_id}), "replicas": self._on_node(node.node_id)}
-        return self._pause(kind, node.node_id, node.process.pid, node.node_id, **what)
-
-    def _engine(self, pick: float):
-        last = self.last
-        shards = [
-            (r.id, s) for r in (last.replicas if last else ()) if r.state == "ready"
-            for s in r.shards if s.pid and s.node not in self.busy
-        ]  # fmt: skip
-        return self._choose(shards, pick)
-
-    def _kill_engine(self, kind: FaultKind, pick: float):
-        chosen = self._engine(pick)
-        if chosen is None:
-            return self._nothing(kind, "no ready engine on a free node")
-        replica, shard = chosen
-        start = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(shard.pid, signal.SIGKILL)
-        target = f"{replica} r{shard.rank} on {shard.node} pid {shard.pid}"
-        return Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica})), None
-
-    def _stop_engine(self, kind: FaultKind, pick: float):
-        chosen = self._engine(pick)
-        if chosen is None:
-            return self._nothing(kind, "no ready engine on a free node")
-        replica, shard = chosen
-        start = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(shard.pid, signal.SIGSTOP)
-
-        def heal() -> None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(shard.pid, signal.SIGCONT)
-
-        target = f"{replica} r{shard.rank} on {shard.node} pid {shard.pid}"
-        return Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica})), heal
-
-    def _kill_gateway(self, kind: FaultKind, pick: float):
-        gateway = self.local.gateway
-        if gateway is None or gateway.poll() is not None or "gateway" in self.busy:
-            return self._nothing(kind, "the gateway is under another fault")
-        self.busy.add("gateway")
-        start = time.time()
-        self.local.stop(gateway, signal.SIGKILL)
-        port = int(self.local.gateway_url.rsplit(":", 1)[1])
-
-        def heal() -> None:
-            self.busy.discard("gateway")
-            self.local.start_gateway(port)
-
-        return Fault(kind, "gateway", start), heal
-
-    def _stop_gateway(self, kind: FaultKind, pick: float):
-        gateway = self.local.gateway
-        if gateway is None or gateway.poll() is not None or "gateway" in self.busy:
-            return self._nothing(kind, "the gateway is under another fault")
-        return self._pause(kind, "gateway", gateway.pid, "gateway")
-
-    def _kill_postgres(self, kind: FaultKind, pick: float):
-        if "postgres" in self.busy:
-            return self._nothing(kind, "PostgreSQL is under another fault")
-        self.busy.add("postgres")
-        start = time.time()
-        self.postgres.crash()
-
-        def heal() -> None:
-            self.postgres.restart()
-            self.busy.discard("postgres")
-
-        return Fault(kind, "postgres", start), heal
-
-    def _stop_postgres(self, kind: FaultKind, pick: float):
-        if "postgres" in self.busy or self.postgres.process is None:
-            return self._nothing(kind, "PostgreSQL is under another fault")
-        return self._pause(kind, "postgres", self.postgres.process.pid, "postgres")
-
-    def _revoke_node(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
-        if node is None:
-            return self._nothing(kind, "every node is under another fault")
-        self.busy.add(node.node_id)
-        start = time.time()
-        pki.revoke(self.local.ca, node.node_id)
-
-        def heal() -> None:
-            node.tls = pki.issue_node(self.local.ca, node.node_id, out=node.root / "tls", overwrite=True)
-            self.busy.discard(node.node_id)
-
-        what = {"nodes": frozenset({node.node_id}), "replicas": self._on_node(node.node_id)}
-        return Fault(
-            kind, node.node_id, start, note="its certificate revoked, a new one issued at healing", **what
-        ), heal
-
-    def _apply(self, kind: FaultKind, change: Callable[[], str], *, prune: bool = False):
-        before = (self.tps, self.chat, self.spare)
-        start = time.time()
-        note = change()
-        try:
-            self.apply_catalog(prune=prune)
-        except Exception as exc:
-            self.tps, self.chat, self.spare = before
-            return self._nothing(kind, f"{note}: the apply failed: {exc}")
-        return Fault(kind, "catalog", start, note=note), None
-
-    def _apply_args(self, kind: FaultKind, pick: float):
-        def change() -> str:
-            self.tps = 300 if self.tps == 400 else 400
-            return f"--tokens-per-second {self.tps}"
-
-        return self._apply(kind, change)
-
-    def _apply_scale(self, kind: FaultKind, pick: float):
-        def change() -> str:
-            self.chat = 3 if self.chat == 2 else 2
-            return f"chat: {self.chat} replicas"
-
-        return self._apply(kind, change)
-
-    def _apply_prune(self, kind: FaultKind, pick: float):
-        def change() -> str:
-            self.spare = not self.spare
-            return "spare added" if self.spare else "spare removed (--prune)"
-
-        return self._apply(kind, change, prune=True)
-
-    def _drain(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
-        if node is None:
-            return self._nothing(kind, "every node is under another fault")
-        start = time.time()
-        self.local.client.request("POST", f"/v1/admin/nodes/{node.node_id}/drain", DrainStatus)
-        self.cordoned.add(node.node_id)
-
-        def heal() -> None:
-            self.local.client.request("POST", f"/v1/admin/nodes/{node.node_id}/uncordon", DrainStatus)
-            self.cordoned.discard(node.node_id)
-
-        what = {"nodes": frozenset({node.node_id}), "replicas": self._on_node(node.node_id)}
-        return Fault(kind, node.node_id, start, **what), heal
-
-    def _empty_seed(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
-        if node is None:
-            return self._nothing(kind, "every node is under another fault")
-        self.busy.add(node.node_id)
-        start = time.time()
-        folder = self.seed_folder(node)
-        for path in folder.iterdir():
-            path.unlink()
-
-        def heal() -> None:
-            self.fill_seed(node)
-            self.busy.discard(node.node_id)
-
-        return Fault(
-            kind, node.node_id, start, nodes=frozenset({node.node_id}), note=f"{folder} emptied"
-        ), heal
-
-    # -- the end -------------------------------------------------------------------------------
-
-    def settle(self) -> None:
-        """Uncordon the nodes whose drain's healing could not reach a leader (called before the final bound)."""
-        for node_id in sorted(self.cordoned):
-            path = f"/v1/admin/nodes/{node_id}/uncordon"
-            self.local.wait(
-                lambda p=path: self.local.client.request("POST", p, DrainStatus), f"uncordon {node_id}", 60
-            )
-        self.cordoned.clear()
-
-    def agents_up(self) -> frozenset[str]:
-        """The nodes whose agent process runs (and is not paused by a fault)."""
+    def agents_up(self, busy: set[str]) -> frozenset[str]:
+        """The nodes whose agent process runs, but those under a fault (``busy``: paused, revoked...)."""
         return frozenset(
             n.node_id for n in self.local.nodes.values()
-            if n.process is not None and n.process.poll() is None and n.node_id not in self.busy
+            if n.process is not None and n.process.poll() is None and n.node_id not in busy
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -480,16 +232,16 @@ class NemesisCluster:
             + [self.local.gateway]
         ):
             if pid is not None and pid.poll() is None:
-                _signal_group(pid.pid, signal.SIGCONT)
+                signal_group(pid.pid, signal.SIGCONT)
         with contextlib.suppress(Exception):
             self.local.stop_all()
         for pid in engine_processes(self.root):
-            _signal_group(os.getpgid(pid) if _exists(pid) else pid, signal.SIGKILL)
+            signal_group(os.getpgid(pid) if _exists(pid) else pid, signal.SIGKILL)
         self._http.close()
 
 
 def engine_processes(root: Path) -> set[int]:
-    """Pids of the engine (``llmgw-sim``) processes whose log is under ``root``: the run's, whoever started them."""
+    """Pids of the ``llmgw-sim`` processes logging under ``root``: the run's engines, whoever started them."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -512,12 +264,13 @@ def _exists(pid: int) -> bool:
 
 def _model_arg(argv: tuple[str, ...]) -> str | None:
     """The value of ``--model`` in an engine's argv (the folder it runs on)."""
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in zip(argv, argv[1:], strict=False):
         if flag == "--model":
             return value
     return None
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to process group ``pgid``; nothing when it is gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

@@ -1,4 +1,4 @@
-"""One nemesis run: a cluster under seeded faults for a set time, its history read back, the invariants checked.
+"""One nemesis run: a cluster under seeded faults for a set time, its history read back and checked.
 
 :func:`run` builds a :class:`~llmgw.testing.nemesis_cluster.NemesisCluster`
 on a throwaway PostgreSQL (whose statement log records who wrote what, and
@@ -47,6 +47,7 @@ from llmgw.testing.nemesis_checks import (
     check_writes,
 )
 from llmgw.testing.nemesis_cluster import MODELS, SEED, NemesisCluster, engine_processes
+from llmgw.testing.nemesis_faults import ClusterFaults
 from llmgw.testing.postgres import PostgresCluster
 from llmgw.wire import NodeList, ReplicaList
 
@@ -94,9 +95,12 @@ class Report:
     logs: Path
 
     def text(self) -> str:
-        """Faults by kind, invariants checked (how many records each), violations with the time line around each."""
-        lines = [f"nemesis seed {self.options.seed}, {self.options.duration:.0f} s, {self.options.servers} servers, "
-                 f"{self.options.agents} agents, {self.options.clients} clients; logs in {self.logs}"]  # fmt: skip
+        """Faults by kind, invariants (records checked, violations), each violation with its time line."""
+        o = self.options
+        lines = [
+            f"nemesis seed {o.seed}, {o.duration:.0f} s, {o.servers} servers, {o.agents} agents, "
+            f"{o.clients} clients; logs in {self.logs}"
+        ]
         applied = [f for f in self.faults if not f.note.startswith("not applied")]
         kinds = Counter(f.kind.value for f in applied)
         lines.append(f"faults injected: {len(applied)} of {len(self.faults)} planned, {len(kinds)} kinds")
@@ -108,7 +112,8 @@ class Report:
         lines += [f"  {self.checks[i]:>6} {found[i]:>4}  {i.value}" for i in Invariant]
         for violation in sorted(self.violations, key=lambda v: v.at)[:60]:
             lines.append(
-                f"VIOLATION +{violation.at - self.started:.1f} s {violation.invariant.value}: {violation.text}"
+                f"VIOLATION +{violation.at - self.started:.1f} s "
+                f"{violation.invariant.value}: {violation.text}"
             )
             lines += [
                 "    " + f.line(self.started)
@@ -119,7 +124,8 @@ class Report:
             lines.append(f"... and {len(self.violations) - 60} more violations")
         if self.violations:
             lines.append(
-                f"reproduce: python bench/nemesis.py --seed {self.options.seed} --duration {self.options.duration:g}"
+                f"reproduce: python bench/nemesis.py --seed {o.seed} --duration {o.duration:g} "
+                f"--servers {o.servers} --agents {o.agents} --clients {o.clients}"
             )
         lines.append("time line:")
         lines += ["  " + f.line(self.started) for f in self.faults]
@@ -127,7 +133,7 @@ class Report:
 
 
 def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
-    """Run the nemesis under ``root`` with PostgreSQL from ``bindir``; returns the report (every process ended)."""
+    """Run the nemesis under ``root``, PostgreSQL from ``bindir``; return its report, every process ended."""
     postgres = PostgresCluster(root / "pg", bindir)
     cluster = None
     try:
@@ -142,7 +148,8 @@ def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
         cluster = NemesisCluster(root, postgres, servers=options.servers, agents=options.agents,
                                  lost_after=options.lost_after)  # fmt: skip
         say(
-            f"starting {options.servers} servers, {options.agents} agents, a gateway (logs in {cluster.local.logs})"
+            f"starting {options.servers} servers, {options.agents} agents, a gateway "
+            f"(logs in {cluster.local.logs})"
         )
         cluster.start()
         return _run(cluster, options, say)
@@ -165,14 +172,15 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
         with GatewayLoad(cluster.local.gateway_url, options.clients, models=MODELS) as load:
             load.wait_served(options.clients, 120)
             started = time.time()
-            injector = Injector(cluster, planned, started)
+            faults = ClusterFaults(cluster)
+            injector = Injector(faults, planned, started)
             next_check = started + CHECK_EVERY
             while time.time() < started + options.duration or injector.busy:
                 for fault in injector.step():
                     say("  " + fault.line(started))
                 if time.time() >= started + options.duration:
                     injector.heal_all()
-                if time.time() >= next_check and "postgres" not in cluster.busy:
+                if time.time() >= next_check and "postgres" not in faults.busy:
                     next_check = time.time() + CHECK_EVERY
                     try:
                         found = _history_checks(cluster, injector.faults, load)[0]
@@ -183,18 +191,21 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
                         if (v.invariant, v.text) not in reported:
                             reported.add((v.invariant, v.text))
                             say(
-                                f"VIOLATION (while running) +{v.at - started:.1f} s {v.invariant.value}: {v.text}"
+                                f"VIOLATION (while running) +{v.at - started:.1f} s "
+                                f"{v.invariant.value}: {v.text}"
                             )
                 time.sleep(0.1)
             say("every fault healed; waiting for the running state to equal the catalog")
-            cluster.settle()
-            final = _converge(cluster, options.settle)
+            faults.settle()
+            final = _converge(cluster, faults.busy, options.settle)
             load.wait_served(options.clients, 60)
         violations, explained, checks = _history_checks(cluster, injector.faults, load)
         converged = check_converged(final)
         checks[Invariant.CONVERGED] += len(final.replicas) + len(final.engine_pids) + len(final.node_states)
-        return Report(options, started, injector.faults, violations + converged, explained, load.counts(), checks,
-                      cluster.local.logs)  # fmt: skip
+        found = violations + converged
+        return Report(
+            options, started, injector.faults, found, explained, load.counts(), checks, cluster.local.logs
+        )
     finally:
         stop.set()
         sampler.join(10)
@@ -205,7 +216,7 @@ def _sample(cluster: NemesisCluster, stop: threading.Event) -> None:
         cluster.sample()
 
 
-def _final_state(cluster: NemesisCluster) -> FinalState:
+def _final_state(cluster: NemesisCluster, busy: set[str]) -> FinalState:
     replicas = cluster.local.client.request("GET", "/v1/admin/replicas", ReplicaList)
     nodes = cluster.local.client.request("GET", "/v1/admin/nodes", NodeList)
     return FinalState(
@@ -216,16 +227,16 @@ def _final_state(cluster: NemesisCluster) -> FinalState:
         engine_pids=frozenset(engine_processes(cluster.root)),
         shard_pids=frozenset(s.pid for r in replicas.replicas for s in r.shards if s.pid),
         node_states={n.node_id: n.state for n in nodes.nodes},
-        agents_up=cluster.agents_up(),
+        agents_up=cluster.agents_up(busy),
     )
 
 
-def _converge(cluster: NemesisCluster, bound: float) -> FinalState:
+def _converge(cluster: NemesisCluster, busy: set[str], bound: float) -> FinalState:
     """The state once it equals the catalog, or as it stands ``bound`` seconds after the last fault."""
     deadline = time.time() + bound
     while True:
         try:
-            final = _final_state(cluster)
+            final = _final_state(cluster, busy)
         except Exception:
             final = None
         if final is not None and (not check_converged(final) or time.time() >= deadline):
@@ -243,7 +254,10 @@ def _converge(cluster: NemesisCluster, bound: float) -> FinalState:
 def _history_checks(
     cluster: NemesisCluster, faults: Sequence[Fault], load: GatewayLoad
 ) -> tuple[list[Violation], list[str], Counter[Invariant]]:
-    """Every invariant but convergence, over the history so far: violations, explained failures, records checked."""
+    """Every invariant but convergence, over the history so far.
+
+    :returns: the violations, the explained failures, and how many records each invariant checked.
+    """
     events = cluster.postgres.sql(
         "SELECT at, kind, subject, message FROM events ORDER BY id", cluster.database
     )
@@ -302,7 +316,7 @@ def read_claims(logs: Path) -> list[Claim]:
 
 
 def read_store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:
-    """Leases taken and writes made, from PostgreSQL's log of statements (their ends), by role (one per server)."""
+    """Leases taken and writes made, from PostgreSQL's log of statement ends, by role (one per server)."""
     acquires, writes = [], []
     pending: dict[str, tuple[str, float]] = {}
     try:

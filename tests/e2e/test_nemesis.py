@@ -37,7 +37,7 @@ def test_a_cluster_under_seeded_faults_keeps_every_invariant(tmp_path: Path):
 
 
 def _processes_under(root: Path) -> list[str]:
-    """Command lines of live processes that name a path under ``root`` (the run's servers, agents, engines)."""
+    """Command lines of live processes naming a path under ``root`` (the run's servers, agents, engines)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():

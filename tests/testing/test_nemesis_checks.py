@@ -1,4 +1,4 @@
-"""The nemesis's invariant checkers catch bad histories (and pass good ones); its schedule is the seed's alone."""
+"""The nemesis's checkers catch bad histories (and pass good ones); its schedule is the seed's alone."""
 
 from __future__ import annotations
 
@@ -150,7 +150,10 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
     assert "failed with chat-1 ready; faults then: kill-engine chat-0 r0" in found[0].text
     assert "failed with big-0 ready; faults then: no fault" in found[1].text
     gateway = Fault(FaultKind.KILL_GATEWAY, "gateway", T + 100, T + 102)
-    later = [FailedRequest("chat", "", T + 105, T + 105, "ConnectError"), FailedRequest("chat", "", T + 150, T + 150, "503")]
+    later = [
+        FailedRequest("chat", "", T + 105, T + 105, "ConnectError"),
+        FailedRequest("chat", "", T + 150, T + 150, "503"),
+    ]
     found, explained = check_requests(later, [gateway], ready)
     assert "kill-gateway gateway: in flight through it, or sent before it served again" in explained[0]
     assert len(found) == 1 and found[0].at == T + 150
@@ -196,13 +199,13 @@ def test_the_injector_applies_in_time_heals_and_notes_what_failed():
 
 
 STORE_LOG = """\
-2026-12-03 17:28:30.726 UTC|server_a|6b1.42a2|LOG:  duration: 0.081 ms  bind <unnamed>: INSERT INTO leader (id) VALUES (1, $1, $2, $3)
-2026-12-03 17:28:30.726 UTC|server_a|6b1.42a2|DETAIL:  parameters: $1 = 'https://a#1', $2 = 'https://a', $3 = '1', $4 = '6'
-2026-12-03 17:28:30.727 UTC|server_a|6b1.42a2|LOG:  duration: 0.351 ms  execute <unnamed>: INSERT INTO leader (id) VALUES (1, $1, $2, $3)
-2026-12-03 17:28:30.737 UTC|server_b|6b1.42a4|LOG:  duration: 0.189 ms  execute <unnamed>: INSERT INTO leader (id) VALUES (1, $1, $2, $3)
-2026-12-03 17:28:30.727 UTC|server_a|6b1.42a2|DETAIL:  parameters: $1 = 'https://a#1', $2 = 'https://a', $3 = '1', $4 = '6'
-2026-12-03 17:28:30.737 UTC|server_b|6b1.42a4|DETAIL:  parameters: $1 = 'https://b#2', $2 = 'https://b', $3 = '1', $4 = '6'
-2026-12-03 17:28:30.755 UTC|server_b|6b1.42a5|LOG:  duration: 0.050 ms  statement: UPDATE feed SET revision = revision + 1 WHERE id = 1
+2026-12-03 17:28:30.726 UTC|server_a|s1|LOG:  duration: 0.08 ms  bind <u>: INSERT INTO leader VALUES ($3)
+2026-12-03 17:28:30.726 UTC|server_a|s1|DETAIL:  parameters: $1 = 'https://a#1', $3 = '1', $4 = '6'
+2026-12-03 17:28:30.727 UTC|server_a|s1|LOG:  duration: 0.35 ms  execute <u>: INSERT INTO leader VALUES ($3)
+2026-12-03 17:28:30.737 UTC|server_b|s2|LOG:  duration: 0.19 ms  execute <u>: INSERT INTO leader VALUES ($3)
+2026-12-03 17:28:30.727 UTC|server_a|s1|DETAIL:  parameters: $1 = 'https://a#1', $3 = '1', $4 = '6'
+2026-12-03 17:28:30.737 UTC|server_b|s2|DETAIL:  parameters: $1 = 'https://b#2', $3 = '1', $4 = '6'
+2026-12-03 17:28:30.755 UTC|server_b|s3|LOG:  duration: 0.05 ms  statement: UPDATE feed SET revision = 2
 """
 
 

@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--root", type=Path, default=None, help="where the run's files go (default: a new temp dir)"
     )
+    parser.add_argument(
+        "--one-by-one",
+        action="store_true",
+        help="start the servers one after the other (by default together: two may take the first lease)",
+    )
     args = parser.parse_args(argv)
     try:
         kinds = parse_kinds(args.faults)
@@ -57,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     options = Options(seed=seed, duration=args.duration, servers=args.servers, agents=args.agents,
-                      clients=args.clients, kinds=kinds, rate=args.rate, settle=args.settle)  # fmt: skip
+                      clients=args.clients, kinds=kinds, rate=args.rate, settle=args.settle,
+                      together=not args.one_by_one)  # fmt: skip
     root = args.root or Path(tempfile.mkdtemp(prefix="llmgw-nemesis-"))
     report = run(root, options, bindir, say=lambda line: print(line, flush=True))
     print(report.text(), flush=True)

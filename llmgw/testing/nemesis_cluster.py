@@ -99,8 +99,13 @@ class NemesisCluster:
 
     # -- building ------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 300) -> None:
-        """Start the servers, agents and gateway; apply the catalog; wait until every replica is ready."""
+    def start(self, *, together: bool = True, timeout: float = 300) -> None:
+        """Start the servers, agents and gateway; apply the catalog; wait until every replica is ready.
+
+        :param together: start every server at once (the moment two can take a new database's first
+            lease); False: the first leads before the others start.
+        :raises ClusterError: a part did not start, or the replicas were not ready within ``timeout``.
+        """
         models = self.root / "models"
         for name in ("chat", "big", "spare"):
             (models / name).mkdir(parents=True, exist_ok=True)
@@ -109,11 +114,12 @@ class NemesisCluster:
         (pristine / "config.json").write_text('{"model_type": "sim"}\n')
         (pristine / "weights.bin").write_bytes(bytes(range(256)) * 256)
         self.seed_truth = compute_manifest(pristine, SEED).digest
+        leads = lambda: self.local.client.request("GET", "/v1/admin/nodes", NodeList)  # noqa: E731
         for index in range(1, len(self.ports) + 1):
             self.start_server(index)
-        self.local.wait(
-            lambda: self.local.client.request("GET", "/v1/admin/nodes", NodeList), "a leader", timeout
-        )
+            if not together:
+                self.local.wait(leads, "a leader", timeout)
+        self.local.wait(leads, "a leader", timeout)
         for index in range(1, self.agents + 1):
             node = self.local.add_node(index)
             self.fill_seed(node)

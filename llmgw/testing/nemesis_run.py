@@ -24,6 +24,7 @@ from pathlib import Path
 
 import attrs
 
+from llmgw.dev.cluster import ClusterError
 from llmgw.testing.load import GatewayLoad
 from llmgw.testing.nemesis import Fault, FaultKind, Injector, schedule
 from llmgw.testing.nemesis_checks import (
@@ -77,6 +78,8 @@ class Options:
     rate: float = 0.2
     #: seconds after the last fault within which the running state must equal the catalog
     settle: float = 120.0
+    #: start every server at the same instant (False: one after the other, the first leading first)
+    together: bool = True
     #: the servers' ``--lost-after``: 10 s, as two loaded cores can delay an agent's sync by seconds
     lost_after: float = 10.0
 
@@ -151,7 +154,11 @@ def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
             f"starting {options.servers} servers, {options.agents} agents, a gateway "
             f"(logs in {cluster.local.logs})"
         )
-        cluster.start()
+        try:
+            cluster.start(together=options.together)
+        except ClusterError as exc:
+            say(f"the cluster did not start: {exc}")
+            return _not_started(cluster, options, str(exc))
         return _run(cluster, options, say)
     finally:
         if cluster is not None:
@@ -211,6 +218,14 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
         sampler.join(10)
 
 
+def _not_started(cluster: NemesisCluster, options: Options, why: str) -> Report:
+    """The report of a run whose cluster never got ready: that, and what its history shows."""
+    violations, explained, checks = _history_checks(cluster, [], None)
+    first = why.splitlines()[0]
+    violations.append(Violation(Invariant.CONVERGED, time.time(), f"the cluster did not start: {first}"))
+    return Report(options, time.time(), [], violations, explained, (0, 0), checks, cluster.local.logs)
+
+
 def _sample(cluster: NemesisCluster, stop: threading.Event) -> None:
     while not stop.wait(1.0):
         cluster.sample()
@@ -252,7 +267,7 @@ def _converge(cluster: NemesisCluster, busy: set[str], bound: float) -> FinalSta
 
 
 def _history_checks(
-    cluster: NemesisCluster, faults: Sequence[Fault], load: GatewayLoad
+    cluster: NemesisCluster, faults: Sequence[Fault], load: GatewayLoad | None
 ) -> tuple[list[Violation], list[str], Counter[Invariant]]:
     """Every invariant but convergence, over the history so far.
 
@@ -271,8 +286,10 @@ def _history_checks(
     ]  # fmt: skip
     lost = [LostNode(s, at, m) for at, k, s, m in events if k == "node" and m.startswith("lost")]
     failures = engine_failures(events)
-    with load.lock:
-        answers = [a for a in load.answers if a.failure is not None]
+    answers = []
+    if load is not None:
+        with load.lock:
+            answers = [a for a in load.answers if a.failure is not None]
     failed = [FailedRequest(a.model, a.replica, a.began, a.ended, a.failure) for a in answers]
     request_violations, explained = check_requests(failed, faults, ready)
     violations = (

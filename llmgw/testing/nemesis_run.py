@@ -128,7 +128,13 @@ class Report:
         if self.violations:
             lines.append(
                 f"reproduce: python bench/nemesis.py --seed {o.seed} --duration {o.duration:g} "
-                f"--servers {o.servers} --agents {o.agents} --clients {o.clients}"
+                f"--rate {o.rate:g} --servers {o.servers} --agents {o.agents} --clients {o.clients}"
+                + ("" if o.together else " --one-by-one")
+                + (
+                    ""
+                    if set(o.kinds) == set(FaultKind)
+                    else f" --faults {','.join(k.value for k in o.kinds)}"
+                )
             )
         lines.append("time line:")
         lines += ["  " + f.line(self.started) for f in self.faults]

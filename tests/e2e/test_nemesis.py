@@ -13,19 +13,20 @@ from llmgw.testing.postgres import REQUIRE_ENV, find_postgres_bin
 
 pytestmark = pytest.mark.timeout(900)
 
-#: fixed, so a failure in CI is replayed with ``python bench/nemesis.py --seed 24 --duration 100``
-SEED = 24
+#: fixed (23 faults of 14 kinds in 60 s), so a failure in CI is replayed with
+#: ``python bench/nemesis.py --seed 20 --duration 60 --rate 0.4``
+SEED = 20
 
 
 def test_a_cluster_under_seeded_faults_keeps_every_invariant(tmp_path: Path):
-    """Kills, pauses, revocations, applies, drains and an emptied seed for 100 s: no invariant is violated,
+    """Kills, pauses, revocations, applies, drains and an emptied seed for 60 s: no invariant is violated,
     at least 8 kinds of faults were applied, and every process the run started is gone after it."""
     bindir = find_postgres_bin()
     if bindir is None:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"PostgreSQL is not installed, and {REQUIRE_ENV}=1")
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    options = Options(seed=SEED, duration=100, rate=0.3, settle=120)
+    options = Options(seed=SEED, duration=60, rate=0.4, settle=120)
     report = run(tmp_path, options, bindir, say=lambda line: None)
     text = report.text()
     applied = {f.kind for f in report.faults if not f.note.startswith("not applied")}

@@ -172,6 +172,8 @@ class ReplicaRun:
     folder: str
     digest: str
     at: float
+    #: when the run first saw this shard (any state): its engine started on the files as they were then
+    started: float = 0.0
 
 
 MANIFEST_MESSAGE = re.compile(
@@ -180,11 +182,16 @@ MANIFEST_MESSAGE = re.compile(
 
 
 def check_manifests(
-    made: Iterable[ManifestMade], runs: Iterable[ReplicaRun], truth: Mapping[str, str]
+    made: Iterable[ManifestMade],
+    runs: Iterable[ReplicaRun],
+    truth: Mapping[str, str],
+    faults: Sequence[Fault] = (),
 ) -> list[Violation]:
     """A source keeps its first manifest, which matches its seed's files, and every replica runs on those.
 
     :param truth: source -> digest of the files the run put in its seed folders (the only right content).
+    :param faults: a shard whose node's seed folder was emptied after it started is not judged (its
+        engine started on the right files; nothing tells its agent they changed under it).
     """
     found = []
     first: dict[str, ManifestMade] = {}
@@ -209,7 +216,12 @@ def check_manifests(
             )  # fmt: skip
     for run in runs:
         right = truth.get(run.source)
-        if right is not None and run.digest != right:
+        emptied = any(
+            f.kind is FaultKind.EMPTY_SEED and run.node in f.nodes and f.start >= run.started - SLACK
+            and f.start <= run.at
+            for f in faults
+        )  # fmt: skip
+        if right is not None and run.digest != right and not emptied:
             found.append(
                 Violation(
                     Invariant.SAME_FILES, run.at,

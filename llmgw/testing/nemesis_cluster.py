@@ -94,6 +94,8 @@ class NemesisCluster:
         self.runs: list[ReplicaRun] = []
         self.last: ReplicaList | None = None
         self._seen_runs: set[tuple[str, int, str]] = set()
+        #: (replica, attempt, node) -> when a shard of it was first sampled, in any state
+        self._first_seen: dict[tuple[str, int, str], float] = {}
         self.seed_truth = ""
         self._http = self._sampler_client()
 
@@ -190,6 +192,7 @@ class NemesisCluster:
                 continue
             for shard in replica.shards:
                 key = (replica.id, replica.attempt, shard.node)
+                self._first_seen.setdefault(key, now)
                 if shard.state != "ready" or key in self._seen_runs:
                     continue
                 self._seen_runs.add(key)
@@ -201,7 +204,9 @@ class NemesisCluster:
                 except (OSError, ValueError) as exc:
                     digest = f"unreadable ({exc})"
                 with self.lock:
-                    self.runs.append(ReplicaRun(replica.id, shard.node, SEED, folder, digest, now))
+                    self.runs.append(
+                        ReplicaRun(replica.id, shard.node, SEED, folder, digest, now, self._first_seen[key])
+                    )
         with self.lock:
             self.last = replicas
             self.ready.append((now, {m: frozenset(ids) for m, ids in ready.items()}))

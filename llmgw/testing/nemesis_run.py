@@ -300,7 +300,7 @@ def _history_checks(
     request_violations, explained = check_requests(failed, faults, ready)
     violations = (
         check_leadership(claims, acquires) + check_writes(acquires, writes)
-        + check_manifests(manifests, runs, {SEED: cluster.seed_truth})
+        + check_manifests(manifests, runs, {SEED: cluster.seed_truth}, faults)
         + check_lost_nodes(lost, faults) + check_engine_failures(failures, faults) + request_violations
     )  # fmt: skip
     checks = Counter({

@@ -65,6 +65,13 @@ def test_a_manifest_replaced_by_an_empty_holder_and_a_replica_on_other_files_are
     assert any(t.startswith("m-1 runs on node-2") for t in texts)
     assert len(found) == 3
     assert check_manifests(made[:1], runs[:1], truth) == []
+    # the folder emptied under an engine that started on the right files is no fault of llmgw's ...
+    under = ReplicaRun("m-1", "node-2", "seed:///m", "/b", "e3b0" + "1" * 60, T + 4, started=T + 1)
+    emptied = Fault(FaultKind.EMPTY_SEED, "node-2", T + 2, T + 20, nodes=frozenset({"node-2"}))
+    assert check_manifests(made[:1], [under], truth, [emptied]) == []
+    # ... but a replica started there after it was emptied runs on other files
+    after = ReplicaRun("m-1", "node-2", "seed:///m", "/b", "e3b0" + "1" * 60, T + 9, started=T + 5)
+    assert len(check_manifests(made[:1], [after], truth, [emptied])) == 1
 
 
 def final(**changes) -> FinalState:

@@ -298,21 +298,53 @@ class LostNode:
 SLACK = 0.5
 
 
-def check_lost_nodes(lost: Iterable[LostNode], faults: Sequence[Fault]) -> list[Violation]:
-    """A node is declared lost only while its agent is down, paused or revoked (not after it came back)."""
+#: seconds a resumed agent has to send its next sync (it long-polls: the answer waits for it)
+RESUME = 2.0
+
+
+def check_lost_nodes(
+    lost: Iterable[LostNode],
+    faults: Sequence[Fault],
+    synced: Mapping[str, Sequence[float]] | None = None,
+    returned: Iterable[tuple[str, float]] = (),
+) -> list[Violation]:
+    """A node is declared lost only while its agent is down, paused or revoked, never once it syncs again.
+
+    The agent is back :data:`RESUME` seconds after a pause ends, and after a kill once the new agent
+    logged its first sync (``synced`` times, per node); a node the server saw return (``returned``:
+    "is back after being lost" events) within :data:`RESUME` seconds of being declared lost was syncing.
+    """
+    synced = synced or {}
+    came_back = list(returned)
     found = []
     own = (FaultKind.KILL_AGENT, FaultKind.STOP_AGENT, FaultKind.REVOKE_NODE)
     for event in lost:
-        if any(f.kind in own and event.node in f.nodes and f.active(event.at, SLACK) for f in faults):
+        mine = [f for f in faults if f.kind in own and event.node in f.nodes and f.start <= event.at + SLACK]
+        if any(f.end is None or f.end >= event.at for f in mine):
+            continue  # its agent was down, paused or revoked then
+        if not mine:
+            found.append(
+                Violation(Invariant.LOST_SYNCING, event.at, f"{event.node} {event.message}: never stopped")
+            )
             continue
-        back = [f for f in faults if f.kind in own and event.node in f.nodes and f.end and f.end < event.at]
-        since = (
-            f"; its agent was back {event.at - back[-1].end:.1f} s before ({back[-1].kind.value})"
-            if back
-            else ""
-        )
-        found.append(Violation(Invariant.LOST_SYNCING, event.at, f"{event.node} {event.message}{since}"))
+        back, how = _back(mine[-1], synced.get(event.node, ()))
+        if back is None:
+            continue  # a killed agent that had not synced again yet
+        soon = any(node == event.node and event.at < at <= event.at + RESUME for node, at in came_back)
+        if event.at - back > RESUME or soon:
+            how = f"its agent was back {event.at - back:.1f} s before ({how})"
+            how += "; it synced again within 2 s" if soon else ""
+            found.append(Violation(Invariant.LOST_SYNCING, event.at, f"{event.node} {event.message}: {how}"))
     return found
+
+
+def _back(fault: Fault, synced: Sequence[float]) -> tuple[float | None, str]:
+    """When a node's agent was back from ``fault`` (None: not yet), and how."""
+    assert fault.end is not None
+    if fault.kind is not FaultKind.KILL_AGENT:
+        return fault.end, f"{fault.kind.value} healed"
+    first = next((at for at in sorted(synced) if at >= fault.end), None)
+    return first, "kill-agent, then its new agent's first sync"
 
 
 @attrs.frozen

@@ -52,10 +52,11 @@ from llmgw.testing.nemesis_faults import ClusterFaults
 from llmgw.testing.postgres import PostgresCluster
 from llmgw.wire import NodeList, ReplicaList
 
-__all__ = ["Options", "Report", "engine_failures", "read_claims", "read_store_log", "run"]
+__all__ = ["Options", "Report", "engine_failures", "read_agent_syncs", "read_claims", "read_store_log", "run"]
 
 #: seconds between two checks of the history while the run goes
 CHECK_EVERY = 15.0
+_SYNCED = re.compile(r"^(\S+ \S+) .*synced with server \S+ as node (\S+)")
 _CLAIM = re.compile(r"^(\S+ \S+) .*this server leads now \(epoch (\d+)\)")
 #: a statement's end in PostgreSQL's log, with the prefix the run sets (``%m|%u|%c|``: time, role, session)
 _STATEMENT = re.compile(
@@ -291,6 +292,7 @@ def _history_checks(
         for at, kind, _, message in events if kind == "weights" and (m := MANIFEST_MESSAGE.search(message))
     ]  # fmt: skip
     lost = [LostNode(s, at, m) for at, k, s, m in events if k == "node" and m.startswith("lost")]
+    returned = [(s, at) for at, k, s, m in events if k == "node" and m == "is back after being lost"]
     failures = engine_failures(events)
     answers = []
     if load is not None:
@@ -301,7 +303,8 @@ def _history_checks(
     violations = (
         check_leadership(claims, acquires) + check_writes(acquires, writes)
         + check_manifests(manifests, runs, {SEED: cluster.seed_truth}, faults)
-        + check_lost_nodes(lost, faults) + check_engine_failures(failures, faults) + request_violations
+        + check_lost_nodes(lost, faults, read_agent_syncs(cluster.local.logs), returned)
+        + check_engine_failures(failures, faults) + request_violations
     )  # fmt: skip
     checks = Counter({
         Invariant.ONE_HOLDER: len(claims) + len(acquires), Invariant.FENCED_WRITES: len(writes),
@@ -333,9 +336,24 @@ def read_claims(logs: Path) -> list[Claim]:
     for path in sorted(logs.glob("server*.log")):
         for line in path.read_text(errors="replace").splitlines():
             if (m := _CLAIM.match(line)) is not None:
-                at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                at = _log_time(m[1])
                 found.append(Claim(path.stem, int(m[2]), at))
     return found
+
+
+def read_agent_syncs(logs: Path) -> dict[str, list[float]]:
+    """node -> when each of its agents logged its first sync (``synced with server ... as node N``)."""
+    found: dict[str, list[float]] = {}
+    for path in sorted(logs.glob("agent-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if (m := _SYNCED.match(line)) is not None:
+                found.setdefault(m[2], []).append(_log_time(m[1]))
+    return found
+
+
+def _log_time(text: str) -> float:
+    """``time.time()`` of a log line's ``2026-12-03 17:28:30,736`` (local time)."""
+    return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def read_store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:

@@ -109,13 +109,26 @@ def test_a_state_that_differs_from_the_catalog_is_caught():
 
 def test_a_node_declared_lost_after_its_agent_came_back_is_caught():
     paused = Fault(FaultKind.STOP_AGENT, "node-3", T, T + 60, nodes=frozenset({"node-3"}))
+    killed = Fault(FaultKind.KILL_AGENT, "node-5", T, T + 5, nodes=frozenset({"node-5"}))
     during = LostNode("node-3", T + 20, "lost: no sync for 20 s")
-    after = LostNode("node-3", T + 61, "lost: no sync for 64 s")
+    at_resume = LostNode("node-3", T + 60.5, "lost: no sync for 60 s")  # the episode's end (defect 3)
+    after = LostNode("node-3", T + 65, "lost: no sync for 64 s")
     elsewhere = LostNode("node-4", T + 20, "lost: no sync for 20 s")
-    found = check_lost_nodes([during, after, elsewhere], [paused])
+    starting = LostNode("node-5", T + 12, "lost: no sync for 12 s")  # its new agent has not synced yet
+    synced = LostNode("node-5", T + 30, "lost: no sync for 10 s")
+    found = check_lost_nodes(
+        [during, at_resume, after, elsewhere, starting, synced],
+        [paused, killed],
+        synced={"node-5": [T - 100, T + 14]},
+        returned=[("node-3", T + 61)],
+    )
     assert [v.text for v in found] == [
-        "node-3 lost: no sync for 64 s; its agent was back 1.0 s before (stop-agent)",
-        "node-4 lost: no sync for 20 s",
+        "node-3 lost: no sync for 60 s: its agent was back 0.5 s before (stop-agent healed); "
+        "it synced again within 2 s",
+        "node-3 lost: no sync for 64 s: its agent was back 5.0 s before (stop-agent healed)",
+        "node-4 lost: no sync for 20 s: never stopped",
+        "node-5 lost: no sync for 10 s: its agent was back 16.0 s before "
+        "(kill-agent, then its new agent's first sync)",
     ]
 
 
@@ -218,7 +231,7 @@ STORE_LOG = """\
 
 def test_the_store_log_and_server_logs_are_read_into_records(tmp_path):
     """The readers give the checkers the store's leases and writes (by role) and the servers' claims."""
-    from llmgw.testing.nemesis_run import engine_failures, read_claims, read_store_log
+    from llmgw.testing.nemesis_run import engine_failures, read_agent_syncs, read_claims, read_store_log
 
     (tmp_path / "pg.log").write_text(STORE_LOG)
     acquires, writes = read_store_log(tmp_path / "pg.log")
@@ -230,6 +243,10 @@ def test_the_store_log_and_server_logs_are_read_into_records(tmp_path):
     )
     (claim,) = read_claims(tmp_path)
     assert (claim.server, claim.epoch) == ("server-b", 1)
+    (tmp_path / "agent-node-2.log").write_text(
+        "2026-12-03 17:28:31,000 llmgw.agent INFO synced with server https://a,https://b as node node-2\n"
+    )
+    assert list(read_agent_syncs(tmp_path)) == ["node-2"]
     events = [
         (T, "replica", "chat-0", "ready on node-1"),
         (T + 1, "replica", "chat-0", "failed: shard r0 on node-1 exited with code -9"),

@@ -10,6 +10,7 @@ a process, so each can be shown to catch a bad history in a unit test.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import re
 from collections import defaultdict
@@ -404,22 +405,25 @@ def check_requests(
     failed: Iterable[FailedRequest],
     faults: Sequence[Fault],
     ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]],
+    served: Sequence[float] = (),
 ) -> tuple[list[Violation], list[str]]:
     """Every failed request is explained by a fault and the model having no other ready replica then.
 
     A fault explains a request that was in flight on the replica it hit, or any request while it made
     the model have no ready replica but those it hit (per ``ready``: (time, model -> ready replica ids)
-    as sampled, oldest first). A gateway's own fault explains every request from its start until
-    :data:`AFTERMATH` seconds after its healing (a killed gateway starts again and loads its routes).
+    as sampled, oldest first). A gateway's own fault explains every request from its start until the
+    gateway served a request again after its healing (``served``: when successful requests ended,
+    oldest first), however long it took to load its routes.
     Control-plane faults explain nothing (the gateway keeps its routes).
     :returns: the violations, and one line per explained failure naming the fault that explains it.
     """
     found, explained = [], []
+    served = sorted(served)
     for request in failed:
         window = [
             f for f in faults
             if f.kind not in CONTROL_PLANE and f.start <= request.ended + SLACK
-            and (f.end if f.end is not None else float("inf")) + AFTERMATH >= request.began
+            and _effect_end(f, served) >= request.began
         ]  # fmt: skip
         reason = _explain(request, window, ready)
         stamp = f"{request.model} request at {request.began:.3f} ({request.failure[:120]})"
@@ -437,6 +441,16 @@ def check_requests(
         else:
             explained.append(f"{stamp}: {reason}")
     return found, explained
+
+
+def _effect_end(fault: Fault, served: Sequence[float]) -> float:
+    """Until when a fault may explain a failure: a gateway's until it served again, others' AFTERMATH on."""
+    if fault.end is None:
+        return float("inf")
+    if fault.kind in DATA_PATH:
+        again = bisect.bisect_left(served, fault.end)
+        return served[again] + SLACK if again < len(served) else float("inf")
+    return fault.end + AFTERMATH
 
 
 def _explain(

@@ -56,6 +56,8 @@ __all__ = ["Options", "Report", "engine_failures", "read_agent_syncs", "read_cla
 
 #: seconds between two checks of the history while the run goes
 CHECK_EVERY = 15.0
+#: violations printed per check while the run goes (all are in the report)
+LIVE_LINES = 10
 _SYNCED = re.compile(r"^(\S+ \S+) .*synced with server \S+ as node (\S+)")
 _CLAIM = re.compile(r"^(\S+ \S+) .*this server leads now \(epoch (\d+)\)")
 #: a statement's end in PostgreSQL's log, with the prefix the run sets (``%m|%u|%c|``: time, role, session)
@@ -201,13 +203,14 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
                     except Exception as exc:  # PostgreSQL restarting: the next check reads it
                         say(f"(history not read this time: {exc!r})")
                         found = []
-                    for v in found:
-                        if (v.invariant, v.text) not in reported:
-                            reported.add((v.invariant, v.text))
-                            say(
-                                f"VIOLATION (while running) +{v.at - started:.1f} s "
-                                f"{v.invariant.value}: {v.text}"
-                            )
+                    new = [v for v in found if (v.invariant, v.text) not in reported]
+                    if len(new) > LIVE_LINES:
+                        say(f"{len(new)} new violations; the first {LIVE_LINES}:")
+                    reported.update((v.invariant, v.text) for v in new)
+                    for v in new[:LIVE_LINES]:
+                        say(
+                            f"VIOLATION (while running) +{v.at - started:.1f} s {v.invariant.value}: {v.text}"
+                        )
                 time.sleep(0.1)
             say("every fault healed; waiting for the running state to equal the catalog")
             faults.settle()
@@ -297,9 +300,10 @@ def _history_checks(
     answers = []
     if load is not None:
         with load.lock:
-            answers = [a for a in load.answers if a.failure is not None]
-    failed = [FailedRequest(a.model, a.replica, a.began, a.ended, a.failure) for a in answers]
-    request_violations, explained = check_requests(failed, faults, ready)
+            answers = list(load.answers)
+    failed = [FailedRequest(a.model, a.replica, a.began, a.ended, a.failure) for a in answers if a.failure]
+    served = [a.ended for a in answers if a.failure is None]
+    request_violations, explained = check_requests(failed, faults, ready, served)
     violations = (
         check_leadership(claims, acquires) + check_writes(acquires, writes)
         + check_manifests(manifests, runs, {SEED: cluster.seed_truth}, faults)

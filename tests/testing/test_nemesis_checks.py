@@ -174,9 +174,11 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
         FailedRequest("chat", "", T + 105, T + 105, "ConnectError"),
         FailedRequest("chat", "", T + 150, T + 150, "503"),
     ]
-    found, explained = check_requests(later, [gateway], ready)
+    found, explained = check_requests(later, [gateway], ready, served=[T + 99, T + 140])
     assert "kill-gateway gateway: in flight through it, or sent before it served again" in explained[0]
     assert len(found) == 1 and found[0].at == T + 150
+    found, explained = check_requests(later, [gateway], ready, served=[T + 99, T + 151])
+    assert found == [] and len(explained) == 2, "it had not served again: both are its fault"
     only = [(T - 1, {"chat": frozenset({"chat-0"})})]
     found, explained = check_requests(failed[1:2], [killed], only)
     assert found == [] and "chat had no other ready replica" in explained[0]

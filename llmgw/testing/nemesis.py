@@ -95,6 +95,9 @@ _WEIGHTS: dict[FaultKind, float] = {
     FaultKind.DRAIN: 1,
     FaultKind.EMPTY_SEED: 1,
 }
+#: seconds between two tries to heal a fault whose healing failed, and how many tries in all
+HEAL_RETRY = 2.0
+HEAL_TRIES = 30
 #: a paused agent is healed either well before the server's ``--lost-after`` or well after it, never near it
 #: (a node resumed just as the limit passes may be declared lost or not: both are right)
 LONG_AGENT_PAUSE = 2.5
@@ -208,6 +211,8 @@ class Injector:
         self.faults: list[Fault] = []
         #: (time.time() to heal at, fault, heal)
         self._healing: list[tuple[float, Fault, Callable[[], None]]] = []
+        #: id(fault) -> healing attempts that failed
+        self._failed_heals: dict[int, int] = {}
 
     def step(self, now: float | None = None) -> list[Fault]:
         """Heal what is due, then apply what is due; returns the faults applied now.
@@ -237,9 +242,15 @@ class Injector:
         return applied
 
     def heal_all(self) -> None:
-        """Heal every fault still in force (at the end of the run's fault phase), oldest first."""
+        """Heal every fault still in force now (at the end of the run's fault phase), oldest first.
+
+        A healing that fails is tried again by :meth:`step`, as always.
+        """
+        now = time.time()
         for item in sorted(self._healing, key=lambda h: h[0]):
-            self._heal(item)
+            if item[0] > now:
+                self._heal(item)
+        self.step(now)
 
     @property
     def busy(self) -> bool:
@@ -247,10 +258,16 @@ class Injector:
         return bool(self.pending or self._healing)
 
     def _heal(self, item: tuple[float, Fault, Callable[[], None]]) -> None:
+        """Heal a fault; one whose healing failed (the store down while a server starts) is tried again
+        every :data:`HEAL_RETRY` seconds, :data:`HEAL_TRIES` times in all."""
         self._healing.remove(item)
         _, fault, heal = item
         try:
             heal()
         except Exception as exc:
-            fault.note += f"; healing failed: {exc!r}"
+            tries = self._failed_heals[id(fault)] = self._failed_heals.get(id(fault), 0) + 1
+            fault.note += f"; healing failed: {exc!r}"[:300]
+            if tries < HEAL_TRIES:
+                self._healing.append((time.time() + HEAL_RETRY, fault, heal))
+                return
         fault.end = time.time()

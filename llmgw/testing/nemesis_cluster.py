@@ -117,6 +117,8 @@ class NemesisCluster:
         (pristine / "weights.bin").write_bytes(bytes(range(256)) * 256)
         self.seed_truth = compute_manifest(pristine, SEED).digest
         leads = lambda: self.local.client.request("GET", "/v1/admin/nodes", NodeList)  # noqa: E731
+        for index in range(1, len(self.ports) + 1):  # roles made now: a server restarted later finds its own
+            self.postgres.sql(f"CREATE ROLE {self.server_name(index).replace('-', '_')} SUPERUSER LOGIN")
         for index in range(1, len(self.ports) + 1):
             self.start_server(index)
             if not together:
@@ -134,8 +136,6 @@ class NemesisCluster:
         """Start server ``index`` (1-based) on its port, as its own PostgreSQL role (which the log names)."""
         name = self.server_name(index)
         role = name.replace("-", "_")
-        if not self.postgres.sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{role}'"):
-            self.postgres.sql(f"CREATE ROLE {role} SUPERUSER LOGIN")
         self.local.store = self.postgres.url(self.database).replace(f"{SUPERUSER}@", f"{role}@")
         self.servers[name] = self.local.start_server(port=self.ports[index - 1], name=name)
 

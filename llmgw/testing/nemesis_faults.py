@@ -34,8 +34,6 @@ class ClusterFaults:
         self.cluster = cluster
         #: what is under a fault now: server names, node ids, ``gateway``, ``postgres``
         self.busy: set[str] = set()
-        #: nodes cordoned by a drain whose uncordon is still owed (its healing found no leader)
-        self.cordoned: set[str] = set()
 
     def apply(self, kind: FaultKind, pick: float) -> tuple[Fault, Callable[[], None] | None]:
         """Apply one fault of ``kind`` (the target chosen by ``pick``); return it and what heals it."""
@@ -245,11 +243,9 @@ class ClusterFaults:
             return self._nothing(kind, "every node is under another fault")
         start = time.time()
         self.cluster.local.client.request("POST", f"/v1/admin/nodes/{node.node_id}/drain", DrainStatus)
-        self.cordoned.add(node.node_id)
 
         def heal() -> None:
             self.cluster.local.client.request("POST", f"/v1/admin/nodes/{node.node_id}/uncordon", DrainStatus)
-            self.cordoned.discard(node.node_id)
 
         what = {"nodes": frozenset({node.node_id}), "replicas": self.cluster.on_node(node.node_id)}
         return Fault(kind, node.node_id, start, **what), heal
@@ -271,14 +267,3 @@ class ClusterFaults:
         return Fault(
             kind, node.node_id, start, nodes=frozenset({node.node_id}), note=f"{folder} emptied"
         ), heal
-
-    def settle(self) -> None:
-        """Uncordon the nodes whose drain's healing found no leader (called before the final bound)."""
-        for node_id in sorted(self.cordoned):
-            path = f"/v1/admin/nodes/{node_id}/uncordon"
-            self.cluster.local.wait(
-                lambda p=path: self.cluster.local.client.request("POST", p, DrainStatus),
-                f"uncordon {node_id}",
-                60,
-            )
-        self.cordoned.clear()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from llmgw.testing.nemesis import Fault, FaultKind, Injector, PlannedFault, parse_kinds, schedule
@@ -218,6 +220,26 @@ def test_the_injector_applies_in_time_heals_and_notes_what_failed():
     assert drain.note == "not applied: RuntimeError('no leader')"
     injector.heal_all()
     assert done == ["healed"] and stopped.end is not None and not injector.busy
+
+
+def test_a_healing_that_fails_is_tried_again():
+    tries: list[float] = []
+
+    def heal() -> None:
+        tries.append(1)
+        if len(tries) < 3:
+            raise OSError("the store is down")
+
+    class Target:
+        def apply(self, kind, pick):
+            return Fault(kind, "server-a", T), heal
+
+    injector = Injector(Target(), [PlannedFault(0, FaultKind.KILL_SERVER, 0, 0.5)], started=T)
+    (fault,) = injector.step(T + 1)
+    for _ in range(3):
+        injector.step(time.time() + 10)
+    assert len(tries) == 3 and fault.end is not None and not injector.busy
+    assert fault.note.count("healing failed: OSError('the store is down')") == 2
 
 
 STORE_LOG = """\

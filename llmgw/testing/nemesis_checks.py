@@ -356,12 +356,15 @@ class EngineFailure:
     nodes: frozenset[str]
     at: float
     message: str
+    #: when the replica was last reported ready before it failed
+    ready_at: float = 0.0
 
 
 def check_engine_failures(failures: Iterable[EngineFailure], faults: Sequence[Fault]) -> list[Violation]:
-    """A ready replica fails only after a fault of its own engine (or a revoked node) shortly before.
+    """A ready replica fails only after a fault of its own engine (or its node revoked) since it was ready.
 
     The agent's faults do not count: an engine outlives its agent, and a paused agent's canary re-arms.
+    However late the failure is reported (the control plane down meanwhile), the fault explains it.
     """
     found = []
     own = (FaultKind.KILL_ENGINE, FaultKind.STOP_ENGINE)
@@ -371,14 +374,14 @@ def check_engine_failures(failures: Iterable[EngineFailure], faults: Sequence[Fa
                 (f.kind in own and failure.replica in f.replicas)
                 or (f.kind is FaultKind.REVOKE_NODE and f.nodes & failure.nodes)
             )
-            and f.active(failure.at, REPORT_DELAY) and f.start <= failure.at + SLACK
+            and failure.ready_at - SLACK <= f.start <= failure.at + SLACK
             for f in faults
         )  # fmt: skip
         if explained:
             continue
         near = [
             f"{f.kind.value} {f.target}" for f in faults
-            if f.nodes & failure.nodes and f.active(failure.at, 3 * REPORT_DELAY) and f.start <= failure.at
+            if f.nodes & failure.nodes and failure.ready_at - SLACK <= f.start <= failure.at
         ]  # fmt: skip
         why = f" (faults then on its nodes: {', '.join(near)})" if near else ""
         found.append(
@@ -423,7 +426,7 @@ def check_requests(
         window = [
             f for f in faults
             if f.kind not in CONTROL_PLANE and f.start <= request.ended + SLACK
-            and _effect_end(f, served) >= request.began
+            and _effect_end(f, served, ready, request.model) >= request.began
         ]  # fmt: skip
         reason = _explain(request, window, ready)
         stamp = f"{request.model} request at {request.began:.3f} ({request.failure[:120]})"
@@ -443,13 +446,25 @@ def check_requests(
     return found, explained
 
 
-def _effect_end(fault: Fault, served: Sequence[float]) -> float:
-    """Until when a fault may explain a failure: a gateway's until it served again, others' AFTERMATH on."""
+def _effect_end(
+    fault: Fault,
+    served: Sequence[float],
+    ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]],
+    model: str,
+) -> float:
+    """Until when a fault may explain a failed request for ``model``.
+
+    A gateway's: until the gateway served again. One that hit replicas of ``model``: until ``model``
+    had a ready replica again (however long the rebuild took). Any other: :data:`AFTERMATH` seconds.
+    """
     if fault.end is None:
         return float("inf")
     if fault.kind in DATA_PATH:
         again = bisect.bisect_left(served, fault.end)
         return served[again] + SLACK if again < len(served) else float("inf")
+    if any(r.rpartition("-")[0] == model for r in fault.replicas):
+        back = next((at for at, models in ready if at >= fault.end and models.get(model)), float("inf"))
+        return max(back + SLACK, fault.end + AFTERMATH)
     return fault.end + AFTERMATH
 
 

@@ -56,8 +56,9 @@ __all__ = ["Options", "Report", "engine_failures", "read_agent_syncs", "read_cla
 
 #: seconds between two checks of the history while the run goes
 CHECK_EVERY = 15.0
-#: violations printed per check while the run goes (all are in the report)
+#: violations printed per check while the run goes, and per invariant in the report
 LIVE_LINES = 10
+SHOWN = 10
 _SYNCED = re.compile(r"^(\S+ \S+) .*synced with server \S+ as node (\S+)")
 _CLAIM = re.compile(r"^(\S+ \S+) .*this server leads now \(epoch (\d+)\)")
 #: a statement's end in PostgreSQL's log, with the prefix the run sets (``%m|%u|%c|``: time, role, session)
@@ -116,18 +117,19 @@ class Report:
         lines.append("invariants (records checked, violations):")
         found = Counter(v.invariant for v in self.violations)
         lines += [f"  {self.checks[i]:>6} {found[i]:>4}  {i.value}" for i in Invariant]
-        for violation in sorted(self.violations, key=lambda v: v.at)[:60]:
-            lines.append(
-                f"VIOLATION +{violation.at - self.started:.1f} s "
-                f"{violation.invariant.value}: {violation.text}"
-            )
-            lines += [
-                "    " + f.line(self.started)
-                for f in self.faults
-                if f.active(violation.at, 30) and f.start >= violation.at - 60
-            ]
-        if len(self.violations) > 60:
-            lines.append(f"... and {len(self.violations) - 60} more violations")
+        for invariant in Invariant:
+            mine = sorted((v for v in self.violations if v.invariant is invariant), key=lambda v: v.at)
+            for violation in mine[:SHOWN]:
+                lines.append(
+                    f"VIOLATION +{violation.at - self.started:.1f} s {invariant.value}: {violation.text}"
+                )
+                lines += [
+                    "    " + f.line(self.started)
+                    for f in self.faults
+                    if f.start <= violation.at and f.active(violation.at, 30) and f.start >= violation.at - 60
+                ]
+            if len(mine) > SHOWN:
+                lines.append(f"... and {len(mine) - SHOWN} more violations of: {invariant.value}")
         if self.violations:
             lines.append(
                 f"reproduce: python bench/nemesis.py --seed {o.seed} --duration {o.duration:g} "
@@ -328,15 +330,16 @@ def _history_checks(
 
 def engine_failures(events: Sequence[tuple]) -> list[EngineFailure]:
     """``failed: ...`` events of replicas that were ready (their last ``ready on`` since the last failure)."""
-    ready_on: dict[str, frozenset[str]] = {}
+    ready_on: dict[str, tuple[frozenset[str], float]] = {}
     found = []
     for at, kind, subject, message in events:
         if kind != "replica":
             continue
         if message.startswith("ready on "):
-            ready_on[subject] = frozenset(message.removeprefix("ready on ").split(", "))
+            ready_on[subject] = (frozenset(message.removeprefix("ready on ").split(", ")), at)
         elif message.startswith("failed: ") and subject in ready_on:
-            found.append(EngineFailure(subject, ready_on.pop(subject), at, message))
+            nodes, since = ready_on.pop(subject)
+            found.append(EngineFailure(subject, nodes, at, message, since))
         elif message.startswith(("removed", "rebuilding", "starting again")):
             ready_on.pop(subject, None)
     return found

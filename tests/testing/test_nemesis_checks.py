@@ -142,14 +142,19 @@ def test_an_engine_failing_with_its_agent_or_without_any_fault_is_caught():
         FaultKind.KILL_AGENT, "node-2", T, T + 3, nodes=frozenset({"node-2"}), replicas=frozenset({"big-0"})
     )
     failures = [
-        EngineFailure("chat-0", frozenset({"node-1"}), T + 2, "failed: shard r0 exited"),
-        EngineFailure("big-0", frozenset({"node-2", "node-3"}), T + 1, "failed: shard r1 exited"),
-        EngineFailure("chat-1", frozenset({"node-4"}), T + 200, "failed: liveness probe timed out"),
+        EngineFailure("chat-0", frozenset({"node-1"}), T + 2, "failed: shard r0 exited", T - 5),
+        EngineFailure("big-0", frozenset({"node-2", "node-3"}), T + 1, "failed: shard r1 exited", T - 5),
+        EngineFailure("chat-1", frozenset({"node-4"}), T + 200, "failed: liveness probe timed out", T - 5),
+        # reported late (the control plane was down), still the kill's doing
+        EngineFailure("chat-0", frozenset({"node-1"}), T + 90, "failed: shard r0 exited", T - 5),
+        # the kill was before it was ready again: this failure is another one
+        EngineFailure("chat-0", frozenset({"node-1"}), T + 300, "failed: shard r0 exited", T + 100),
     ]
     found = check_engine_failures(failures, [killed, agent])
     assert [v.text for v in found] == [
         "big-0 failed: shard r1 exited (faults then on its nodes: kill-agent node-2)",
         "chat-1 failed: liveness probe timed out",
+        "chat-0 failed: shard r0 exited",
     ]
 
 
@@ -181,6 +186,14 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
     assert len(found) == 1 and found[0].at == T + 150
     found, explained = check_requests(later, [gateway], ready, served=[T + 99, T + 151])
     assert found == [] and len(explained) == 2, "it had not served again: both are its fault"
+    # a slow rebuild: the model had no ready replica for 40 s after its only replica's engine was killed
+    slow = [(T - 1, {"chat": frozenset({"chat-0"})}), (T + 1, {}), (T + 40, {"chat": frozenset({"chat-0"})})]
+    late = [
+        FailedRequest("chat", "", T + 35, T + 35, "503"),
+        FailedRequest("chat", "", T + 45, T + 45, "503"),
+    ]
+    found, explained = check_requests(late, [killed], slow)
+    assert [v.at for v in found] == [T + 45] and "no other ready replica" in explained[0]
     only = [(T - 1, {"chat": frozenset({"chat-0"})})]
     found, explained = check_requests(failed[1:2], [killed], only)
     assert found == [] and "chat had no other ready replica" in explained[0]
@@ -283,6 +296,6 @@ def test_the_store_log_and_server_logs_are_read_into_records(tmp_path):
     ]
     assert engine_failures(events) == [
         EngineFailure(
-            "chat-0", frozenset({"node-1"}), T + 1, "failed: shard r0 on node-1 exited with code -9"
+            "chat-0", frozenset({"node-1"}), T + 1, "failed: shard r0 on node-1 exited with code -9", T
         )
     ]

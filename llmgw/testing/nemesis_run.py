@@ -14,7 +14,10 @@ Every process group it started is ended, however it ends.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -148,7 +151,8 @@ class Report:
 
 def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
     """Run the nemesis under ``root``, PostgreSQL from ``bindir``; return its report, every process ended."""
-    postgres = PostgresCluster(root / "pg", bindir)
+    # its own folder under /tmp: PostgreSQL runs as another user when we are root, and ``root`` may be private
+    postgres = PostgresCluster(Path(tempfile.mkdtemp(prefix="llmgw-nemesis-pg-")), bindir)
     cluster = None
     try:
         postgres.start()
@@ -174,6 +178,8 @@ def run(root: Path, options: Options, bindir: Path, *, say=print) -> Report:
     finally:
         if cluster is not None:
             cluster.stop()
+        with contextlib.suppress(OSError):
+            shutil.copy(postgres.log, root / "postgres.log")  # the store's history, kept with the run's logs
         postgres.stop()
 
 

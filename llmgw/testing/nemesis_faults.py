@@ -121,31 +121,28 @@ class ClusterFaults:
         return self._choose(shards, pick)
 
     def _kill_engine(self, kind: FaultKind, pick: float):
-        chosen = self._engine(pick)
-        if chosen is None:
-            return self._nothing(kind, "no ready engine on a free node")
-        replica, shard = chosen
-        start = time.time()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(shard.pid, signal.SIGKILL)
-        target = f"{replica} r{shard.rank} on {shard.node} pid {shard.pid}"
-        return Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica})), None
+        return self._signal_engine(kind, pick, signal.SIGKILL)
 
     def _stop_engine(self, kind: FaultKind, pick: float):
+        return self._signal_engine(kind, pick, signal.SIGSTOP, heal_with=signal.SIGCONT)
+
+    def _signal_engine(self, kind: FaultKind, pick: float, sig: int, heal_with: int | None = None):
+        """Send ``sig`` to a ready engine's own process (not its launcher); ``heal_with`` heals it."""
         chosen = self._engine(pick)
         if chosen is None:
             return self._nothing(kind, "no ready engine on a free node")
         replica, shard = chosen
         start = time.time()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(shard.pid, signal.SIGSTOP)
+            os.kill(shard.pid, sig)
 
         def heal() -> None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(shard.pid, signal.SIGCONT)
+                os.kill(shard.pid, heal_with)
 
         target = f"{replica} r{shard.rank} on {shard.node} pid {shard.pid}"
-        return Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica})), heal
+        fault = Fault(kind, target, start, nodes=frozenset({shard.node}), replicas=frozenset({replica}))
+        return fault, (heal if heal_with is not None else None)
 
     def _kill_gateway(self, kind: FaultKind, pick: float):
         gateway = self.cluster.local.gateway

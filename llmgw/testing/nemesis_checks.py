@@ -409,6 +409,7 @@ def check_requests(
     faults: Sequence[Fault],
     ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]],
     served: Sequence[float] = (),
+    engines: Sequence[EngineFailure] = (),
 ) -> tuple[list[Violation], list[str]]:
     """Every failed request is explained by a fault and the model having no other ready replica then.
 
@@ -418,6 +419,8 @@ def check_requests(
     gateway served a request again after its healing (``served``: when successful requests ended,
     oldest first), however long it took to load its routes.
     Control-plane faults explain nothing (the gateway keeps its routes).
+    An unexplained failure that follows a replica's failure of the same model (``engines``) names it:
+    the request failed because of that engine, itself a violation unless a fault explains it.
     :returns: the violations, and one line per explained failure naming the fault that explains it.
     """
     found, explained = [], []
@@ -434,6 +437,13 @@ def check_requests(
             names = ", ".join(f"{f.kind.value} {f.target}" for f in window) or "no fault"
             hit = frozenset().union(*(f.replicas for f in window))
             other = _ready_at(ready, request.began).get(request.model, frozenset()) - hit
+            before = [
+                e for e in engines
+                if e.replica.rpartition("-")[0] == request.model and e.at - AFTERMATH <= request.began
+                and request.began <= e.at + AFTERMATH
+            ]  # fmt: skip
+            if before:
+                names += f"; after {before[-1].replica} {before[-1].message[:100]}"
             found.append(
                 Violation(
                     Invariant.EXPLAINED_REQUESTS, request.began,

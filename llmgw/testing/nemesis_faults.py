@@ -18,6 +18,8 @@ import signal
 import time
 from collections.abc import Callable
 
+import httpx
+
 from llmgw import pki
 from llmgw.dev.cluster import LocalNode
 from llmgw.testing.nemesis import Fault, FaultKind
@@ -32,6 +34,8 @@ class ClusterFaults:
 
     def __init__(self, cluster: NemesisCluster) -> None:
         self.cluster = cluster
+        # a paused leader must not hold the injector (and every fault due meanwhile) for the client's 30 s
+        cluster.local.client._http.timeout = httpx.Timeout(10.0)
         #: what is under a fault now: server names, node ids, ``gateway``, ``postgres``
         self.busy: set[str] = set()
 

@@ -319,7 +319,7 @@ def _history_checks(
             answers = list(load.answers)
     failed = [FailedRequest(a.model, a.replica, a.began, a.ended, a.failure) for a in answers if a.failure]
     served = [a.ended for a in answers if a.failure is None]
-    request_violations, explained = check_requests(failed, faults, ready, served)
+    request_violations, explained = check_requests(failed, faults, ready, served, failures)
     violations = (
         check_leadership(claims, acquires) + check_writes(acquires, writes)
         + check_manifests(manifests, runs, {SEED: cluster.seed_truth}, faults)

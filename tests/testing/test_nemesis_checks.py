@@ -194,6 +194,13 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
     ]
     found, explained = check_requests(late, [killed], slow)
     assert [v.at for v in found] == [T + 45] and "no other ready replica" in explained[0]
+    died = EngineFailure(
+        "chat-0", frozenset({"node-1"}), T + 44, "failed: shard r0 exited: ended with its agent"
+    )
+    found, _ = check_requests(late[1:], [], slow, engines=[died])
+    assert found[0].text.endswith(
+        "faults then: no fault; after chat-0 failed: shard r0 exited: ended with its agent"
+    )
     only = [(T - 1, {"chat": frozenset({"chat-0"})})]
     found, explained = check_requests(failed[1:2], [killed], only)
     assert found == [] and "chat had no other ready replica" in explained[0]

@@ -1,5 +1,7 @@
 """The nemesis's invariants: checkers over a run's history that return the violations they find.
 
+The failed requests' checker is :mod:`llmgw.testing.nemesis_requests`.
+
 Each checker is a plain function of records read from the store's own history
 (the events table, PostgreSQL's statement log), the processes' own logs
 (servers' "leads now (epoch N)"), what the run sampled (replicas, nodes,
@@ -10,7 +12,6 @@ a process, so each can be shown to catch a bad history in a unit test.
 
 from __future__ import annotations
 
-import bisect
 import enum
 import re
 from collections import defaultdict
@@ -18,13 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from llmgw.testing.nemesis import CONTROL_PLANE, DATA_PATH, Fault, FaultKind
+from llmgw.testing.nemesis import Fault, FaultKind
 
 __all__ = [
     "Acquire",
     "Claim",
     "EngineFailure",
-    "FailedRequest",
     "FinalState",
     "Invariant",
     "LostNode",
@@ -37,7 +37,6 @@ __all__ = [
     "check_leadership",
     "check_lost_nodes",
     "check_manifests",
-    "check_requests",
     "check_writes",
 ]
 
@@ -388,118 +387,3 @@ def check_engine_failures(failures: Iterable[EngineFailure], faults: Sequence[Fa
             Violation(Invariant.HEALTHY_ENGINES, failure.at, f"{failure.replica} {failure.message}{why}")
         )
     return found
-
-
-# -- client requests -------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class FailedRequest:
-    """A client request that failed: its model, the replica that answered (if any), when, why."""
-
-    model: str
-    replica: str
-    began: float
-    ended: float
-    failure: str
-
-
-def check_requests(
-    failed: Iterable[FailedRequest],
-    faults: Sequence[Fault],
-    ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]],
-    served: Sequence[float] = (),
-    engines: Sequence[EngineFailure] = (),
-) -> tuple[list[Violation], list[str]]:
-    """Every failed request is explained by a fault and the model having no other ready replica then.
-
-    A fault explains a request that was in flight on the replica it hit, or any request while it made
-    the model have no ready replica but those it hit (per ``ready``: (time, model -> ready replica ids)
-    as sampled, oldest first). A gateway's own fault explains every request from its start until the
-    gateway served a request again after its healing (``served``: when successful requests ended,
-    oldest first), however long it took to load its routes.
-    Control-plane faults explain nothing (the gateway keeps its routes).
-    An unexplained failure that follows a replica's failure of the same model (``engines``) names it:
-    the request failed because of that engine, itself a violation unless a fault explains it.
-    :returns: the violations, and one line per explained failure naming the fault that explains it.
-    """
-    found, explained = [], []
-    served = sorted(served)
-    for request in failed:
-        window = [
-            f for f in faults
-            if f.kind not in CONTROL_PLANE and f.start <= request.ended + SLACK
-            and _effect_end(f, served, ready, request.model) >= request.began
-        ]  # fmt: skip
-        reason = _explain(request, window, ready)
-        stamp = f"{request.model} request at {request.began:.3f} ({request.failure[:120]})"
-        if reason is None:
-            names = ", ".join(f"{f.kind.value} {f.target}" for f in window) or "no fault"
-            hit = frozenset().union(*(f.replicas for f in window))
-            other = _ready_at(ready, request.began).get(request.model, frozenset()) - hit
-            before = [
-                e for e in engines
-                if e.replica.rpartition("-")[0] == request.model and e.at - AFTERMATH <= request.began
-                and request.began <= e.at + AFTERMATH
-            ]  # fmt: skip
-            if before:
-                names += f"; after {before[-1].replica} {before[-1].message[:100]}"
-            found.append(
-                Violation(
-                    Invariant.EXPLAINED_REQUESTS, request.began,
-                    f"{stamp} failed with {', '.join(sorted(other)) or 'no replica'} ready; "
-                    f"faults then: {names}",
-                )
-            )  # fmt: skip
-        else:
-            explained.append(f"{stamp}: {reason}")
-    return found, explained
-
-
-def _effect_end(
-    fault: Fault,
-    served: Sequence[float],
-    ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]],
-    model: str,
-) -> float:
-    """Until when a fault may explain a failed request for ``model``.
-
-    A gateway's: until the gateway served again. One that hit replicas of ``model``: until ``model``
-    had a ready replica again (however long the rebuild took). Any other: :data:`AFTERMATH` seconds.
-    """
-    if fault.end is None:
-        return float("inf")
-    if fault.kind in DATA_PATH:
-        again = bisect.bisect_left(served, fault.end)
-        return served[again] + SLACK if again < len(served) else float("inf")
-    if any(r.rpartition("-")[0] == model for r in fault.replicas):
-        back = next((at for at, models in ready if at >= fault.end and models.get(model)), float("inf"))
-        return max(back + SLACK, fault.end + AFTERMATH)
-    return fault.end + AFTERMATH
-
-
-def _explain(
-    request: FailedRequest, window: list[Fault], ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]]
-) -> str | None:
-    for fault in window:
-        if fault.kind in DATA_PATH:
-            return f"{fault.kind.value} {fault.target}: in flight through it, or sent before it served again"
-        if request.replica and request.replica in fault.replicas:
-            return f"{fault.kind.value} {fault.target} hit {request.replica}, which served it"
-    hit = frozenset().union(*(f.replicas for f in window)) if window else frozenset()
-    others = _ready_at(ready, request.began).get(request.model, frozenset()) - hit
-    if window and not others:
-        return f"{window[-1].kind.value} {window[-1].target}, and {request.model} had no other ready replica"
-    return None
-
-
-def _ready_at(
-    ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]], at: float
-) -> Mapping[str, frozenset[str]]:
-    """The ready replicas last sampled at or before ``at`` (the first sample when none was before)."""
-    seen: Mapping[str, frozenset[str]] = ready[0][1] if ready else {}
-    for when, models in ready:
-        if when > at:
-            break
-        seen = models
-    return seen

@@ -35,7 +35,6 @@ from llmgw.testing.nemesis_checks import (
     Acquire,
     Claim,
     EngineFailure,
-    FailedRequest,
     FinalState,
     Invariant,
     LostNode,
@@ -47,11 +46,11 @@ from llmgw.testing.nemesis_checks import (
     check_leadership,
     check_lost_nodes,
     check_manifests,
-    check_requests,
     check_writes,
 )
 from llmgw.testing.nemesis_cluster import MODELS, SEED, NemesisCluster, engine_processes
 from llmgw.testing.nemesis_faults import ClusterFaults
+from llmgw.testing.nemesis_requests import FailedRequest, check_requests
 from llmgw.testing.postgres import PostgresCluster
 from llmgw.wire import NodeList, ReplicaList
 

@@ -11,7 +11,6 @@ from llmgw.testing.nemesis_checks import (
     Acquire,
     Claim,
     EngineFailure,
-    FailedRequest,
     FinalState,
     Invariant,
     LostNode,
@@ -23,9 +22,9 @@ from llmgw.testing.nemesis_checks import (
     check_leadership,
     check_lost_nodes,
     check_manifests,
-    check_requests,
     check_writes,
 )
+from llmgw.testing.nemesis_requests import FailedRequest, check_requests
 
 T = 1_000_000.0
 

@@ -180,6 +180,39 @@ def _gateway_serves(cluster: LocalCluster) -> bool:
     return response.status_code == 200 and len(response.json().get("data", [])) == 2
 
 
+#: seconds the first chat completion may take to be answered once every replica is ready
+FIRST_ANSWER_WITHIN = 30.0
+
+
+def _first_answer(gateway_url: str, body: str) -> str:
+    """The first chat completion's text, asked again until the gateway routes to a ready replica.
+
+    The gateway learns a replica is ready from the routes feed a moment after the server does, so a
+    503 or 502 right after "ready" is asked again; past :data:`FIRST_ANSWER_WITHIN` seconds the
+    gateway's last answer is the error.
+    """
+    deadline, last = time.monotonic() + FIRST_ANSWER_WITHIN, ""
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.post(
+                f"{gateway_url}/v1/chat/completions",
+                content=body,
+                headers={"content-type": "application/json"},
+                timeout=30,
+            )
+            choices = response.json().get("choices") if response.status_code == 200 else None
+            if choices:
+                return choices[0]["message"]["content"]
+            last = f"{response.status_code} {response.text[:300]}"
+        except (httpx.HTTPError, ValueError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.5)
+    raise click.ClickException(
+        f"every replica is ready, but the gateway at {gateway_url} did not answer a chat completion within "
+        f"{FIRST_ANSWER_WITHIN:g} s (last answer: {last}); see its log, gateway.log in this run's log folder"
+    )
+
+
 def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> None:
     data = cluster.replicas()
     click.echo(f"llmgw dev: {len(data.replicas)} replicas ready")
@@ -187,14 +220,9 @@ def _print_next_steps(cluster: LocalCluster, ctl_dir: Path, catalog: Path) -> No
         shards = ", ".join(f"{s.node} {cluster.nodes[s.node].address}:{s.port}" for s in r.shards)
         click.echo(f"  {r.id:<16} {shards}")
     body = json.dumps({"model": "llama-sim-8b", "messages": [{"role": "user", "content": "Hello!"}]})
-    answer = httpx.post(
-        f"{cluster.gateway_url}/v1/chat/completions",
-        content=body,
-        headers={"content-type": "application/json"},
-        timeout=30,
-    ).json()
+    content = _first_answer(cluster.gateway_url, body)
     click.echo(f"gateway: {cluster.gateway_url}/v1 (OpenAI-compatible; no API keys in llmgw dev)")
-    click.echo(f"  llama-sim-8b answered: {answer['choices'][0]['message']['content']!r}")
+    click.echo(f"  llama-sim-8b answered: {content!r}")
     click.echo(
         f"  curl {cluster.gateway_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
     )

@@ -389,7 +389,7 @@ def read_store_log(path: Path) -> tuple[list[Acquire], list[StoreWrite]]:
             at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC).timestamp()
             writer, session, statement = m[2].replace("_", "-"), m[3], m[4]
             pending.pop(session, None)
-            if statement.startswith("INSERT INTO leader"):
+            if statement.startswith("UPDATE leader SET holder"):  # taking the lease: $3 is the epoch
                 pending[session] = (writer, at)
             elif statement.startswith("UPDATE feed SET revision"):
                 writes.append(StoreWrite(writer, at))

@@ -145,8 +145,13 @@ async def test_kill_9_then_sigterm_leave_the_engine_to_the_next_agent_then_its_g
         second = await ready_replica(server, procs)
     assert (second["attempt"], second["shards"][0]["pid"]) == (first["attempt"], shard["pid"])
     assert second["failures"] == 0 and group_alive(pgid)
-    messages = [e["message"] for e in (await server.get("/v1/admin/events"))["events"]]
-    assert any(m.startswith("its agent restarted and adopted every shard") for m in messages), messages
+    async def adopted_event() -> list[str]:  # events reach the store at the reconciler's next flush
+        messages = [e["message"] for e in (await server.get("/v1/admin/events"))["events"]]
+        adopted = any(m.startswith("its agent restarted and adopted every shard") for m in messages)
+        return messages if adopted else []
+
+    with trio.fail_after(15):
+        messages = await wait_for(adopted_event, "the event 'its agent restarted and adopted every shard'")
     assert not any(m.startswith(("failed", "removed", "starting again")) for m in messages), messages
     assert "adopted by the agent with pid" in await trio.Path(shard["log_path"]).read_text()
 

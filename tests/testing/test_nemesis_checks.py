@@ -262,10 +262,10 @@ def test_a_healing_that_fails_is_tried_again():
 
 
 STORE_LOG = """\
-2026-12-03 17:28:30.726 UTC|server_a|s1|LOG:  duration: 0.08 ms  bind <u>: INSERT INTO leader VALUES ($3)
+2026-12-03 17:28:30.726 UTC|server_a|s1|LOG:  duration: 0.08 ms  bind <u>: UPDATE leader SET holder = $1
 2026-12-03 17:28:30.726 UTC|server_a|s1|DETAIL:  parameters: $1 = 'https://a#1', $3 = '1', $4 = '6'
-2026-12-03 17:28:30.727 UTC|server_a|s1|LOG:  duration: 0.35 ms  execute <u>: INSERT INTO leader VALUES ($3)
-2026-12-03 17:28:30.737 UTC|server_b|s2|LOG:  duration: 0.19 ms  execute <u>: INSERT INTO leader VALUES ($3)
+2026-12-03 17:28:30.727 UTC|server_a|s1|LOG:  duration: 0.35 ms  execute <u>: UPDATE leader SET holder = $1
+2026-12-03 17:28:30.737 UTC|server_b|s2|LOG:  duration: 0.19 ms  execute <u>: UPDATE leader SET holder = $1
 2026-12-03 17:28:30.727 UTC|server_a|s1|DETAIL:  parameters: $1 = 'https://a#1', $3 = '1', $4 = '6'
 2026-12-03 17:28:30.737 UTC|server_b|s2|DETAIL:  parameters: $1 = 'https://b#2', $3 = '1', $4 = '6'
 2026-12-03 17:28:30.755 UTC|server_b|s3|LOG:  duration: 0.05 ms  statement: UPDATE feed SET revision = 2

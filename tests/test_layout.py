@@ -53,14 +53,9 @@ SQL_HOMES = ("llmgw/server/persist/", "llmgw/testing/")
 STORE_DRIVERS = ("sqlite3", "psycopg")
 SQL = re.compile(r"^\s*(SELECT\b|INSERT INTO\b|DELETE FROM\b|CREATE (TABLE|INDEX)\b|UPDATE \w+ SET\b)", re.I)
 CONTROLLERS = "llmgw.server.controllers."
-#: circles known and not yet broken, each for a reason; the test fails on any other, and on one of
+#: circles known and not yet broken, each for a reason (none now); the test fails on any other, and on one of
 #: these that is gone (take it off the list)
-KNOWN_CIRCLES = {
-    # Stager hands itself to HubFetcher, which calls back into its peers, config and copy_changed
-    ("llmgw.agent.hub_fetch", "llmgw.agent.staging"),
-    # files.py renders what node.py's Settings holds; Settings belongs beside the files it describes
-    ("llmgw.onboard.files", "llmgw.onboard.node"),
-}
+KNOWN_CIRCLES: frozenset[tuple[str, ...]] = frozenset()
 
 
 def core_modules() -> dict[str, Path]:

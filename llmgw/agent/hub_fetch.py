@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -39,7 +39,9 @@ from llmgw.weights.hub import HubError, HubFile, HubSettings, download, resolve
 from llmgw.wire import HubClaim, HubLease, from_json, to_json
 
 if TYPE_CHECKING:
-    from llmgw.agent.staging import Stager
+    from llmgw.agent.config import AgentConfig
+    from llmgw.agent.models_dir import ModelsDir
+    from llmgw.agent.peer_files import PeerFiles
 
 __all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "HubFetcher", "RENEW_EVERY"]
 
@@ -50,6 +52,23 @@ RENEW_EVERY = 4.0
 #: the first and the longest wait after a Hub error
 BACKOFF_FIRST = 2.0
 BACKOFF_MAX = 120.0
+
+
+class Stager(Protocol):
+    """What a :class:`HubFetcher` uses of the agent's :class:`llmgw.agent.staging.Stager`, which owns it."""
+
+    config: AgentConfig
+    models: ModelsDir
+    peers: PeerFiles
+
+    async def _call(self, method: str, path: str, *, body: Any = None, params: Any = None) -> Any:
+        """Call the leading server (:meth:`llmgw.agent.staging.Stager._call`)."""
+
+    async def report(self, source: str, message: str) -> None:
+        """Tell the server's events what happened to ``source``'s copy."""
+
+    #: called when a copy gained a verified file (the agent's facts are refreshed)
+    copy_changed: Callable[[], Awaitable[None]]
 
 
 class HubFetcher:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from llmgw.onboard.remote import UNIT
 
 if TYPE_CHECKING:
-    from llmgw.onboard.node import Settings
+    from llmgw.onboard.settings import Settings
 
 __all__ = ["ETC", "MANAGED_KEYS", "OPT", "STATE_DIR", "TRUST", "UNIT_PATH", "agent_toml", "systemd_unit"]
 

@@ -32,7 +32,6 @@ import shlex
 import tarfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 
@@ -40,6 +39,7 @@ from llmgw.onboard.credentials import node_credentials
 from llmgw.onboard.files import ETC, OPT, STATE_DIR, TRUST, UNIT_PATH, agent_toml, systemd_unit
 from llmgw.onboard.release import Release
 from llmgw.onboard.remote import UNIT, OnboardError, Probe, RemoteFile, Ssh, probe_script
+from llmgw.onboard.settings import Settings
 
 __all__ = ["Settings", "Item", "onboard", "node_credentials", "agent_toml", "systemd_unit", "NOT_DONE"]
 
@@ -53,25 +53,6 @@ What onboarding did not do:
   A node missing an engine or a model's weights is never chosen for it, and `llmgw ctl nodes` says why:
     llmgw ctl nodes               the engines column and the warnings of {node}
     llmgw ctl engine-check ENGINE an engine's --help against the flags llmgw passes"""
-
-
-@attrs.frozen
-class Settings:
-    """Everything one onboarding needs, from the command line."""
-
-    node: str
-    server: str
-    #: the address the agent reports and engines bind
-    address: str
-    fabrics: tuple[str, ...]
-    ca_dir: Path
-    release: Release
-    nvidia_smi: str | None = None
-    ib_root: str | None = None
-    #: seconds to wait for the node to appear; 0: do not wait
-    wait: float = 180.0
-    #: prefix of every remote path (tests only)
-    remote_root: str = ""
 
 
 @attrs.frozen

@@ -36,8 +36,8 @@ T = TypeVar("T")
 
 #: how long each process has to exit after SIGTERM before SIGKILL
 STOP_GRACE = 15.0
-#: a server on a PostgreSQL store that exits on its own is started again unless it ran less than this
-#: (seconds): one that cannot start is an error, not a loop
+#: a server on a PostgreSQL store that dies is started again; one that exits with an error after running
+#: less than this (seconds) cannot start, which is an error, not a loop (one killed by a signal is restarted)
 RESTART_AFTER = 10.0
 
 #: the first three parts of the simulated nodes' addresses (node N is PREFIX.{10+N}); tests run side by
@@ -366,7 +366,8 @@ class LocalCluster:
             p for n, p in self._processes if n in self._server_ports and p is not process and p.poll() is None
         ]
         ran = time.monotonic() - getattr(process, "_llmgw_started", 0.0)
-        if self.store is None or name not in self._server_ports or not others or ran < RESTART_AFTER:
+        cannot_start = ran < RESTART_AFTER and process.returncode >= 0  # killed (kill -9): < 0
+        if self.store is None or name not in self._server_ports or not others or cannot_start:
             return False
         process._llmgw_stopped = True  # type: ignore[attr-defined]
         port = self._server_ports[name]

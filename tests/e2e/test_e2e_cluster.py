@@ -131,6 +131,15 @@ def test_agent_killed_leaves_its_engine_to_the_next_agent(cluster):
     shard = on_node[0].shards[0]
     cluster.stop(node.process, signal.SIGKILL)
     assert pid_alive(shard.pid), "the engine ended with its agent"
+    cluster.wait(
+        lambda: any(
+            n.node_id == "node-4" and n.state == "lost"
+            for n in cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes
+        ),
+        "node-4 to be declared lost while its agent is gone",
+        30,
+    )
+    assert pid_alive(shard.pid), "the engine should outlive its agent while the node is lost"
     cluster.start_agent(node)
     cluster.wait(lambda: not pid_alive(shard.pid), "the engine no replica owns to be stopped", 90)
     cluster.wait(cluster.all_ready, "every replica to be ready again", 60)

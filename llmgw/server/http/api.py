@@ -380,6 +380,9 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
     async def _get_events(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         since = query_int(request.query.get("since", "0"), "since")
         limit = min(query_int(request.query.get("limit", "200"), "limit"), 10_000)
+        # events recorded since the reconciler last ran are stored first: a reader sees what already happened
+        async with self._lock:
+            await self.reconciler.save()
         return answer(await self.store.run(lambda conn: recent_events(conn, since, limit)))
 
     async def _get_servers(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:

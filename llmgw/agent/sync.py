@@ -127,6 +127,9 @@ class Agent:
         self.last_sync: float | None = None
         #: the share of a model's size eviction keeps free beyond its copy (the server's setting)
         self.disk_headroom = 0.05
+        #: the server's ``lost_after`` from its last answer: retries while it is unreachable come at least
+        #: four times within it, so a node is never declared lost for sleeping through the server's return
+        self.server_lost_after: float | None = None
         #: supervisors of adopted shards, started by :meth:`run`
         self._adopted: list[ShardSupervisor] = []
 
@@ -391,7 +394,7 @@ class Agent:
                         )
                     else:
                         log.debug("server still unreachable (try %d): %s", failures, exc)
-                    delay = min(settings.backoff_max, settings.backoff_initial * 2 ** min(failures - 1, 30))
+                    delay = min(self.retry_ceiling(), settings.backoff_initial * 2 ** min(failures - 1, 30))
                     await trio.sleep(random.uniform(delay / 2, delay))
                     continue
                 except _Refused as exc:
@@ -425,8 +428,19 @@ class Agent:
                     self.apply(reply)
                 self.note_sources(reply)
                 self.disk_headroom = reply.disk_headroom
+                self.server_lost_after = reply.lost_after
                 if self.prestage is not None:
                     self.prestage.update(reply.stage_sources)
+
+    def retry_ceiling(self) -> float:
+        """The longest delay between two tries while the server is unreachable, called at each failed try.
+
+        ``--backoff-max``, but never more than a quarter of the server's ``lost_after`` (known from its last
+        answer): a server back after an outage hears from every node well before it would declare one lost.
+        """
+        if self.server_lost_after is None:
+            return self.config.sync.backoff_max
+        return min(self.config.sync.backoff_max, self.server_lost_after / 4)
 
     async def _sync_once(self, client: httpx.AsyncClient, url: str) -> SyncReply | None:
         """One sync call; None when a local change cut the long-poll short."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -72,9 +73,13 @@ def test_killing_one_shard_rebuilds_the_whole_replica(cluster):
 
 
 def test_server_restart_adopts_running_replicas(cluster):
-    """A server killed and restarted keeps the catalog and adopts running replicas without restarting them."""
+    """A server killed, down longer than ``lost_after`` and restarted keeps the catalog and adopts running
+    replicas without restarting them. Agents retrying while it was down (their delay grows towards
+    ``--backoff-max``, 5 s, beyond ``lost_after``, 4 s) try again within a quarter of ``lost_after``: every
+    node syncs before the server could think it silent, so no silence episode starts at all."""
     before = {r.id: pids(cluster, r.id) for r in cluster.replicas().replicas}
     cluster.stop(cluster.server, signal.SIGKILL)
+    time.sleep(8)  # the outage itself: long enough for the agents' retry delay to reach its ceiling
     cluster.start_server()
 
     def adopted() -> bool:
@@ -86,6 +91,8 @@ def test_server_restart_adopts_running_replicas(cluster):
     events = cluster.client.request("GET", "/v1/admin/events", EventList).events
     said = "\n".join(f"{e.kind} {e.subject}: {e.message}" for e in events[-30:])
     assert after == before, f"replicas restarted; the last events:\n{said}"
+    silent = [e.message for e in events if "stopped syncing" in e.message]
+    assert not silent, f"nodes slept through the server's return: {silent}"
     catalog = cluster.client.request("GET", "/v1/admin/catalog", CatalogText)
     assert "big:" in catalog.text
 

@@ -199,7 +199,12 @@ class StandbyView:
             self._bad_revision = seen
             return False
         app = ServerApp(
-            cluster, self.store, self.engines, revocations=self.revocations, poll_timeout=self.poll_timeout
+            cluster,
+            self.store,
+            self.engines,
+            revocations=self.revocations,
+            poll_timeout=self.poll_timeout,
+            read_only=True,
         )
         app.keys = keys
         active = {sha: name for name, (sha, _, revoked) in keys.items() if revoked is None}

@@ -79,8 +79,11 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         revocations: RevocationList | None = None,
         poll_timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
+        read_only: bool = False,
     ) -> None:
         self.cluster = cluster
+        #: a standby's view: it answers reads from what it loaded and never writes the store
+        self.read_only = read_only
         self.store = store
         self.engines = engines
         self.revocations = revocations
@@ -333,8 +336,9 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
             "the agent's liveness canary decides whether it is hung"
         )
         self.cluster.record_event(now, EventKind.GATEWAY, report.replica, message)
-        async with self._lock:
-            await self.reconciler.save()
+        if not self.read_only:
+            async with self._lock:
+                await self.reconciler.save()
         return answer(SuspectRecorded(report.replica, state), 202)
 
     # -- admin ---------------------------------------------------------------
@@ -381,8 +385,9 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         since = query_int(request.query.get("since", "0"), "since")
         limit = min(query_int(request.query.get("limit", "200"), "limit"), 10_000)
         # events recorded since the reconciler last ran are stored first: a reader sees what already happened
-        async with self._lock:
-            await self.reconciler.save()
+        if not self.read_only:
+            async with self._lock:
+                await self.reconciler.save()
         return answer(await self.store.run(lambda conn: recent_events(conn, since, limit)))
 
     async def _get_servers(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:

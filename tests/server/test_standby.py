@@ -82,10 +82,12 @@ async def ready_replica(leader: str, test_pki) -> None:
 async def test_standby_answers_reads_from_the_store_and_refuses_writes_naming_the_leader(servers, test_pki):
     """Reads on the standby show the leader's writes, marked as a standby's; writes: 503 naming the leader."""
     leader, standby = servers
-    await ready_replica(leader, test_pki)
     async with client(test_pki, "admin", "ops") as admin:
+        # the key first: a view that shows the replica ready was stored after it (a key made after the replica
+        # was ready could be missing from a view loaded between the two writes)
         created = await admin.post(f"{leader}/v1/admin/keys", json={"name": "team-a"})
         assert created.status_code == 201, created.text
+        await ready_replica(leader, test_pki)
 
         async def replica_ready_on_standby():
             reply = await admin.get(f"{standby}/v1/admin/replicas")
@@ -290,10 +292,12 @@ async def test_a_standby_that_cannot_reach_the_store_stops_answering_from_its_vi
 async def test_a_gateway_pointed_at_the_standby_only_gets_its_routes(servers, test_pki, nursery):
     """`llmgw gateway --server STANDBY`: it routes to the leader's ready replica, takes the leader's keys."""
     leader, standby = servers
-    await ready_replica(leader, test_pki)
     async with client(test_pki, "admin", "ops") as admin:
+        # the key first: a view that shows the replica ready was stored after it (a key made after the replica
+        # was ready could be missing from a view loaded between the two writes)
         created = await admin.post(f"{leader}/v1/admin/keys", json={"name": "team-a"})
         assert created.status_code == 201, created.text
+        await ready_replica(leader, test_pki)
     issued = test_pki.client("gateway", "gw")
     tls = {"ca": test_pki.ca.cert_path, "cert": issued.cert_path, "key": issued.key_path}
     gateway, url = await start_gateway(nursery, standby, **tls)

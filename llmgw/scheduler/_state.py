@@ -61,19 +61,28 @@ class NodeState:
         """The node's state: ``ready``, ``cordoned`` or ``lost``."""
         return self.view.state
 
-    def key(self, model: str, holds: bool = True) -> tuple[int, int, int, str]:
-        """Sort key for placing ``model``: fewest of its shards, fewest GPUs used, fewest shards, id.
+    def key(self, model: str, holds: bool = True, pack: bool = False) -> tuple[int, int, int, int, str]:
+        """Sort key for placing ``model``: fewest of its shards, then (``pack``) not a whole fabric node,
+        fewest GPUs used, fewest shards, id.
 
         Replicas spread first; among nodes with as many of its shards, one
         holding the model's weights (``holds``; elsewhere they are copied
-        first, the replica staging meanwhile) comes first.
+        first, the replica staging meanwhile) comes first. A single-node
+        replica (``pack``) then prefers islands and nodes already partly used
+        to a fabric node no replica uses, which a multi-node replica may need.
         """
         return (
             2 * self.model_shards.get(model, 0) + (0 if holds else 1),
+            int(pack and self.whole_fabric_node),
             len(self.gpu_owner),
             self.shards,
             self.id,
         )
+
+    @property
+    def whole_fabric_node(self) -> bool:
+        """Whether the node is on a fabric and no replica uses any of its GPUs."""
+        return bool(self.fabrics) and not self.gpu_owner
 
     def gpus_with(self, min_memory: int | None) -> list[int]:
         """Indices of the GPUs with at least ``min_memory`` MiB (all of them when None)."""

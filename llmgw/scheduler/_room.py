@@ -106,7 +106,7 @@ def make_room(
             cost = (sum(len(c.moves) for c in chosen), sum(len(c.waiting) for c in chosen), fabric)
             options.append((cost, fabric, chosen))
     for _, fabric, chosen in sorted(options, key=lambda option: option[0]):
-        nodes = tuple(c.node.id for c in chosen)
+        nodes = tuple(sorted(c.node.id for c in chosen))
         moving = [replica for c in chosen for replica in c.moves]
         waiting = tuple(sorted(i for c in chosen for i in c.waiting))
         if not moving:

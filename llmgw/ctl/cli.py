@@ -128,7 +128,10 @@ def _whole_nodes(data: NodeList) -> list[str]:
             counts[1] += 1
     if not whole:
         return []
-    return ["whole nodes free: " + ", ".join(f"{f} {free} of {total}" for f, (free, total) in sorted(whole.items()))]
+    return [
+        "whole nodes free: "
+        + ", ".join(f"{f} {free} of {total}" for f, (free, total) in sorted(whole.items()))
+    ]
 
 
 def _models_disk(node: NodeStatus) -> str:

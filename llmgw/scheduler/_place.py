@@ -17,6 +17,7 @@ from llmgw.weights import is_distributable
 
 __all__ = ["schedule"]
 
+
 def schedule(
     nodes: Iterable[NodeView],
     catalog: Catalog,

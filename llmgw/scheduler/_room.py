@@ -122,7 +122,12 @@ def make_room(
 
 
 def _usable(
-    node: NodeState, model: Model, profile: Profile, request: Request, sizes: Mapping[str, int], headroom: float
+    node: NodeState,
+    model: Model,
+    profile: Profile,
+    request: Request,
+    sizes: Mapping[str, int],
+    headroom: float,
 ) -> bool:
     """Whether ``node`` could take a shard of the replica, GPUs and ports aside."""
     copied = is_distributable(model.source)
@@ -174,7 +179,9 @@ def _candidate(
     return _Candidate(node, tuple(moves), tuple(waiting))
 
 
-def _movable(replica: Replica, leaving: set[str | None], catalog: Catalog, launches: Mapping[str, object]) -> bool:
+def _movable(
+    replica: Replica, leaving: set[str | None], catalog: Catalog, launches: Mapping[str, object]
+) -> bool:
     """A single-node replica running what the catalog asks, not being moved, and not a replacement itself."""
     model = catalog.models.get(replica.model)
     return (

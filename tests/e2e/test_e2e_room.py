@@ -1,4 +1,4 @@
-"""Placement without fragmentation on a real cluster: a two-node replica gets room by moving a single-node one."""
+"""Placement without fragmentation on a real cluster: a two-node replica gets room from a moved one."""
 
 from __future__ import annotations
 

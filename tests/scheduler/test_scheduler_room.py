@@ -89,7 +89,9 @@ class TestMakingRoom:
         assert replacement.node_ids[0] not in {"b1", "b2"}
         (waiting,) = result.unplaced
         assert waiting.id == "big-0" and "making room on nodes b1, b2 of fabric ib-b" in waiting.reason
-        assert "small-4" in {r.id for r in result.placements}, "the original serves until its replacement is ready"
+        assert "small-4" in {r.id for r in result.placements}, (
+            "the original serves until its replacement is ready"
+        )
 
     def test_while_the_move_is_under_way_nothing_else_moves(self):
         nodes, placements = filled()

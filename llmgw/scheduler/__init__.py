@@ -29,7 +29,8 @@ How it decides:
   replica there uses (its agent evicts them, least recently used first).
 - A single-node replica, among nodes with as many replicas of its model,
   prefers islands and nodes already partly used to a fabric node no replica
-  uses. A multi-node replica with no place, that would have one if
+  uses (on a fabric with another ready node: one a multi-node replica could
+  use). A multi-node replica with no place, that would have one if
   single-node replicas on a fabric's nodes ran elsewhere, gets those nodes
   freed: each such replica gets a replacement away from them
   (:attr:`ScheduleResult.moves`, as a drain's move); while they move, no

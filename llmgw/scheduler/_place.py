@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -75,6 +76,9 @@ def schedule(
             raise ValueError(f"node {view.node_id} appears twice")
         state[view.node_id] = NodeState(view, copying)
     ordered = list(state.values())
+    members = Counter(fabric for node in ordered if node.ready for fabric in node.fabrics)
+    for node in ordered:
+        node.shared_fabric = any(members[fabric] > 1 for fabric in node.fabrics)
 
     kept, removed, generations = _keep(state, catalog, placements, launches, sizes)
     removed += _scale_down(state, catalog, kept)

@@ -20,6 +20,7 @@ class NodeState:
         "engines",
         "sources",
         "fabrics",
+        "shared_fabric",
         "gpu_memory",
         "gpu_order",
         "gpu_owner",
@@ -43,6 +44,8 @@ class NodeState:
         self.engines = frozenset(facts.engines)
         self.sources = frozenset(facts.model_sources)
         self.fabrics = tuple(sorted({fabric.name for fabric in facts.fabrics}))
+        #: on a fabric with another ready node: a multi-node replica could use it (the run sets it)
+        self.shared_fabric = bool(self.fabrics)
         self.gpu_memory = {gpu.index: gpu.memory_total_mib for gpu in facts.gpus}
         self.gpu_order = tuple(sorted(self.gpu_memory))
         self.gpu_owner: dict[int, str] = {}
@@ -81,8 +84,8 @@ class NodeState:
 
     @property
     def whole_fabric_node(self) -> bool:
-        """Whether the node is on a fabric and no replica uses any of its GPUs."""
-        return bool(self.fabrics) and not self.gpu_owner
+        """Whether the node is on a fabric with another ready node, and no replica uses any of its GPUs."""
+        return self.shared_fabric and not self.gpu_owner
 
     def gpus_with(self, min_memory: int | None) -> list[int]:
         """Indices of the GPUs with at least ``min_memory`` MiB (all of them when None)."""

@@ -64,6 +64,13 @@ class TestPreference:
         result = schedule(nodes, models(chat=("half", 1), embed=("half", 1)), [used])
         assert nodes_of(result, "embed") == ["a2"]
 
+    def test_the_only_node_of_its_fabric_is_no_fabric_node_to_keep_whole(self):
+        nodes = [node("a1", fabric="ib-a"), node("a2", fabric="ib-a"), node("b1", fabric="ib-b")]
+        used = Replica("chat-0", "chat", 0, [Shard(0, "a1", (0, 1, 2, 3), 20000)])
+        # a2 is whole and pairs with a1; b1 alone can never take a multi-node replica: the least used wins
+        result = schedule(nodes, models(chat=("half", 1), embed=("half", 1)), [used])
+        assert nodes_of(result, "embed") == ["b1"]
+
     def test_replicas_of_one_model_still_spread_over_nodes_first(self):
         nodes = [node("a1", fabric="ib-a"), node("x1")]
         result = schedule(nodes, models(chat=("one", 2)), [])

@@ -12,7 +12,6 @@ as freed and no further replica is moved.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 
 import attrs
@@ -23,7 +22,10 @@ from llmgw.scheduler._records import Move, Replica, replica_id
 from llmgw.scheduler._state import NodeState
 from llmgw.weights import is_distributable
 
-__all__ = ["Room", "make_room"]
+__all__ = ["FABRICS_TRIED", "Room", "make_room"]
+
+#: the fabrics needing the fewest moves that are tried, in order, before the replica stays unplaced
+FABRICS_TRIED = 3
 
 
 @attrs.frozen
@@ -105,7 +107,7 @@ def make_room(
             chosen = sorted(candidates, key=lambda c: c.rank(name))[: profile.nodes]
             cost = (sum(len(c.moves) for c in chosen), sum(len(c.waiting) for c in chosen), fabric)
             options.append((cost, fabric, chosen))
-    for _, fabric, chosen in sorted(options, key=lambda option: option[0]):
+    for _, fabric, chosen in sorted(options, key=lambda option: option[0])[:FABRICS_TRIED]:
         nodes = tuple(sorted(c.node.id for c in chosen))
         moving = [replica for c in chosen for replica in c.moves]
         waiting = tuple(sorted(i for c in chosen for i in c.waiting))
@@ -210,8 +212,7 @@ def _move(
     :returns: the replacements (``state`` and ``ordered`` now hold the copy's claims), or None when one
         has no place (``state`` unchanged).
     """
-    # the node views are shared, the rest (claims, disk room) is the trial's own
-    trial = copy.deepcopy(state, {id(node.view): node.view for node in state.values()})
+    trial = {node_id: node.copy() for node_id, node in state.items()}
     trial_order = [trial[node.id] for node in ordered]
     used: dict[str, set[int]] = {}
     for replica in placements:

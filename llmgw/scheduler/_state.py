@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from llmgw.scheduler._disk import DiskRoom
 from llmgw.scheduler._records import NodeView, Shard
 
@@ -58,6 +60,15 @@ class NodeState:
         self.model_shards: dict[str, int] = {}
         #: what the models directory can still take
         self.disk = DiskRoom(view.facts, copying)
+
+    def copy(self) -> NodeState:
+        """A copy whose claims and disk room change apart from this one's (a trial placement); cheap."""
+        other = copy.copy(self)
+        other.gpu_owner = dict(self.gpu_owner)
+        other.port_owner = dict(self.port_owner)
+        other.model_shards = dict(self.model_shards)
+        other.disk = self.disk.copy()
+        return other
 
     @property
     def state(self) -> str:

@@ -92,6 +92,7 @@ def node_lines(data: NodeList, wide: bool) -> list[str]:
     headers += ["GPUs", "fabric: adapters"] if wide else ["fabric"]
     headers += ["engines", "agent"] if wide else ["engines"]
     lines = [table(rows, [*headers, "replicas", "models disk", "last sync"])]
+    lines += _whole_nodes(data)
     lines += [f"warning: {n.node_id}: {warning}" for n in data.nodes for warning in n.warnings]
     return lines
 
@@ -113,6 +114,24 @@ def nodes(ctx: click.Context, output: str, watch: bool, interval: float) -> None
         watch=watch,
         interval=interval,
     )
+
+
+def _whole_nodes(data: NodeList) -> list[str]:
+    """``whole nodes free: ib-a 1 of 2, ib-b 0 of 1``: per fabric, its ready nodes no replica uses a GPU of
+    (what a multi-node replica can take), out of its nodes; nothing when no node is on a fabric."""
+    whole: dict[str, list[int]] = {}
+    for n in data.nodes:
+        free = n.state == "ready" and n.gpus_total > 0 and n.gpus_free == n.gpus_total
+        for fabric in n.fabrics:
+            counts = whole.setdefault(fabric, [0, 0])
+            counts[0] += free
+            counts[1] += 1
+    if not whole:
+        return []
+    return [
+        "whole nodes free: "
+        + ", ".join(f"{f} {free} of {total}" for f, (free, total) in sorted(whole.items()))
+    ]
 
 
 def _models_disk(node: NodeStatus) -> str:

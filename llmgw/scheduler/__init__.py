@@ -27,6 +27,14 @@ How it decides:
   when its models directory has room for the copy plus a headroom
   (``schedule(..., sizes=..., headroom=...)``), counting the copies no
   replica there uses (its agent evicts them, least recently used first).
+- A single-node replica, among nodes with as many replicas of its model,
+  prefers islands and nodes already partly used to a fabric node no replica
+  uses (on a fabric with another ready node: one a multi-node replica could
+  use). A multi-node replica with no place, that would have one if
+  single-node replicas on a fabric's nodes ran elsewhere, gets those nodes
+  freed: each such replica gets a replacement away from them
+  (:attr:`ScheduleResult.moves`, as a drain's move); while they move, no
+  other replica is moved for it (:mod:`llmgw.scheduler._room`).
 - A replica with no place is in :attr:`ScheduleResult.unplaced` with a reason
   that names the closest miss.
 """
@@ -39,6 +47,7 @@ from llmgw.scheduler._place import schedule
 from llmgw.scheduler._records import (
     DEFAULT_PORT_RANGE,
     NODE_STATES,
+    Move,
     NodeView,
     Removal,
     Replica,
@@ -52,6 +61,7 @@ __all__ = [
     "DEFAULT_HEADROOM",
     "DEFAULT_PORT_RANGE",
     "DiskRoom",
+    "Move",
     "NODE_STATES",
     "NodeView",
     "Removal",

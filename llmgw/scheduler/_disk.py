@@ -14,6 +14,8 @@ the copy), or it is a seed (never moved).
 
 from __future__ import annotations
 
+from copy import copy as shallow_copy
+
 from llmgw.models import NodeFacts
 
 __all__ = ["DEFAULT_HEADROOM", "DiskRoom", "format_bytes"]
@@ -64,6 +66,13 @@ class DiskRoom:
         self.used: set[str] = set()
         #: bytes copies under way here still lack (they will take them)
         self.reserved = 0
+
+    def copy(self) -> DiskRoom:
+        """A copy that changes apart from this one (a trial placement's)."""
+        other = shallow_copy(self)
+        other.held, other.used = set(self.held), set(self.used)
+        other.present, other.evictable = dict(self.present), dict(self.evictable)
+        return other
 
     @property
     def unused_bytes(self) -> int:

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
 from llmgw.scheduler._disk import DEFAULT_HEADROOM, format_bytes
 from llmgw.scheduler._explain import explain_unplaced
-from llmgw.scheduler._records import NodeView, Removal, Replica, ScheduleResult, Shard, Unplaced, replica_id
+from llmgw.scheduler._pick import Request, place
+from llmgw.scheduler._records import Move, NodeView, Removal, Replica, ScheduleResult, Unplaced, replica_id
+from llmgw.scheduler._room import make_room
 from llmgw.scheduler._state import NodeState
 from llmgw.weights import is_distributable
 
 __all__ = ["schedule"]
-
-_Entry = tuple[tuple[int, int, int, str], str]
-
-
-@attrs.frozen
-class _Request:
-    """One replica to place: its slot, and what it moves when it is a replacement."""
-
-    index: int
-    generation: int = 0
-    replaces: str | None = None
-    avoid: frozenset[str] = frozenset()
 
 
 def schedule(
@@ -86,6 +76,9 @@ def schedule(
             raise ValueError(f"node {view.node_id} appears twice")
         state[view.node_id] = NodeState(view, copying)
     ordered = list(state.values())
+    members = Counter(fabric for node in ordered if node.ready for fabric in node.fabrics)
+    for node in ordered:
+        node.shared_fabric = any(members[fabric] > 1 for fabric in node.fabrics)
 
     kept, removed, generations = _keep(state, catalog, placements, launches, sizes)
     removed += _scale_down(state, catalog, kept)
@@ -94,7 +87,7 @@ def schedule(
 
     new: list[Replica] = []
     unplaced: list[Unplaced] = []
-    failed: list[tuple[str, Model, Profile, list[_Request]]] = []
+    failed: list[tuple[str, Model, Profile, list[Request]]] = []
     for model_name, profile, group in _ordered(catalog, requests):
         model = catalog.models[model_name]
         if profile is None:
@@ -102,12 +95,34 @@ def schedule(
             unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in group]
             continue
         for run in _by_avoid(group):
-            placed, left = _place(ordered, state, model_name, model, profile, run, sizes, headroom)
+            placed, left = place(ordered, state, model_name, model, profile, run, sizes, headroom)
             new += placed
             if left:
                 failed.append((model_name, model, profile, left))
+    # multi-node replicas left over: moving single-node replicas off a fabric's nodes may make room
+    taken: set[str] = set()
+    room_moves: list[Move] = []
+    for position, (model_name, model, profile, left) in enumerate(failed):
+        still: list[Request] = []
+        for request in left:
+            room = None
+            if profile.nodes > 1:
+                target = (model_name, model, profile, request)
+                placements = [*kept.values(), *new]
+                args = (catalog, placements, launches, generations, target, sizes, headroom, frozenset(taken))
+                room = make_room(ordered, state, *args)
+            if room is None:
+                still.append(request)
+                continue
+            taken.update(room.nodes)
+            new += room.replacements
+            room_moves += room.moves
+            unplaced.append(Unplaced(model_name, request.index, room.reason, request.replaces))
+        failed[position] = (model_name, model, profile, still)
     # Explained once everything is placed, so the reason describes the nodes as the result leaves them.
     for model_name, model, profile, left in failed:
+        if not left:
+            continue
         weights = (model_name, sizes.get(model.source), headroom)
         reason = explain_unplaced(ordered, profile, model.source, left[0].avoid, weights)
         unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in left]
@@ -116,6 +131,7 @@ def schedule(
         placements=sorted([*kept.values(), *new], key=lambda replica: replica.id),
         unplaced=sorted(unplaced, key=lambda item: (item.model, item.index)),
         removed=sorted(removed, key=lambda removal: removal.replica.id),
+        moves=room_moves,
     )
 
 
@@ -300,7 +316,7 @@ def _scale_down(state: dict[str, NodeState], catalog: Catalog, kept: dict[str, R
 
 def _requests(
     catalog: Catalog, kept: dict[str, Replica], generations: dict[str, int], moves: list[tuple[str, bool]]
-) -> dict[str, list[_Request]]:
+) -> dict[str, list[Request]]:
     """The replicas to place, per model: missing slots first (lowest index first), then replacements."""
     used: dict[str, set[int]] = {}
     counted: dict[str, int] = {}
@@ -317,14 +333,14 @@ def _requests(
                 yield index
             index += 1
 
-    requests: dict[str, list[_Request]] = {}
+    requests: dict[str, list[Request]] = {}
     for name in sorted(catalog.models):
         missing = catalog.models[name].replicas - counted.get(name, 0)
         slots = free_indices(name)
         for _ in range(missing):
             index = next(slots)
             generation = generations.get(replica_id(name, index), 0)
-            requests.setdefault(name, []).append(_Request(index, generation))
+            requests.setdefault(name, []).append(Request(index, generation))
     moving = {replica.replaces for replica in kept.values()}
     for original_id, away in moves:
         original = kept.get(original_id)
@@ -334,17 +350,17 @@ def _requests(
         index = next(free_indices(original.model))
         generation = generations.get(replica_id(original.model, index), 0)
         requests.setdefault(original.model, []).append(
-            _Request(index, generation, replaces=original_id, avoid=avoid)
+            Request(index, generation, replaces=original_id, avoid=avoid)
         )
     return requests
 
 
 def _ordered(
-    catalog: Catalog, requests: dict[str, list[_Request]]
-) -> list[tuple[str, Profile | None, list[_Request]]]:
+    catalog: Catalog, requests: dict[str, list[Request]]
+) -> list[tuple[str, Profile | None, list[Request]]]:
     """Models with replicas to place, largest first (multi-node, then more GPUs), then by name."""
 
-    def size(item: tuple[str, Profile | None, list[_Request]]) -> tuple[int, int, str]:
+    def size(item: tuple[str, Profile | None, list[Request]]) -> tuple[int, int, str]:
         name, profile, _ = item
         if profile is None:
             return (0, 0, name)
@@ -356,134 +372,12 @@ def _ordered(
     return sorted(items, key=size)
 
 
-def _by_avoid(group: list[_Request]) -> list[list[_Request]]:
+def _by_avoid(group: list[Request]) -> list[list[Request]]:
     """Split a model's requests into runs that avoid the same nodes, in order."""
-    runs: list[list[_Request]] = []
+    runs: list[list[Request]] = []
     for request in group:
         if runs and runs[-1][0].avoid == request.avoid:
             runs[-1].append(request)
         else:
             runs.append([request])
     return runs
-
-
-def _place(
-    ordered: list[NodeState],
-    state: dict[str, NodeState],
-    name: str,
-    model: Model,
-    profile: Profile,
-    requests: list[_Request],
-    sizes: Mapping[str, int],
-    headroom: float,
-) -> tuple[list[Replica], list[_Request]]:
-    """Place ``requests`` (replicas of one model avoiding the same nodes) one by one.
-
-    :returns: the replicas placed, and the requests left when no nodes were left for them.
-    """
-    wanted, gpus, memory = profile.nodes, profile.gpus_per_node, profile.min_gpu_memory_mib
-    ports = 1 if wanted == 1 else 2
-    avoid = requests[0].avoid
-
-    copied = is_distributable(model.source)
-    size = sizes.get(model.source) if copied else None
-
-    def fits(node: NodeState) -> bool:
-        return node.fits(gpus, memory, ports) and node.disk.fits(model.source, size, headroom)
-
-    def key(node: NodeState) -> tuple[int, int, int, str]:
-        # a node holding the weights first; the others get a copy (staging) when none is left
-        return node.key(name, holds=model.source in node.sources)
-
-    pools: dict[str | None, list[_Entry]] = {}
-    for node in ordered:
-        if (
-            not node.ready
-            or node.id in avoid
-            or profile.engine not in node.engines
-            or (model.source not in node.sources and not copied)
-            or not fits(node)
-        ):
-            continue
-        for pool in _pools_of(node, wanted):
-            pools.setdefault(pool, []).append((key(node), node.id))
-    for heap in pools.values():
-        heapq.heapify(heap)
-
-    placed: list[Replica] = []
-    for position, request in enumerate(requests):
-        chosen = _choose(pools, state, key, wanted, fits)
-        if chosen is None:
-            return placed, requests[position:]
-        fabric, members = chosen
-        shards = []
-        for rank, node in enumerate(members):
-            node_ports = node.next_ports(2 if wanted > 1 and rank == 0 else 1)
-            shards.append(
-                Shard(
-                    rank=rank,
-                    node_id=node.id,
-                    gpus=node.free_gpus(memory)[:gpus],
-                    port=node_ports[0],
-                    dist_init_port=node_ports[1] if len(node_ports) > 1 else None,
-                )
-            )
-        replica = Replica(
-            id=replica_id(name, request.index),
-            model=name,
-            index=request.index,
-            shards=shards,
-            fabric=fabric,
-            generation=request.generation,
-            replaces=request.replaces,
-        )
-        for shard, node in zip(shards, members, strict=True):
-            node.claim(shard, replica.id, name)
-            node.disk.use(model.source, size)
-            if fits(node):
-                for pool in _pools_of(node, wanted):
-                    if pool in pools:
-                        heapq.heappush(pools[pool], (key(node), node.id))
-        placed.append(replica)
-    return placed, []
-
-
-def _pools_of(node: NodeState, wanted: int) -> tuple[str | None, ...]:
-    """The pools a node is in: one for single-node replicas, one per fabric for multi-node ones."""
-    return (None,) if wanted == 1 else node.fabrics
-
-
-def _choose(
-    pools: dict[str | None, list[_Entry]],
-    state: dict[str, NodeState],
-    key: Callable[[NodeState], tuple[int, int, int, str]],
-    wanted: int,
-    fits: Callable[[NodeState], bool],
-) -> tuple[str | None, list[NodeState]] | None:
-    """The pool and its ``wanted`` best nodes for the next replica, or None when no pool has enough.
-
-    Pools are compared by the sum of their best nodes' keys, then by name.
-    Entries whose key is stale, or whose node no longer fits, are dropped.
-    """
-    best: tuple[tuple, str | None, list[_Entry]] | None = None
-    taken: dict[str | None, list[_Entry]] = {}
-    for pool in sorted(pools, key=lambda pool: pool or ""):
-        heap = pools[pool]
-        entries: list[_Entry] = []
-        while heap and len(entries) < wanted:
-            entry = heapq.heappop(heap)
-            node = state[entry[1]]
-            if entry[0] == key(node) and fits(node):
-                entries.append(entry)
-        taken[pool] = entries
-        if len(entries) == wanted:
-            score = tuple(sum(entry[0][part] for entry in entries) for part in range(3))
-            if best is None or (score, pool or "") < (best[0], best[1] or ""):
-                best = (score, pool, entries)
-    for pool, entries in taken.items():
-        if best is None or pool != best[1]:
-            for entry in entries:
-                heapq.heappush(pools[pool], entry)
-    if best is None:
-        return None
-    return best[1], [state[entry[1]] for entry in best[2]]

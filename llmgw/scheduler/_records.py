@@ -138,6 +138,28 @@ class Removal:
 
 
 @attrs.frozen
+class Move:
+    """A single-node replica moved to make room for a multi-node replica (its replacement placed away)."""
+
+    #: the replica moved, and its replacement (``replaces=replica``)
+    replica: str
+    replacement: str
+    #: the multi-node replica the room is for: its model and index, the fabric and nodes it will take
+    model: str
+    index: int
+    fabric: str
+    nodes: tuple[str, ...] = attrs.field(converter=tuple)
+
+    @property
+    def message(self) -> str:
+        """The event the server records: what moves where, and for whom."""
+        return (
+            f"moving to {self.replacement}: room for {replica_id(self.model, self.index)} "
+            f"on nodes {', '.join(self.nodes)} of fabric {self.fabric}"
+        )
+
+
+@attrs.frozen
 class ScheduleResult:
     """What :func:`~llmgw.scheduler.schedule` decided."""
 
@@ -147,3 +169,5 @@ class ScheduleResult:
     unplaced: tuple[Unplaced, ...] = attrs.field(converter=tuple, default=())
     #: input replicas left out of ``placements``, by id
     removed: tuple[Removal, ...] = attrs.field(converter=tuple, default=())
+    #: single-node replicas moved to make room for a multi-node one (their replacements are in placements)
+    moves: tuple[Move, ...] = attrs.field(converter=tuple, default=())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from llmgw.scheduler._disk import DiskRoom
 from llmgw.scheduler._records import NodeView, Shard
 
@@ -20,6 +22,7 @@ class NodeState:
         "engines",
         "sources",
         "fabrics",
+        "shared_fabric",
         "gpu_memory",
         "gpu_order",
         "gpu_owner",
@@ -43,6 +46,8 @@ class NodeState:
         self.engines = frozenset(facts.engines)
         self.sources = frozenset(facts.model_sources)
         self.fabrics = tuple(sorted({fabric.name for fabric in facts.fabrics}))
+        #: on a fabric with another ready node: a multi-node replica could use it (the run sets it)
+        self.shared_fabric = bool(self.fabrics)
         self.gpu_memory = {gpu.index: gpu.memory_total_mib for gpu in facts.gpus}
         self.gpu_order = tuple(sorted(self.gpu_memory))
         self.gpu_owner: dict[int, str] = {}
@@ -56,24 +61,42 @@ class NodeState:
         #: what the models directory can still take
         self.disk = DiskRoom(view.facts, copying)
 
+    def copy(self) -> NodeState:
+        """A copy whose claims and disk room change apart from this one's (a trial placement); cheap."""
+        other = copy.copy(self)
+        other.gpu_owner = dict(self.gpu_owner)
+        other.port_owner = dict(self.port_owner)
+        other.model_shards = dict(self.model_shards)
+        other.disk = self.disk.copy()
+        return other
+
     @property
     def state(self) -> str:
         """The node's state: ``ready``, ``cordoned`` or ``lost``."""
         return self.view.state
 
-    def key(self, model: str, holds: bool = True) -> tuple[int, int, int, str]:
-        """Sort key for placing ``model``: fewest of its shards, fewest GPUs used, fewest shards, id.
+    def key(self, model: str, holds: bool = True, pack: bool = False) -> tuple[int, int, int, int, str]:
+        """Sort key for placing ``model``: fewest of its shards, then (``pack``) not a whole fabric node,
+        fewest GPUs used, fewest shards, id.
 
         Replicas spread first; among nodes with as many of its shards, one
         holding the model's weights (``holds``; elsewhere they are copied
-        first, the replica staging meanwhile) comes first.
+        first, the replica staging meanwhile) comes first. A single-node
+        replica (``pack``) then prefers islands and nodes already partly used
+        to a fabric node no replica uses, which a multi-node replica may need.
         """
         return (
             2 * self.model_shards.get(model, 0) + (0 if holds else 1),
+            int(pack and self.whole_fabric_node),
             len(self.gpu_owner),
             self.shards,
             self.id,
         )
+
+    @property
+    def whole_fabric_node(self) -> bool:
+        """Whether the node is on a fabric with another ready node, and no replica uses any of its GPUs."""
+        return self.shared_fabric and not self.gpu_owner
 
     def gpus_with(self, min_memory: int | None) -> list[int]:
         """Indices of the GPUs with at least ``min_memory`` MiB (all of them when None)."""

@@ -15,7 +15,7 @@ import attrs
 from llmgw.models import Catalog
 from llmgw.scheduler import DEFAULT_HEADROOM, NodeView, Replica, ScheduleResult, schedule
 from llmgw.server.state.cluster import ClusterState, where
-from llmgw.server.state.records import Launch
+from llmgw.server.state.records import EventKind, Launch
 from llmgw.weights import agreeing_facts
 
 __all__ = ["SchedulePlan", "plan", "apply"]
@@ -92,13 +92,18 @@ def apply(
     result: ScheduleResult,
     launch_for: Callable[[ClusterState, Replica], Launch | None],
 ) -> None:
-    """Record a schedule's result: replicas removed, placed, placed again; what cannot be placed.
+    """Record a schedule's result: replicas removed, placed, placed again; replicas moved to make room for a
+    multi-node one; what cannot be placed.
 
-    ``launch_for`` says what a replica placed anew runs (the rollout controller's answer).
+    ``launch_for`` says what a replica placed anew runs (the rollout controller's answer). A moved
+    replica's replacement is placed like a drain's: the rollout controller retires the original once
+    the replacement is ready, so it leaves the routes before it stops.
     """
     for removal in result.removed:
         if removal.replica.id in state.replicas:
             state.remove(removal.replica.id, now, f"removed: {removal.reason}")
+    for move in result.moves:
+        state.record_event(now, EventKind.REPLICA, move.replica, move.message)
     for placement in result.placements:
         record = state.replicas.get(placement.id)
         if record is not None and record.placement == placement:

@@ -29,7 +29,17 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
-from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Rollout, Sidecar, bounded
+from llmgw.models import (
+    Autoscale,
+    LaunchSpec,
+    Model,
+    NodeFacts,
+    Profile,
+    Rollout,
+    ScaleTarget,
+    Sidecar,
+    bounded,
+)
 from llmgw.wire._catalog import (
     ApplyCatalog,
     CatalogApplied,
@@ -439,24 +449,36 @@ def _make_converter() -> cattrs.Converter:
     made = cattrs.Converter(forbid_extra_keys=False)
     register_strict_scalars(made)
     register_strict_collections(made)
-    rollout = make_dict_structure_fn(Rollout, made, _cattrs_forbid_extra_keys=True)
-
-    def structure_rollout(value: Any, kind: type) -> Rollout:
-        if not isinstance(value, Mapping):
-            raise TypeError("expected a mapping with the keys max_surge, max_unavailable")
-        return rollout(value, kind)
-
-    made.register_structure_hook(Rollout, structure_rollout)
-    for written_by_people in (Profile, Model, Sidecar):
+    for nested in (Rollout, ScaleTarget, Autoscale):  # in this order: Autoscale holds a ScaleTarget
+        made.register_structure_hook(nested, _mapping_of(nested, made))
+    for written_by_people in (Profile, Sidecar):
         made.register_structure_hook(
             written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)
         )
+    # a model's ``autoscale`` comes from its ``replicas:`` given as a mapping (llmgw.catalog), never a key
+    made.register_structure_hook(
+        Model,
+        make_dict_structure_fn(Model, made, _cattrs_forbid_extra_keys=True, autoscale=override(omit=True)),
+    )
     made.register_unstructure_hook(
         ErrorDetail, make_dict_unstructure_fn(ErrorDetail, made, problems=override(omit_if_default=True))
     )
     made.register_unstructure_hook(FailureCause, str)
     made.register_structure_hook(FailureCause, structure_cause)
     return made
+
+
+def _mapping_of(kind: type, made: cattrs.Converter) -> Any:
+    """The structure hook of a record people write nested in another: a mapping of its keys, none other."""
+    structure = make_dict_structure_fn(kind, made, _cattrs_forbid_extra_keys=True)
+    keys = ", ".join(a.name for a in attrs.fields(kind))
+
+    def structure_mapping(value: Any, _: type) -> Any:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a mapping with the keys {keys}")
+        return structure(value, kind)
+
+    return structure_mapping
 
 
 #: The one converter: wire documents, stored records, the catalog, ``agent.toml``.

@@ -25,21 +25,11 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, IterableValidationError
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
-from llmgw.models import (
-    Autoscale,
-    LaunchSpec,
-    Model,
-    NodeFacts,
-    Profile,
-    Rollout,
-    ScaleTarget,
-    Sidecar,
-    bounded,
-)
+from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
 from llmgw.wire._catalog import (
     ApplyCatalog,
     CatalogApplied,
@@ -50,8 +40,15 @@ from llmgw.wire._catalog import (
     CatalogText,
 )
 from llmgw.wire._gateway import SuspectRecorded, SuspectReport
-from llmgw.wire._hooks import capped, register_strict_collections, register_strict_scalars, shown
+from llmgw.wire._hooks import (
+    capped,
+    register_catalog_records,
+    register_strict_collections,
+    register_strict_scalars,
+    shown,
+)
 from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
+from llmgw.wire._load import ShardLoad
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 from llmgw.wire._weights import (
     CopyProgress,
@@ -75,7 +72,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
-    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList",
+    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -192,6 +189,8 @@ class SyncRequest:
     #: a random id per agent process (a new one: the agent restarted); ``leaving``: it stops on purpose
     instance: str = attrs.field(default="", validator=bounded(text=64))
     leaving: bool = False
+    #: the load of each ready rank 0 this node runs, read from its engine; () from agents that predate it
+    load: tuple[ShardLoad, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
 
 
 @attrs.frozen
@@ -449,36 +448,13 @@ def _make_converter() -> cattrs.Converter:
     made = cattrs.Converter(forbid_extra_keys=False)
     register_strict_scalars(made)
     register_strict_collections(made)
-    for nested in (Rollout, ScaleTarget, Autoscale):  # in this order: Autoscale holds a ScaleTarget
-        made.register_structure_hook(nested, _mapping_of(nested, made))
-    for written_by_people in (Profile, Sidecar):
-        made.register_structure_hook(
-            written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)
-        )
-    # a model's ``autoscale`` comes from its ``replicas:`` given as a mapping (llmgw.catalog), never a key
-    made.register_structure_hook(
-        Model,
-        make_dict_structure_fn(Model, made, _cattrs_forbid_extra_keys=True, autoscale=override(omit=True)),
-    )
+    register_catalog_records(made)
     made.register_unstructure_hook(
         ErrorDetail, make_dict_unstructure_fn(ErrorDetail, made, problems=override(omit_if_default=True))
     )
     made.register_unstructure_hook(FailureCause, str)
     made.register_structure_hook(FailureCause, structure_cause)
     return made
-
-
-def _mapping_of(kind: type, made: cattrs.Converter) -> Any:
-    """The structure hook of a record people write nested in another: a mapping of its keys, none other."""
-    structure = make_dict_structure_fn(kind, made, _cattrs_forbid_extra_keys=True)
-    keys = ", ".join(a.name for a in attrs.fields(kind))
-
-    def structure_mapping(value: Any, _: type) -> Any:
-        if not isinstance(value, Mapping):
-            raise TypeError(f"expected a mapping with the keys {keys}")
-        return structure(value, kind)
-
-    return structure_mapping
 
 
 #: The one converter: wire documents, stored records, the catalog, ``agent.toml``.

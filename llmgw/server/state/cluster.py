@@ -17,6 +17,7 @@ import attrs
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import Replica, Unplaced
 from llmgw.server.controllers.nodes.silence import SilenceWatch
+from llmgw.server.state.autoscale import ScaleBook, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.events import EventLog
 from llmgw.server.state.records import (
     DEFAULT_SETTINGS,
@@ -89,6 +90,8 @@ class ClusterState:
         #: when the scheduler last ran (replicas without a place are tried again every ``unplaced_retry``)
         self.scheduled_at = 0.0
         self._wanted_commands: tuple[Catalog, dict[str, tuple[object, ...]]] | None = None
+        #: the autoscaler's memory of each autoscaled model, and the load agents send
+        self.autoscale = ScaleBook()
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -211,6 +214,7 @@ class ClusterState:
             self.view_version += 1
         node.agent_revision = request.revision
         node.observed = observed
+        self.autoscale.record_loads(request.load, now)
         node.reported = True
         return wanted
 
@@ -410,6 +414,16 @@ class ClusterState:
                 first, last = items[0].id, items[-1].id
                 message = f"{len(items)} replicas ({first} … {last}) cannot be placed: {reason}"
                 self.record_event(now, EventKind.MODEL, model, message)
+
+    def scale(self, decision: ScaleDecision, memory: ScaleMemory, now: float) -> None:
+        """Keep the autoscaler's ``decision`` for a model; a change is scheduled and is an event."""
+        if self.autoscale.keep(decision, memory):
+            self.record_event(now, EventKind.AUTOSCALE, decision.model, decision.describe())
+        self.schedule_wanted = self.schedule_wanted or decision.direction != ScaleDirection.HOLD
+
+    def scaled_catalog(self) -> Catalog:
+        """The catalog with each autoscaled model's replicas at the autoscaler's count: what to schedule."""
+        return self.autoscale.scaled(self.catalog, (r.placement for r in self.replicas.values()))
 
     # -- the scheduler's marks -------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ class ReplicaState(enum.StrEnum):
 class EventKind(enum.StrEnum):
     """What an event is about: ``ctl events``' kind column and ``llmgw_server_events_total{kind}``."""
 
+    #: the autoscaler changed a model's desired replicas (or holds it at its max while over target)
+    AUTOSCALE = "autoscale"
     CATALOG = "catalog"
     CLUSTER = "cluster"
     GATEWAY = "gateway"

@@ -1,0 +1,143 @@
+"""The autoscaler controller: each autoscaled model's desired replicas, from what its engines report.
+
+For every model whose ``replicas:`` is a mapping (:class:`~llmgw.models.Autoscale`),
+each pass reads the last load of its ready replicas (their agents send it
+with every sync), turns each target's signal into the replicas it needs
+(Kubernetes' rule: ``ceil(ready × value / target)``, unchanged within
+:data:`TOLERANCE` of the target), and takes the most demanding one:
+
+- up at once, by at most ``max_step``, unless the last change was less than
+  ``cooldown`` ago; never above ``max`` (a hold at ``max`` while over target is
+  said once);
+- down only once every recommendation stayed below the desired count for
+  ``scale_down_after`` seconds (the stabilization window), to the highest of
+  them, by at most ``max_step``, after the cooldown; never below ``min``.
+
+:func:`decide` is a pure function of its inputs; :func:`step` runs it for
+every model and hands each :class:`~llmgw.server.state.autoscale.ScaleDecision`
+to the state's verb ``scale``, which records it (an event for every change).
+The scheduler then places or removes replicas toward the new count; a
+removed replica leaves the routes and stops with its grace, as a drained one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Mapping
+
+from llmgw.models import Autoscale, ScaleTarget
+from llmgw.server.state.autoscale import ScaleCause, ScaleDecision, ScaleDirection, ScaleMemory
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import ReplicaRecord, ReplicaState
+from llmgw.wire import ShardLoad
+
+__all__ = ["SIGNAL_MAX_AGE", "TOLERANCE", "signals", "recommend", "decide", "step"]
+
+#: seconds after which a replica's last load reading no longer counts (its agent went quiet)
+SIGNAL_MAX_AGE = 15.0
+#: a signal within this share of its target asks for no change
+TOLERANCE = 0.1
+
+
+def signals(
+    target: ScaleTarget,
+    replicas: Iterable[ReplicaRecord],
+    loads: Mapping[str, tuple[float, ShardLoad]],
+    now: float,
+) -> tuple[int, dict[str, float]]:
+    """The ready replicas of a model, and the value of each of ``target``'s signals over those reporting.
+
+    A reading counts when it is of the replica's current attempt and at most
+    :data:`SIGNAL_MAX_AGE` seconds old. A signal no replica reports is absent.
+    """
+    ready = [r for r in replicas if r.state == ReplicaState.READY]
+    readings = []
+    for record in ready:
+        entry = loads.get(record.id)
+        if entry is not None and entry[1].attempt == record.attempt and now - entry[0] <= SIGNAL_MAX_AGE:
+            readings.append(entry[1])
+    values: dict[str, float] = {}
+    if readings and target.waiting_per_replica is not None:
+        values["waiting_per_replica"] = sum(r.waiting for r in readings) / len(readings)
+    usage = [r.kv_cache_usage for r in readings if r.kv_cache_usage is not None]
+    if usage and target.kv_cache_usage is not None:
+        values["kv_cache_usage"] = sum(usage) / len(usage)
+    return len(ready), values
+
+
+def recommend(target: ScaleTarget, ready: int, values: Mapping[str, float]) -> tuple[int, str] | None:
+    """The replicas the most demanding signal asks for, and its key; None when no target has a value."""
+    best: tuple[int, str] | None = None
+    for key, goal in target.signals().items():
+        if key not in values:
+            continue
+        ratio = values[key] / goal
+        wanted = ready if abs(ratio - 1) <= TOLERANCE else math.ceil(ready * ratio)
+        if best is None or wanted > best[0]:
+            best = (wanted, key)
+    return best
+
+
+def decide(
+    name: str, policy: Autoscale, memory: ScaleMemory, ready: int, values: Mapping[str, float], now: float
+) -> tuple[ScaleDecision, ScaleMemory]:
+    """One pass for one model: the decision, and what to remember. Pure: no clock, no state.
+
+    :param memory: what the last pass remembered (its ``desired`` is the count now asked for).
+    :param ready: the model's ready replicas.
+    :param values: each target's signal, from :func:`signals`.
+    """
+    current = memory.desired
+    decision = functools.partial(ScaleDecision, name, now, current)
+    bounded = min(max(current, policy.min), policy.max)
+    if bounded != current:
+        way = ScaleDirection.UP if bounded > current else ScaleDirection.DOWN
+        made = decision(bounded, way, ScaleCause.BOUNDS)
+        return made, ScaleMemory(bounded, changed_at=now, last=made)
+    found = recommend(policy.target, ready, values)
+    if found is None:
+        made = decision(current, ScaleDirection.HOLD, ScaleCause.NO_SIGNAL)
+        return made, ScaleMemory(current, memory.changed_at, last=made)
+    wanted, key = found
+    inputs = {"signal": key, "value": values[key], "target": policy.target.signals()[key]}
+    clamped = min(max(wanted, policy.min), policy.max)
+    cooling = now - memory.changed_at < policy.cooldown
+    if wanted > current:
+        if clamped == current:  # at max
+            made = decision(current, ScaleDirection.HOLD, ScaleCause.AT_MAX, **inputs)
+        elif cooling:
+            made = decision(current, ScaleDirection.HOLD, ScaleCause.COOLDOWN, **inputs)
+        else:
+            after = min(clamped, current + policy.max_step)
+            made = decision(after, ScaleDirection.UP, ScaleCause.OVER_TARGET, **inputs)
+            return made, ScaleMemory(after, changed_at=now, last=made)
+        return made, ScaleMemory(current, memory.changed_at, last=made)
+    if clamped < current:
+        low_since = now if memory.low_since is None else memory.low_since
+        peak = clamped if memory.low_since is None else max(memory.low_peak, clamped)
+        low = now - low_since
+        if low < policy.scale_down_after or cooling:
+            cause = ScaleCause.STABILIZING if low < policy.scale_down_after else ScaleCause.COOLDOWN
+            made = decision(current, ScaleDirection.HOLD, cause, **inputs, window=low)
+            return made, ScaleMemory(current, memory.changed_at, low_since, peak, last=made)
+        after = max(peak, current - policy.max_step)
+        made = decision(after, ScaleDirection.DOWN, ScaleCause.UNDER_TARGET, **inputs, window=low)
+        return made, ScaleMemory(after, changed_at=now, low_since=low_since, low_peak=peak, last=made)
+    made = decision(current, ScaleDirection.HOLD, ScaleCause.AT_TARGET, **inputs)
+    return made, ScaleMemory(current, memory.changed_at, last=made)
+
+
+def step(state: ClusterState, now: float) -> None:
+    """Decide for every autoscaled model of the catalog in force; called by the reconciler each pass."""
+    book = state.autoscale
+    by_model: dict[str, list[ReplicaRecord]] = {}
+    for record in state.replicas.values():
+        by_model.setdefault(record.placement.model, []).append(record)
+    for name, model in state.catalog.models.items():
+        if model.autoscale is None:
+            continue
+        records = by_model.get(name, [])
+        memory = book.memory(name, model, (r.placement for r in records))
+        ready, values = signals(model.autoscale.target, records, book.loads, now)
+        state.scale(*decide(name, model.autoscale, memory, ready, values, now), now)

@@ -1,0 +1,155 @@
+"""The autoscaler's decisions: up fast, down after a sustained low, cooldown, max step, min and max."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.models import Autoscale, ScaleTarget
+from llmgw.server.controllers.autoscaler import decide, recommend
+from llmgw.server.state.autoscale import ScaleBook, ScaleCause, ScaleDirection, ScaleMemory
+
+UP, HOLD = ScaleDirection.UP, ScaleDirection.HOLD
+POLICY = Autoscale(
+    min=1, max=5, target=ScaleTarget(waiting_per_replica=4), scale_down_after=30, cooldown=10, max_step=2
+)
+
+
+class Run:
+    """One model's decisions over a fake clock: each :meth:`at` is a reconcile pass at that second."""
+
+    def __init__(self, policy: Autoscale = POLICY, desired: int = 2) -> None:
+        self.policy = policy
+        self.memory = ScaleMemory(desired)
+
+    def at(self, now: float, waiting: float | None, ready: int | None = None):
+        """A pass at ``now`` seeing ``waiting`` per replica (None: no signal) from ``ready`` replicas."""
+        values = {} if waiting is None else {"waiting_per_replica": waiting}
+        ready = self.memory.desired if ready is None else ready
+        decision, self.memory = decide("chat", self.policy, self.memory, ready, values, now)
+        return decision
+
+
+class TestUp:
+    """Over target, replicas are added at once, within max_step, max and the cooldown."""
+
+    def test_over_target_scales_up_at_once_and_says_why(self):
+        """7.5 waiting per replica on 2 replicas with a target of 4 asks for 4, in one pass."""
+        decision = Run().at(100, 7.5)
+        assert (decision.direction, decision.cause, decision.after) == (
+            ScaleDirection.UP,
+            ScaleCause.OVER_TARGET,
+            4,
+        )
+        assert decision.describe() == "2 → 4: 7.5 waiting per replica > target 4"
+
+    def test_max_step_limits_one_decision(self):
+        """Asking for 6 from 2 with max_step 2 gives 4."""
+        assert Run().at(100, 12).after == 4
+
+    def test_cooldown_holds_the_next_change(self):
+        """A second rise within the cooldown holds; after it, the next step goes."""
+        run = Run()
+        assert run.at(100, 7.5).after == 4
+        held = run.at(105, 7.5, ready=4)
+        assert (held.direction, held.cause, held.after) == (ScaleDirection.HOLD, ScaleCause.COOLDOWN, 4)
+        assert run.at(111, 7.5, ready=4).after == 5  # capped at max
+
+    def test_at_max_holds_and_says_so(self):
+        """Over target at max: a hold whose cause is at-max."""
+        run = Run(desired=5)
+        decision = run.at(100, 9)
+        assert (decision.direction, decision.cause, decision.after) == (
+            ScaleDirection.HOLD,
+            ScaleCause.AT_MAX,
+            5,
+        )
+
+    def test_new_replicas_not_ready_do_not_compound(self):
+        """While the replicas asked for start, the same queue on the same ready replicas asks for no more."""
+        run = Run()
+        assert run.at(100, 8).after == 4
+        assert run.at(120, 8, ready=2).after == 4
+
+
+class TestDown:
+    """Under target, replicas are stopped only after a sustained low."""
+
+    def test_down_only_after_the_window(self):
+        """A low for less than scale_down_after holds; once it lasted the window, one step down."""
+        run = Run(desired=4)
+        for now in (100, 110, 120):
+            held = run.at(now, 0)
+            assert (held.direction, held.cause) == (ScaleDirection.HOLD, ScaleCause.STABILIZING)
+        down = run.at(130, 0)
+        assert (down.direction, down.cause, down.after) == (ScaleDirection.DOWN, ScaleCause.UNDER_TARGET, 2)
+        assert down.describe() == "4 → 2: 0 waiting per replica < target 4 for 30 s"
+
+    def test_a_spike_in_the_window_restarts_it(self):
+        """A pass at or over target inside the window starts the window again."""
+        run = Run(desired=3)
+        run.at(100, 0)
+        run.at(120, 4)  # at target: no longer low
+        assert run.at(140, 0).cause == ScaleCause.STABILIZING
+        assert run.at(170, 0).direction == ScaleDirection.DOWN
+
+    def test_down_goes_no_lower_than_the_highest_recommendation_of_the_window(self):
+        """Lows of 3 then 1 replicas' worth over the window scale 4 down to 3, not 1."""
+        run = Run(
+            policy=Autoscale(min=1, max=5, target=ScaleTarget(4), scale_down_after=30, max_step=4), desired=4
+        )
+        run.at(100, 2.5)  # ceil(4 * 2.5 / 4) = 3
+        run.at(115, 0)
+        assert run.at(130, 0).after == 3
+
+    def test_never_below_min(self):
+        """No load at min holds at min."""
+        run = Run(desired=1)
+        for now in (0, 40, 80):
+            assert run.at(now, 0).after == 1
+
+
+class TestInputs:
+    """Bounds, missing signals, several targets."""
+
+    def test_no_signal_holds(self):
+        """No ready replica reported: nothing changes, and the cause says why."""
+        decision = Run().at(100, None)
+        assert (decision.direction, decision.cause) == (ScaleDirection.HOLD, ScaleCause.NO_SIGNAL)
+        assert decision.describe() == "stays at 2: no signal"
+
+    def test_desired_outside_new_bounds_is_clamped_at_once(self):
+        """A catalog whose min rose above the desired count scales up to it without waiting."""
+        run = Run(policy=Autoscale(min=3, max=5, target=ScaleTarget(4)), desired=2)
+        decision = run.at(100, 0)
+        assert (decision.direction, decision.cause, decision.after) == (
+            ScaleDirection.UP,
+            ScaleCause.BOUNDS,
+            3,
+        )
+
+    @pytest.mark.parametrize(
+        ("values", "expected"),
+        [
+            ({"waiting_per_replica": 4.2}, (2, "waiting_per_replica")),  # within the tolerance
+            ({"waiting_per_replica": 8, "kv_cache_usage": 0.4}, (4, "waiting_per_replica")),
+            ({"waiting_per_replica": 0, "kv_cache_usage": 0.9}, (3, "kv_cache_usage")),
+            ({}, None),
+        ],
+    )
+    def test_the_most_demanding_target_decides(self, values, expected):
+        """Each signal asks for ceil(ready × value / target); the largest wins."""
+        assert recommend(ScaleTarget(waiting_per_replica=4, kv_cache_usage=0.6), 2, values) == expected
+
+
+class TestBook:
+    """What the state keeps of the decisions."""
+
+    def test_only_changes_and_the_first_hold_at_max_are_events(self):
+        """Holds are not events, but the first at max is; a second one is not."""
+        book, run = ScaleBook(), Run(desired=5)
+        first = run.at(100, 9)
+        assert book.keep(first, run.memory)
+        assert not book.keep(run.at(101, 9), run.memory)
+        run2 = Run()
+        assert book.keep(run2.at(100, 8), run2.memory)
+        assert not book.keep(run2.at(101, 4, ready=4), run2.memory)

@@ -14,7 +14,7 @@ from typing import Any, get_args, get_origin
 import attrs
 import cattrs
 from cattrs.errors import IterableValidationError, IterableValidationNote
-from cattrs.gen import make_dict_structure_fn, make_mapping_structure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, make_mapping_structure_fn, override
 
 from llmgw.models import Autoscale, Model, Profile, Rollout, ScaleTarget, Sidecar
 
@@ -181,4 +181,15 @@ def register_catalog_records(made: cattrs.Converter) -> None:
     made.register_structure_hook(
         Model,
         make_dict_structure_fn(Model, made, _cattrs_forbid_extra_keys=True, autoscale=override(omit=True)),
+    )
+    # a stored replica's launch holds its model entry: one without autoscaling is stored as before it existed
+    made.register_unstructure_hook(
+        Model,
+        make_dict_unstructure_fn(
+            Model,
+            made,
+            autoscale=override(omit=True),
+            priority=override(omit_if_default=True),
+            idle_after=override(omit_if_default=True),
+        ),
     )

@@ -101,6 +101,17 @@ class TestDown:
         run.at(115, 0)
         assert run.at(130, 0).after == 3
 
+    def test_each_step_down_needs_its_own_window(self):
+        """After a step down, the next one waits a whole window again (its replicas changed meanwhile)."""
+        run = Run(
+            policy=Autoscale(min=1, max=5, target=ScaleTarget(4), scale_down_after=30, max_step=1), desired=3
+        )
+        run.at(100, 0)
+        assert run.at(130, 0).after == 2
+        for now in (131, 145, 160):
+            assert run.at(now, 0).cause == ScaleCause.STABILIZING
+        assert run.at(161, 0).after == 1
+
     def test_never_below_min(self):
         """No load at min holds at min."""
         run = Run(desired=1)

@@ -11,7 +11,8 @@ with every sync), turns each target's signal into the replicas it needs
   said once);
 - down only once every recommendation stayed below the desired count for
   ``scale_down_after`` seconds (the stabilization window), to the highest of
-  them, by at most ``max_step``, after the cooldown; never below ``min``.
+  them, by at most ``max_step``, after the cooldown; never below ``min``. Each
+  step down needs a window of its own.
 
 :func:`decide` is a pure function of its inputs; :func:`step` runs it for
 every model and hands each :class:`~llmgw.server.state.autoscale.ScaleDecision`
@@ -123,7 +124,8 @@ def decide(
             return made, ScaleMemory(current, memory.changed_at, low_since, peak, last=made)
         after = max(peak, current - policy.max_step)
         made = decision(after, ScaleDirection.DOWN, ScaleCause.UNDER_TARGET, **inputs, window=low)
-        return made, ScaleMemory(after, changed_at=now, low_since=low_since, low_peak=peak, last=made)
+        # the next step down needs a window of its own: recommendations were relative to the replicas then
+        return made, ScaleMemory(after, changed_at=now, last=made)
     made = decision(current, ScaleDirection.HOLD, ScaleCause.AT_TARGET, **inputs)
     return made, ScaleMemory(current, memory.changed_at, last=made)
 

@@ -83,7 +83,7 @@ class ScaleDecision:
         compare = ">" if self.value > self.target else "<=" if self.value == self.target else "<"
         measured = f"{_number(self.value)} {word} {compare} target {_number(self.target)}"
         if self.cause == ScaleCause.UNDER_TARGET:
-            measured = f"{measured} for {_number(self.window or 0)} s"
+            measured = f"{measured} for {self.window or 0:.0f} s"
         elif self.cause in (ScaleCause.AT_MAX, ScaleCause.COOLDOWN, ScaleCause.STABILIZING):
             measured += f" ({self.cause.value.replace('-', ' ')})"
         return head + measured

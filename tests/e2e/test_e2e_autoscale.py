@@ -1,0 +1,86 @@
+"""Autoscaling on a real cluster: a queue through the gateway adds replicas, a quiet spell stops them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.load import GatewayLoad, gateway_models
+from llmgw.testing.processes import free_port
+from llmgw.wire import EventList
+
+#: two seats per replica and 40 tokens a second: 12 clients queue on one replica
+CATALOG = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "40", "--max-num-seqs", "2"]
+models:
+  chat:
+    source: {models}/chat
+    profile: one
+    replicas:
+      min: 1
+      max: 3
+      target: {{waiting_per_replica: 2}}
+      scale_down_after: 6
+      cooldown: 2
+      max_step: 2
+"""
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """Server, 2 agents and a gateway; the autoscaled model at its min, ready and routed."""
+    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
+    try:
+        (tmp_path / "models" / "chat").mkdir(parents=True)
+        local.start(2)
+        local.start_gateway(free_port())
+        local.apply(CATALOG.format(models=tmp_path / "models"))
+        local.wait(local.all_ready, "the first replica to be ready")
+        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
+        yield local
+    finally:
+        local.stop_all()
+
+
+def ready_count(cluster: LocalCluster) -> int:
+    """The model's ready replicas, counting none while any is not ready (the count is not settled)."""
+    replicas = cluster.replicas().replicas
+    return len(replicas) if all(r.state == "ready" for r in replicas) else -1
+
+
+def autoscale_events(cluster: LocalCluster) -> list[str]:
+    """The autoscaler's events, as ``ctl events`` shows them: ``chat: 1 → 3: ...``."""
+    events = cluster.client.request("GET", "/v1/admin/events", EventList, params={"limit": "1000"}).events
+    return [f"{e.subject}: {e.message}" for e in events if e.kind == "autoscale"]
+
+
+def test_queue_scales_up_and_quiet_scales_down_without_a_failed_request(cluster):
+    """12 clients queue on one replica: it goes to 3 replicas; with 2 clients left the queue empties, and
+    after scale_down_after it goes back to 1, the stopped replicas losing no request; both in the events."""
+    assert len(cluster.replicas().replicas) == 1
+    with GatewayLoad(cluster.gateway_url, 12, max_tokens=16) as heavy:
+        cluster.wait(lambda: ready_count(cluster) == 3, "the queue to scale chat to 3 ready replicas", 90)
+        heavy.wait_served(24, check=cluster.check)
+    up = [e for e in autoscale_events(cluster) if "waiting per replica >" in e]
+    assert up and up[0].startswith("chat: 1 → 3: "), autoscale_events(cluster)
+    assert up[0].endswith("waiting per replica > target 2"), up
+    with GatewayLoad(cluster.gateway_url, 2, max_tokens=16) as light:
+        cluster.wait(lambda: ready_count(cluster) == 1, "the quiet to scale chat back to 1 replica", 90)
+        light.wait_served(8, check=cluster.check)
+    assert heavy.failures == [] and light.failures == [], heavy.report() + " / " + light.report()
+    down = [e for e in autoscale_events(cluster) if "waiting per replica <" in e]
+    # one step or two (a window's highest recommendation bounds one step): 3 → ... → 1, contiguous
+    steps = [tuple(int(n) for n in e.split(": ")[1].split(" → ")) for e in down]
+    assert steps[0][0] == 3 and steps[-1][1] == 1, down
+    assert all(a[1] == b[0] for a, b in zip(steps, steps[1:], strict=False)), down
+    assert all("< target 2 for " in e for e in down), down
+    listed = cluster.ctl("events")
+    assert listed.returncode == 0 and "autoscale" in listed.stdout and "→ 1:" in listed.stdout, listed.stdout

@@ -30,6 +30,7 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
+from llmgw.wire._autoscale import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 from llmgw.wire._catalog import (
     ApplyCatalog,
     CatalogApplied,
@@ -72,7 +73,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
-    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad",
+    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
+    "AutoscaleStatus", "AutoscaleList",
 ]  # fmt: skip
 
 T = TypeVar("T")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.load import GatewayLoad, gateway_models
@@ -38,6 +41,7 @@ pytestmark = pytest.mark.timeout(300)
 def cluster(tmp_path: Path):
     """Server, 2 agents and a gateway; the autoscaled model at its min, ready and routed."""
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
+    local.metrics_port = free_port()
     try:
         (tmp_path / "models" / "chat").mkdir(parents=True)
         local.start(2)
@@ -56,6 +60,17 @@ def ready_count(cluster: LocalCluster) -> int:
     return len(replicas) if all(r.state == "ready" for r in replicas) else -1
 
 
+def server_samples(cluster: LocalCluster, name: str) -> dict[tuple, float]:
+    """The server's samples named ``name``: {sorted labels: value}."""
+    text = httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=10).text
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
 def autoscale_events(cluster: LocalCluster) -> list[str]:
     """The autoscaler's events, as ``ctl events`` shows them: ``chat: 1 → 3: ...``."""
     events = cluster.client.request("GET", "/v1/admin/events", EventList, params={"limit": "1000"}).events
@@ -69,6 +84,8 @@ def test_queue_scales_up_and_quiet_scales_down_without_a_failed_request(cluster)
     with GatewayLoad(cluster.gateway_url, 12, max_tokens=16) as heavy:
         cluster.wait(lambda: ready_count(cluster) == 3, "the queue to scale chat to 3 ready replicas", 90)
         heavy.wait_served(24, check=cluster.check)
+        target = server_samples(cluster, "llmgw_server_autoscale_target")
+        assert target == {(("model", "chat"), ("signal", "waiting_per_replica")): 2}, target
     up = [e for e in autoscale_events(cluster) if "waiting per replica >" in e]
     assert up and up[0].startswith("chat: 1 → 3: "), autoscale_events(cluster)
     assert up[0].endswith("waiting per replica > target 2"), up
@@ -84,3 +101,14 @@ def test_queue_scales_up_and_quiet_scales_down_without_a_failed_request(cluster)
     assert all("< target 2 for " in e for e in down), down
     listed = cluster.ctl("events")
     assert listed.returncode == 0 and "autoscale" in listed.stdout and "→ 1:" in listed.stdout, listed.stdout
+    shown = cluster.ctl("autoscale")
+    assert shown.returncode == 0, shown.stderr
+    assert "chat: last change" in shown.stdout and down[-1].split(": ", 1)[1] in shown.stdout, shown.stdout
+    (status,) = json.loads(cluster.ctl("autoscale", "chat", "-o", "json").stdout)["models"]
+    assert (status["replicas"], status["desired"], status["min"], status["max"]) == (1, 1, 1, 3), status
+    assert [(s["name"], s["target"]) for s in status["signals"]] == [("waiting_per_replica", 2)], status
+    changes = server_samples(cluster, "llmgw_server_autoscale_decisions_total")
+    assert changes[(("direction", "up"), ("model", "chat"))] == 1, changes
+    assert changes[(("direction", "down"), ("model", "chat"))] == len(down), changes
+    desired = server_samples(cluster, "llmgw_server_replicas_desired")
+    assert desired == {(("model", "chat"),): 1}, desired

@@ -25,46 +25,17 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from llmgw.models import Autoscale, ScaleTarget
 from llmgw.server.state.autoscale import ScaleCause, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.cluster import ClusterState
-from llmgw.server.state.records import ReplicaRecord, ReplicaState
-from llmgw.wire import ShardLoad
+from llmgw.server.state.records import ReplicaRecord
 
-__all__ = ["SIGNAL_MAX_AGE", "TOLERANCE", "signals", "recommend", "decide", "step"]
+__all__ = ["TOLERANCE", "recommend", "decide", "step"]
 
-#: seconds after which a replica's last load reading no longer counts (its agent went quiet)
-SIGNAL_MAX_AGE = 15.0
 #: a signal within this share of its target asks for no change
 TOLERANCE = 0.1
-
-
-def signals(
-    target: ScaleTarget,
-    replicas: Iterable[ReplicaRecord],
-    loads: Mapping[str, tuple[float, ShardLoad]],
-    now: float,
-) -> tuple[int, dict[str, float]]:
-    """The ready replicas of a model, and the value of each of ``target``'s signals over those reporting.
-
-    A reading counts when it is of the replica's current attempt and at most
-    :data:`SIGNAL_MAX_AGE` seconds old. A signal no replica reports is absent.
-    """
-    ready = [r for r in replicas if r.state == ReplicaState.READY]
-    readings = []
-    for record in ready:
-        entry = loads.get(record.id)
-        if entry is not None and entry[1].attempt == record.attempt and now - entry[0] <= SIGNAL_MAX_AGE:
-            readings.append(entry[1])
-    values: dict[str, float] = {}
-    if readings and target.waiting_per_replica is not None:
-        values["waiting_per_replica"] = sum(r.waiting for r in readings) / len(readings)
-    usage = [r.kv_cache_usage for r in readings if r.kv_cache_usage is not None]
-    if usage and target.kv_cache_usage is not None:
-        values["kv_cache_usage"] = sum(usage) / len(usage)
-    return len(ready), values
 
 
 def recommend(target: ScaleTarget, ready: int, values: Mapping[str, float]) -> tuple[int, str] | None:
@@ -87,7 +58,7 @@ def decide(
 
     :param memory: what the last pass remembered (its ``desired`` is the count now asked for).
     :param ready: the model's ready replicas.
-    :param values: each target's signal, from :func:`signals`.
+    :param values: each target's signal (:meth:`~llmgw.server.state.autoscale.ScaleBook.signals`).
     """
     current = memory.desired
     decision = functools.partial(ScaleDecision, name, now, current)
@@ -141,5 +112,5 @@ def step(state: ClusterState, now: float) -> None:
             continue
         records = by_model.get(name, [])
         memory = book.memory(name, model, (r.placement for r in records))
-        ready, values = signals(model.autoscale.target, records, book.loads, now)
+        ready, values = book.signals(model.autoscale.target, records, now)
         state.scale(*decide(name, model.autoscale, memory, ready, values, now), now)

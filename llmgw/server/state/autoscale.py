@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from collections.abc import Iterable
 
 import attrs
 
-from llmgw.models import Catalog, Model
+from llmgw.models import Catalog, Model, ScaleTarget
 from llmgw.scheduler import Replica
+from llmgw.server.state.records import ReplicaRecord, ReplicaState
 from llmgw.wire import ShardLoad
 
-__all__ = ["ScaleDirection", "ScaleCause", "ScaleDecision", "ScaleMemory", "ScaleBook", "SIGNAL_WORDS"]
+__all__ = [
+    "SIGNAL_MAX_AGE", "SIGNAL_WORDS", "ScaleDirection", "ScaleCause", "ScaleDecision", "ScaleMemory",
+    "ScaleBook",
+]  # fmt: skip
 
 
 class ScaleDirection(enum.StrEnum):
@@ -52,6 +57,9 @@ class ScaleCause(enum.StrEnum):
     #: the signals are at their targets
     AT_TARGET = "at-target"
 
+
+#: seconds after which a replica's last load reading no longer counts (its agent went quiet)
+SIGNAL_MAX_AGE = 15.0
 
 #: a target key -> how an event names its signal
 SIGNAL_WORDS = {"waiting_per_replica": "waiting per replica", "kv_cache_usage": "KV-cache usage"}
@@ -109,6 +117,8 @@ class ScaleMemory:
     low_peak: int = 0
     #: the last decision, for ``ctl autoscale`` and for saying a hold at max once
     last: ScaleDecision | None = None
+    #: the last decision that changed the count (kept by :meth:`ScaleBook.keep`)
+    last_change: ScaleDecision | None = None
 
 
 class ScaleBook:
@@ -119,11 +129,35 @@ class ScaleBook:
         self.models: dict[str, ScaleMemory] = {}
         #: replica id -> (when received, the reading)
         self.loads: dict[str, tuple[float, ShardLoad]] = {}
+        #: (model, direction) -> how many changes the autoscaler made (the metric)
+        self.changes: Counter[tuple[str, str]] = Counter()
 
     def record_loads(self, loads: Iterable[ShardLoad], now: float) -> None:
         """Keep the readings an agent sent with its sync (called for every sync)."""
         for load in loads:
             self.loads[load.replica_id] = (now, load)
+
+    def signals(
+        self, target: ScaleTarget, replicas: Iterable[ReplicaRecord], now: float
+    ) -> tuple[int, dict[str, float]]:
+        """A model's ready replicas, and the value of each of ``target``'s signals over those reporting.
+
+        A reading counts when it is of the replica's current attempt and at most
+        :data:`SIGNAL_MAX_AGE` seconds old. A signal no replica reports is absent.
+        """
+        ready = [r for r in replicas if r.state == ReplicaState.READY]
+        readings = []
+        for record in ready:
+            entry = self.loads.get(record.id)
+            if entry is not None and entry[1].attempt == record.attempt and now - entry[0] <= SIGNAL_MAX_AGE:
+                readings.append(entry[1])
+        values: dict[str, float] = {}
+        if readings and target.waiting_per_replica is not None:
+            values["waiting_per_replica"] = sum(r.waiting for r in readings) / len(readings)
+        usage = [r.kv_cache_usage for r in readings if r.kv_cache_usage is not None]
+        if usage and target.kv_cache_usage is not None:
+            values["kv_cache_usage"] = sum(usage) / len(usage)
+        return len(ready), values
 
     def keep(self, decision: ScaleDecision, memory: ScaleMemory) -> bool:
         """Remember a model's latest ``decision`` and ``memory``.
@@ -131,8 +165,11 @@ class ScaleBook:
         :returns: whether the decision is worth an event: a change, or the first hold at ``max``.
         """
         said = self.models.get(decision.model)
-        self.models[decision.model] = memory
-        if decision.direction != ScaleDirection.HOLD:
+        changed = decision.direction != ScaleDirection.HOLD
+        last_change = decision if changed else said.last_change if said is not None else None
+        self.models[decision.model] = attrs.evolve(memory, last_change=last_change)
+        if changed:
+            self.changes[(decision.model, decision.direction.value)] += 1
             return True
         before = said.last.cause if said is not None and said.last is not None else None
         return decision.cause == ScaleCause.AT_MAX and before != ScaleCause.AT_MAX

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import httpx
 import trio
 
-from llmgw.agent.liveness import parse_samples
+from llmgw.agent.liveness import read_samples
 from llmgw.engine import LoadMetrics
 from llmgw.wire import ShardLoad
 
@@ -41,25 +41,21 @@ async def read_load(
     :returns: the reading, or why there is none (no answer, not 200, no waiting gauge found).
     """
     url = base_url + metrics.path
-    with trio.move_on_after(within):
-        try:
-            response = await client.get(url, timeout=within + 1)
-        except httpx.HTTPError as exc:
-            return f"GET {url} failed: {str(exc) or type(exc).__name__}"
-        if response.status_code != 200:
-            return f"GET {url}: HTTP {response.status_code}"
-        samples = parse_samples(response.text, (*metrics.waiting, *metrics.running, *metrics.kv_cache_usage))
-        waiting = _first(samples, metrics.waiting)
-        if waiting is None:
-            return f"GET {url} has none of {', '.join(metrics.waiting)}"
-        return ShardLoad(
-            replica_id=replica_id,
-            attempt=attempt,
-            waiting=waiting,
-            running=_first(samples, metrics.running),
-            kv_cache_usage=_first(samples, metrics.kv_cache_usage),
-        )
-    return f"GET {url}: no answer within {within:g} s"
+    samples = await read_samples(
+        client, url, (*metrics.waiting, *metrics.running, *metrics.kv_cache_usage), within
+    )
+    if isinstance(samples, str):
+        return samples
+    waiting = _first(samples, metrics.waiting)
+    if waiting is None:
+        return f"GET {url} has none of {', '.join(metrics.waiting)}"
+    return ShardLoad(
+        replica_id=replica_id,
+        attempt=attempt,
+        waiting=waiting,
+        running=_first(samples, metrics.running),
+        kv_cache_usage=_first(samples, metrics.kv_cache_usage),
+    )
 
 
 def _first(samples: dict[str, float], names: tuple[str, ...]) -> float | None:

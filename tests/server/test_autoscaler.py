@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.models import Autoscale, ScaleTarget
-from llmgw.server.controllers.autoscaler import decide, recommend
+from llmgw.models import Autoscale, Catalog, Model, Profile, ScaleTarget
+from llmgw.scheduler import Replica
+from llmgw.server.controllers.autoscaler import decide, recommend, step
 from llmgw.server.state.autoscale import ScaleBook, ScaleCause, ScaleDirection, ScaleMemory
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import EventKind, ReplicaState
+from llmgw.wire import ShardLoad
 
 UP, HOLD = ScaleDirection.UP, ScaleDirection.HOLD
 POLICY = Autoscale(
@@ -164,3 +168,30 @@ class TestBook:
         run2 = Run()
         assert book.keep(run2.at(100, 8), run2.memory)
         assert not book.keep(run2.at(101, 4, ready=4), run2.memory)
+
+
+class TestInTheState:
+    """The controller on a real cluster state: the scheduler's catalog, the events, what is forgotten."""
+
+    def test_desired_count_reaches_the_scheduler_and_the_events(self):
+        """Loads over target make the scheduler's catalog ask for more; the change is an autoscale event."""
+        auto = Autoscale(min=1, max=4, target=ScaleTarget(waiting_per_replica=2), cooldown=0)
+        catalog = Catalog({"one": Profile(engine="sim")}, {"chat": Model("/m", "one", 1, autoscale=auto)})
+        state = ClusterState()
+        state.apply_catalog(catalog, "", 0)
+        record = state.place(Replica("chat-0", "chat", 0, ()), None, 0, "placed")
+        state.mark_ready(record, 1)
+        assert record.state == ReplicaState.READY
+        assert state.scaled_catalog().models["chat"].replicas == 1
+        state.autoscale.record_loads([ShardLoad("chat-0", record.attempt, waiting=6)], 10)
+        step(state, 10)
+        assert state.scaled_catalog().models["chat"].replicas == 3
+        assert state.schedule_wanted
+        events = [e for e in state.take_events() if e.kind == EventKind.AUTOSCALE]
+        assert [(e.subject, e.message) for e in events] == [
+            ("chat", "1 → 3: 6 waiting per replica > target 2")
+        ]
+        state.remove("chat-0", 11, None)
+        assert "chat-0" not in state.autoscale.loads
+        state.apply_catalog(Catalog(catalog.profiles, {"chat": Model("/m", "one", 2)}), "", 12)
+        assert state.autoscale.models == {} and state.scaled_catalog().models["chat"].replicas == 2

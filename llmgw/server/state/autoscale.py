@@ -137,6 +137,13 @@ class ScaleBook:
         for load in loads:
             self.loads[load.replica_id] = (now, load)
 
+    def forget(self, catalog: Catalog) -> None:
+        """Forget the memory of models ``catalog`` does not autoscale (gone, or fixed now); called as it
+        is applied. A model autoscaled again starts afresh at the replicas it has."""
+        scaled = {name for name, model in catalog.models.items() if model.autoscale is not None}
+        for name in set(self.models) - scaled:
+            del self.models[name]
+
     def signals(
         self, target: ScaleTarget, replicas: Iterable[ReplicaRecord], now: float
     ) -> tuple[int, dict[str, float]]:

@@ -141,6 +141,7 @@ class ClusterState:
     def apply_catalog(self, catalog: Catalog, text: str, now: float, author: str = "") -> None:
         """Make ``catalog`` the desired state (already validated); ``author`` applied it."""
         self.catalog = catalog
+        self.autoscale.forget(catalog)
         self.catalog_text = text
         self.catalog_author = author
         self.catalog_revision += 1
@@ -387,6 +388,7 @@ class ClusterState:
     def retire(self, original: str, replacement: ReplicaRecord, now: float, message: str) -> None:
         """``replacement`` is ready: stop the replica it replaces (a drain's move, a rollout's surge)."""
         del self.replicas[original]
+        self.autoscale.loads.pop(original, None)
         self.dirty_replicas.add(original)
         replacement.placement = attrs.evolve(replacement.placement, replaces=None)
         self.dirty_replicas.add(replacement.id)
@@ -396,6 +398,7 @@ class ClusterState:
     def remove(self, replica_id: str, now: float, message: str | None) -> None:
         """Stop ``replica_id`` for good (a scale-down, a model removed, a paused rollout's replacement)."""
         del self.replicas[replica_id]
+        self.autoscale.loads.pop(replica_id, None)
         self.dirty_replicas.add(replica_id)
         if message is not None:
             self.record_event(now, EventKind.REPLICA, replica_id, message)

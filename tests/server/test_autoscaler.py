@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llmgw.models import Autoscale, Catalog, Model, Profile, ScaleTarget
-from llmgw.scheduler import Replica
-from llmgw.server.controllers.autoscaler import decide, recommend, step
+from llmgw.scheduler import Replica, Unplaced
+from llmgw.server.controllers.autoscaler import decide, give_way, recommend, step
 from llmgw.server.state.autoscale import ScaleBook, ScaleCause, ScaleDirection, ScaleMemory
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind, ReplicaState
@@ -195,3 +195,59 @@ class TestInTheState:
         assert "chat-0" not in state.autoscale.loads
         state.apply_catalog(Catalog(catalog.profiles, {"chat": Model("/m", "one", 2)}), "", 12)
         assert state.autoscale.models == {} and state.scaled_catalog().models["chat"].replicas == 2
+
+
+class TestGiveWay:
+    """When the fleet is full, a lower-priority model gives a replica to a higher-priority one."""
+
+    @staticmethod
+    def models(**desired_and_priority: tuple[int, int]) -> dict[str, tuple[Model, ScaleMemory]]:
+        """Autoscaled models (min 1, max 8, cooldown 10): name -> (desired, priority)."""
+        auto = Autoscale(min=1, max=8, target=ScaleTarget(4), cooldown=10)
+        return {
+            name: (Model("/m", "one", 1, autoscale=auto, priority=priority), ScaleMemory(desired))
+            for name, (desired, priority) in desired_and_priority.items()
+        }
+
+    def test_lowest_priority_gives_one_and_says_to_whom(self):
+        """chat (10) starves: batch (0) gives one before docs (5); the event names both priorities."""
+        given = give_way(self.models(chat=(3, 10), docs=(3, 5), batch=(2, 0)), {"chat"}, 100)
+        assert given is not None
+        decision, memory = given
+        assert (decision.model, decision.before, decision.after, decision.cause) == (
+            "batch", 2, 1, ScaleCause.GIVE_WAY
+        )  # fmt: skip
+        assert decision.describe() == "2 → 1: gives way to chat (priority 10 > 0): the fleet is full"
+        assert (memory.desired, memory.changed_at) == (1, 100)
+
+    def test_never_below_min_nor_to_an_equal_or_lower_priority(self):
+        """A model at its min, or of the same priority, gives nothing."""
+        assert give_way(self.models(chat=(3, 10), batch=(1, 0)), {"chat"}, 100) is None
+        assert give_way(self.models(chat=(3, 10), peer=(4, 10)), {"chat"}, 100) is None
+        assert give_way(self.models(chat=(3, 0), batch=(4, 10)), {"chat"}, 100) is None
+
+    def test_a_giver_in_its_cooldown_waits(self):
+        """A model that changed less than its cooldown ago gives nothing yet."""
+        models = self.models(chat=(3, 10), batch=(4, 0))
+        model, memory = models["batch"]
+        models["batch"] = (model, ScaleMemory(4, changed_at=95))
+        assert give_way(models, {"chat"}, 100) is None
+        assert give_way(models, {"chat"}, 105) is not None
+
+    def test_lower_priority_does_not_scale_up_while_a_higher_one_starves(self):
+        """On the state: batch is over target but chat has a replica with no place: batch holds (yield)."""
+        auto = Autoscale(min=1, max=4, target=ScaleTarget(waiting_per_replica=2), cooldown=0)
+        profiles = {"one": Profile(engine="sim")}
+        models = {
+            "batch": Model("/b", "one", 1, autoscale=auto, priority=0),
+            "chat": Model("/c", "one", 1, autoscale=auto, priority=10),
+        }
+        state = ClusterState()
+        state.apply_catalog(Catalog(profiles, models), "", 0)
+        record = state.place(Replica("batch-0", "batch", 0, ()), None, 0, "placed")
+        state.mark_ready(record, 1)
+        state.autoscale.record_loads([ShardLoad("batch-0", record.attempt, waiting=6)], 10)
+        state.note_unplaced((Unplaced("chat", 0, "needs 1 node with 1 free GPU"),), 10)
+        step(state, 10)
+        assert state.autoscale.models["batch"].last.cause == ScaleCause.YIELD
+        assert state.scaled_catalog().models["batch"].replicas == 1

@@ -14,6 +14,11 @@ with every sync), turns each target's signal into the replicas it needs
   them, by at most ``max_step``, after the cooldown; never below ``min``. Each
   step down needs a window of its own.
 
+When the fleet is full (the scheduler finds no place for a model's new
+replicas), a lower-priority autoscaled model above its ``min`` gives one
+replica a pass (out of its cooldown), lowest priority first; meanwhile no
+lower-priority model scales up.
+
 :func:`decide` is a pure function of its inputs; :func:`step` runs it for
 every model and hands each :class:`~llmgw.server.state.autoscale.ScaleDecision`
 to the state's verb ``scale``, which records it (an event for every change).
@@ -25,14 +30,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from llmgw.models import Autoscale, ScaleTarget
+import attrs
+
+from llmgw.models import Autoscale, Model, ScaleTarget
 from llmgw.server.state.autoscale import ScaleCause, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import ReplicaRecord
 
-__all__ = ["TOLERANCE", "recommend", "decide", "step"]
+__all__ = ["TOLERANCE", "recommend", "decide", "give_way", "step"]
 
 #: a signal within this share of its target asks for no change
 TOLERANCE = 0.1
@@ -101,16 +108,70 @@ def decide(
     return made, ScaleMemory(current, memory.changed_at, last=made)
 
 
+def give_way(
+    models: Mapping[str, tuple[Model, ScaleMemory]], starving: Iterable[str], now: float
+) -> tuple[ScaleDecision, ScaleMemory] | None:
+    """When the fleet is full: one replica a lower-priority model gives to a higher-priority one. Pure.
+
+    :param models: every autoscaled model: its catalog entry and its memory after this pass's decisions.
+    :param starving: autoscaled models with replicas the scheduler found no place for.
+    :returns: the giving model's step down (cause ``give-way``, naming the model it gives way to), or None:
+        no starving model, or none of lower priority above its ``min`` and out of its cooldown.
+    """
+    takers = sorted(
+        ((models[name][0].priority, name) for name in set(starving) if name in models), reverse=True
+    )
+    for priority, taker in takers:
+        donors = [
+            (model.priority, -memory.desired, name)
+            for name, (model, memory) in models.items()
+            if model.priority < priority
+            and model.autoscale is not None
+            and memory.desired > model.autoscale.min
+            and now - memory.changed_at >= model.autoscale.cooldown
+        ]
+        if donors:
+            _, _, donor = min(donors)
+            memory = models[donor][1]
+            made = ScaleDecision(
+                donor, now, memory.desired, memory.desired - 1, ScaleDirection.DOWN, ScaleCause.GIVE_WAY,
+                signal=None, value=float(models[donor][0].priority), target=float(priority), to=taker,
+            )  # fmt: skip
+            return made, ScaleMemory(memory.desired - 1, changed_at=now, last=made)
+    return None
+
+
 def step(state: ClusterState, now: float) -> None:
-    """Decide for every autoscaled model of the catalog in force; called by the reconciler each pass."""
+    """Decide for every autoscaled model of the catalog in force; called by the reconciler each pass.
+
+    A model with replicas the scheduler could not place takes one from a lower-priority model (see
+    :func:`give_way`), and while it waits for them no lower-priority model scales up.
+    """
     book = state.autoscale
     by_model: dict[str, list[ReplicaRecord]] = {}
     for record in state.replicas.values():
         by_model.setdefault(record.placement.model, []).append(record)
-    for name, model in state.catalog.models.items():
+    starving = {item.model for item in state.unplaced if item.replaces is None}
+    decided: dict[str, tuple[Model, ScaleMemory]] = {}
+    for name, model in sorted(state.catalog.models.items()):
         if model.autoscale is None:
             continue
         records = by_model.get(name, [])
         memory = book.memory(name, model, (r.placement for r in records))
         ready, values = book.signals(model.autoscale.target, records, now)
-        state.scale(*decide(name, model.autoscale, memory, ready, values, now), now)
+        made, after = decide(name, model.autoscale, memory, ready, values, now)
+        above = [
+            o
+            for o in starving
+            if o in state.catalog.models and state.catalog.models[o].priority > model.priority
+        ]
+        if made.direction == ScaleDirection.UP and above:
+            made = attrs.evolve(
+                made, after=made.before, direction=ScaleDirection.HOLD, cause=ScaleCause.YIELD
+            )
+            after = ScaleMemory(memory.desired, memory.changed_at, last=made)
+        state.scale(made, after, now)
+        decided[name] = (model, book.models[name])
+    given = give_way(decided, starving, now)
+    if given is not None:
+        state.scale(*given, now)

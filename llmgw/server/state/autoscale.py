@@ -52,6 +52,10 @@ class ScaleCause(enum.StrEnum):
     COOLDOWN = "cooldown"
     #: under target, but not for the whole stabilization window yet
     STABILIZING = "stabilizing"
+    #: a higher-priority model had no room: this one gives it a replica (down to its min)
+    GIVE_WAY = "give-way"
+    #: over target, but a higher-priority model waits for room: no scale-up meanwhile
+    YIELD = "yield"
     #: no ready replica reported the signals the model's targets name
     NO_SIGNAL = "no-signal"
     #: the signals are at their targets
@@ -81,10 +85,17 @@ class ScaleDecision:
     target: float | None = None
     #: seconds the signal was measured over (the stabilization window for a scale-down)
     window: float | None = None
+    #: ``give-way``: the model given a replica (``value`` and ``target`` are then the two priorities)
+    to: str | None = None
 
     def describe(self) -> str:
         """One line for people: ``2 → 3: 7.5 waiting per replica > target 4``."""
         head = f"{self.before} → {self.after}: " if self.after != self.before else f"stays at {self.before}: "
+        if self.cause == ScaleCause.GIVE_WAY and self.value is not None and self.target is not None:
+            return (
+                head
+                + f"gives way to {self.to} (priority {self.target:g} > {self.value:g}): the fleet is full"
+            )
         if self.signal is None or self.value is None or self.target is None:
             return head + self.cause.value.replace("-", " ")
         word = SIGNAL_WORDS.get(self.signal, self.signal)

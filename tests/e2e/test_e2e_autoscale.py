@@ -112,3 +112,60 @@ def test_queue_scales_up_and_quiet_scales_down_without_a_failed_request(cluster)
     assert changes[(("direction", "down"), ("model", "chat"))] == len(down), changes
     desired = server_samples(cluster, "llmgw_server_replicas_desired")
     assert desired == {(("model", "chat"),): 1}, desired
+
+
+#: one node of two GPUs: batch (priority 0) can fill it; chat (priority 10) then needs one of them
+FULL_FLEET = """
+profiles:
+  one:
+    engine: sim
+    gpus_per_node: 1
+    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "40", "--max-num-seqs", "2"]
+models:
+  batch:
+    source: {models}/batch
+    profile: one
+    priority: 0
+    replicas: {{min: 1, max: 2, target: {{waiting_per_replica: 2}}, scale_down_after: 120, cooldown: 2}}
+"""
+CHAT = """
+  chat:
+    source: {models}/chat
+    profile: one
+    priority: 10
+    replicas: {{min: 1, max: 2, target: {{waiting_per_replica: 2}}, cooldown: 2}}
+"""
+
+
+def test_a_full_fleet_gives_a_lower_priority_replica_to_a_higher_priority_model(tmp_path):
+    """batch fills the only node under load; chat (higher priority) is added: batch gives it one replica,
+    which stops as a scaled-down one does (batch's load loses no request), and chat serves."""
+    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
+    try:
+        for name in ("batch", "chat"):
+            (tmp_path / "models" / name).mkdir(parents=True)
+        local.add_node(1, gpus=2)
+        local.start(1)
+        local.start_gateway(free_port())
+        catalog = FULL_FLEET.format(models=tmp_path / "models")
+        local.apply(catalog)
+        local.wait(local.all_ready, "batch's first replica to be ready")
+        local.wait(lambda: gateway_models(local.gateway_url) == ["batch"], "the gateway to route batch")
+        with GatewayLoad(local.gateway_url, 12, models=("batch",), max_tokens=16) as load:
+            local.wait(lambda: ready_count(local) == 2, "batch's queue to scale it to both GPUs", 90)
+            local.apply(catalog + CHAT.format(models=tmp_path / "models"))
+            local.wait(
+                lambda: any(r.model == "chat" and r.state == "ready" for r in local.replicas().replicas),
+                "chat to get a GPU from batch and be ready",
+                90,
+            )
+            routed = lambda: "chat" in (gateway_models(local.gateway_url) or [])  # noqa: E731
+            local.wait(routed, "the gateway to route chat")
+            load.wait_served(16, check=local.check)
+        assert load.failures == [], load.report()
+        events = autoscale_events(local)
+        assert "batch: 2 → 1: gives way to chat (priority 10 > 0): the fleet is full" in events, events
+        batch = [r for r in local.replicas().replicas if r.model == "batch"]
+        assert [r.state for r in batch] == ["ready"], batch
+    finally:
+        local.stop_all()

@@ -405,7 +405,25 @@ def _check_references(
             )
         served[served_name] = name
         problems.extend(_check_scaling(where, model))
+        profile = profiles.get(model.profile)
+        if model.autoscale is not None and profile is not None and profile.engine in engines:
+            problems.extend(_check_signals(where, model, engines[profile.engine]))
     return problems
+
+
+def _check_signals(where: str, model: Model, engine: Engine) -> list[str]:
+    """Targets the model's engine reports no gauge for (the autoscaler would never see them)."""
+    assert model.autoscale is not None
+    targets = model.autoscale.target.signals()
+    load = engine.load_metrics
+    if load is None and targets:
+        return [
+            f"{where}.replicas.target: engine {engine.name!r} reports no load gauges (its plugin names "
+            "none), so nothing could be measured against a target; give replicas as a number"
+        ]
+    if load is not None and "kv_cache_usage" in targets and not load.kv_cache_usage:
+        return [f"{where}.replicas.target.kv_cache_usage: engine {engine.name!r} reports no KV-cache usage"]
+    return []
 
 
 def _check_scaling(where: str, model: Model) -> list[str]:

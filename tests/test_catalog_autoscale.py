@@ -7,8 +7,9 @@ import textwrap
 import pytest
 
 from llmgw.catalog import parse_catalog
+from llmgw.engine import Engine, LoadMetrics
 from llmgw.errors import CatalogError
-from llmgw.models import Autoscale, ScaleTarget
+from llmgw.models import Autoscale, Command, LaunchSpec, ScaleTarget
 
 HEAD = """
 profiles:
@@ -158,3 +159,54 @@ class TestMappingReplicas:
     def test_nonsense_is_named(self, engines, lines, expected):
         """Each mistake is one problem naming its field."""
         assert problems(engines, lines) == [expected]
+
+
+class _Quiet(Engine):
+    """An engine whose plugin names no load gauges (as llama.cpp's)."""
+
+    name = "quiet"
+    checked_versions = ("1",)
+    programs = ("quiet",)
+
+    def build_command(self, spec: LaunchSpec) -> Command:
+        return Command(argv=["quiet", "--port", str(spec.port)])
+
+    def widest_spec(self) -> LaunchSpec:
+        return LaunchSpec(model_source="/m", served_name="m", host="h", port=1)
+
+
+class _NoCache(_Quiet):
+    """An engine that reports its queue but not its KV cache."""
+
+    name = "nocache"
+    load_metrics = LoadMetrics(waiting=("q",))
+
+
+class TestTargetsTheEngineReports:
+    """A target the model's engine has no gauge for is refused, naming the engine."""
+
+    @staticmethod
+    def parse_on(engine: Engine, target: str):
+        text = (
+            f"profiles:\n  p:\n    engine: {engine.name}\nmodels:\n  chat:\n    source: /m\n    profile: p\n"
+            f"    replicas: {{min: 1, max: 2, target: {target}}}\n"
+        )
+        return parse_catalog(text, {engine.name: engine})
+
+    def test_an_engine_without_load_gauges_cannot_be_autoscaled(self):
+        """No gauges at all: the target is refused, and the fix is said."""
+        with pytest.raises(CatalogError) as caught:
+            self.parse_on(_Quiet(), "{waiting_per_replica: 2}")
+        assert caught.value.problems == [
+            "models.chat.replicas.target: engine 'quiet' reports no load gauges (its plugin names none), "
+            "so nothing could be measured against a target; give replicas as a number"
+        ]
+
+    def test_kv_cache_target_needs_a_kv_cache_gauge(self):
+        """The queue is reported, the KV cache is not: only the KV-cache target is refused."""
+        assert self.parse_on(_NoCache(), "{waiting_per_replica: 2}").models["chat"].autoscale is not None
+        with pytest.raises(CatalogError) as caught:
+            self.parse_on(_NoCache(), "{kv_cache_usage: 0.8}")
+        assert caught.value.problems == [
+            "models.chat.replicas.target.kv_cache_usage: engine 'nocache' reports no KV-cache usage"
+        ]

@@ -21,7 +21,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
-from llmgw.models import Catalog, Model, Profile
+from llmgw.models import Autoscale, Catalog, Model, Profile
 from llmgw.weights import check_source
 from llmgw.wire import capped, converter
 
@@ -49,7 +49,7 @@ MAX_CATALOG_BYTES = 1024 * 1024
 def _flatten(exc: BaseException, path: tuple[str, ...]) -> list[str]:
     """One ``path: message`` line per leaf error of a cattrs exception tree."""
     if isinstance(exc, ForbiddenExtraKeysError):
-        allowed = ", ".join(a.name for a in attrs.fields(exc.cl))
+        allowed = ", ".join(a.name for a in attrs.fields(exc.cl) if a.metadata.get("catalog_key", True))
         return [
             f"{_dotted(path + (key,))}: unknown key (expected one of: {allowed})"
             for key in sorted(exc.extra_fields)
@@ -288,13 +288,29 @@ def _structure_section(data: dict, section: str, kind: type) -> tuple[dict[str, 
         if not isinstance(entry, dict):
             problems.append(f"{_dotted(path)}: expected a mapping")
             continue
-        try:
-            out[key] = converter.structure(entry, kind)
-        except (ClassValidationError, IterableValidationError) as exc:
-            problems.extend(_flatten(exc, path))
-        except (ValueError, TypeError) as exc:  # an attrs validator: the invariant's field
-            problems.append(f"{_dotted(path + (_field_of(exc),))}: {_plain(exc)}")
+        autoscale = None
+        if kind is Model and isinstance(entry.get("replicas"), dict):
+            entry = dict(entry)
+            autoscale, autoscale_problems = _structure(entry.pop("replicas"), Autoscale, (*path, "replicas"))
+            if autoscale is None:
+                problems.extend(autoscale_problems)
+                continue
+            entry["replicas"] = autoscale.min
+        structured, entry_problems = _structure(entry, kind, path)
+        problems.extend(entry_problems)
+        if structured is not None:
+            out[key] = attrs.evolve(structured, autoscale=autoscale) if autoscale is not None else structured
     return out, problems
+
+
+def _structure(entry: dict, kind: type, path: tuple[str, ...]) -> tuple[Any, list[str]]:
+    """One record from a mapping at ``path``: (the record, []) or (None, its problems)."""
+    try:
+        return converter.structure(entry, kind), []
+    except (ClassValidationError, IterableValidationError) as exc:
+        return None, _flatten(exc, path)
+    except (ValueError, TypeError) as exc:  # an attrs validator: the invariant's field
+        return None, [f"{_dotted(path + (_field_of(exc),))}: {_plain(exc)}"]
 
 
 def _field_of(exc: BaseException) -> str:
@@ -388,6 +404,51 @@ def _check_references(
                 f"{where}.served_name: {served_name!r} is already served by models.{served[served_name]}"
             )
         served[served_name] = name
+        problems.extend(_check_scaling(where, model))
+        profile = profiles.get(model.profile)
+        if model.autoscale is not None and profile is not None and profile.engine in engines:
+            problems.extend(_check_signals(where, model, engines[profile.engine]))
+    return problems
+
+
+def _check_signals(where: str, model: Model, engine: Engine) -> list[str]:
+    """Targets the model's engine reports no gauge for (the autoscaler would never see them)."""
+    assert model.autoscale is not None
+    targets = model.autoscale.target.signals()
+    load = engine.load_metrics
+    if load is None and targets:
+        return [
+            f"{where}.replicas.target: engine {engine.name!r} reports no load gauges (its plugin names "
+            "none), so nothing could be measured against a target; give replicas as a number"
+        ]
+    if load is not None and "kv_cache_usage" in targets and not load.kv_cache_usage:
+        return [f"{where}.replicas.target.kv_cache_usage: engine {engine.name!r} reports no KV-cache usage"]
+    return []
+
+
+def _check_scaling(where: str, model: Model) -> list[str]:
+    """What a model's ``replicas:`` mapping and ``idle_after`` ask that makes no sense together."""
+    problems = []
+    auto = model.autoscale
+    if auto is not None:
+        if auto.min > auto.max:
+            problems.append(f"{where}.replicas.min: {auto.min} is above max ({auto.max})")
+        if auto.min == 0:
+            problems.append(
+                f"{where}.replicas.min: expected an integer >= 1, got 0 (scaling a model to zero replicas "
+                "is not supported yet)"
+            )
+        if not auto.target.signals() and auto.min < auto.max:
+            keys = ", ".join(a.name for a in attrs.fields(type(auto.target)))
+            problems.append(
+                f"{where}.replicas.target: expected at least one of {keys} when min ({auto.min}) and "
+                f"max ({auto.max}) differ: nothing would say when to scale"
+            )
+    if model.idle_after is not None and (auto is None or auto.min != 0):
+        problems.append(
+            f"{where}.idle_after: only for a model whose replicas.min is 0 (it says when such a model "
+            "goes to zero replicas)"
+        )
     return problems
 
 

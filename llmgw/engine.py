@@ -21,6 +21,7 @@ __all__ = [
     "Engine",
     "HelpAndVersion",
     "LivenessProbe",
+    "LoadMetrics",
     "ProgressMetrics",
     "help_and_version_of",
     "old_api_uses",
@@ -42,6 +43,25 @@ class ProgressMetrics:
     tokens: tuple[str, ...] = attrs.field(converter=tuple)
     #: sample names of gauges counting the requests being decoded (named in the report of a hang)
     running: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: the HTTP path on rank 0 that serves them in Prometheus' text format
+    path: str = "/metrics"
+
+
+@attrs.frozen
+class LoadMetrics:
+    """Where an engine's own Prometheus gauges show how loaded it is: the autoscaler's signals.
+
+    The agent reads them from every ready rank 0 every few seconds and sends
+    them with its sync. For each signal the first name the engine serves is
+    read (engines rename their gauges between versions), summed over its labels.
+    """
+
+    #: gauges of the requests queued, not yet running (vLLM's ``vllm:num_requests_waiting``)
+    waiting: tuple[str, ...] = attrs.field(converter=tuple)
+    #: gauges of the requests being decoded
+    running: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: gauges of the share of the KV cache in use, from 0 to 1; () when the engine reports none
+    kv_cache_usage: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: the HTTP path on rank 0 that serves them in Prometheus' text format
     path: str = "/metrics"
 
@@ -174,6 +194,10 @@ class Engine(abc.ABC):
     #: ``openai_canary(ProgressMetrics(...))`` when the engine counts its
     #: tokens, your own probe for another API, or None to rely on health alone
     liveness_probe: ClassVar[LivenessProbe | None] = openai_canary()
+    #: the engine's gauges of its queue and KV cache, which the agent reads
+    #: from every ready rank 0 for the autoscaler; None: it reports none (a
+    #: catalog cannot then scale a model of this engine on them)
+    load_metrics: ClassVar[LoadMetrics | None] = None
     #: program -> how it prints its help and version; a program not listed
     #: answers ``--help`` and ``--version`` with no extra environment
     help_and_version: ClassVar[Mapping[str, HelpAndVersion]] = {}

@@ -25,6 +25,8 @@ __all__ = [
     "Sidecar",
     "Profile",
     "Rollout",
+    "ScaleTarget",
+    "Autoscale",
     "Model",
     "Catalog",
     "LaunchSpec",
@@ -306,17 +308,73 @@ class Rollout:
     )
 
 
+def _share(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not 0 < value <= 1:
+        raise ValueError(f"{attribute.name} must be: expected a share above 0 and at most 1, got {value:g}")
+
+
+def _above_zero(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"{attribute.name} must be: expected a number above 0, got {value:g}")
+
+
+#: the longest stabilization window and cooldown an autoscaled model may ask for, in seconds
+MAX_SCALE_WINDOW = 3_600.0
+#: the most priority a model may have
+MAX_PRIORITY = 1_000
+
+
+@attrs.frozen
+class ScaleTarget:
+    """What an autoscaled model keeps each replica at (the catalog's ``replicas.target``).
+
+    Each is read from the engines' own gauges, which agents send with their
+    syncs; the autoscaler asks for the replicas the most demanding one needs.
+    """
+
+    #: requests waiting in the engine's queue, per ready replica (vLLM's ``num_requests_waiting``)
+    waiting_per_replica: float | None = attrs.field(default=None, validator=_above_zero)
+    #: the share of the KV cache in use, averaged over the ready replicas (vLLM's ``kv_cache_usage_perc``)
+    kv_cache_usage: float | None = attrs.field(default=None, validator=_share)
+
+    def signals(self) -> dict[str, float]:
+        """Each target that is set: its key -> its value."""
+        return {a.name: v for a in attrs.fields(ScaleTarget) if (v := getattr(self, a.name)) is not None}
+
+
+@attrs.frozen
+class Autoscale:
+    """A model's replicas that follow demand (``replicas:`` given as a mapping rather than a number)."""
+
+    min: int = attrs.field(validator=[_non_negative, _at_most(MAX_REPLICAS)])
+    max: int = attrs.field(validator=[_non_negative, _at_most(MAX_REPLICAS)])
+    target: ScaleTarget = ScaleTarget()
+    #: seconds demand must stay low before replicas are stopped (the stabilization window)
+    scale_down_after: float = attrs.field(default=60.0, validator=_seconds(0, MAX_SCALE_WINDOW, above=False))
+    #: seconds after a change before the next one (a new replica's signals settle meanwhile)
+    cooldown: float = attrs.field(default=10.0, validator=_seconds(0, MAX_SCALE_WINDOW, above=False))
+    #: replicas added or stopped by one decision at most
+    max_step: int = attrs.field(default=2, validator=[_positive, _at_most(MAX_REPLICAS)])
+
+
 @attrs.frozen
 class Model:
     """A model the operator wants served, and how many replicas of it."""
 
     source: str = attrs.field(validator=bounded())
     profile: str
+    #: the replicas the catalog asks for; for an autoscaled model, its ``min`` (the autoscaler asks for more)
     replicas: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_REPLICAS)])
     #: name clients send as ``model``; the catalog key when not given
     served_name: str | None = None
     #: how outdated replicas are replaced after a change of the command
     rollout: Rollout = Rollout()
+    #: replicas that follow demand, when the catalog's ``replicas:`` is a mapping (not a key of its own)
+    autoscale: Autoscale | None = attrs.field(default=None, metadata={"catalog_key": False})
+    #: which model gives way when the fleet is full: the lower priority
+    priority: int = attrs.field(default=0, validator=[_non_negative, _at_most(MAX_PRIORITY)])
+    #: seconds without a request after which a model whose ``replicas.min`` is 0 goes to zero replicas
+    idle_after: float | None = attrs.field(default=None, validator=_seconds(0, MAX_READY_TIMEOUT, above=True))
 
 
 @attrs.frozen

@@ -21,13 +21,15 @@ PUBLIC = {
         "Sidecar",
         "Profile",
         "Rollout",
+        "ScaleTarget",
+        "Autoscale",
         "Model",
         "Catalog",
         "LaunchSpec",
         "Command",
     ],
     "llmgw.engine": [
-        "Engine", "HelpAndVersion", "LivenessProbe", "ProgressMetrics", "help_and_version_of",
+        "Engine", "HelpAndVersion", "LivenessProbe", "LoadMetrics", "ProgressMetrics", "help_and_version_of",
         "old_api_uses", "openai_canary", "parse_argparse_flags",
     ],
     "llmgw.errors": [

@@ -10,11 +10,11 @@ command on each node with ``--nnodes``, ``--node-rank`` and rank 0's
 from __future__ import annotations
 
 import llmgw
-from llmgw.engine import Engine, HelpAndVersion, ProgressMetrics, openai_canary
+from llmgw.engine import Engine, HelpAndVersion, LoadMetrics, ProgressMetrics, openai_canary
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["PROGRESS", "SglangEngine", "__version__"]
+__all__ = ["LOAD", "PROGRESS", "SglangEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sglang")
 
@@ -42,6 +42,13 @@ PROGRESS = ProgressMetrics(
 )
 
 
+#: SGLang's gauges of its queue and KV-cache token pool (with --enable-metrics)
+LOAD = LoadMetrics(
+    waiting=("sglang:num_queue_reqs",),
+    running=("sglang:num_running_reqs",),
+    kv_cache_usage=("sglang:token_usage",),
+)
+
 class SglangEngine(Engine):
     """Builds ``python -m sglang.launch_server`` commands: single-node, rank 0, and workers."""
 
@@ -63,6 +70,7 @@ class SglangEngine(Engine):
     flag_features = _FEATURES
     #: /health can stay 200 with a hung scheduler: a one-token completion, judged by SGLang's counters
     liveness_probe = openai_canary(PROGRESS)
+    load_metrics = LOAD
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``sglang.launch_server`` command of one shard.

@@ -11,11 +11,11 @@ from __future__ import annotations
 import attrs
 
 import llmgw
-from llmgw.engine import Engine, ProgressMetrics, openai_canary
+from llmgw.engine import Engine, LoadMetrics, ProgressMetrics, openai_canary
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["PROGRESS", "SimEngine", "__version__"]
+__all__ = ["LOAD", "PROGRESS", "SimEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sim")
 
@@ -25,6 +25,13 @@ PROGRESS = ProgressMetrics(
     running=("vllm:num_requests_running",),
 )
 
+
+#: the sim's gauges of its queue and of its seats taken, named as vLLM's
+LOAD = LoadMetrics(
+    waiting=("vllm:num_requests_waiting",),
+    running=("vllm:num_requests_running",),
+    kv_cache_usage=("vllm:kv_cache_usage_perc",),
+)
 
 class SimEngine(Engine):
     """Builds ``llmgw-sim`` commands: single-node, rank 0, and workers."""
@@ -38,6 +45,7 @@ class SimEngine(Engine):
     #: the canary vLLM and SGLang get, quicker: the sim answers in milliseconds unless busy
     #: (``--max-num-seqs``) or hung (``--hang-after-requests``), which its counters tell apart
     liveness_probe = openai_canary(PROGRESS, timeout=5.0, interval=2.0)
+    load_metrics = LOAD
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``llmgw-sim`` command of one shard.

@@ -3,7 +3,9 @@
 Named and labelled as vLLM's own (``vllm:`` prefix, ``model_name`` label), so
 dashboards and alerts built for vLLM read the sim, and the agent's liveness
 probe reads the sim as it reads vLLM: tokens produced, requests running.
-Served: the gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``;
+Served: the gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
+``vllm:kv_cache_usage_perc`` (the share of ``--max-num-seqs`` seats taken: each running
+sequence holds an equal share of the cache; 0 without a limit);
 the counters ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` and
 ``vllm:request_success_total{finished_reason}``; the histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
@@ -55,6 +57,7 @@ class Batch:
         self.running = 0
         self.waiting = 0
         self._seats = trio.Semaphore(seats) if seats else None
+        self.seats = seats
         self.registry = CollectorRegistry()
         r, labels = self.registry, ["model_name"]
         self.prompt_tokens = Counter(
@@ -144,6 +147,11 @@ class Batch:
             if self._seats is not None:
                 self._seats.release()
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache the running sequences hold: the share of seats taken (0: no limit)."""
+        return min(1.0, self.running / self.seats) if self.seats else 0.0
+
     async def hang(self) -> None:
         """Never return, counted as running, as a hung engine's gauge shows its stuck requests."""
         self.running += 1
@@ -198,6 +206,7 @@ class _Gauges:
         for name, help_text, value in (
             ("vllm:num_requests_running", "Number of requests in model execution batches.", batch.running),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", batch.waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", batch.kv_cache_usage),
         ):
             family = GaugeMetricFamily(name, help_text, labels=["model_name"])
             family.add_metric([batch.model], value)

@@ -6,16 +6,20 @@ import threading
 import time
 
 import httpx
-from llmgw_engine_sim import PROGRESS
+import trio
+from llmgw_engine_sim import LOAD, PROGRESS
 
 from llmgw.agent.liveness import parse_samples
+from llmgw.agent.load import read_load
 from llmgw.testing.processes import wait_until
+from llmgw.wire import ShardLoad
 
 NAMES = (
     "vllm:generation_tokens_total",
     "vllm:prompt_tokens_total",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
 )
 
 
@@ -23,6 +27,14 @@ def metrics(sim) -> dict[str, float]:
     response = httpx.get(f"{sim.url}/metrics", timeout=5)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     return parse_samples(response.text, NAMES)
+
+
+async def read_sim_load(sim) -> ShardLoad:
+    """The load the agent reads from ``sim`` with the plugin's gauge names."""
+    async with httpx.AsyncClient() as client:
+        reading = await read_load(client, sim.url, LOAD, "r-0", 1, 5)
+    assert isinstance(reading, ShardLoad), reading
+    return reading
 
 
 def complete(sim, max_tokens: int, results: list | None = None) -> None:
@@ -44,6 +56,7 @@ def test_counters_count_every_token_and_the_plugin_reads_them(start_sim):
     assert after["vllm:generation_tokens_total"] == sum(u["completion_tokens"] for u in usages) == 8
     assert after["vllm:prompt_tokens_total"] == sum(u["prompt_tokens"] for u in usages)
     assert set(PROGRESS.tokens) | set(PROGRESS.running) <= set(NAMES)
+    assert {*LOAD.waiting, *LOAD.running} <= set(NAMES) and LOAD.kv_cache_usage[0] in NAMES
 
 
 def test_max_num_seqs_makes_requests_wait_while_tokens_keep_coming(start_sim):
@@ -61,6 +74,9 @@ def test_max_num_seqs_makes_requests_wait_while_tokens_keep_coming(start_sim):
         )
         first = metrics(sim)
         assert first["vllm:num_requests_running"] == 1
+        assert first["vllm:kv_cache_usage_perc"] == 1.0  # its one seat is taken
+        reading = trio.run(read_sim_load, sim)
+        assert (reading.waiting, reading.running, reading.kv_cache_usage) == (1, 1, 1.0)
         wait_until(
             lambda: metrics(sim)["vllm:generation_tokens_total"] > first["vllm:generation_tokens_total"],
             5,
@@ -73,7 +89,9 @@ def test_max_num_seqs_makes_requests_wait_while_tokens_keep_coming(start_sim):
     # two generations at 5 tokens/s, one after the other
     tokens = [u["completion_tokens"] for u in usages]
     assert time.monotonic() - started >= (sum(tokens) - 2) / 5
-    assert metrics(sim)["vllm:generation_tokens_total"] == sum(tokens)
+    done = metrics(sim)
+    assert done["vllm:generation_tokens_total"] == sum(tokens)
+    assert (done["vllm:num_requests_waiting"], done["vllm:kv_cache_usage_perc"]) == (0, 0)
 
 
 def test_a_hung_sim_counts_its_hung_requests_as_running_and_its_counters_stop(start_sim):

@@ -12,11 +12,18 @@ from __future__ import annotations
 import re
 
 import llmgw
-from llmgw.engine import Engine, HelpAndVersion, ProgressMetrics, openai_canary, parse_argparse_flags
+from llmgw.engine import (
+    Engine,
+    HelpAndVersion,
+    LoadMetrics,
+    ProgressMetrics,
+    openai_canary,
+    parse_argparse_flags,
+)
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["PROGRESS", "VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
+__all__ = ["LOAD", "PROGRESS", "VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
 
 __version__ = distribution_version("llmgw-engine-vllm")
 
@@ -67,6 +74,13 @@ def parse_vllm_help(text: str) -> frozenset[str]:
     return parse_argparse_flags(text[: match.start()] if match else text)
 
 
+#: vLLM's gauges of its queue and KV cache (``gpu_cache_usage_perc`` before vLLM's V1 engine renamed it)
+LOAD = LoadMetrics(
+    waiting=("vllm:num_requests_waiting",),
+    running=("vllm:num_requests_running",),
+    kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+)
+
 class VllmEngine(Engine):
     """Builds ``vllm serve`` commands: single-node, rank 0, and headless workers."""
 
@@ -86,6 +100,7 @@ class VllmEngine(Engine):
     #: /health stays 200 while a dead or hung EngineCore leaves requests hanging: a one-token
     #: completion every few seconds, judged by vLLM's token counters when it gets no answer
     liveness_probe = openai_canary(PROGRESS)
+    load_metrics = LOAD
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``vllm serve`` command of one shard.

@@ -36,7 +36,7 @@ import trio
 
 from llmgw.engine import LivenessProbe, ProgressMetrics
 
-__all__ = ["Progress", "parse_samples", "read_progress", "watch_liveness"]
+__all__ = ["Progress", "parse_samples", "read_progress", "read_samples", "watch_liveness"]
 
 log = logging.getLogger("llmgw.agent")
 
@@ -81,6 +81,22 @@ def parse_samples(text: str, names: Iterable[str]) -> dict[str, float]:
     return found
 
 
+async def read_samples(
+    client: httpx.AsyncClient, url: str, names: Iterable[str], within: float
+) -> dict[str, float] | str:
+    """GET an engine's metrics at ``url`` within ``within`` seconds: the samples in ``names`` (summed over
+    their labels, as :func:`parse_samples`), or why there are none (no answer, not 200)."""
+    with trio.move_on_after(within):
+        try:
+            response = await client.get(url, timeout=within + 1)
+        except httpx.HTTPError as exc:
+            return f"GET {url} failed: {str(exc) or type(exc).__name__}"
+        if response.status_code != 200:
+            return f"GET {url}: HTTP {response.status_code}"
+        return parse_samples(response.text, names)
+    return f"GET {url}: no answer within {within:g} s"
+
+
 async def read_progress(
     client: httpx.AsyncClient, base_url: str, metrics: ProgressMetrics, within: float
 ) -> Progress | str:
@@ -89,20 +105,14 @@ async def read_progress(
     :returns: the reading, or why there is none (no answer, not 200, no token counter found).
     """
     url = base_url + metrics.path
-    with trio.move_on_after(within):
-        try:
-            response = await client.get(url, timeout=within + 1)
-        except httpx.HTTPError as exc:
-            return f"GET {url} failed: {str(exc) or type(exc).__name__}"
-        if response.status_code != 200:
-            return f"GET {url}: HTTP {response.status_code}"
-        samples = parse_samples(response.text, (*metrics.tokens, *metrics.running))
-        tokens = [samples[name] for name in metrics.tokens if name in samples]
-        if not tokens:
-            return f"GET {url} has none of {', '.join(metrics.tokens)}"
-        running = [samples[name] for name in metrics.running if name in samples]
-        return Progress(sum(tokens), sum(running) if running else None)
-    return f"GET {url}: no answer within {within:g} s"
+    samples = await read_samples(client, url, (*metrics.tokens, *metrics.running), within)
+    if isinstance(samples, str):
+        return samples
+    tokens = [samples[name] for name in metrics.tokens if name in samples]
+    if not tokens:
+        return f"GET {url} has none of {', '.join(metrics.tokens)}"
+    running = [samples[name] for name in metrics.running if name in samples]
+    return Progress(sum(tokens), sum(running) if running else None)
 
 
 #: seconds between two readings of the engine's counters while a canary waits (at most a fifth of its timeout)

@@ -37,13 +37,14 @@ import trio
 from llmgw.agent.causes import log_cause
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.liveness import watch_liveness
+from llmgw.agent.load import watch_load
 from llmgw.agent.process import Child, describe_exit, keep_child, last_log_line, run_child
 from llmgw.agent.records import shard_log_path
 from llmgw.agent.sidecar_args import fill_sidecar
 from llmgw.engine import Engine, LivenessProbe
 from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.weights import is_distributable
-from llmgw.wire import DesiredShard, ObservedShard
+from llmgw.wire import DesiredShard, ObservedShard, ShardLoad
 from llmgw.wire.causes import FailureCause
 
 if TYPE_CHECKING:
@@ -116,6 +117,8 @@ class ShardSupervisor:
         self.cancel_scope = trio.CancelScope()
         #: set by whoever runs it once :meth:`run` returned (every process gone)
         self.done = trio.Event()
+        #: rank 0's last load reading while it is ready (sent with the sync); None: none
+        self.load: ShardLoad | None = None
         #: called with each liveness canary's result: ``ok``, ``busy``, ``failed``, ``hung``
         self.on_canary: Callable[[str], None] | None = None
 
@@ -444,6 +447,12 @@ class ShardSupervisor:
             async with trio.open_nursery() as checks:
                 if probe is not None:
                     checks.start_soon(self._liveness, client, probe)
+                if self.engine.load_metrics is not None:
+                    base, metrics = f"http://{spec.host}:{spec.port}", self.engine.load_metrics
+                    shard = (self.desired.replica_id, self.desired.attempt)
+                    checks.start_soon(
+                        functools.partial(watch_load, client, base, metrics, *shard, self._keep)
+                    )
                 failures = 0
                 while failures < settings.failures:
                     await trio.sleep(settings.interval)
@@ -465,6 +474,10 @@ class ShardSupervisor:
             shard=self.key,
             outcome=self.on_canary,
         )
+
+    def _keep(self, load: ShardLoad | None) -> None:
+        """Keep rank 0's last load reading for the next sync, while it is ready."""
+        self.load = load if self.observed.state == "ready" else None
 
     def _hung(self, detail: str, cause: FailureCause = FailureCause.HUNG) -> None:
         """Report ``unhealthy``: rank 0 stopped answering (its health check, or the liveness canary: hung).

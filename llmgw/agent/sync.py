@@ -346,6 +346,7 @@ class Agent:
             wait=True,
             checked_sources=self.sources_checked,
             instance=self.instance,
+            load=[s.load for s in self.supervisors.values() if s.load],
         )
 
     async def run(self, shards_nursery: trio.Nursery) -> None:

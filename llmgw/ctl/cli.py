@@ -16,6 +16,7 @@ import click
 
 from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
+from llmgw.ctl.autoscale import autoscale
 from llmgw.ctl.catalog import apply, catalog, diff, installed_engines
 from llmgw.ctl.client import AdminClient, CtlError, segment
 from llmgw.ctl.models import models
@@ -387,6 +388,7 @@ for _command in (
     diff,
     catalog,
     rollout,
+    autoscale,
     events,
     servers,
     cordon,

@@ -18,7 +18,10 @@ server leads), ``llmgw_server_leader_epoch`` (PostgreSQL),
 the server's own as ``node="(server)"``), ``llmgw_server_replicas{model,state}``
 (``starting``, ``staging``, ``ready``, ``backoff``), ``llmgw_server_replicas_desired{model}``,
 ``llmgw_server_replicas_outdated{model}``, ``llmgw_server_replicas_unplaced{model}``,
-``llmgw_server_rollout_state{model,state}`` (1 for the state it is in) and
+``llmgw_server_rollout_state{model,state}`` (1 for the state it is in),
+``llmgw_server_autoscale_signal{model,signal}`` and ``llmgw_server_autoscale_target{model,signal}``
+(each autoscaled model's signals against their targets), ``llmgw_server_autoscale_at_max{model}``,
+``llmgw_server_autoscale_decisions_total{model,direction}`` (the autoscaler's changes, up and down) and
 ``llmgw_server_catalog_revision``.
 
 Prometheus scrapes them on ``--metrics-listen`` (plain HTTP, ``/metrics`` and
@@ -35,11 +38,12 @@ from typing import Any
 import trio
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmgw.net.metrics import Health, register_process_collectors
 from llmgw.server.persist.sqlite import ping
 from llmgw.server.state.records import Event, EventKind, ReplicaState
+from llmgw.server.views.autoscale import autoscale_status
 from llmgw.server.views.cluster import node_state
 from llmgw.server.views.rollouts import rollout_status
 from llmgw.wire.causes import FailureCause
@@ -278,9 +282,43 @@ class _ClusterCollector:
         metrics.touch(cluster.catalog.models)
         yield from _node_families(cluster, expiry)
         yield from _replica_families(cluster)
+        yield from _autoscale_families(cluster)
         yield GaugeMetricFamily(
             "llmgw_server_catalog_revision", "The catalog revision in force.", value=cluster.catalog_revision
         )
+
+
+def _autoscale_families(cluster: Any) -> Iterator[Metric]:
+    """Each autoscaled model's signals against their targets, and the autoscaler's changes by direction."""
+    value = GaugeMetricFamily(
+        "llmgw_server_autoscale_signal",
+        "An autoscaled model's signal as its ready replicas report it (waiting_per_replica, kv_cache_usage).",
+        labels=["model", "signal"],
+    )
+    target = GaugeMetricFamily(
+        "llmgw_server_autoscale_target",
+        "An autoscaled model's target for a signal.",
+        labels=["model", "signal"],
+    )
+    at_max = GaugeMetricFamily(
+        "llmgw_server_autoscale_at_max",
+        "1 while an autoscaled model is held at its max with a signal over its target.",
+        labels=["model"],
+    )
+    for status in autoscale_status(cluster, time.time()).models:
+        for signal in status.signals:
+            target.add_metric([status.model, signal.name], signal.target)
+            if signal.value is not None:
+                value.add_metric([status.model, signal.name], signal.value)
+        at_max.add_metric([status.model], int(status.cause == "at-max"))
+    changes = CounterMetricFamily(
+        "llmgw_server_autoscale_decisions",
+        "The autoscaler's changes of a model's desired replicas, by direction (up, down).",
+        labels=["model", "direction"],
+    )
+    for (model, direction), count in sorted(cluster.autoscale.changes.items()):
+        changes.add_metric([model, direction], count)
+    yield from (value, target, at_max, changes)
 
 
 def _node_families(cluster: Any, expiry: GaugeMetricFamily) -> Iterator[Metric]:
@@ -334,10 +372,13 @@ def _replica_families(cluster: Any) -> Iterator[Metric]:
         replicas.add_metric([model, state], count)
     yield replicas
     desired = GaugeMetricFamily(
-        "llmgw_server_replicas_desired", "Replicas the catalog asks for, by model.", labels=["model"]
+        "llmgw_server_replicas_desired",
+        "Replicas the catalog asks for, by model (for an autoscaled model, what the autoscaler asks).",
+        labels=["model"],
     )
+    scaled = cluster.scaled_catalog()
     for model in models:
-        desired.add_metric([model], cluster.catalog.models[model].replicas)
+        desired.add_metric([model], scaled.models[model].replicas)
     yield desired
     stale = GaugeMetricFamily(
         "llmgw_server_replicas_outdated",

@@ -1,7 +1,7 @@
 """The reconciler: the controllers run in a fixed order, what changed is persisted, who waits is woken.
 
 One pass is :func:`begin` (the nodes controller, the health controller on
-every replica, drains, rollouts, then the placement plan), the schedule, and
+every replica, the autoscaler, drains, rollouts, then the placement plan), the schedule, and
 :func:`finish` (the placement applied, the stopping order, the revisions that
 wake long-polls). The controllers decide on the state and change it only
 through its verbs (:class:`~llmgw.server.state.cluster.ClusterState`); none
@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from llmgw.scheduler import ScheduleResult
-from llmgw.server.controllers import placement, stopping
+from llmgw.server.controllers import autoscaler, placement, stopping
 from llmgw.server.controllers.health.judge import judge
 from llmgw.server.controllers.nodes.drain import drain_moves
 from llmgw.server.controllers.nodes.lost import detect_lost
@@ -77,6 +77,7 @@ def begin(state: ClusterState, now: float) -> tuple[placement.SchedulePlan | Non
         judge(state, record, now)
     if _waiting_for_sources(state, now):
         return None, before
+    autoscaler.step(state, now)
     moves = drain_moves(state, now)
     rolls = step_rollouts(state, now)
     return placement.plan(state, now, moves, rolls), before

@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.errors import ClassValidationError, IterableValidationError
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
-from llmgw.models import LaunchSpec, Model, NodeFacts, Profile, Rollout, Sidecar, bounded
+from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
+from llmgw.wire._autoscale import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 from llmgw.wire._catalog import (
     ApplyCatalog,
     CatalogApplied,
@@ -40,8 +41,15 @@ from llmgw.wire._catalog import (
     CatalogText,
 )
 from llmgw.wire._gateway import SuspectRecorded, SuspectReport
-from llmgw.wire._hooks import capped, register_strict_collections, register_strict_scalars, shown
+from llmgw.wire._hooks import (
+    capped,
+    register_catalog_records,
+    register_strict_collections,
+    register_strict_scalars,
+    shown,
+)
 from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
+from llmgw.wire._load import ShardLoad
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 from llmgw.wire._weights import (
     CopyProgress,
@@ -65,7 +73,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
-    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList",
+    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
+    "AutoscaleStatus", "AutoscaleList",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -182,6 +191,8 @@ class SyncRequest:
     #: a random id per agent process (a new one: the agent restarted); ``leaving``: it stops on purpose
     instance: str = attrs.field(default="", validator=bounded(text=64))
     leaving: bool = False
+    #: the load of each ready rank 0 this node runs, read from its engine; () from agents that predate it
+    load: tuple[ShardLoad, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
 
 
 @attrs.frozen
@@ -439,18 +450,7 @@ def _make_converter() -> cattrs.Converter:
     made = cattrs.Converter(forbid_extra_keys=False)
     register_strict_scalars(made)
     register_strict_collections(made)
-    rollout = make_dict_structure_fn(Rollout, made, _cattrs_forbid_extra_keys=True)
-
-    def structure_rollout(value: Any, kind: type) -> Rollout:
-        if not isinstance(value, Mapping):
-            raise TypeError("expected a mapping with the keys max_surge, max_unavailable")
-        return rollout(value, kind)
-
-    made.register_structure_hook(Rollout, structure_rollout)
-    for written_by_people in (Profile, Model, Sidecar):
-        made.register_structure_hook(
-            written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)
-        )
+    register_catalog_records(made)
     made.register_unstructure_hook(
         ErrorDetail, make_dict_unstructure_fn(ErrorDetail, made, problems=override(omit_if_default=True))
     )

@@ -11,13 +11,16 @@ from collections.abc import Callable, Mapping
 from itertools import islice
 from typing import Any, get_args, get_origin
 
+import attrs
 import cattrs
 from cattrs.errors import IterableValidationError, IterableValidationNote
-from cattrs.gen import make_mapping_structure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, make_mapping_structure_fn, override
+
+from llmgw.models import Autoscale, Model, Profile, Rollout, ScaleTarget, Sidecar
 
 __all__ = [
     "EXPECTED", "MAX_ITEM_ERRORS", "MAX_PROBLEMS", "register_strict_scalars", "register_strict_collections",
-    "shown", "capped",
+    "shown", "capped", "register_catalog_records",
 ]  # fmt: skip
 
 #: Why a scalar was refused, by the type expected.
@@ -148,3 +151,45 @@ def register_strict_collections(converter: cattrs.Converter) -> None:
 
     converter.register_structure_hook_factory(_is_homogeneous_tuple, tuple_hook)
     converter.register_structure_hook_factory(_is_mapping, mapping_hook)
+
+
+def _strict_mapping_of(kind: type, made: cattrs.Converter) -> Any:
+    """The structure hook of a record people write nested in another (a model's ``rollout:``): a mapping
+    of its own keys, none other. Called once per record type as the converter is made."""
+    structure = make_dict_structure_fn(kind, made, _cattrs_forbid_extra_keys=True)
+    keys = ", ".join(a.name for a in attrs.fields(kind))
+
+    def structure_mapping(value: Any, _: type) -> Any:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a mapping with the keys {keys}")
+        return structure(value, kind)
+
+    return structure_mapping
+
+
+def register_catalog_records(made: cattrs.Converter) -> None:
+    """Make ``made`` read the records people write in a catalog: no key of their own unknown.
+
+    A model's ``autoscale`` is no key: :mod:`llmgw.catalog` fills it from ``replicas:`` given as a mapping.
+    """
+    for nested in (Rollout, ScaleTarget, Autoscale):  # in this order: Autoscale holds a ScaleTarget
+        made.register_structure_hook(nested, _strict_mapping_of(nested, made))
+    for written_by_people in (Profile, Sidecar):
+        made.register_structure_hook(
+            written_by_people, make_dict_structure_fn(written_by_people, made, _cattrs_forbid_extra_keys=True)
+        )
+    made.register_structure_hook(
+        Model,
+        make_dict_structure_fn(Model, made, _cattrs_forbid_extra_keys=True, autoscale=override(omit=True)),
+    )
+    # a stored replica's launch holds its model entry: one without autoscaling is stored as before it existed
+    made.register_unstructure_hook(
+        Model,
+        make_dict_unstructure_fn(
+            Model,
+            made,
+            autoscale=override(omit=True),
+            priority=override(omit_if_default=True),
+            idle_after=override(omit_if_default=True),
+        ),
+    )

@@ -74,7 +74,7 @@ def plan(state: ClusterState, now: float, moves: list[str], rolls: list[str]) ->
             attrs.evolve(node.view(), facts=agreeing_facts(node.facts, state.manifests))
             for node in state.nodes.values()
         ),
-        catalog=state.catalog,
+        catalog=state.scaled_catalog(),
         placements=tuple(record.placement for record in state.replicas.values()),
         replace=tuple(moves),
         roll=tuple(rolls),

@@ -112,6 +112,7 @@ class ServerApp(CatalogEndpoints, WeightsEndpoints):
         self._route("POST", r"/v1/admin/catalog/diff", admin, self._diff_catalog)
         self._route("GET", r"/v1/admin/catalog/history", admin, self._catalog_history)
         self._route("GET", r"/v1/admin/rollouts", admin, self._get_rollouts)
+        self._route("GET", r"/v1/admin/autoscale", admin, self._get_autoscale)
         self._route("POST", r"/v1/admin/rollouts/(?P<model>[^/]+)/undo", admin, self._undo_rollout)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
         self._route("GET", r"/v1/admin/servers", admin, self._get_servers)

@@ -1,4 +1,5 @@
-"""The admin API's catalog and rollout endpoints: show, diff, apply, history, rollout status and undo.
+"""The admin API's catalog, rollout and autoscale endpoints: show, diff, apply, history, rollout status and
+undo, autoscaling status.
 
 Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes to them.
 """
@@ -22,6 +23,7 @@ from llmgw.server.late_plugins import late_plugin_note
 from llmgw.server.persist.cluster import catalog_history, catalog_revision
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.views.autoscale import autoscale_status
 from llmgw.server.views.cluster import replica_counts
 from llmgw.server.views.rollouts import rollout_status
 from llmgw.wire import ApplyCatalog, CatalogApplied, CatalogDiff, CatalogText, RolloutUndone, from_json
@@ -30,7 +32,8 @@ __all__ = ["CatalogEndpoints"]
 
 
 class CatalogEndpoints:
-    """Handlers for ``/v1/admin/catalog*`` and ``/v1/admin/rollouts*``; each returns the JSON answer."""
+    """Handlers for ``/v1/admin/catalog*``, ``/v1/admin/rollouts*`` and ``/v1/admin/autoscale``; each
+    returns the JSON answer."""
 
     cluster: ClusterState
     store: Store
@@ -62,10 +65,13 @@ class CatalogEndpoints:
             note = late_plugin_note(exc.problems)
             raise InvalidCatalog(CatalogError(exc.source, [*exc.problems, note]) if note else exc) from None
 
+    def _scaled(self, catalog: Catalog) -> Catalog:
+        """``catalog`` with its autoscaled models at the replicas the autoscaler asks for (or would)."""
+        return self.cluster.autoscale.scaled(catalog, (r.placement for r in self.cluster.replicas.values()))
+
     def _diff_against_stored(self, catalog: Catalog) -> CatalogDiff:
-        return catalog_diff(
-            self.cluster.catalog, catalog, replica_counts(self.cluster), self.cluster.catalog_revision
-        )
+        old, new = self._scaled(self.cluster.catalog), self._scaled(catalog)
+        return catalog_diff(old, new, replica_counts(self.cluster), self.cluster.catalog_revision)
 
     async def _diff_catalog(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         catalog = await trio.to_thread.run_sync(self._parse_catalog, from_json(request.json(), ApplyCatalog))
@@ -81,7 +87,7 @@ class CatalogEndpoints:
             self.cluster.apply_catalog(catalog, body.text, self.clock(), identity.name)
             await self.commit()
             revision = self.cluster.catalog_revision
-        wanted = {name: model.replicas for name, model in catalog.models.items()}
+        wanted = {name: model.replicas for name, model in self._scaled(catalog).models.items()}
         return answer(CatalogApplied(revision, catalog_summary(catalog), diff, wanted))
 
     async def _get_rollouts(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
@@ -89,6 +95,12 @@ class CatalogEndpoints:
         if model is not None:
             self._known_model(model)
         return answer(rollout_status(self.cluster, model))
+
+    async def _get_autoscale(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        model = request.query.get("model")
+        if model is not None:
+            self._known_model(model)
+        return answer(autoscale_status(self.cluster, self.clock(), model))
 
     def _known_model(self, model: str) -> str:
         """``model``, or a 404 that lists the catalog's models."""

@@ -17,6 +17,7 @@ import attrs
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import Replica, Unplaced
 from llmgw.server.controllers.nodes.silence import SilenceWatch
+from llmgw.server.state.autoscale import ScaleBook, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.events import EventLog
 from llmgw.server.state.records import (
     DEFAULT_SETTINGS,
@@ -89,6 +90,8 @@ class ClusterState:
         #: when the scheduler last ran (replicas without a place are tried again every ``unplaced_retry``)
         self.scheduled_at = 0.0
         self._wanted_commands: tuple[Catalog, dict[str, tuple[object, ...]]] | None = None
+        #: the autoscaler's memory of each autoscaled model, and the load agents send
+        self.autoscale = ScaleBook()
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""
@@ -138,6 +141,7 @@ class ClusterState:
     def apply_catalog(self, catalog: Catalog, text: str, now: float, author: str = "") -> None:
         """Make ``catalog`` the desired state (already validated); ``author`` applied it."""
         self.catalog = catalog
+        self.autoscale.forget(catalog)
         self.catalog_text = text
         self.catalog_author = author
         self.catalog_revision += 1
@@ -211,6 +215,7 @@ class ClusterState:
             self.view_version += 1
         node.agent_revision = request.revision
         node.observed = observed
+        self.autoscale.record_loads(request.load, now)
         node.reported = True
         return wanted
 
@@ -383,6 +388,7 @@ class ClusterState:
     def retire(self, original: str, replacement: ReplicaRecord, now: float, message: str) -> None:
         """``replacement`` is ready: stop the replica it replaces (a drain's move, a rollout's surge)."""
         del self.replicas[original]
+        self.autoscale.loads.pop(original, None)
         self.dirty_replicas.add(original)
         replacement.placement = attrs.evolve(replacement.placement, replaces=None)
         self.dirty_replicas.add(replacement.id)
@@ -392,6 +398,7 @@ class ClusterState:
     def remove(self, replica_id: str, now: float, message: str | None) -> None:
         """Stop ``replica_id`` for good (a scale-down, a model removed, a paused rollout's replacement)."""
         del self.replicas[replica_id]
+        self.autoscale.loads.pop(replica_id, None)
         self.dirty_replicas.add(replica_id)
         if message is not None:
             self.record_event(now, EventKind.REPLICA, replica_id, message)
@@ -410,6 +417,16 @@ class ClusterState:
                 first, last = items[0].id, items[-1].id
                 message = f"{len(items)} replicas ({first} … {last}) cannot be placed: {reason}"
                 self.record_event(now, EventKind.MODEL, model, message)
+
+    def scale(self, decision: ScaleDecision, memory: ScaleMemory, now: float) -> None:
+        """Keep the autoscaler's ``decision`` for a model; a change is scheduled and is an event."""
+        if self.autoscale.keep(decision, memory):
+            self.record_event(now, EventKind.AUTOSCALE, decision.model, decision.describe())
+        self.schedule_wanted = self.schedule_wanted or decision.direction != ScaleDirection.HOLD
+
+    def scaled_catalog(self) -> Catalog:
+        """The catalog with each autoscaled model's replicas at the autoscaler's count: what to schedule."""
+        return self.autoscale.scaled(self.catalog, (r.placement for r in self.replicas.values()))
 
     # -- the scheduler's marks -------------------------------------------------------------------
 

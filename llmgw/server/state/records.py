@@ -36,6 +36,8 @@ class ReplicaState(enum.StrEnum):
 class EventKind(enum.StrEnum):
     """What an event is about: ``ctl events``' kind column and ``llmgw_server_events_total{kind}``."""
 
+    #: the autoscaler changed a model's desired replicas (or holds it at its max while over target)
+    AUTOSCALE = "autoscale"
     CATALOG = "catalog"
     CLUSTER = "cluster"
     GATEWAY = "gateway"
@@ -205,7 +207,9 @@ class Launch:
         profile = catalog.profiles.get(entry.profile) if entry is not None else None
         if entry is None or profile is None:
             return None
-        return cls(attrs.evolve(entry, replicas=1, rollout=Rollout()), profile)
+        # how many replicas, how they roll and scale: not what one replica runs
+        plain = attrs.evolve(entry, replicas=1, rollout=Rollout(), autoscale=None, priority=0)
+        return cls(attrs.evolve(plain, idle_after=None), profile)
 
     @property
     def command(self) -> tuple[object, ...]:

@@ -1,0 +1,253 @@
+"""The autoscaler's decisions: up fast, down after a sustained low, cooldown, max step, min and max."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.models import Autoscale, Catalog, Model, Profile, ScaleTarget
+from llmgw.scheduler import Replica, Unplaced
+from llmgw.server.controllers.autoscaler import decide, give_way, recommend, step
+from llmgw.server.state.autoscale import ScaleBook, ScaleCause, ScaleDirection, ScaleMemory
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import EventKind, ReplicaState
+from llmgw.wire import ShardLoad
+
+UP, HOLD = ScaleDirection.UP, ScaleDirection.HOLD
+POLICY = Autoscale(
+    min=1, max=5, target=ScaleTarget(waiting_per_replica=4), scale_down_after=30, cooldown=10, max_step=2
+)
+
+
+class Run:
+    """One model's decisions over a fake clock: each :meth:`at` is a reconcile pass at that second."""
+
+    def __init__(self, policy: Autoscale = POLICY, desired: int = 2) -> None:
+        self.policy = policy
+        self.memory = ScaleMemory(desired)
+
+    def at(self, now: float, waiting: float | None, ready: int | None = None):
+        """A pass at ``now`` seeing ``waiting`` per replica (None: no signal) from ``ready`` replicas."""
+        values = {} if waiting is None else {"waiting_per_replica": waiting}
+        ready = self.memory.desired if ready is None else ready
+        decision, self.memory = decide("chat", self.policy, self.memory, ready, values, now)
+        return decision
+
+
+class TestUp:
+    """Over target, replicas are added at once, within max_step, max and the cooldown."""
+
+    def test_over_target_scales_up_at_once_and_says_why(self):
+        """7.5 waiting per replica on 2 replicas with a target of 4 asks for 4, in one pass."""
+        decision = Run().at(100, 7.5)
+        assert (decision.direction, decision.cause, decision.after) == (
+            ScaleDirection.UP,
+            ScaleCause.OVER_TARGET,
+            4,
+        )
+        assert decision.describe() == "2 → 4: 7.5 waiting per replica > target 4"
+
+    def test_max_step_limits_one_decision(self):
+        """Asking for 6 from 2 with max_step 2 gives 4."""
+        assert Run().at(100, 12).after == 4
+
+    def test_cooldown_holds_the_next_change(self):
+        """A second rise within the cooldown holds; after it, the next step goes."""
+        run = Run()
+        assert run.at(100, 7.5).after == 4
+        held = run.at(105, 7.5, ready=4)
+        assert (held.direction, held.cause, held.after) == (ScaleDirection.HOLD, ScaleCause.COOLDOWN, 4)
+        assert run.at(111, 7.5, ready=4).after == 5  # capped at max
+
+    def test_at_max_holds_and_says_so(self):
+        """Over target at max: a hold whose cause is at-max."""
+        run = Run(desired=5)
+        decision = run.at(100, 9)
+        assert (decision.direction, decision.cause, decision.after) == (
+            ScaleDirection.HOLD,
+            ScaleCause.AT_MAX,
+            5,
+        )
+
+    def test_new_replicas_not_ready_do_not_compound(self):
+        """While the replicas asked for start, the same queue on the same ready replicas asks for no more."""
+        run = Run()
+        assert run.at(100, 8).after == 4
+        assert run.at(120, 8, ready=2).after == 4
+
+
+class TestDown:
+    """Under target, replicas are stopped only after a sustained low."""
+
+    def test_down_only_after_the_window(self):
+        """A low for less than scale_down_after holds; once it lasted the window, one step down."""
+        run = Run(desired=4)
+        for now in (100, 110, 120):
+            held = run.at(now, 0)
+            assert (held.direction, held.cause) == (ScaleDirection.HOLD, ScaleCause.STABILIZING)
+        down = run.at(130, 0)
+        assert (down.direction, down.cause, down.after) == (ScaleDirection.DOWN, ScaleCause.UNDER_TARGET, 2)
+        assert down.describe() == "4 → 2: 0 waiting per replica < target 4 for 30 s"
+
+    def test_a_spike_in_the_window_restarts_it(self):
+        """A pass at or over target inside the window starts the window again."""
+        run = Run(desired=3)
+        run.at(100, 0)
+        run.at(120, 4)  # at target: no longer low
+        assert run.at(140, 0).cause == ScaleCause.STABILIZING
+        assert run.at(170, 0).direction == ScaleDirection.DOWN
+
+    def test_down_goes_no_lower_than_the_highest_recommendation_of_the_window(self):
+        """Lows of 3 then 1 replicas' worth over the window scale 4 down to 3, not 1."""
+        run = Run(
+            policy=Autoscale(min=1, max=5, target=ScaleTarget(4), scale_down_after=30, max_step=4), desired=4
+        )
+        run.at(100, 2.5)  # ceil(4 * 2.5 / 4) = 3
+        run.at(115, 0)
+        assert run.at(130, 0).after == 3
+
+    def test_each_step_down_needs_its_own_window(self):
+        """After a step down, the next one waits a whole window again (its replicas changed meanwhile)."""
+        run = Run(
+            policy=Autoscale(min=1, max=5, target=ScaleTarget(4), scale_down_after=30, max_step=1), desired=3
+        )
+        run.at(100, 0)
+        assert run.at(130, 0).after == 2
+        for now in (131, 145, 160):
+            assert run.at(now, 0).cause == ScaleCause.STABILIZING
+        assert run.at(161, 0).after == 1
+
+    def test_never_below_min(self):
+        """No load at min holds at min."""
+        run = Run(desired=1)
+        for now in (0, 40, 80):
+            assert run.at(now, 0).after == 1
+
+
+class TestInputs:
+    """Bounds, missing signals, several targets."""
+
+    def test_no_signal_holds(self):
+        """No ready replica reported: nothing changes, and the cause says why."""
+        decision = Run().at(100, None)
+        assert (decision.direction, decision.cause) == (ScaleDirection.HOLD, ScaleCause.NO_SIGNAL)
+        assert decision.describe() == "stays at 2: no signal"
+
+    def test_desired_outside_new_bounds_is_clamped_at_once(self):
+        """A catalog whose min rose above the desired count scales up to it without waiting."""
+        run = Run(policy=Autoscale(min=3, max=5, target=ScaleTarget(4)), desired=2)
+        decision = run.at(100, 0)
+        assert (decision.direction, decision.cause, decision.after) == (
+            ScaleDirection.UP,
+            ScaleCause.BOUNDS,
+            3,
+        )
+
+    @pytest.mark.parametrize(
+        ("values", "expected"),
+        [
+            ({"waiting_per_replica": 4.2}, (2, "waiting_per_replica")),  # within the tolerance
+            ({"waiting_per_replica": 8, "kv_cache_usage": 0.4}, (4, "waiting_per_replica")),
+            ({"waiting_per_replica": 0, "kv_cache_usage": 0.9}, (3, "kv_cache_usage")),
+            ({}, None),
+        ],
+    )
+    def test_the_most_demanding_target_decides(self, values, expected):
+        """Each signal asks for ceil(ready × value / target); the largest wins."""
+        assert recommend(ScaleTarget(waiting_per_replica=4, kv_cache_usage=0.6), 2, values) == expected
+
+
+class TestBook:
+    """What the state keeps of the decisions."""
+
+    def test_only_changes_and_the_first_hold_at_max_are_events(self):
+        """Holds are not events, but the first at max is; a second one is not."""
+        book, run = ScaleBook(), Run(desired=5)
+        first = run.at(100, 9)
+        assert book.keep(first, run.memory)
+        assert not book.keep(run.at(101, 9), run.memory)
+        run2 = Run()
+        assert book.keep(run2.at(100, 8), run2.memory)
+        assert not book.keep(run2.at(101, 4, ready=4), run2.memory)
+
+
+class TestInTheState:
+    """The controller on a real cluster state: the scheduler's catalog, the events, what is forgotten."""
+
+    def test_desired_count_reaches_the_scheduler_and_the_events(self):
+        """Loads over target make the scheduler's catalog ask for more; the change is an autoscale event."""
+        auto = Autoscale(min=1, max=4, target=ScaleTarget(waiting_per_replica=2), cooldown=0)
+        catalog = Catalog({"one": Profile(engine="sim")}, {"chat": Model("/m", "one", 1, autoscale=auto)})
+        state = ClusterState()
+        state.apply_catalog(catalog, "", 0)
+        record = state.place(Replica("chat-0", "chat", 0, ()), None, 0, "placed")
+        state.mark_ready(record, 1)
+        assert record.state == ReplicaState.READY
+        assert state.scaled_catalog().models["chat"].replicas == 1
+        state.autoscale.record_loads([ShardLoad("chat-0", record.attempt, waiting=6)], 10)
+        step(state, 10)
+        assert state.scaled_catalog().models["chat"].replicas == 3
+        assert state.schedule_wanted
+        events = [e for e in state.take_events() if e.kind == EventKind.AUTOSCALE]
+        assert [(e.subject, e.message) for e in events] == [
+            ("chat", "1 → 3: 6 waiting per replica > target 2")
+        ]
+        state.remove("chat-0", 11, None)
+        assert "chat-0" not in state.autoscale.loads
+        state.apply_catalog(Catalog(catalog.profiles, {"chat": Model("/m", "one", 2)}), "", 12)
+        assert state.autoscale.models == {} and state.scaled_catalog().models["chat"].replicas == 2
+
+
+class TestGiveWay:
+    """When the fleet is full, a lower-priority model gives a replica to a higher-priority one."""
+
+    @staticmethod
+    def models(**desired_and_priority: tuple[int, int]) -> dict[str, tuple[Model, ScaleMemory]]:
+        """Autoscaled models (min 1, max 8, cooldown 10): name -> (desired, priority)."""
+        auto = Autoscale(min=1, max=8, target=ScaleTarget(4), cooldown=10)
+        return {
+            name: (Model("/m", "one", 1, autoscale=auto, priority=priority), ScaleMemory(desired))
+            for name, (desired, priority) in desired_and_priority.items()
+        }
+
+    def test_lowest_priority_gives_one_and_says_to_whom(self):
+        """chat (10) starves: batch (0) gives one before docs (5); the event names both priorities."""
+        given = give_way(self.models(chat=(3, 10), docs=(3, 5), batch=(2, 0)), {"chat"}, 100)
+        assert given is not None
+        decision, memory = given
+        assert (decision.model, decision.before, decision.after, decision.cause) == (
+            "batch", 2, 1, ScaleCause.GIVE_WAY
+        )  # fmt: skip
+        assert decision.describe() == "2 → 1: gives way to chat (priority 10 > 0): the fleet is full"
+        assert (memory.desired, memory.changed_at) == (1, 100)
+
+    def test_never_below_min_nor_to_an_equal_or_lower_priority(self):
+        """A model at its min, or of the same priority, gives nothing."""
+        assert give_way(self.models(chat=(3, 10), batch=(1, 0)), {"chat"}, 100) is None
+        assert give_way(self.models(chat=(3, 10), peer=(4, 10)), {"chat"}, 100) is None
+        assert give_way(self.models(chat=(3, 0), batch=(4, 10)), {"chat"}, 100) is None
+
+    def test_a_giver_in_its_cooldown_waits(self):
+        """A model that changed less than its cooldown ago gives nothing yet."""
+        models = self.models(chat=(3, 10), batch=(4, 0))
+        model, memory = models["batch"]
+        models["batch"] = (model, ScaleMemory(4, changed_at=95))
+        assert give_way(models, {"chat"}, 100) is None
+        assert give_way(models, {"chat"}, 105) is not None
+
+    def test_lower_priority_does_not_scale_up_while_a_higher_one_starves(self):
+        """On the state: batch is over target but chat has a replica with no place: batch holds (yield)."""
+        auto = Autoscale(min=1, max=4, target=ScaleTarget(waiting_per_replica=2), cooldown=0)
+        profiles = {"one": Profile(engine="sim")}
+        models = {
+            "batch": Model("/b", "one", 1, autoscale=auto, priority=0),
+            "chat": Model("/c", "one", 1, autoscale=auto, priority=10),
+        }
+        state = ClusterState()
+        state.apply_catalog(Catalog(profiles, models), "", 0)
+        record = state.place(Replica("batch-0", "batch", 0, ()), None, 0, "placed")
+        state.mark_ready(record, 1)
+        state.autoscale.record_loads([ShardLoad("batch-0", record.attempt, waiting=6)], 10)
+        state.note_unplaced((Unplaced("chat", 0, "needs 1 node with 1 free GPU"),), 10)
+        step(state, 10)
+        assert state.autoscale.models["batch"].last.cause == ScaleCause.YIELD
+        assert state.scaled_catalog().models["batch"].replicas == 1

@@ -8,7 +8,6 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from cryptography import x509
 
 from llmgw.agent.adoption import adopt_running
 from llmgw.agent.config import AgentConfig, AgentConfigError
@@ -114,9 +113,7 @@ async def serve_agent(
             ", ".join(f"{name} {version}" for name, version in sorted(facts.engines.items())) or "none",
         )
         agent = Agent(config, engines, facts, records, ssl_context)
-        # the certificate loaded: client_ssl_context read it
-        certificate = x509.load_pem_x509_certificate(config.cert.read_bytes())
-        agent.cert_not_after = certificate.not_valid_after_utc.timestamp()
+        agent.credentials.read_expiry()  # the certificate loaded: client_ssl_context read it
         agent.check_sources = check_sources
         agent.sources_checked = check_sources
         agent.report_previous(previous)
@@ -152,12 +149,12 @@ async def _serve_peers(nursery: trio.Nursery, agent: Agent, peers: PeerFiles) ->
     else:
         agent.facts = attrs.evolve(agent.facts, peer_port=peers.port)
         log.info("node %s: serving model files to peers on %s:%s", config.node, config.address, peers.port)
-    stager = Stager(config, peers, lambda: agent.ssl_context, agent.refresh_weights)
+    stager = Stager(config, peers, lambda: agent.credentials.context, agent.refresh_weights)
     room = RoomMaker(
         stager.models,
         peers,
         server=config.server,
-        server_context=lambda: agent.ssl_context,
+        server_context=lambda: agent.credentials.context,
         in_use=lambda: weights_in_use(agent),
         report=stager.report,
         copies_changed=agent.refresh_weights,
@@ -231,7 +228,7 @@ async def say_leaving(agent: Agent) -> bool:
     request = attrs.evolve(agent.request(), leaving=True, wait=bool(agent.supervisors))
     servers = ServerList.parse(agent.config.server)  # the leader takes it; standbys name it
     try:
-        async with httpx.AsyncClient(verify=agent.ssl_context, timeout=FAREWELL_TIMEOUT) as client:
+        async with httpx.AsyncClient(verify=agent.credentials.context, timeout=FAREWELL_TIMEOUT) as client:
             response = await send_to_leader(client, servers, "POST", "/v1/agent/sync", json=to_json(request))
     except httpx.HTTPError as exc:
         log.warning("could not tell the server this agent is leaving: %s", exc)

@@ -156,11 +156,11 @@ class _AgentCollector:
             "1 while the node is fenced (every shard stopped).",
             value=int(bool(agent.fenced)),
         )
-        if agent.cert_not_after is not None:
+        if agent.credentials.not_after is not None:
             yield GaugeMetricFamily(
                 "llmgw_agent_certificate_expiry_timestamp_seconds",
                 "When this node's certificate expires (UNIX time).",
-                value=agent.cert_not_after,
+                value=agent.credentials.not_after,
             )
         stager = getattr(agent.stage, "__self__", None)
         yield CounterMetricFamily(

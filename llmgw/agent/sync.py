@@ -40,21 +40,20 @@ from typing import Any
 
 import httpx
 import trio
-from cryptography import x509
 
 from llmgw import wire
 from llmgw.agent.adoption import AdoptedShard, previous_exits
 from llmgw.agent.blocking import blockers_of
 from llmgw.agent.config import AgentConfig
+from llmgw.agent.credentials import Credentials
 from llmgw.agent.facts import with_weights
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.process import Child
 from llmgw.agent.records import ProcessRecords
-from llmgw.agent.replies import describe, error_type, file_stamp, server_message
+from llmgw.agent.replies import describe, error_type, server_message
 from llmgw.agent.supervisor import ShardSupervisor
 from llmgw.engine import Engine
 from llmgw.models import NodeFacts
-from llmgw.pki import PkiError, client_ssl_context
 from llmgw.serverlist import NotLeaderAnswer, ServerList, raise_for_standby
 from llmgw.wire import DesiredShard, ObservedShard, SyncReply, SyncRequest, WireError, from_json, to_json
 
@@ -94,7 +93,8 @@ class Agent:
         self.engines = dict(engines)
         self.facts = facts
         self.records = records
-        self.ssl_context = ssl_context
+        #: the certificate and key syncs use, reloaded when they change on disk
+        self.credentials = Credentials(config.node, config.cert, config.key, config.ca, ssl_context)
         #: shard key -> what this agent reports for it
         self.observed: dict[str, ObservedShard] = {}
         self.supervisors: dict[str, ShardSupervisor] = {}
@@ -110,11 +110,8 @@ class Agent:
         self._sources_changed = trio.Event()
         #: where shard supervisors run; set by :meth:`run`
         self.shards_nursery: trio.Nursery | None = None
-        #: when this node's certificate expires (epoch seconds; None: not known)
-        self.cert_not_after: float | None = None
         #: why the node is fenced (every shard stopped, replies not applied), or None
         self.fenced: str | None = None
-        self._credentials_stamp: tuple | None = None
         #: this agent process's id in every sync: the server tells a restarted agent by a new one
         self.instance = secrets.token_hex(8)
         #: ``async (source, progress) -> local path`` for distributable sources (None: not staged)
@@ -240,39 +237,6 @@ class Agent:
             supervisor.stop()
         self.revision = 0
 
-    def _credentials_changed(self) -> bool:
-        """Whether ``--cert``/``--key`` changed on disk (re-onboarded, renewed); if so, use them from now on.
-
-        Checked before every sync. A pair that cannot be loaded (half written)
-        is logged and tried again once the files change again.
-        """
-        stamp = file_stamp(self.config.cert, self.config.key)
-        if self._credentials_stamp is None or stamp == self._credentials_stamp:
-            self._credentials_stamp = stamp
-            return False
-        self._credentials_stamp = stamp
-        try:
-            context = client_ssl_context(self.config.cert, self.config.key, self.config.ca)
-            certificate = x509.load_pem_x509_certificate(self.config.cert.read_bytes())
-        except (PkiError, OSError, ValueError) as exc:
-            log.warning("node %s: the changed certificate cannot be used yet: %s", self.config.node, exc)
-            return False
-        self.ssl_context = context
-        self.cert_not_after = certificate.not_valid_after_utc.timestamp()
-        log.info(
-            "node %s: using the new certificate %s (serial %x)",
-            self.config.node,
-            self.config.cert,
-            certificate.serial_number,
-        )
-        return True
-
-    def _certificate_expired(self) -> str | None:
-        if self.cert_not_after is None or time.time() < self.cert_not_after:
-            return None
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.cert_not_after))
-        return f"this node's certificate {self.config.cert} expired at {when}; re-onboard the node"
-
     # -- applying a reply ------------------------------------------------------------------------
 
     def apply(self, reply: SyncReply) -> None:
@@ -359,17 +323,17 @@ class Agent:
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
         async with contextlib.AsyncExitStack() as clients:
-            client = httpx.AsyncClient(verify=self.ssl_context, timeout=timeout)
+            client = httpx.AsyncClient(verify=self.credentials.context, timeout=timeout)
             clients.push_async_callback(client.aclose)
             failures = 0
             outage_since: float | None = None
             refusal: str | None = None
             while True:
-                if self._credentials_changed():
+                if self.credentials.reload_if_changed():
                     await client.aclose()
-                    client = httpx.AsyncClient(verify=self.ssl_context, timeout=timeout)
+                    client = httpx.AsyncClient(verify=self.credentials.context, timeout=timeout)
                     clients.push_async_callback(client.aclose)
-                expired = self._certificate_expired()
+                expired = self.credentials.expired()
                 if expired is not None:
                     self.fence(expired)
                     await trio.sleep(settings.refused_retry)

@@ -121,14 +121,14 @@ async def test_expired_certificate_fences_until_a_sync_is_accepted(
     agent = await nursery.start(serve_agent, make_config(tmp_path, test_pki, server), sim_plugins())
     replica, pgid = await running_replica(server, agent, groups)
 
-    agent.cert_not_after = time.time()
+    agent.credentials.not_after = time.time()
     with trio.fail_after(10):
         await wait_for(lambda: not agent.observed and not group_alive(pgid), "every shard to be stopped")
     record = logged(caplog, "fencing node node-1")
     assert record is not None and "expired at" in record.getMessage()
     assert record.getMessage().endswith("re-onboard the node; stopping its 1 shards")
 
-    agent.cert_not_after = None  # as a renewed certificate would
+    agent.credentials.not_after = None  # as a renewed certificate would
     with trio.fail_after(30):
         await wait_for(
             lambda: agent.observed and next(iter(agent.observed.values())).state == "ready",

@@ -31,21 +31,10 @@ from llmgw.server.persist.cluster import add_api_key, flush
 from llmgw.server.persist.postgres import open_pg_store
 from llmgw.server.reconciler import reconcile
 from llmgw.server.state.cluster import ClusterState, Settings
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.fakes import make_gpus
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.wire import SyncRequest
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  chat:
-    source: tiny/model
-    profile: one
-    replicas: {replicas}
-"""
 
 
 def fleet(size: int, engines: dict) -> ClusterState:
@@ -72,7 +61,7 @@ def fleet(size: int, engines: dict) -> ClusterState:
             wait=False,
         )
         cluster.sync(request, now)
-    text = CATALOG.format(replicas=2 * size)
+    text = catalog_yaml({"chat": model("tiny/model", replicas=2 * size)})
     cluster.apply_catalog(parse_catalog(text, engines), text, now, "bench")
     reconcile(cluster, now)
     return cluster

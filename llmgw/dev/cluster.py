@@ -408,6 +408,14 @@ class LocalCluster:
         data = self.replicas()
         return bool(data.replicas) and not data.unplaced and all(r.state == "ready" for r in data.replicas)
 
+    def all_adopted(self) -> bool:
+        """Whether every replica is ready and each of its shards is reported running, with its engine's PID.
+
+        Called by tests after a server restarted or another took over: the agents have reported again.
+        """
+        shards = [s for r in self.replicas().replicas for s in r.shards]
+        return self.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
+
     def apply(self, text: str, name: str = "catalog", *, prune: bool = False) -> CatalogApplied:
         """Apply a catalog through the admin API (``prune``: it may remove models); returns its revision."""
         body = ApplyCatalog(text, name, prune=prune)

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.hub import HubStandIn
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
@@ -32,17 +33,7 @@ FILES = {
     "original/params.json": 100,
 }
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  tiny:
-    source: hf://acme/tiny-sim@main
-    profile: one
-    replicas: 4
-"""
+CATALOG = catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=4)})
 
 
 def sha256(path: Path) -> str:
@@ -116,7 +107,7 @@ def one_node(tmp_path: Path, hub: HubStandIn, *extra: str) -> LocalCluster:
     cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     cluster.agent_args = ["--hub-endpoint", hub.endpoint, *extra]
     cluster.start(1)
-    cluster.apply(CATALOG.replace("replicas: 4", "replicas: 1"))
+    cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=1)}))
     return cluster
 
 
@@ -191,7 +182,7 @@ def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Pat
     cluster.agent_args = ["--hub-endpoint", hub.endpoint]
     try:
         cluster.start(2)
-        cluster.apply(CATALOG.replace("replicas: 4", "replicas: 2"))
+        cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=2)}))
 
         def downloader() -> str | None:
             for line in (cluster.logs / "server.log").read_text().splitlines():

@@ -17,22 +17,13 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.hub import HubStandIn
 from llmgw.testing.processes import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  tiny:
-    source: hf://acme/tiny-sim@main
-    profile: one
-    replicas: 2
-"""
+CATALOG = catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=2)})
 
 
 def test_the_next_downloader_resumes_from_the_bytes_the_fleet_has(tmp_path: Path):

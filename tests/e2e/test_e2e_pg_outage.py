@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import CHAT_CATALOG, GatewayLoad
+from llmgw.testing.catalogs import CHAT_CATALOG
+from llmgw.testing.load import GatewayLoad
 from llmgw.testing.postgres import REQUIRE_ENV, PostgresCluster, find_postgres_bin
 from llmgw.testing.processes import free_port
 from llmgw.wire import CreateKey, KeyList
@@ -79,11 +80,7 @@ def test_database_outage_under_a_leader(tmp_path: Path, own_postgres: PostgresCl
                 30,
             )
 
-            def adopted() -> bool:
-                shards = [s for r in local.replicas().replicas for s in r.shards]
-                return local.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
-
-            local.wait(adopted, "the shards to be reported to the new leader", 60)
+            local.wait(local.all_adopted, "the shards to be reported to the new leader", 60)
             served = load.ok
             local.wait(lambda: load.ok >= served + 16, "more requests after the outage", 60)
         assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}"

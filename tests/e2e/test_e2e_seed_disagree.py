@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList, ModelList, ModelStatus
 
@@ -24,17 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 
 FILES = {"weights.bin": 6_000_000, "config.json": 200}
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  m:
-    source: seed:///data/m
-    profile: one
-    replicas: 1
-"""
+CATALOG = catalog_yaml({"m": model("seed:///data/m", replicas=1)})
 
 
 def sha256(path: Path) -> str:
@@ -97,7 +88,7 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
     )
 
     # every node runs a replica: node-2 and node-3 on verified copies of node-1's files, never their folders
-    cluster.apply(CATALOG.replace("replicas: 1", "replicas: 3"))
+    cluster.apply(catalog_yaml({"m": model("seed:///data/m", replicas=3)}))
     cluster.wait(
         lambda: len(cluster.replicas().replicas) == 3 and cluster.all_ready(), "3 replicas ready", 180
     )

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList, ReplicaStatus
 
@@ -24,17 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 #: three files, 48 MB in all: large enough to take several progress reports, small for a 2-core machine
 FILES = {"model-00001.safetensors": 24_000_000, "model-00002.safetensors": 24_000_000, "config.json": 300}
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  seeded:
-    source: seed:///data/seeded
-    profile: one
-    replicas: 3
-"""
+CATALOG = catalog_yaml({"seeded": model("seed:///data/seeded", replicas=3)})
 
 
 def sha256(path: Path) -> str:
@@ -135,7 +126,7 @@ def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
         for index in range(4):
             (seed / f"part-{index}.bin").write_bytes(os.urandom(12_000_000))
         local.start(3)
-        local.apply(CATALOG.replace("replicas: 3", "replicas: 2"))
+        local.apply(catalog_yaml({"seeded": model("seed:///data/seeded", replicas=2)}))
         local.wait(lambda: len(local.replicas().replicas) == 2 and local.all_ready(), "2 replicas ready", 120)
         local.apply(CATALOG)
 

@@ -19,21 +19,10 @@ from llmgw.models import NodeFacts
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.gateway import start_gateway, start_sim, wait_healthy
 from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 from llmgw.wire import ObservedShard, SyncReply, SyncRequest, from_json, to_json
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  small:
-    source: tiny/model
-    profile: one
-    replicas: {replicas}
-"""
 
 
 class Cluster:
@@ -78,7 +67,8 @@ class Cluster:
 
     async def apply(self, replicas: int) -> None:
         async with self.client("admin", "ops") as admin:
-            response = await admin.post("/v1/admin/catalog", json={"text": CATALOG.format(replicas=replicas)})
+            text = catalog_yaml({"small": model("tiny/model", replicas=replicas)})
+            response = await admin.post("/v1/admin/catalog", json={"text": text})
             assert response.status_code == 200, response.text
 
     async def sync(self, node_id: str, state: str | None = None, *, wait: bool = False) -> SyncReply:

@@ -12,19 +12,11 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.models import NodeFacts
 from llmgw.testing import make_gpus
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.server import start_server
 from llmgw.wire import SyncReply, SyncRequest, from_json, to_json
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 2
-models:
-  small:
-    source: tiny/model
-    profile: one
-"""
+CATALOG = catalog_yaml({"small": model("tiny/model")}, one=sim_profile(2))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ stall reports (``POST /v1/gateway/suspect``) in :attr:`FakeRoutesFeed.suspects`:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -29,7 +29,10 @@ from llmgw.wire import Route, RouteTable, to_json
 if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
 
-__all__ = ["FakeRoutesFeed", "Sim", "sim_program", "sim_argv", "start_sim", "wait_healthy", "start_gateway"]
+__all__ = [
+    "FakeRoutesFeed", "HeldStream", "Sim", "serve_stream", "sim_program", "sim_argv", "start_sim",
+    "start_gateway", "streaming", "wait_healthy",
+]  # fmt: skip
 
 
 def sim_program() -> str:
@@ -105,6 +108,48 @@ async def start_gateway(nursery: trio.Nursery, feed: str, **config: object) -> t
     url = f"http://{host}:{port}"
     await wait_healthy([url])
     return gateway, url
+
+
+@attrs.define
+class HeldStream:
+    """A streamed body that sends ``first``, then holds ``rest`` back until :meth:`release`.
+
+    Called (``held()``) as the ``chunks`` of :func:`streaming`, by tests that check a chunk arrives before the
+    body ends, or what happens to a stream that goes silent (``rest`` empty: it ends only when released).
+    """
+
+    first: bytes
+    rest: bytes = b""
+    released: trio.Event = attrs.field(factory=trio.Event)
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        await self.released.wait()
+        if self.rest:
+            yield self.rest
+
+    def release(self) -> None:
+        """Let the rest of the body go."""
+        self.released.set()
+
+
+def streaming(chunks: Callable[[], AsyncIterator[bytes]]) -> Callable[[Request], Awaitable[Response]]:
+    """A handler answering every request with a stream (``text/event-stream``) of what ``chunks()`` yields.
+
+    Called by tests that stand in for an engine's streamed answer; :returns: the handler for an HttpServer.
+    """
+
+    async def handler(request: Request) -> Response:
+        return Response.stream(200, chunks())
+
+    return handler
+
+
+async def serve_stream(nursery: trio.Nursery, chunks: Callable[[], AsyncIterator[bytes]]) -> str:
+    """Serve :func:`streaming` of ``chunks`` on 127.0.0.1 (port 0) in ``nursery``: an engine whose answers a
+    test paces. :returns: its base URL."""
+    host, port = await nursery.start(HttpServer(streaming(chunks)).serve, "127.0.0.1", 0)
+    return f"http://{host}:{port}"
 
 
 class FakeRoutesFeed:

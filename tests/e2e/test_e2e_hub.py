@@ -18,7 +18,7 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import catalog_yaml, model
-from llmgw.testing.hub import HubStandIn
+from llmgw.testing.hub import HubStandIn, hub_downloader
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
@@ -184,12 +184,8 @@ def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Pat
         cluster.start(2)
         cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=2)}))
 
-        def downloader() -> str | None:
-            for line in (cluster.logs / "server.log").read_text().splitlines():
-                if "downloads hf://acme/tiny-sim@main from the hub" in line:
-                    return line.split("node ")[1].split()[0]
-            return None
-
+        log = cluster.logs / "server.log"
+        downloader = lambda: hub_downloader(log, "hf://acme/tiny-sim@main")  # noqa: E731
         holder = cluster.wait(downloader, "a node downloading from the hub", 60)
         other = next(n for n in cluster.nodes if n != holder)
         copied = cluster.nodes[other].models_dir

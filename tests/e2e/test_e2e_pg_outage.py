@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import CHAT_CATALOG
 from llmgw.testing.load import GatewayLoad
-from llmgw.testing.postgres import REQUIRE_ENV, PostgresCluster, find_postgres_bin
+from llmgw.testing.postgres import PostgresCluster, running_postgres
 from llmgw.testing.processes import free_port
 from llmgw.wire import CreateKey, KeyList
 from llmgw.wire.servers import ControlServers
@@ -23,17 +21,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def own_postgres() -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of this test's own (the session's is shared, and this one is crashed)."""
-    bindir = find_postgres_bin()
-    if bindir is None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"PostgreSQL is not installed, and {REQUIRE_ENV}=1")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="llmgw-pg-outage-")), bindir)
-    try:
-        cluster.start()
+    with running_postgres("llmgw-pg-outage-") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_database_outage_under_a_leader(tmp_path: Path, own_postgres: PostgresCluster):

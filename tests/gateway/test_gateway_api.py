@@ -17,7 +17,14 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.net.server import HttpServer, Limits, Request, Response
-from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
+from llmgw.testing.gateway import (
+    FakeRoutesFeed,
+    HeldStream,
+    serve_stream,
+    start_gateway,
+    start_sim,
+    wait_healthy,
+)
 from llmgw.testing.processes import ProcessSet, free_port, processes, wait_for  # noqa: F401
 
 KEY = "sk-llmgw-test-0123456789abcdef"
@@ -365,20 +372,11 @@ class TestLifecycle:
         """shutdown(grace) refuses new clients, lets a stream in flight finish, and serve() returns."""
         from llmgw.gateway import Gateway, GatewayConfig
 
-        go_on = trio.Event()
-
-        async def events():
-            yield b'data: {"n": 1}\n\n'
-            await go_on.wait()
-            yield b"data: [DONE]\n\n"
-
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        engine_host, engine_port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
+        held = HeldStream(b'data: {"n": 1}\n\n', b"data: [DONE]\n\n")
+        engine_url = await serve_stream(nursery, held)
         feed = FakeRoutesFeed()
         feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", f"http://{engine_host}:{engine_port}")]})
+        feed.set(routes={"m": [("m-0", engine_url)]})
         gateway = Gateway(GatewayConfig(server=feed_url, host="127.0.0.1", port=0, require_keys=False))
         returned = trio.Event()
 
@@ -397,7 +395,7 @@ class TestLifecycle:
                     assert await chunks.__anext__() == b'data: {"n": 1}\n\n'
                     gateway.shutdown(5)
                     assert not returned.is_set()
-                    go_on.set()
+                    held.release()
                     assert b"".join([chunk async for chunk in chunks]) == b"data: [DONE]\n\n"
                 await returned.wait()
                 with pytest.raises(httpx.ConnectError):

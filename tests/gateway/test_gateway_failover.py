@@ -12,7 +12,14 @@ import trio
 
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
-from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
+from llmgw.testing.gateway import (
+    FakeRoutesFeed,
+    HeldStream,
+    serve_stream,
+    start_gateway,
+    start_sim,
+    wait_healthy,
+)
 from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -182,18 +189,8 @@ class TestStreams:
 
     async def test_chunks_pass_before_the_stream_ends(self, nursery):
         """The client reads the first event while the engine still holds back the second."""
-        go_on = trio.Event()
-
-        async def events():
-            yield b'data: {"n": 1}\n\n'
-            await go_on.wait()
-            yield b'data: {"n": 2}\n\ndata: [DONE]\n\n'
-
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        host, port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = await serve_feed(nursery, m=[("m-0", f"http://{host}:{port}")])
+        held = HeldStream(b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\ndata: [DONE]\n\n')
+        feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, held))])
         _, url = await start_gateway(nursery, feed.url, require_keys=False)
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
@@ -201,23 +198,14 @@ class TestStreams:
                 chunks = response.aiter_bytes()
                 with trio.fail_after(5):
                     assert await chunks.__anext__() == b'data: {"n": 1}\n\n'
-                go_on.set()
+                held.release()
                 rest = b"".join([chunk async for chunk in chunks])
         assert rest == b'data: {"n": 2}\n\ndata: [DONE]\n\n'
 
     async def test_stalled_stream_times_out_with_an_error_event(self, nursery):
         """An engine that stops sending mid-stream for the upstream timeout: the stream ends with an error."""
-        hold = trio.Event()
-
-        async def events():
-            yield b'data: {"n": 1}\n\n'
-            await hold.wait()
-
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        host, port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = await serve_feed(nursery, m=[("m-0", f"http://{host}:{port}")])
+        silent = HeldStream(b'data: {"n": 1}\n\n')
+        feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, silent))])
         _, url = await start_gateway(
             nursery, feed.url, require_keys=False, proxy=ProxySettings(read_timeout=0.2)
         )
@@ -227,7 +215,7 @@ class TestStreams:
         events_received = response.content.strip().split(b"\n\n")
         assert events_received[0] == b'data: {"n": 1}'
         assert b"sent nothing for 0.2s" in events_received[-1]
-        hold.set()
+        silent.release()
 
     async def test_client_leaving_stops_generation(self, nursery):
         """A client that disconnects mid-stream makes the gateway close the upstream: the engine stops."""
@@ -241,11 +229,7 @@ class TestStreams:
             finally:
                 stopped.set()
 
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        host, port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = await serve_feed(nursery, m=[("m-0", f"http://{host}:{port}")])
+        feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, events))])
         gateway, url = await start_gateway(nursery, feed.url, require_keys=False)
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:

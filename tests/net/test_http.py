@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmgw.net.server import HttpServer, InvalidJSON, Limits, Request, Response
+from llmgw.testing.gateway import HeldStream, streaming
 
 HOST = "127.0.0.1"
 
@@ -162,24 +163,15 @@ class TestStreaming:
 
     async def test_chunks_arrive_before_stream_ends(self, nursery):
         """The first chunk reaches the client while the body is still being produced."""
-        first_seen = trio.Event()
-
-        async def chunks():
-            yield b"data: one\n\n"
-            await first_seen.wait()
-            yield b"data: two\n\n"
-
-        async def handler(request: Request) -> Response:
-            return Response.stream(200, chunks())
-
-        _, url = await start_server(nursery, handler)
+        held = HeldStream(b"data: one\n\n", b"data: two\n\n")
+        _, url = await start_server(nursery, streaming(held))
         received = []
         with trio.fail_after(5):
             async with httpx.AsyncClient(base_url=url) as client, client.stream("GET", "/") as response:
                 assert response.headers["content-type"] == "text/event-stream"
                 async for chunk in response.aiter_raw():
                     received.append(chunk)
-                    first_seen.set()
+                    held.release()
         assert b"".join(received) == b"data: one\n\ndata: two\n\n"
 
     async def test_client_disconnect_stops_the_body(self, nursery):
@@ -197,10 +189,7 @@ class TestStreaming:
             finally:
                 closed.set()
 
-        async def handler(request: Request) -> Response:
-            return Response.stream(200, chunks())
-
-        _, url = await start_server(nursery, handler)
+        _, url = await start_server(nursery, streaming(chunks))
         async with httpx.AsyncClient(base_url=url) as client, client.stream("GET", "/") as response:
             async for _ in response.aiter_raw():
                 break

@@ -10,11 +10,10 @@ import pytest
 import trio
 from llmgw_engine_sim import SimEngine
 
-from llmgw.models import NodeFacts
-from llmgw.testing import make_gpus
 from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.nodes import sim_node_sync
 from llmgw.testing.server import start_server
-from llmgw.wire import SyncReply, SyncRequest, from_json, to_json
+from llmgw.wire import SyncReply, from_json, to_json
 
 CATALOG = catalog_yaml({"small": model("tiny/model")}, one=sim_profile(2))
 
@@ -31,23 +30,8 @@ def client(test_pki, role: str, name: str) -> httpx.AsyncClient:
 
 
 def sync_body(node_id: str, revision: int = 0) -> dict:
-    facts = NodeFacts(
-        node_id=node_id,
-        agent_version="0.1.0",
-        gpus=make_gpus(4, seed=node_id),
-        engines={"sim": "0.1.0"},
-        model_sources=["tiny/model"],
-    )
-    request = SyncRequest(
-        node_id=node_id,
-        address="127.0.0.5",
-        facts=facts,
-        port_range=(21000, 21099),
-        checked_sources=facts.model_sources,
-        revision=revision,
-        wait=False,
-    )
-    return to_json(request)
+    """The JSON of one sync of ``node_id`` (four GPUs, the sim engine) knowing ``revision``."""
+    return to_json(sim_node_sync(node_id, revision=revision, wait=False))
 
 
 async def test_node_syncs_and_gets_its_shards(server, test_pki):

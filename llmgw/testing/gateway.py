@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
 
 __all__ = [
-    "FakeRoutesFeed", "HeldStream", "Sim", "serve_stream", "sim_program", "sim_argv", "start_sim",
-    "start_gateway", "streaming", "wait_healthy",
+    "FakeRoutesFeed", "HeldStream", "Sim", "serve_feed", "serve_stream", "sim_program", "sim_argv",
+    "start_sim", "start_gateway", "streaming", "wait_healthy",
 ]  # fmt: skip
 
 
@@ -168,6 +168,8 @@ class FakeRoutesFeed:
         self.suspects: list[dict] = []
         self._changed = trio.Event()
         self.server: HttpServer | None = None
+        #: the base URL it serves on, once :func:`serve_feed` started it
+        self.url: str | None = None
 
     def set(
         self,
@@ -231,6 +233,26 @@ class FakeRoutesFeed:
         """Serve until cancelled; ``task_status.started(base URL)`` once listening."""
         self.server = HttpServer(self.handle)
         await self.server.serve(host, port, task_status=_Url(task_status))
+
+
+async def serve_feed(
+    nursery: trio.Nursery,
+    *,
+    keys: Mapping[str, str] | None = None,
+    models: Iterable[str] = (),
+    **routes: Sequence[tuple[str, str]],
+) -> FakeRoutesFeed:
+    """A :class:`FakeRoutesFeed` serving in ``nursery`` (127.0.0.1, port 0), for a gateway under test to read.
+
+    :param keys: API keys (secret -> name) the feed hands out.
+    :param models: models listed even with no routes.
+    :param routes: model -> [(replica id, url)].
+    :returns: the feed; its base URL is ``feed.url``.
+    """
+    feed = FakeRoutesFeed(models=models)
+    feed.url = await nursery.start(feed.serve)
+    feed.set(routes=routes, keys=keys)
+    return feed
 
 
 class _Url:

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.net.server import HttpServer, Limits, Request, Response
 from llmgw.testing.gateway import (
-    FakeRoutesFeed,
     HeldStream,
+    serve_feed,
     serve_stream,
     start_gateway,
     start_sim,
@@ -46,10 +46,8 @@ async def feed(nursery, sims):
     """A routes feed with both sims ready for "m", model "cold" with no ready replica, and one key."""
     with trio.fail_after(10):
         await wait_healthy(sim.url for sim in sims.values())
-    feed = FakeRoutesFeed(models=["m", "cold"])
-    feed.url = await nursery.start(feed.serve)
-    feed.set(routes={"m": [(name, sim.url) for name, sim in sims.items()]}, keys={KEY: "alice"})
-    return feed
+    routes = [(name, sim.url) for name, sim in sims.items()]
+    return await serve_feed(nursery, models=["cold"], keys={KEY: "alice"}, m=routes)
 
 
 @pytest.fixture
@@ -210,10 +208,8 @@ class TestErrors:
 
     async def test_no_keys_created_yet(self, nursery, sims):
         """A feed without "keys" (none created yet) means every key is refused, and the message says why."""
-        feed = FakeRoutesFeed()
-        url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", sims["m-0"].url)]})
-        _, gateway = await start_gateway(nursery, url)
+        feed = await serve_feed(nursery, m=[("m-0", sims["m-0"].url)])
+        _, gateway = await start_gateway(nursery, feed.url)
         async with client(gateway) as http:
             response = await http.get("/v1/models")
         assert response.status_code == 401
@@ -287,10 +283,8 @@ class TestRouting:
         for name in ("busy", "idle"):
             host, port = await nursery.start(HttpServer(upstream(name)).serve, "127.0.0.1", 0)
             urls[name] = f"http://{host}:{port}"
-        feed = FakeRoutesFeed()
-        feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("a", urls["busy"]), ("b", urls["idle"])]})
-        _, gateway = await start_gateway(nursery, feed_url, require_keys=False, routing="least-outstanding")
+        feed = await serve_feed(nursery, m=[("a", urls["busy"]), ("b", urls["idle"])])
+        _, gateway = await start_gateway(nursery, feed.url, require_keys=False, routing="least-outstanding")
         async with client(gateway, key=None) as http, trio.open_nursery() as requests:
             body = {"model": "m", "prompt": "x"}
             for _ in range(4):
@@ -374,10 +368,8 @@ class TestLifecycle:
 
         held = HeldStream(b'data: {"n": 1}\n\n', b"data: [DONE]\n\n")
         engine_url = await serve_stream(nursery, held)
-        feed = FakeRoutesFeed()
-        feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", engine_url)]})
-        gateway = Gateway(GatewayConfig(server=feed_url, host="127.0.0.1", port=0, require_keys=False))
+        feed = await serve_feed(nursery, m=[("m-0", engine_url)])
+        gateway = Gateway(GatewayConfig(server=feed.url, host="127.0.0.1", port=0, require_keys=False))
         returned = trio.Event()
 
         async def serve(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -408,9 +400,7 @@ class TestCommand:
 
     async def test_runs_warns_without_keys_and_stops_on_sigterm(self, nursery, sims, processes):  # noqa: F811
         """The command serves requests, logs the no-keys warning, and exits 0 on SIGTERM."""
-        feed = FakeRoutesFeed()
-        feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", sims["m-0"].url)]})
+        feed = await serve_feed(nursery, m=[("m-0", sims["m-0"].url)])
         port = free_port()
         gateway = processes.start(
             [
@@ -418,7 +408,7 @@ class TestCommand:
                 "-m",
                 "llmgw.gateway",
                 "--server",
-                feed_url,
+                feed.url,
                 "--listen",
                 f"127.0.0.1:{port}",
                 "--no-keys",

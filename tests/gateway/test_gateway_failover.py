@@ -15,6 +15,7 @@ from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import (
     FakeRoutesFeed,
     HeldStream,
+    serve_feed,
     serve_stream,
     start_gateway,
     start_sim,
@@ -24,14 +25,6 @@ from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 BODY = {"model": "m", "messages": MESSAGES, "max_tokens": 4}
-
-
-async def serve_feed(nursery: trio.Nursery, **routes) -> FakeRoutesFeed:
-    """A fake routes feed with ``routes`` (model -> [(replica, url)]); its URL is ``feed.url``."""
-    feed = FakeRoutesFeed()
-    feed.url = await nursery.start(feed.serve)
-    feed.set(routes=routes)
-    return feed
 
 
 def connections_to(port: int) -> list[str]:

@@ -62,11 +62,11 @@ class Harness:
         self.fabrics: dict[str, str | None] = {}
 
     @classmethod
-    def running_big(cls) -> Harness:
-        """A harness whose nodes a1 and a2 (fabric ib-a) run the two-node replica big-0, ready."""
+    def running_big(cls, nodes: tuple[str, str] = ("a1", "a2")) -> Harness:
+        """A harness whose two ``nodes`` (fabric ib-a) run the two-node replica big-0, ready."""
         h = cls()
-        h.join("a1", fabric="ib-a")
-        h.join("a2", fabric="ib-a")
+        for node_id in nodes:
+            h.join(node_id, fabric="ib-a")
         h.apply(big=1)
         h.sync_all()
         h.run_all("big-0")

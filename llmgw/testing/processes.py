@@ -53,6 +53,7 @@ __all__ = [
     "running",
     "sigint_default",
     "start",
+    "taken_port",
     "wait_for",
     "wait_until",
 ]
@@ -337,6 +338,18 @@ async def wait_for(
             await trio.sleep(POLL_INTERVAL)
     waited = round(trio.current_time() - started + POLL_INTERVAL, 2)
     raise WaitTimeout(_timeout_message(what, waited, error, _involved(processes)))
+
+
+@contextlib.contextmanager
+def taken_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A TCP port on ``host`` that a listening socket holds until the block ends.
+
+    Used by tests of a process told to listen where it cannot. :returns: (yields) the port.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((host, 0))
+        taken.listen()
+        yield taken.getsockname()[1]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,20 @@ async def start_server(nursery: trio.Nursery, handler=echo, **kwargs) -> tuple[H
     host, port = await nursery.start(server.serve, HOST, 0)
     scheme = "https" if kwargs.get("ssl_context") else "http"
     return server, f"{scheme}://{host}:{port}"
+
+
+def never_answers() -> tuple[Callable[[Request], Awaitable[Response]], trio.Event, trio.Event]:
+    """A handler that waits forever, and its two events: a request ``entered`` it, it was ``cancelled``."""
+    entered, cancelled = trio.Event(), trio.Event()
+
+    async def handler(request: Request) -> Response:
+        entered.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    return handler, entered, cancelled
 
 
 async def raw_exchange(address: tuple[str, int], data: bytes) -> bytes:
@@ -219,14 +234,7 @@ class TestStreaming:
 
     async def test_client_disconnect_cancels_a_waiting_handler(self, nursery):
         """A handler still computing its response is cancelled when the client leaves."""
-        entered, cancelled = trio.Event(), trio.Event()
-
-        async def handler(request: Request) -> Response:
-            entered.set()
-            try:
-                await trio.sleep_forever()
-            finally:
-                cancelled.set()
+        handler, entered, cancelled = never_answers()
 
         server, _ = await start_server(nursery, handler)
         stream = await trio.open_tcp_stream(*server.address)
@@ -287,14 +295,7 @@ class TestShutdown:
 
     async def test_grace_period_cancels_what_remains(self, nursery):
         """A request still running when the grace period ends is cancelled and serve() returns."""
-        entered, cancelled = trio.Event(), trio.Event()
-
-        async def handler(request: Request) -> Response:
-            entered.set()
-            try:
-                await trio.sleep_forever()
-            finally:
-                cancelled.set()
+        handler, entered, cancelled = never_answers()
 
         server = HttpServer(handler)
         stopped = trio.Event()

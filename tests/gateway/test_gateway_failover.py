@@ -15,6 +15,7 @@ from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import (
     FakeRoutesFeed,
     HeldStream,
+    Sim,
     serve_feed,
     serve_stream,
     start_gateway,
@@ -25,6 +26,19 @@ from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 BODY = {"model": "m", "messages": MESSAGES, "max_tokens": 4}
+
+
+async def sim_behind_gateway(nursery: trio.Nursery, processes, *sim_args: str) -> tuple[Sim, str]:  # noqa: F811
+    """One sim started with ``sim_args`` as replica m-0 of model m, behind a gateway needing no key.
+
+    :returns: the sim, once healthy, and the gateway's base URL.
+    """
+    sim = start_sim(processes, *sim_args)
+    with trio.fail_after(10):
+        await wait_healthy([sim.url])
+    feed = await serve_feed(nursery, m=[("m-0", sim.url)])
+    _, url = await start_gateway(nursery, feed.url, require_keys=False)
+    return sim, url
 
 
 def connections_to(port: int) -> list[str]:
@@ -235,11 +249,7 @@ class TestStreams:
 
     async def test_client_leaving_closes_the_sim_connection(self, nursery, processes):  # noqa: F811
         """With a real engine: after the client leaves, no connection to the engine stays open."""
-        sim = start_sim(processes, "--tokens-per-second", "20")
-        with trio.fail_after(10):
-            await wait_healthy([sim.url])
-        feed = await serve_feed(nursery, m=[("m-0", sim.url)])
-        _, url = await start_gateway(nursery, feed.url, require_keys=False)
+        sim, url = await sim_behind_gateway(nursery, processes, "--tokens-per-second", "20")
         long = {**BODY, "max_tokens": 2000, "stream": True}
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json=long) as response:
@@ -254,11 +264,7 @@ class TestStreams:
 
     async def test_stream_on_a_dying_replica_ends_with_an_error_event(self, nursery, processes):  # noqa: F811
         """Killing the engine mid-stream ends the client's stream with an OpenAI error event, not a hang."""
-        sim = start_sim(processes, "--tokens-per-second", "50")
-        with trio.fail_after(10):
-            await wait_healthy([sim.url])
-        feed = await serve_feed(nursery, m=[("m-0", sim.url)])
-        _, url = await start_gateway(nursery, feed.url, require_keys=False)
+        sim, url = await sim_behind_gateway(nursery, processes, "--tokens-per-second", "50")
         long = {**BODY, "max_tokens": 2000, "stream": True}
         with trio.fail_after(10):
             async with httpx.AsyncClient(base_url=url) as http:
@@ -274,11 +280,7 @@ class TestStreams:
     async def test_openai_client_raises_on_a_dying_replica(self, nursery, processes, caplog):  # noqa: F811
         """The openai client sees an APIError when the engine under its stream dies."""
         caplog.set_level(logging.INFO, logger="llmgw.gateway")
-        sim = start_sim(processes, "--tokens-per-second", "50")
-        with trio.fail_after(10):
-            await wait_healthy([sim.url])
-        feed = await serve_feed(nursery, m=[("m-0", sim.url)])
-        _, url = await start_gateway(nursery, feed.url, require_keys=False)
+        sim, url = await sim_behind_gateway(nursery, processes, "--tokens-per-second", "50")
 
         def use() -> list[str]:
             api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=10)

@@ -44,6 +44,24 @@ async def start_server(nursery: trio.Nursery, handler=echo, **kwargs) -> tuple[H
     return server, f"{scheme}://{host}:{port}"
 
 
+async def serve_until_shutdown(
+    nursery: trio.Nursery, handler
+) -> tuple[HttpServer, tuple[str, int], trio.Event]:
+    """Serve ``handler`` on HOST in ``nursery`` for a test that shuts the server down.
+
+    :returns: the server, its address, and an event set once ``serve()`` returned.
+    """
+    server = HttpServer(handler)
+    stopped = trio.Event()
+
+    async def run_server(task_status=trio.TASK_STATUS_IGNORED):
+        await server.serve(HOST, 0, task_status=task_status)
+        stopped.set()
+
+    address = await nursery.start(run_server)
+    return server, address, stopped
+
+
 def never_answers() -> tuple[Callable[[Request], Awaitable[Response]], trio.Event, trio.Event]:
     """A handler that waits forever, and its two events: a request ``entered`` it, it was ``cancelled``."""
     entered, cancelled = trio.Event(), trio.Event()
@@ -258,14 +276,7 @@ class TestShutdown:
                 await release.wait()
             return Response.text(200, request.path)
 
-        server = HttpServer(handler)
-        stopped = trio.Event()
-
-        async def run_server(task_status=trio.TASK_STATUS_IGNORED):
-            await server.serve(HOST, 0, task_status=task_status)
-            stopped.set()
-
-        address = await nursery.start(run_server)
+        server, address, stopped = await serve_until_shutdown(nursery, handler)
         url = f"http://{address[0]}:{address[1]}"
         idle = await trio.open_tcp_stream(*address)
         await idle.send_all(b"GET /idle HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -297,14 +308,7 @@ class TestShutdown:
         """A request still running when the grace period ends is cancelled and serve() returns."""
         handler, entered, cancelled = never_answers()
 
-        server = HttpServer(handler)
-        stopped = trio.Event()
-
-        async def run_server(task_status=trio.TASK_STATUS_IGNORED):
-            await server.serve(HOST, 0, task_status=task_status)
-            stopped.set()
-
-        address = await nursery.start(run_server)
+        server, address, stopped = await serve_until_shutdown(nursery, handler)
         stream = await trio.open_tcp_stream(*address)
         await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         with trio.fail_after(5):

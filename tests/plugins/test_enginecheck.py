@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from llmgw.enginecheck import (
 from llmgw.enginecheck.cli import engine_check
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
+from llmgw.testing.processes import run_pytest
 from llmgw.testing.pytest_plugin import find_engine_help_dir, missing_engine_help
 
 REPO = Path(__file__).resolve().parents[2]
@@ -546,23 +545,8 @@ def test_template_passes_its_own_tests(tmp_path):
         copy / "tests" / "help" / "foo-server-1.0.0.txt"
     )
     (copy / "tests" / "test_myengine.py").rename(copy / "tests" / "test_foo.py")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "not version and not registered",
-        ],
-        cwd=copy,
-        env={**os.environ, "PYTHONPATH": str(copy)},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_pytest(
+        copy, "-k", "not version and not registered", env={**os.environ, "PYTHONPATH": str(copy)}
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout

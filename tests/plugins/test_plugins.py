@@ -65,6 +65,12 @@ class EnginePlugin:
         return self.engines
 
 
+def broken_distribution(site: Path, source: str) -> Path:
+    """``llmgw-engine-broken`` 0.3.1 installed in ``site``: its entry point's module is ``source``."""
+    entry_points, modules = {"broken": "llmgw_engine_broken"}, {"llmgw_engine_broken": source}
+    return write_distribution(site, "llmgw-engine-broken", "0.3.1", entry_points, modules)
+
+
 class TestPluginsCommand:
     """``llmgw plugins`` as an operator runs it."""
 
@@ -87,13 +93,7 @@ class TestPluginsCommand:
 
     def test_broken_distribution_is_listed_with_its_error(self, llmgw_exe, clean_env, tmp_path):
         """A plugin that fails to import is listed with its error; the others still load."""
-        site = write_distribution(
-            tmp_path / "site",
-            "llmgw-engine-broken",
-            "0.3.1",
-            {"broken": "llmgw_engine_broken"},
-            {"llmgw_engine_broken": "import a_module_that_is_not_installed\n"},
-        )
+        site = broken_distribution(tmp_path / "site", "import a_module_that_is_not_installed\n")
         result = run_llmgw(llmgw_exe, "plugins", "--json", env=clean_env, site=site)
         assert result.returncode == 1, "a failed plugin must make `llmgw plugins` exit 1"
         records = {r["name"]: r for r in json.loads(result.stdout)}
@@ -107,13 +107,7 @@ class TestPluginsCommand:
 
     def test_table_names_the_broken_plugin_on_stderr(self, llmgw_exe, clean_env, tmp_path):
         """The table view prints a failed plugin's error on stderr, by name."""
-        site = write_distribution(
-            tmp_path / "site",
-            "llmgw-engine-broken",
-            "0.3.1",
-            {"broken": "llmgw_engine_broken"},
-            {"llmgw_engine_broken": "raise RuntimeError('engine plugin exploded')\n"},
-        )
+        site = broken_distribution(tmp_path / "site", "raise RuntimeError('engine plugin exploded')\n")
         result = run_llmgw(llmgw_exe, "plugins", env=clean_env, site=site)
         assert result.returncode == 1
         assert "broken" in result.stdout and "failed" in result.stdout
@@ -131,13 +125,7 @@ class TestPluginsCommand:
 
     def test_allowlist_by_distribution_name(self, llmgw_exe, clean_env, tmp_path):
         """LLMGW_LOAD_PLUGINS naming a distribution loads it and leaves the others out."""
-        site = write_distribution(
-            tmp_path / "site",
-            "llmgw-engine-broken",
-            "0.3.1",
-            {"broken": "llmgw_engine_broken"},
-            {"llmgw_engine_broken": "raise RuntimeError('must not be imported')\n"},
-        )
+        site = broken_distribution(tmp_path / "site", "raise RuntimeError('must not be imported')\n")
         env = {**clean_env, "LLMGW_LOAD_PLUGINS": "llmgw-engine-sim"}
         result = run_llmgw(llmgw_exe, "plugins", "--json", env=env, site=site)
         assert result.returncode == 0, result.stderr

@@ -20,6 +20,7 @@ from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.hub import HubStandIn, hub_downloader
 from llmgw.testing.processes import free_port
+from llmgw.weights import file_sha256
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,10 +35,6 @@ FILES = {
 }
 
 CATALOG = catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=4)})
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def copy_of(cluster: LocalCluster, node: str) -> Path:
@@ -78,9 +75,8 @@ def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path,
         assert hub.cdn_authorizations == []
         for shard in shards(cluster):
             copy = copy_of(cluster, shard.node)
-            assert {p.relative_to(copy).as_posix(): sha256(p) for p in copy.rglob("*") if p.is_file()} == {
-                name: hashlib.sha256(data).hexdigest() for name, data in contents.items()
-            }
+            held = {p.relative_to(copy).as_posix(): file_sha256(p) for p in copy.rglob("*") if p.is_file()}
+            assert held == {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
             assert str(copy) in shard.argv, "the engine should be given the node's own copy"
             assert shard.env.get("HF_HUB_OFFLINE") == "1"
         assert any("from the hub" in line for line in seen), seen

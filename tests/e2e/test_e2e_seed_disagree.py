@@ -10,7 +10,6 @@ an engine on it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
+from llmgw.weights import file_sha256
 from llmgw.wire import EventList, ModelList, ModelStatus
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,10 +26,6 @@ pytestmark = pytest.mark.timeout(300)
 FILES = {"weights.bin": 6_000_000, "config.json": 200}
 
 CATALOG = catalog_yaml({"m": model("seed:///data/m", replicas=1)})
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -92,12 +88,12 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
     cluster.wait(
         lambda: len(cluster.replicas().replicas) == 3 and cluster.all_ready(), "3 replicas ready", 180
     )
-    expected = {name: sha256(seed / name) for name in FILES}
+    expected = {name: file_sha256(seed / name) for name in FILES}
     for node in ("node-2", "node-3"):
         [shard] = [s for r in cluster.replicas().replicas for s in r.shards if s.node == node]
         models_dir = cluster.nodes[node].models_dir
         [copy] = [p for p in models_dir.iterdir() if not p.name.startswith(".")]
         assert str(copy) in shard.argv, (node, shard.argv)
-        assert {p.name: sha256(p) for p in copy.iterdir()} == expected, node
+        assert {p.name: file_sha256(p) for p in copy.iterdir()} == expected, node
     status = model(cluster)
     assert status.holders == ("node-1", "node-2", "node-3") and status.differing == ("node-3",), status

@@ -7,7 +7,6 @@ simulated node with its own models directory and its own disk for seeds
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
+from llmgw.weights import file_sha256
 from llmgw.wire import EventList, ReplicaStatus
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,10 +26,6 @@ pytestmark = pytest.mark.timeout(300)
 FILES = {"model-00001.safetensors": 24_000_000, "model-00002.safetensors": 24_000_000, "config.json": 300}
 
 CATALOG = catalog_yaml({"seeded": model("seed:///data/seeded", replicas=3)})
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -76,7 +72,9 @@ def test_seeded_model_is_copied_verified_and_served(cluster):
     assert any("fetching" in line for line in seen_staging), seen_staging
     for node in ("node-2", "node-3"):
         copy = copy_of(cluster, node)
-        assert {p.name: sha256(p) for p in copy.iterdir()} == {name: sha256(seed / name) for name in FILES}
+        assert {p.name: file_sha256(p) for p in copy.iterdir()} == {
+            name: file_sha256(seed / name) for name in FILES
+        }
         shard = next(s for r in cluster.replicas().replicas for s in r.shards if s.node == node)
         assert str(copy) in shard.argv, "the engine should be given the node's own copy"
     holder = next(s for r in cluster.replicas().replicas for s in r.shards if s.node == "node-1")
@@ -101,17 +99,17 @@ def test_seeded_model_is_copied_verified_and_served(cluster):
     # a flipped byte in node-2's copy: found before the next start there, that file fetched again
     on_node2 = next(r for r in cluster.replicas().replicas if r.shards[0].node == "node-2")
     target = copy_of(cluster, "node-2") / "model-00002.safetensors"
-    good = sha256(target)
+    good = file_sha256(target)
     with open(target, "r+b") as handle:
         handle.seek(12_345_678)
         byte = handle.read(1)
         handle.seek(12_345_678)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    assert sha256(target) != good
+    assert file_sha256(target) != good
     os.kill(on_node2.shards[0].pid, signal.SIGKILL)
     cluster.wait(lambda: replica(cluster, on_node2.id).attempt != on_node2.attempt, "a rebuild on node-2", 30)
     cluster.wait(lambda: replica(cluster, on_node2.id).state == "ready", "the rebuilt replica ready", 120)
-    assert sha256(target) == good
+    assert file_sha256(target) == good
     events = cluster.client.request("GET", "/v1/admin/events", EventList).events
     assert any("model-00002.safetensors" in e.message and "failed verification" in e.message for e in events)
 
@@ -144,6 +142,8 @@ def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
             180,
         )
         copy = copy_of(local, "node-3")
-        assert {p.name: sha256(p) for p in copy.iterdir()} == {p.name: sha256(p) for p in seed.iterdir()}
+        assert {p.name: file_sha256(p) for p in copy.iterdir()} == {
+            p.name: file_sha256(p) for p in seed.iterdir()
+        }
     finally:
         local.stop_all()

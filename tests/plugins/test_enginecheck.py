@@ -347,6 +347,11 @@ def toy_files(tmp_path) -> dict[str, Path]:
     return files
 
 
+def help_files(files: dict[str, Path]) -> list[str]:
+    """``--help-file PROGRAM=PATH`` for each of ``files``."""
+    return [arg for program, path in files.items() for arg in ("--help-file", f"{program}={path}")]
+
+
 class TestCli:
     """``llmgw ctl engine-check`` on the toy engine."""
 
@@ -354,10 +359,7 @@ class TestCli:
         """One help file per program: every flag accepted, exit 0."""
         result = invoke(
             "toy",
-            "--help-file",
-            f"toy-server={toy_files['toy-server']}",
-            "--help-file",
-            f"toy-worker={toy_files['toy-worker']}",
+            *help_files(toy_files),
         )
         assert result.exit_code == 0, result.output
         assert re.search(r"accepted +--listen +toy-worker +1-2 +-\n", result.output)
@@ -402,10 +404,7 @@ class TestCli:
         result = invoke(
             "toy",
             "--json",
-            "--help-file",
-            f"toy-server={toy_files['toy-server']}",
-            "--help-file",
-            f"toy-worker={toy_files['toy-worker']}",
+            *help_files(toy_files),
         )
         data = json.loads(result.output)
         assert data["engine"] == "toy" and data["ok"] is True
@@ -417,10 +416,7 @@ class TestCli:
             "toy",
             "--extra-args",
             "--max-len 4096 --not-here 'a b'",
-            "--help-file",
-            f"toy-server={toy_files['toy-server']}",
-            "--help-file",
-            f"toy-worker={toy_files['toy-worker']}",
+            *help_files(toy_files),
         )
         assert result.exit_code == 1
         assert re.search(r"missing +--not-here +toy-server +0 +profile args\n", result.output)

@@ -34,6 +34,17 @@ def sync_body(node_id: str, revision: int = 0) -> dict:
     return to_json(sim_node_sync(node_id, revision=revision, wait=False))
 
 
+async def sync_until_placed(node: httpx.AsyncClient, server: str) -> SyncReply:
+    """node-1 syncs once, then long-polls (5 s at most) until the reconciler's answer: the reply."""
+    first = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+    assert first.status_code == 200, first.text
+    known = from_json(first.json(), SyncReply).revision
+    with trio.fail_after(5):
+        second = await node.post(f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True})
+    assert second.status_code == 200, second.text
+    return from_json(second.json(), SyncReply)
+
+
 async def test_node_syncs_and_gets_its_shards(server, test_pki):
     """A node that syncs is listed by the admin API, and its next long-poll gets the catalog's replica.
 
@@ -43,14 +54,7 @@ async def test_node_syncs_and_gets_its_shards(server, test_pki):
     async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
         applied = await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
         assert applied.status_code == 200, applied.text
-        first = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
-        assert first.status_code == 200, first.text
-        known = from_json(first.json(), SyncReply).revision
-        with trio.fail_after(5):
-            second = await node.post(
-                f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True}
-            )
-        reply = from_json(second.json(), SyncReply)
+        reply = await sync_until_placed(node, server)
         assert [s.replica_id for s in reply.shards] == ["small-0"]
         assert reply.shards[0].spec.host == "127.0.0.5"
         assert 21000 <= reply.shards[0].spec.port <= 21099
@@ -213,13 +217,7 @@ class TestHostileInput:
         """A port range inverted or out of 1..65535 is a 400 naming port_range; nothing changes."""
         async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
             await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
-            good = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
-            assert good.status_code == 200, good.text
-            known = from_json(good.json(), SyncReply).revision
-            with trio.fail_after(5):
-                placed = await node.post(
-                    f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True}
-                )
+            placed = await sync_until_placed(node, server)
             before = (await admin.get(f"{server}/v1/admin/nodes")).json()
             bad = await node.post(
                 f"{server}/v1/agent/sync", json={**sync_body("node-1"), "port_range": port_range}
@@ -229,7 +227,7 @@ class TestHostileInput:
             assert f"got [{port_range[0]}, {port_range[1]}]" in bad.json()["error"]["message"]
             again = await node.post(
                 f"{server}/v1/agent/sync",
-                json=sync_body("node-1", from_json(placed.json(), SyncReply).revision),
+                json=sync_body("node-1", placed.revision),
             )
             assert again.status_code == 200, "the server stopped answering after the bad sync"
             after = (await admin.get(f"{server}/v1/admin/nodes")).json()

@@ -47,7 +47,7 @@ def cluster(tmp_path: Path):
         local.stop_all()
 
 
-def model(cluster: LocalCluster) -> ModelStatus:
+def m_status(cluster: LocalCluster) -> ModelStatus:
     [status] = cluster.client.request("GET", "/v1/admin/models", ModelList).models
     return status
 
@@ -58,13 +58,13 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
     cluster.wait(
         lambda: len(cluster.replicas().replicas) == 1 and cluster.all_ready(), "1 replica ready", 120
     )
-    status = model(cluster)
+    status = m_status(cluster)
     assert status.size == sum(FILES.values()), "the fleet's manifest is node-1's complete one"
     assert status.holders == ("node-1",), status
     cluster.wait(
-        lambda: "node-3" in model(cluster).differing, "ctl models naming node-3's differing folder", 30
+        lambda: "node-3" in m_status(cluster).differing, "ctl models naming node-3's differing folder", 30
     )
-    status = model(cluster)
+    status = m_status(cluster)
     assert status.differing == ("node-3",), status
     [shard] = cluster.replicas().replicas[0].shards
     assert shard.node == "node-1"
@@ -95,5 +95,5 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
         [copy] = [p for p in models_dir.iterdir() if not p.name.startswith(".")]
         assert str(copy) in shard.argv, (node, shard.argv)
         assert {p.name: file_sha256(p) for p in copy.iterdir()} == expected, node
-    status = model(cluster)
+    status = m_status(cluster)
     assert status.holders == ("node-1", "node-2", "node-3") and status.differing == ("node-3",), status

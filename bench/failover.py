@@ -27,23 +27,11 @@ import time
 from pathlib import Path
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import chat_catalog
 from llmgw.testing.load import GatewayLoad
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: {replicas}
-"""
 
 
 def pids(local: LocalCluster) -> dict[tuple[str, int], int | None]:
@@ -72,7 +60,7 @@ def run(args: argparse.Namespace, store: str, root: Path) -> None:
         for index in range(1, args.nodes + 1):
             local.start_agent(local.add_node(index))
         local.start_gateway(free_port())
-        local.apply(CATALOG.format(models=root / "models", replicas=args.replicas))
+        local.apply(chat_catalog(args.replicas).format(models=root / "models"))
         local.wait(local.all_ready, "every replica to be ready")
         before = pids(local)
         takeovers: list[float] = []

@@ -25,27 +25,14 @@ from pathlib import Path
 import trio
 
 from llmgw.catalog import parse_catalog
-from llmgw.models import NodeFacts
 from llmgw.server.ha.standby import StandbyView
 from llmgw.server.persist.cluster import add_api_key, flush
 from llmgw.server.persist.postgres import open_pg_store
 from llmgw.server.reconciler import reconcile
 from llmgw.server.state.cluster import ClusterState, Settings
-from llmgw.testing.fakes import make_gpus
+from llmgw.testing.catalogs import catalog_yaml, model
+from llmgw.testing.nodes import sim_node_sync
 from llmgw.testing.postgres import PostgresCluster, find_postgres_bin
-from llmgw.wire import SyncRequest
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  chat:
-    source: tiny/model
-    profile: one
-    replicas: {replicas}
-"""
 
 
 def fleet(size: int, engines: dict) -> ClusterState:
@@ -54,25 +41,10 @@ def fleet(size: int, engines: dict) -> ClusterState:
     now = time.time()
     for index in range(size):
         node_id = f"node-{index:05d}"
-        facts = NodeFacts(
-            node_id=node_id,
-            agent_version="0.1.0",
-            gpus=make_gpus(8, seed=node_id),
-            engines={"sim": "0.1.0"},
-            model_sources=["tiny/model"],
-        )
         address = f"10.{index // 65536}.{index // 256 % 256}.{index % 256}"
-        request = SyncRequest(
-            node_id=node_id,
-            address=address,
-            facts=facts,
-            port_range=(21000, 21099),
-            checked_sources=facts.model_sources,
-            revision=0,
-            wait=False,
-        )
+        request = sim_node_sync(node_id, gpus=8, address=address, revision=0, wait=False)
         cluster.sync(request, now)
-    text = CATALOG.format(replicas=2 * size)
+    text = catalog_yaml({"chat": model("tiny/model", replicas=2 * size)})
     cluster.apply_catalog(parse_catalog(text, engines), text, now, "bench")
     reconcile(cluster, now)
     return cluster

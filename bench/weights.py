@@ -43,20 +43,9 @@ from pathlib import Path
 from llmgw.agent.peer_files import peer_client_context
 from llmgw.dev.cluster import LocalCluster
 from llmgw.pki import init_ca, issue_node, server_ssl_context
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.hub import HubStandIn
 from llmgw.testing.processes import free_port
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  seeded:
-    source: {source}
-    profile: one
-    replicas: {replicas}
-"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -158,11 +147,11 @@ def main() -> None:
             cpu_before = sum(cpu_seconds(pid) for pid in agents.values())
             if hub is None:
                 # the seed's manifest (hashing the model once) is made before the clock starts
-                cluster.apply(CATALOG.format(replicas=1, source=source))
+                cluster.apply(catalog_yaml({"seeded": model(source, replicas=1)}))
                 cluster.wait(cluster.all_ready, "the seed node's replica", 600)
             cpu_at_clock = sum(cpu_seconds(pid) for pid in agents.values())
             started = time.monotonic()
-            cluster.apply(CATALOG.format(replicas=args.nodes, source=source))
+            cluster.apply(catalog_yaml({"seeded": model(source, replicas=args.nodes)}))
             done_at: dict[str, float] = {}
             copies = args.nodes if hub else args.nodes - 1
             while len(done_at) < copies:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -27,7 +26,7 @@ from llmgw.dev.cluster import LocalCluster, program
 from llmgw.errors import LlmgwError
 from llmgw.onboard.cli import onboard_node
 from llmgw.provision.cli import provision_node
-from llmgw.testing.processes import free_port
+from llmgw.testing.processes import free_port, taken_port
 
 
 class _Refused(LlmgwError):
@@ -168,10 +167,7 @@ def test_processes_stop_cleanly_on_signal(cluster, signum):
 
 def test_server_on_a_taken_port_says_so(test_pki, tmp_path):
     """``llmgw server`` on a port in use exits 1 with one ``error:`` line naming the address; no traceback."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         tls = test_pki.server
         argv = [program("llmgw"), "server", "--state-dir", str(tmp_path / "state"), "--listen",
                 f"127.0.0.1:{port}", "--cert", str(tls.cert_path), "--key", str(tls.key_path),

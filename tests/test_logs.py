@@ -124,14 +124,10 @@ def test_sim_logs_json_lines_with_its_rank(tmp_path):
 
 def test_a_fatal_error_of_a_json_logging_process_is_a_json_line(test_pki, tmp_path):
     """`llmgw server --log-format json` on a taken port ends with a JSON line (level error), not text."""
-    import socket
-
     from llmgw.dev.cluster import program
+    from llmgw.testing.processes import taken_port
 
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         tls = test_pki.server
         argv = [program("llmgw"), "server", "--state-dir", str(tmp_path / "state"), "--log-format", "json"]
         argv += ["--listen", f"127.0.0.1:{port}", "--cert", str(tls.cert_path), "--key", str(tls.key_path)]

@@ -62,6 +62,22 @@ def value(argv, flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+#: how single-node and rank 0 commands of SPEC begin: serve the model by name, tensor parallel over 4 GPUs
+SERVE = (
+    "/opt/vllm/bin/vllm",
+    "serve",
+    "/models/llama-3.1-70b",
+    "--served-model-name",
+    "llama-70b",
+    "--host",
+    "10.0.0.5",
+    "--port",
+    "20001",
+    "--tensor-parallel-size",
+    "4",
+)
+
+
 class TestCommands:
     """What the agent starts for each shard, as vLLM's multi-node guide (without Ray) has it."""
 
@@ -70,17 +86,7 @@ class TestCommands:
         spec = attrs.evolve(SPEC, nnodes=1, dist_init_addr=None, adapters=())
         command = VllmEngine().build_command(spec)
         assert command.argv == (
-            "/opt/vllm/bin/vllm",
-            "serve",
-            "/models/llama-3.1-70b",
-            "--served-model-name",
-            "llama-70b",
-            "--host",
-            "10.0.0.5",
-            "--port",
-            "20001",
-            "--tensor-parallel-size",
-            "4",
+            *SERVE,
             "--max-model-len",
             "32768",
         )
@@ -90,17 +96,7 @@ class TestCommands:
         """Rank 0 serves the API and leads: pipeline stage per node, --node-rank 0, the master address."""
         argv = VllmEngine().build_command(SPEC).argv
         assert argv == (
-            "/opt/vllm/bin/vllm",
-            "serve",
-            "/models/llama-3.1-70b",
-            "--served-model-name",
-            "llama-70b",
-            "--host",
-            "10.0.0.5",
-            "--port",
-            "20001",
-            "--tensor-parallel-size",
-            "4",
+            *SERVE,
             "--pipeline-parallel-size",
             "2",
             "--distributed-executor-backend",

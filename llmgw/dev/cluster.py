@@ -177,12 +177,7 @@ class LocalCluster:
                 *(["--store", self.store] if self.store else ["--state-dir", str(self.state_dir / "server")]),
                 "--listen",
                 f"127.0.0.1:{port or self.server_port}",
-                "--cert",
-                str(self.server_tls.cert_path),
-                "--key",
-                str(self.server_tls.key_path),
-                "--ca",
-                str(self.ca.cert_path),
+                *self._tls_flags(self.server_tls),
                 "--crl",
                 str(self.ca.crl_path),
                 "--lost-after",
@@ -197,6 +192,10 @@ class LocalCluster:
         self._server_ports[name] = port or self.server_port
         return process
 
+    def _tls_flags(self, tls: pki.Issued) -> list[str]:
+        """``--cert``, ``--key`` and ``--ca`` of a process of this cluster holding the certificate ``tls``."""
+        return ["--cert", str(tls.cert_path), "--key", str(tls.key_path), "--ca", str(self.ca.cert_path)]
+
     def start_gateway(self, port: int, *, keys: bool = False, extra: Sequence[str] = ()) -> subprocess.Popen:
         """Start ``llmgw gateway`` on 127.0.0.1:``port`` with a gateway certificate; no keys by default.
 
@@ -208,12 +207,7 @@ class LocalCluster:
             "gateway",
             "--server",
             self.server_url,
-            "--ca",
-            str(self.ca.cert_path),
-            "--cert",
-            str(tls.cert_path),
-            "--key",
-            str(tls.key_path),
+            *self._tls_flags(tls),
             "--listen",
             f"127.0.0.1:{port}",
         ]
@@ -257,12 +251,7 @@ class LocalCluster:
             self.server_url,
             "--address",
             node.address,
-            "--cert",
-            str(node.tls.cert_path),
-            "--key",
-            str(node.tls.key_path),
-            "--ca",
-            str(self.ca.cert_path),
+            *self._tls_flags(node.tls),
             "--state-dir",
             str(node.state_dir),
             "--nvidia-smi",
@@ -407,6 +396,14 @@ class LocalCluster:
         """Whether there are replicas, none unplaced, and all of them ready."""
         data = self.replicas()
         return bool(data.replicas) and not data.unplaced and all(r.state == "ready" for r in data.replicas)
+
+    def all_adopted(self) -> bool:
+        """Whether every replica is ready and each of its shards is reported running, with its engine's PID.
+
+        Called by tests after a server restarted or another took over: the agents have reported again.
+        """
+        shards = [s for r in self.replicas().replicas for s in r.shards]
+        return self.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
 
     def apply(self, text: str, name: str = "catalog", *, prune: bool = False) -> CatalogApplied:
         """Apply a catalog through the admin API (``prune``: it may remove models); returns its revision."""

@@ -25,6 +25,7 @@ from llmgw.models import Command, LaunchSpec, Sidecar
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.state.cluster import Settings
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.processes import free_port, group_alive, pid_alive, wait_for
 from llmgw.wire import DesiredShard
 
@@ -234,19 +235,6 @@ async def wait_state(states: list, wanted: set[str], what: str = ""):
     return await wait_for(last, what or f"shard state in {sorted(wanted)} (seen {states})")
 
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 2
-models:
-  small:
-    source: tiny/model
-    profile: one
-    replicas: {replicas}
-"""
-
-
 class Server:
     """A real ``llmgw server`` in the test's nursery that can be stopped and started again on its port."""
 
@@ -299,7 +287,8 @@ class Server:
 
     async def apply(self, replicas: int) -> None:
         async with self.admin() as admin:
-            response = await admin.post("/v1/admin/catalog", json={"text": CATALOG.format(replicas=replicas)})
+            text = catalog_yaml({"small": model("tiny/model", replicas=replicas)}, one=sim_profile(2))
+            response = await admin.post("/v1/admin/catalog", json={"text": text})
             assert response.status_code == 200, response.text
 
     async def get(self, path: str) -> dict:
@@ -346,7 +335,6 @@ async def replica_ready(server: Server) -> dict | None:
 
 __all__ = [
     "ADDRESS",
-    "CATALOG",
     "SIM",
     "Server",
     "make_config",

@@ -14,7 +14,7 @@ stall reports (``POST /v1/gateway/suspect``) in :attr:`FakeRoutesFeed.suspects`:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -29,7 +29,10 @@ from llmgw.wire import Route, RouteTable, to_json
 if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
 
-__all__ = ["FakeRoutesFeed", "Sim", "sim_program", "sim_argv", "start_sim", "wait_healthy", "start_gateway"]
+__all__ = [
+    "FakeRoutesFeed", "HeldStream", "Sim", "serve_feed", "serve_stream", "sim_program", "sim_argv",
+    "start_sim", "start_gateway", "streaming", "wait_healthy",
+]  # fmt: skip
 
 
 def sim_program() -> str:
@@ -107,6 +110,48 @@ async def start_gateway(nursery: trio.Nursery, feed: str, **config: object) -> t
     return gateway, url
 
 
+@attrs.define
+class HeldStream:
+    """A streamed body that sends ``first``, then holds ``rest`` back until :meth:`release`.
+
+    Called (``held()``) as the ``chunks`` of :func:`streaming`, by tests that check a chunk arrives before the
+    body ends, or what happens to a stream that goes silent (``rest`` empty: it ends only when released).
+    """
+
+    first: bytes
+    rest: bytes = b""
+    released: trio.Event = attrs.field(factory=trio.Event)
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        await self.released.wait()
+        if self.rest:
+            yield self.rest
+
+    def release(self) -> None:
+        """Let the rest of the body go."""
+        self.released.set()
+
+
+def streaming(chunks: Callable[[], AsyncIterator[bytes]]) -> Callable[[Request], Awaitable[Response]]:
+    """A handler answering every request with a stream (``text/event-stream``) of what ``chunks()`` yields.
+
+    Called by tests that stand in for an engine's streamed answer; :returns: the handler for an HttpServer.
+    """
+
+    async def handler(request: Request) -> Response:
+        return Response.stream(200, chunks())
+
+    return handler
+
+
+async def serve_stream(nursery: trio.Nursery, chunks: Callable[[], AsyncIterator[bytes]]) -> str:
+    """Serve :func:`streaming` of ``chunks`` on 127.0.0.1 (port 0) in ``nursery``: an engine whose answers a
+    test paces. :returns: its base URL."""
+    host, port = await nursery.start(HttpServer(streaming(chunks)).serve, "127.0.0.1", 0)
+    return f"http://{host}:{port}"
+
+
 class FakeRoutesFeed:
     """``GET /v1/routes`` from routes held in memory; each :meth:`set` moves the revision."""
 
@@ -123,6 +168,8 @@ class FakeRoutesFeed:
         self.suspects: list[dict] = []
         self._changed = trio.Event()
         self.server: HttpServer | None = None
+        #: the base URL it serves on, once :func:`serve_feed` started it
+        self.url: str | None = None
 
     def set(
         self,
@@ -186,6 +233,26 @@ class FakeRoutesFeed:
         """Serve until cancelled; ``task_status.started(base URL)`` once listening."""
         self.server = HttpServer(self.handle)
         await self.server.serve(host, port, task_status=_Url(task_status))
+
+
+async def serve_feed(
+    nursery: trio.Nursery,
+    *,
+    keys: Mapping[str, str] | None = None,
+    models: Iterable[str] = (),
+    **routes: Sequence[tuple[str, str]],
+) -> FakeRoutesFeed:
+    """A :class:`FakeRoutesFeed` serving in ``nursery`` (127.0.0.1, port 0), for a gateway under test to read.
+
+    :param keys: API keys (secret -> name) the feed hands out.
+    :param models: models listed even with no routes.
+    :param routes: model -> [(replica id, url)].
+    :returns: the feed; its base URL is ``feed.url``.
+    """
+    feed = FakeRoutesFeed(models=models)
+    feed.url = await nursery.start(feed.serve)
+    feed.set(routes=routes, keys=keys)
+    return feed
 
 
 class _Url:

@@ -35,11 +35,24 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import attrs
 
-__all__ = ["HubStandIn", "StandInFile"]
+__all__ = ["HubStandIn", "StandInFile", "hub_downloader"]
 
 #: bytes written per chunk of a response
 _CHUNK = 256 * 1024
 _LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".onnx")
+
+
+def hub_downloader(server_log: Path, source: str) -> str | None:
+    """The node the server's log names as downloading ``source`` from the hub.
+
+    Polled by tests that then act on that node (kill it, read its partial files).
+
+    :returns: the node's id, or None while no such line is logged.
+    """
+    for line in server_log.read_text().splitlines():
+        if f"downloads {source} from the hub" in line:
+            return line.split("node ")[1].split()[0]
+    return None
 
 
 @attrs.frozen

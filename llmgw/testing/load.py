@@ -26,17 +26,17 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import attrs
 import httpx
+import yaml
 
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.processes import free_port
 
-__all__ = [
-    "CHAT_CATALOG", "SMALL_AND_BIG_CATALOG", "Answer", "GatewayLoad", "gateway_models", "routed_cluster",
-]  # fmt: skip
+__all__ = ["Answer", "GatewayLoad", "gateway_models", "ready_cluster", "routed_cluster"]
 
 
 @attrs.frozen
@@ -66,79 +66,58 @@ def gateway_models(url: str) -> list[str] | None:
 
 
 @contextlib.contextmanager
-def routed_cluster(
+def ready_cluster(
     root: Path,
     catalog: str,
     *,
     nodes: int = 2,
-    gateway: Sequence[str] = (),
+    fabric: str | None | object = ...,
+    gateway: Sequence[str] | None = None,
     sim: str | None = None,
     lost_after: float = 10,
+    store: str | None = None,
     metrics_port: int | None = None,
 ) -> Iterator[LocalCluster]:
-    """A server, ``nodes`` agents and a gateway routing every model of ``catalog``; all stopped after.
+    """A server and ``nodes`` agents running every replica of ``catalog``; all stopped after.
 
-    ``catalog`` names its models' sources ``{models}/NAME``: the directories are made under
-    ``root/models``. Yields once every replica is ready and the gateway lists every model.
-    :param gateway: more ``llmgw gateway`` options; :param sim: the sim program (see :class:`LocalCluster`).
+    Called by end-to-end tests and benchmarks to set up the cluster they act on. ``catalog`` names its models'
+    sources ``{models}/NAME``: the directories are made under ``root/models``. Yields once every replica the
+    catalog asks for is ready and, with a gateway, the gateway lists every model.
+
+    :param fabric: every node's fabric (None: islands); by default as :func:`LocalCluster.start` says.
+    :param gateway: start a gateway with these more ``llmgw gateway`` options (None: no gateway).
+    :param sim: the sim program (see :class:`LocalCluster`).
+    :param store: the server's ``--store`` (None: sqlite in its state folder).
     :param metrics_port: the server's ``--metrics-listen`` port, agents' the next (see :class:`LocalCluster`).
     """
     cluster = LocalCluster(
-        root / "cluster", server_port=free_port(), lost_after=lost_after, poll_timeout=1, sim=sim
+        root / "cluster", server_port=free_port(), lost_after=lost_after, poll_timeout=1, sim=sim, store=store
     )
     cluster.metrics_port = metrics_port
     for name in re.findall(r"\{models\}/([\w.-]+)", catalog):
         (root / "models" / name).mkdir(parents=True, exist_ok=True)
+    wanted = sum(model.get("replicas", 1) for model in yaml.safe_load(catalog)["models"].values())
     try:
-        cluster.start(nodes)
-        cluster.start_gateway(free_port(), extra=gateway)
+        cluster.start(nodes, fabric=fabric)
+        if gateway is not None:
+            cluster.start_gateway(free_port(), extra=gateway)
         cluster.apply(catalog.format(models=root / "models"))
-        cluster.wait(cluster.all_ready, "every replica to be ready", 60)
-        models = sorted({r.model for r in cluster.replicas().replicas})
-        routed = lambda: gateway_models(cluster.gateway_url) == models  # noqa: E731
-        cluster.wait(routed, f"the gateway to route {models}", 30)
+        ready = lambda: cluster.all_ready() and len(cluster.replicas().replicas) == wanted  # noqa: E731
+        cluster.wait(ready, f"the {wanted} replicas of the catalog to be ready")
+        if gateway is not None:
+            models = sorted({r.model for r in cluster.replicas().replicas})
+            routed = lambda: gateway_models(cluster.gateway_url) == models  # noqa: E731
+            cluster.wait(routed, f"the gateway to route {models}", 30)
         yield cluster
     finally:
         cluster.stop_all()
 
 
-#: two replicas of ``chat`` on fast sims (20 ms to the first token, 400 tokens/s): the catalog the gateway's
-#: end-to-end tests load; ``{models}`` is the folder of model sources (see :func:`routed_cluster`)
-CHAT_CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
-
-
-#: two replicas of ``small`` on one GPU each and one ``big`` on two nodes of four GPUs (tp4x2): the catalog of
-#: the cluster's end-to-end tests, on sqlite and on PostgreSQL; ``{models}`` is the folder of model sources
-SMALL_AND_BIG_CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-  tp4x2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 4
-models:
-  small:
-    source: {models}/small
-    profile: one
-    replicas: 2
-  big:
-    source: {models}/big
-    profile: tp4x2
-    replicas: 1
-"""
+def routed_cluster(
+    root: Path, catalog: str, *, gateway: Sequence[str] = (), **options
+) -> AbstractContextManager[LocalCluster]:
+    """:func:`ready_cluster` with a gateway (given more options in ``gateway``) routing every model."""
+    return ready_cluster(root, catalog, gateway=gateway, **options)
 
 
 class GatewayLoad:

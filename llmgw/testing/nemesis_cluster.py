@@ -26,6 +26,7 @@ import httpx
 from llmgw.dev.cluster import LocalCluster, LocalNode
 from llmgw.pki import client_ssl_context
 from llmgw.serverlist import STANDBY_HEADER
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.nemesis_checks import ReplicaRun
 from llmgw.testing.postgres import SUPERUSER, PostgresCluster
 from llmgw.testing.processes import free_port
@@ -38,35 +39,6 @@ __all__ = ["MODELS", "NemesisCluster", "SEED", "engine_processes", "signal_group
 MODELS = ("chat", "seeded", "big")
 #: the distributable source of ``seeded``: its files are put in every node's seed folder
 SEED = "seed:///data/seeded"
-_CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "{tps}"]
-  two:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 2
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: {chat}
-  seeded:
-    source: {seed}
-    profile: one
-    replicas: 2
-  big:
-    source: {models}/big
-    profile: two
-    replicas: 1
-{spare}"""
-_SPARE = """  spare:
-    source: {models}/spare
-    profile: one
-    replicas: 1
-"""
 
 
 class NemesisCluster:
@@ -146,9 +118,15 @@ class NemesisCluster:
 
     def catalog_text(self) -> str:
         """The catalog as the moving parts stand now."""
-        models = self.root / "models"
-        spare = _SPARE.format(models=models) if self.spare else ""
-        return _CATALOG.format(models=models, seed=SEED, tps=self.tps, chat=self.chat, spare=spare)
+        models = {
+            "chat": model("{models}/chat", replicas=self.chat),
+            "seeded": model(SEED, replicas=2),
+            "big": model("{models}/big", "two", replicas=1),
+        }
+        if self.spare:
+            models["spare"] = model("{models}/spare", replicas=1)
+        fast = sim_profile(1, "--time-to-first-token", "0.02", "--tokens-per-second", str(self.tps))
+        return catalog_yaml(models, one=fast, two=sim_profile(2, nodes=2)).format(models=self.root / "models")
 
     def wanted(self) -> dict[str, int]:
         """model -> replicas the catalog in force asks for."""

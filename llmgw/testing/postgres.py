@@ -31,7 +31,7 @@ import pytest
 
 from llmgw.testing.processes import free_port, group_alive, wait_until
 
-__all__ = ["PostgresCluster", "find_postgres_bin", "pg_url", "postgres_cluster"]
+__all__ = ["PostgresCluster", "find_postgres_bin", "pg_url", "postgres_cluster", "running_postgres"]
 
 #: set to 1 where PostgreSQL must be installed (CI): its tests then fail instead of being skipped
 REQUIRE_ENV = "LLMGW_REQUIRE_POSTGRESQL"
@@ -185,21 +185,32 @@ def _unprivileged_user() -> pwd.struct_passwd | None:
     )
 
 
-@pytest.fixture(scope="session")
-def postgres_cluster() -> Iterator[PostgresCluster]:
-    """One PostgreSQL cluster for the test session; skipped when PostgreSQL is missing (failed in CI)."""
+@contextlib.contextmanager
+def running_postgres(prefix: str = "llmgw-pg-") -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of its own in a new temporary folder, stopped after; for fixtures.
+
+    Skips the test when PostgreSQL is missing (fails it with ``LLMGW_REQUIRE_POSTGRESQL=1``, as in CI).
+    :param prefix: the temporary folder's name prefix.
+    """
     bindir = find_postgres_bin()
     if bindir is None:
         message = "PostgreSQL is not installed (apt-get install postgresql)"
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{message}, and {REQUIRE_ENV}=1")
         pytest.skip(message)
-    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="llmgw-pg-")), bindir)
+    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix=prefix)), bindir)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """One PostgreSQL cluster for the test session; skipped when PostgreSQL is missing (failed in CI)."""
+    with running_postgres() as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -50,9 +51,11 @@ __all__ = [
     "group_alive",
     "pid_alive",
     "processes",
+    "run_pytest",
     "running",
     "sigint_default",
     "start",
+    "taken_port",
     "wait_for",
     "wait_until",
 ]
@@ -337,6 +340,30 @@ async def wait_for(
             await trio.sleep(POLL_INTERVAL)
     waited = round(trio.current_time() - started + POLL_INTERVAL, 2)
     raise WaitTimeout(_timeout_message(what, waited, error, _involved(processes)))
+
+
+def run_pytest(
+    folder: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Run ``pytest tests -q ARGS`` in ``folder`` (an engine distribution) with this interpreter, no cache.
+
+    Called by tests of what an engine distribution's own suite reports. :returns: the finished run, output
+    captured as text.
+    """
+    argv = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", *args]
+    return subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def taken_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A TCP port on ``host`` that a listening socket holds until the block ends.
+
+    Used by tests of a process told to listen where it cannot. :returns: (yields) the port.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind((host, 0))
+        taken.listen()
+        yield taken.getsockname()[1]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

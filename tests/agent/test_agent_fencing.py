@@ -11,31 +11,13 @@ import time
 
 import attrs
 import llmgw_engine_sim
-import pytest
 import trio
 
 from llmgw import pki
 from llmgw.agent import serve_agent
 from llmgw.plugins import get_plugin_manager
-from llmgw.testing.agent import Server, group_alive, kill_group, make_config, replica_ready
+from llmgw.testing.agent import Server, group_alive, make_config, replica_ready
 from llmgw.testing.processes import wait_for
-
-
-@pytest.fixture
-async def server(nursery, test_pki, tmp_path):
-    """A running server (``Server``) on 127.0.0.1, reading the CA's revocation list."""
-    server = Server(nursery, test_pki, tmp_path / "server")
-    await server.start()
-    return server
-
-
-@pytest.fixture
-def groups():
-    """Process groups to SIGKILL at the end of the test, whatever happened."""
-    started: list[int] = []
-    yield started
-    for pgid in started:
-        kill_group(pgid)
 
 
 def sim_plugins():

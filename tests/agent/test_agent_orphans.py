@@ -37,14 +37,6 @@ RUNNER = "import sys; from llmgw.agent.cli import agent; agent(sys.argv[1:], pro
 
 
 @pytest.fixture
-async def server(nursery, test_pki, tmp_path):
-    """A running server (``Server``) on 127.0.0.1."""
-    server = Server(nursery, test_pki, tmp_path / "server")
-    await server.start()
-    return server
-
-
-@pytest.fixture
 def procs(tmp_path):
     """Processes of this test; each process group is killed when it ends, pass or fail."""
     started = ProcessSet(tmp_path / "processes")

@@ -304,72 +304,65 @@ def _python() -> str:
     return sys.executable
 
 
+@pytest.fixture
+async def script_agent(nursery, tmp_path):
+    """An agent of script engines (stop grace 1 s) in the test's nursery; its shards end with the test."""
+    engine_script, _ = write_scripts(tmp_path / "scripts")
+    config = agent_config(tmp_path, stop_grace=1.0)
+    facts = NodeFacts(node_id="node-1", agent_version="0")
+    records = ProcessRecords(config.runtime_dir)
+    agent = Agent(config, {"script": ScriptEngine(engine_script)}, facts, records, ssl_context=None)
+    agent.shards_nursery = nursery
+    try:
+        yield agent
+    finally:
+        for supervisor in list(agent.supervisors.values()):
+            supervisor.cancel_scope.cancel()
+            for child in [supervisor.engine_child, *supervisor.sidecars]:
+                if child is not None:
+                    kill_group(child.pgid)
+
 
 class TestApply:
     """The agent applying the server's replies to its shards."""
 
-    async def test_new_shard_waits_for_a_stopping_shard_holding_its_port(self, nursery, tmp_path):
+    async def test_new_shard_waits_for_a_stopping_shard_holding_its_port(self, script_agent):
         """A shard replacing another on the same port starts only once the old one is gone."""
-        engine_script, _ = write_scripts(tmp_path / "scripts")
-        config = agent_config(tmp_path, stop_grace=1.0)
-        facts = NodeFacts(node_id="node-1", agent_version="0")
-        agent = Agent(config, {"script": ScriptEngine(engine_script)}, facts,
-                      ProcessRecords(config.runtime_dir), ssl_context=None)
-        agent.shards_nursery = nursery
+        agent = script_agent
         port = free_port("127.0.0.1")
         old = desired("script", port, replica="a-0", extra_args=["--ignore-sigterm"])
         new = desired("script", port, replica="b-0")
-        try:
-            agent.apply(SyncReply(revision=1, shards=[old]))
-            with trio.fail_after(10):
-                await wait_for(lambda: agent.observed[old.key].state == "ready", "the old shard ready")
-            old_group = agent.supervisors[old.key].engine_child.pgid
-            agent.apply(SyncReply(revision=2, shards=[new]))
-            assert agent.observed[new.key].state == "starting" and agent.observed[old.key].state == "stopping"
-            with trio.fail_after(10):
-                await wait_for(
-                    lambda: agent.observed[new.key].state in ("ready", "exited"), "the new shard to start"
-                )
-            assert agent.observed[new.key].state == "ready", agent.observed[new.key]
-            assert old.key not in agent.observed and not group_alive(old_group)
-            assert pid_alive(agent.observed[new.key].pid)
-        finally:
-            for supervisor in list(agent.supervisors.values()):
-                supervisor.cancel_scope.cancel()
-                for child in [supervisor.engine_child, *supervisor.sidecars]:
-                    if child is not None:
-                        kill_group(child.pgid)
+        agent.apply(SyncReply(revision=1, shards=[old]))
+        with trio.fail_after(10):
+            await wait_for(lambda: agent.observed[old.key].state == "ready", "the old shard ready")
+        old_group = agent.supervisors[old.key].engine_child.pgid
+        agent.apply(SyncReply(revision=2, shards=[new]))
+        assert agent.observed[new.key].state == "starting" and agent.observed[old.key].state == "stopping"
+        with trio.fail_after(10):
+            await wait_for(
+                lambda: agent.observed[new.key].state in ("ready", "exited"), "the new shard to start"
+            )
+        assert agent.observed[new.key].state == "ready", agent.observed[new.key]
+        assert old.key not in agent.observed and not group_alive(old_group)
+        assert pid_alive(agent.observed[new.key].pid)
 
-    async def test_a_held_worker_runs_on_until_dropped_and_is_never_started(self, nursery, tmp_path):
+    async def test_a_held_worker_runs_on_until_dropped_and_is_never_started(self, script_agent):
         """A held shard runs on (one on its port waits); a held shard not running is never started."""
-        engine_script, _ = write_scripts(tmp_path / "scripts")
-        config = agent_config(tmp_path, stop_grace=1.0)
-        facts = NodeFacts(node_id="node-1", agent_version="0")
-        agent = Agent(
-            config, {"script": ScriptEngine(engine_script)}, facts, ProcessRecords(config.runtime_dir), None
-        )
-        agent.shards_nursery = nursery
+        agent = script_agent
         port = free_port("127.0.0.1")
         worker = desired("script", port, replica="a-0")
         new = desired("script", port, replica="b-0")
         never = attrs.evolve(desired("script", free_port("127.0.0.1"), replica="c-0"), stop_after_rank0=True)
-        try:
-            agent.apply(SyncReply(revision=1, shards=[worker]))
-            with trio.fail_after(10):
-                await wait_for(lambda: agent.observed[worker.key].state == "ready", "the worker ready")
-            pid = agent.observed[worker.key].pid
-            held = attrs.evolve(worker, stop_after_rank0=True)
-            agent.apply(SyncReply(revision=2, shards=[held, new, never]))
-            assert agent.observed[worker.key].state == "ready" and pid_alive(pid)
-            assert agent.observed[new.key].state == "starting"
-            assert never.key not in agent.observed and never.key not in agent.supervisors
-            agent.apply(SyncReply(revision=3, shards=[new]))
-            with trio.fail_after(10):
-                await wait_for(lambda: agent.observed.get(new.key).state == "ready", "the new shard to start")
-            assert worker.key not in agent.observed and not pid_alive(pid)
-        finally:
-            for supervisor in list(agent.supervisors.values()):
-                supervisor.cancel_scope.cancel()
-                for child in [supervisor.engine_child, *supervisor.sidecars]:
-                    if child is not None:
-                        kill_group(child.pgid)
+        agent.apply(SyncReply(revision=1, shards=[worker]))
+        with trio.fail_after(10):
+            await wait_for(lambda: agent.observed[worker.key].state == "ready", "the worker ready")
+        pid = agent.observed[worker.key].pid
+        held = attrs.evolve(worker, stop_after_rank0=True)
+        agent.apply(SyncReply(revision=2, shards=[held, new, never]))
+        assert agent.observed[worker.key].state == "ready" and pid_alive(pid)
+        assert agent.observed[new.key].state == "starting"
+        assert never.key not in agent.observed and never.key not in agent.supervisors
+        agent.apply(SyncReply(revision=3, shards=[new]))
+        with trio.fail_after(10):
+            await wait_for(lambda: agent.observed.get(new.key).state == "ready", "the new shard to start")
+        assert worker.key not in agent.observed and not pid_alive(pid)

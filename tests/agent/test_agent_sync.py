@@ -6,7 +6,6 @@ import logging
 
 import httpx
 import llmgw_engine_sim
-import pytest
 import trio
 from llmgw_engine_sim import SimEngine
 
@@ -15,9 +14,7 @@ from llmgw.agent import serve_agent
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing.agent import (
     ADDRESS,
-    Server,
     group_alive,
-    kill_group,
     make_config,
     pid_alive,
     port_free,
@@ -26,33 +23,16 @@ from llmgw.testing.agent import (
 from llmgw.testing.processes import wait_for
 
 
-@pytest.fixture
-async def server(nursery, test_pki, tmp_path):
-    """A running server (``Server``) on 127.0.0.1."""
-    server = Server(nursery, test_pki, tmp_path / "server")
-    await server.start()
-    return server
-
-
 def sim_plugins():
     """The built-in plugins and the sim engine only, whatever else is installed."""
     return get_plugin_manager(plugins=[llmgw_engine_sim], entry_points=False)
-
-
-@pytest.fixture
-def cleanup_groups():
-    """Process groups to SIGKILL at the end of the test, whatever happened."""
-    groups: list[int] = []
-    yield groups
-    for pgid in groups:
-        kill_group(pgid)
 
 
 class TestSync:
     """Facts up, shards down, and what happens when the server goes away."""
 
     async def test_facts_arrive_and_desired_shards_run(
-        self, server, nursery, tmp_path, test_pki, cleanup_groups
+        self, server, nursery, tmp_path, test_pki, groups
     ):
         """The node shows up with its GPUs and engines; the catalog's replica starts, is ready, and stops."""
         agent = await nursery.start(serve_agent, make_config(tmp_path, test_pki, server), sim_plugins())
@@ -72,7 +52,7 @@ class TestSync:
         with trio.fail_after(20):
             replica = await wait_for(lambda: replica_ready(server), "the replica to be ready")
         shard = replica["shards"][0]
-        cleanup_groups.append(agent.supervisors[next(iter(agent.supervisors))].engine_child.pgid)
+        groups.append(agent.supervisors[next(iter(agent.supervisors))].engine_child.pgid)
         assert shard["state"] == "ready" and shard["node"] == "node-1" and pid_alive(shard["pid"])
         async with httpx.AsyncClient() as client:
             assert (await client.get(f"http://{ADDRESS}:{shard['port']}/health")).status_code == 200
@@ -87,7 +67,7 @@ class TestSync:
         assert engine.stopped_by == "SIGTERM"
 
     async def test_server_restart_does_not_restart_the_engine(
-        self, server, nursery, tmp_path, test_pki, caplog, cleanup_groups
+        self, server, nursery, tmp_path, test_pki, caplog, groups
     ):
         """Server stopped and started again: the agent keeps its engine running and the server adopts it."""
         caplog.set_level(logging.DEBUG, logger="llmgw.agent")
@@ -96,7 +76,7 @@ class TestSync:
         with trio.fail_after(20):
             ready = await wait_for(lambda: replica_ready(server), "the replica to be ready")
         before = ready["shards"][0]
-        cleanup_groups.append(next(iter(agent.supervisors.values())).engine_child.pgid)
+        groups.append(next(iter(agent.supervisors.values())).engine_child.pgid)
 
         stopped_at = len(caplog.records)
         await server.stop()

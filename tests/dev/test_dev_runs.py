@@ -13,6 +13,7 @@ import pytest
 from llmgw.agent.launcher import group_members
 from llmgw.dev import runs
 from llmgw.dev.signals import Stopped, deferred, stop_on_signals, stopping
+from llmgw.testing.agent import kill_group
 
 
 def _send(sig: int) -> None:
@@ -66,6 +67,13 @@ def test_each_run_logs_into_a_folder_of_its_own(tmp_path):
     assert not (tmp_path / "logs" / "server.log").exists()
 
 
+def end_groups(*processes: subprocess.Popen) -> None:
+    """SIGKILL each process's group (each leads one) and reap it, whatever the test left running."""
+    for process in processes:
+        kill_group(process.pid)
+        process.wait()
+
+
 def test_an_agent_started_but_never_recorded_is_ended_by_the_next_run(tmp_path):
     """A run killed between starting an agent and recording it: the next run finds it by its state dir."""
     sleeper = "import time; time.sleep(60)"
@@ -79,12 +87,7 @@ def test_an_agent_started_but_never_recorded_is_ended_by_the_next_run(tmp_path):
         assert unrecorded.wait(5) is not None
         assert elsewhere.poll() is None, "an agent of another state dir was ended"
     finally:
-        for process in (unrecorded, elsewhere):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        end_groups(unrecorded, elsewhere)
 
 
 def test_processes_a_killed_run_left_are_ended_by_the_next(tmp_path):
@@ -103,9 +106,4 @@ def test_processes_a_killed_run_left_are_ended_by_the_next(tmp_path):
         assert bystander.poll() is None, "a process the record does not match was ended"
         assert not (tmp_path / "processes.json").exists()
     finally:
-        for process in (left, bystander):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        end_groups(left, bystander)

@@ -15,30 +15,16 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import GatewayLoad, gateway_models
-from llmgw.testing.processes import free_port
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.load import GatewayLoad, routed_cluster
 from llmgw.wire import EventList
 
-CATALOG = """
-profiles:
-  tp2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 2
-    stop_grace: 5
-  one:
-    engine: sim
-    gpus_per_node: 1
-    stop_grace: 5
-models:
-  big:
-    source: {models}/big
-    profile: tp2
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
+CATALOG = catalog_yaml(
+    {"big": model("{models}/big", "tp2"), "chat": model("{models}/chat", replicas=2)},
+    tp2=sim_profile(2, nodes=2, stop_grace=5),
+    one=sim_profile(1, stop_grace=5),
+)
+
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,18 +33,8 @@ pytestmark = pytest.mark.timeout(300)
 def cluster(tmp_path: Path):
     """Server and 2 agents on one fabric: a two-node replica and a single-node one on each node."""
     # a restarted agent is back well within lost_after, even on a loaded 2-core machine
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=40, poll_timeout=1)
-    try:
-        for name in ("big", "chat"):
-            (tmp_path / "models" / name).mkdir(parents=True)
-        local.start(2, fabric="ib-a")
-        local.start_gateway(free_port())
-        local.apply(CATALOG.format(models=tmp_path / "models"))
-        local.wait(lambda: local.all_ready() and len(local.replicas().replicas) == 3, "every replica ready")
-        local.wait(lambda: gateway_models(local.gateway_url) == ["big", "chat"], "the gateway to route both")
+    with routed_cluster(tmp_path, CATALOG, fabric="ib-a", lost_after=40) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def events(cluster: LocalCluster) -> list[str]:

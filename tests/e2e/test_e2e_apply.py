@@ -7,53 +7,27 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.processes import free_port
-
-PROFILES = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-  huge:
-    engine: sim
-    gpus_per_node: 64
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-"""
-
-FRESH = """
-  fresh:
-    source: {models}/fresh
-    profile: one
-    replicas: 2
-"""
-
-NOWHERE = """
-  nowhere:
-    source: {models}/fresh
-    profile: huge
-"""
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.load import routed_cluster
 
 pytestmark = pytest.mark.timeout(240)
+
+#: the models a catalog may add to ``chat``: two replicas of ``fresh``; ``nowhere``, on more GPUs than a node
+MORE = {"fresh": model("{models}/fresh", replicas=2), "nowhere": model("{models}/fresh", "huge")}
+
+
+def catalog_with(*more: str) -> str:
+    """``chat`` on one GPU, and the models of :data:`MORE` named in ``more``."""
+    models = {"chat": model("{models}/chat")} | {name: MORE[name] for name in more}
+    return catalog_yaml(models, one=sim_profile(1), huge=sim_profile(64))
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 2 agents and a gateway; one model ready and routed."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    try:
-        for name in ("chat", "fresh"):
-            (tmp_path / "models" / name).mkdir(parents=True)
-        local.start(2)
-        local.start_gateway(free_port())
-        local.apply(PROFILES.format(models=tmp_path / "models"))
-        local.wait(local.all_ready, "the first model to be ready")
+    (tmp_path / "models" / "fresh").mkdir(parents=True)
+    with routed_cluster(tmp_path, catalog_with()) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def test_apply_wait_returns_once_a_new_model_serves(cluster, tmp_path):
@@ -64,7 +38,7 @@ def test_apply_wait_returns_once_a_new_model_serves(cluster, tmp_path):
     ctl = cluster.ctl
     models = tmp_path / "models"
     catalog = tmp_path / "catalog.yaml"
-    catalog.write_text((PROFILES + FRESH).format(models=models))
+    catalog.write_text(catalog_with("fresh").format(models=models))
     applied = ctl("apply", "--wait", "--timeout", "90", str(catalog))
     assert applied.returncode == 0, applied.stdout + applied.stderr
     body = {"model": "fresh", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -91,7 +65,7 @@ def test_apply_wait_returns_once_a_new_model_serves(cluster, tmp_path):
     missing = ctl("describe", "replica", "nope-0")
     assert missing.returncode == 1 and "no replica 'nope-0' (replicas: " in missing.stderr
 
-    catalog.write_text((PROFILES + FRESH + NOWHERE).format(models=models))
+    catalog.write_text(catalog_with("fresh", "nowhere").format(models=models))
     stuck = ctl("apply", "--wait", "--timeout", "3", str(catalog))
     assert stuck.returncode == 1
     assert "not every replica was ready within 3 s" in stuck.stderr

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
-from llmgw.testing.load import SMALL_AND_BIG_CATALOG
-from llmgw.testing.processes import free_port, pid_alive
+from llmgw.testing.catalogs import SMALL_AND_BIG_CATALOG
+from llmgw.testing.load import ready_cluster
+from llmgw.testing.processes import pid_alive
 from llmgw.wire import CatalogText, EventList, NodeList, ReplicaStatus
 
 pytestmark = pytest.mark.timeout(240)
@@ -24,17 +25,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server and 4 agents (nodes 1-2 on ib-a, 3 on ib-b, 4 an island), catalog applied and ready."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=4, poll_timeout=1)
-    try:
-        models = tmp_path / "models"
-        for name in ("small", "big"):
-            (models / name).mkdir(parents=True)
-        local.start(4)
-        local.apply(SMALL_AND_BIG_CATALOG.format(models=models))
-        local.wait(local.all_ready, "every replica to be ready")
+    with ready_cluster(tmp_path, SMALL_AND_BIG_CATALOG, nodes=4, lost_after=4) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def replica(cluster: LocalCluster, replica_id: str) -> ReplicaStatus:
@@ -82,11 +74,7 @@ def test_server_restart_adopts_running_replicas(cluster):
     time.sleep(8)  # the outage itself: long enough for the agents' retry delay to reach its ceiling
     cluster.start_server()
 
-    def adopted() -> bool:
-        shards = [s for r in cluster.replicas().replicas for s in r.shards]
-        return cluster.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
-
-    cluster.wait(adopted, "every shard to be reported again after the restart", 60)
+    cluster.wait(cluster.all_adopted, "every shard to be reported again after the restart", 60)
     after = {r.id: pids(cluster, r.id) for r in cluster.replicas().replicas}
     events = cluster.client.request("GET", "/v1/admin/events", EventList).events
     said = "\n".join(f"{e.kind} {e.subject}: {e.message}" for e in events[-30:])

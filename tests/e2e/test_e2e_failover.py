@@ -12,30 +12,17 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
+from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.load import GatewayLoad
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "400"]
-  tp4x2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 4
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-  big:
-    source: {models}/big
-    profile: tp4x2
-    replicas: 1
-"""
+CATALOG = catalog_yaml(
+    {"chat": model("{models}/chat", replicas=2), "big": model("{models}/big", "tp4x2", replicas=1)},
+    one=sim_profile(1, *FAST_SIM),
+    tp4x2=sim_profile(4, nodes=2),
+)
+
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -85,11 +72,7 @@ def test_killing_the_leader_fails_no_request_and_restarts_no_engine(tmp_path: Pa
             )  # fmt: skip
             took = time.monotonic() - killed
 
-            def adopted() -> bool:
-                shards = [s for r in local.replicas().replicas for s in r.shards]
-                return local.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
-
-            local.wait(adopted, "every shard to be reported to server B", 60)
+            local.wait(local.all_adopted, "every shard to be reported to server B", 60)
             served = load.ok
             local.wait(lambda: load.ok >= served + 32, "more requests after the takeover", 60)
         assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}"

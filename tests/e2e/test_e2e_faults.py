@@ -19,36 +19,23 @@ import pytest
 
 from llmgw import pki
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.processes import free_port, pid_alive
 from llmgw.wire import EventList, NodeList, ReplicaStatus
 
 pytestmark = pytest.mark.timeout(240)
 
 #: each attempt of ``small-0`` answers 6 requests (its canaries: one every 2 s), then hangs
-HANGING = """
-profiles:
-  hangs:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--hang-after-requests", "6"]
-models:
-  small:
-    source: {models}/small
-    profile: hangs
-"""
+HANGING = catalog_yaml(
+    {"small": model("{models}/small", "hangs")}, hangs=sim_profile(1, "--hang-after-requests", "6")
+)
+
 
 #: one seat, 10 tokens a second: requests wait behind each other, as in a full batch
-BUSY = """
-profiles:
-  busy:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--max-num-seqs", "1", "--tokens-per-second", "10"]
-models:
-  small:
-    source: {models}/small
-    profile: busy
-"""
+BUSY = catalog_yaml(
+    {"small": model("{models}/small", "busy")},
+    busy=sim_profile(1, "--max-num-seqs", "1", "--tokens-per-second", "10"),
+)
 
 
 @pytest.fixture
@@ -126,17 +113,9 @@ def test_busy_sim_is_not_ejected(cluster, tmp_path):
     assert "busy, not hung" in log, "the canary never waited: the test did not load the sim enough"
 
 
-SPREAD = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 4
-models:
-  small:
-    source: {models}/small
-    profile: one
-    replicas: 4
-"""
+def spread(tmp_path: Path, replicas: int) -> str:
+    """A catalog of ``replicas`` of ``small``, each on four GPUs of one node."""
+    return catalog_yaml({"small": model(f"{tmp_path}/models/small", replicas=replicas)}, one=sim_profile(4))
 
 
 def test_two_of_four_agents_silent_lose_nothing_one_of_four_is_lost(tmp_path):
@@ -146,7 +125,7 @@ def test_two_of_four_agents_silent_lose_nothing_one_of_four_is_lost(tmp_path):
     stopped: list[int] = []
     try:
         cluster.start(4)
-        cluster.apply(SPREAD.format(models=tmp_path / "models"))
+        cluster.apply(spread(tmp_path, 4))
         cluster.wait(cluster.all_ready, "every replica to be ready", 60)
         before = {r.id: (r.attempt, tuple(s.node for s in r.shards)) for r in cluster.replicas().replicas}
         for node_id in ("node-1", "node-2"):
@@ -197,7 +176,7 @@ def _syncs_back(cluster: LocalCluster) -> bool:
 
 def test_revoked_node_stops_its_engines_and_its_replicas_run_elsewhere(cluster, tmp_path):
     """`ca revoke` of a node with replicas: its engines end, routes drop it, its replicas run elsewhere."""
-    cluster.apply(SPREAD.format(models=tmp_path / "models").replace("replicas: 4", "replicas: 2"))
+    cluster.apply(spread(tmp_path, 2))
     cluster.wait(cluster.all_ready, "both replicas to be ready", 60)
     victim = next(r for r in cluster.replicas().replicas).shards[0].node
     pids = [s.pid for r in cluster.replicas().replicas for s in r.shards if s.node == victim]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.testing.load import CHAT_CATALOG, GatewayLoad, routed_cluster
+from llmgw.testing.catalogs import CHAT_CATALOG
+from llmgw.testing.load import GatewayLoad, routed_cluster
 
 pytestmark = pytest.mark.timeout(240)
 

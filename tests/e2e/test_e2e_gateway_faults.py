@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.testing.load import CHAT_CATALOG, routed_cluster
+from llmgw.testing.catalogs import CHAT_CATALOG
+from llmgw.testing.load import routed_cluster
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(240)

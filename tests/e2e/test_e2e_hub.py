@@ -17,8 +17,10 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.hub import HubStandIn
+from llmgw.testing.catalogs import catalog_yaml, model
+from llmgw.testing.hub import HubStandIn, hub_downloader
 from llmgw.testing.processes import free_port
+from llmgw.weights import file_sha256
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,21 +34,7 @@ FILES = {
     "original/params.json": 100,
 }
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  tiny:
-    source: hf://acme/tiny-sim@main
-    profile: one
-    replicas: 4
-"""
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+CATALOG = catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=4)})
 
 
 def copy_of(cluster: LocalCluster, node: str) -> Path:
@@ -87,9 +75,8 @@ def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path,
         assert hub.cdn_authorizations == []
         for shard in shards(cluster):
             copy = copy_of(cluster, shard.node)
-            assert {p.relative_to(copy).as_posix(): sha256(p) for p in copy.rglob("*") if p.is_file()} == {
-                name: hashlib.sha256(data).hexdigest() for name, data in contents.items()
-            }
+            held = {p.relative_to(copy).as_posix(): file_sha256(p) for p in copy.rglob("*") if p.is_file()}
+            assert held == {name: hashlib.sha256(data).hexdigest() for name, data in contents.items()}
             assert str(copy) in shard.argv, "the engine should be given the node's own copy"
             assert shard.env.get("HF_HUB_OFFLINE") == "1"
         assert any("from the hub" in line for line in seen), seen
@@ -116,7 +103,7 @@ def one_node(tmp_path: Path, hub: HubStandIn, *extra: str) -> LocalCluster:
     cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     cluster.agent_args = ["--hub-endpoint", hub.endpoint, *extra]
     cluster.start(1)
-    cluster.apply(CATALOG.replace("replicas: 4", "replicas: 1"))
+    cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=1)}))
     return cluster
 
 
@@ -191,14 +178,10 @@ def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Pat
     cluster.agent_args = ["--hub-endpoint", hub.endpoint]
     try:
         cluster.start(2)
-        cluster.apply(CATALOG.replace("replicas: 4", "replicas: 2"))
+        cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=2)}))
 
-        def downloader() -> str | None:
-            for line in (cluster.logs / "server.log").read_text().splitlines():
-                if "downloads hf://acme/tiny-sim@main from the hub" in line:
-                    return line.split("node ")[1].split()[0]
-            return None
-
+        log = cluster.logs / "server.log"
+        downloader = lambda: hub_downloader(log, "hf://acme/tiny-sim@main")  # noqa: E731
         holder = cluster.wait(downloader, "a node downloading from the hub", 60)
         other = next(n for n in cluster.nodes if n != holder)
         copied = cluster.nodes[other].models_dir

@@ -17,22 +17,13 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.hub import HubStandIn
+from llmgw.testing.catalogs import catalog_yaml, model
+from llmgw.testing.hub import HubStandIn, hub_downloader
 from llmgw.testing.processes import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  tiny:
-    source: hf://acme/tiny-sim@main
-    profile: one
-    replicas: 2
-"""
+CATALOG = catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=2)})
 
 
 def test_the_next_downloader_resumes_from_the_bytes_the_fleet_has(tmp_path: Path):
@@ -53,12 +44,8 @@ def test_the_next_downloader_resumes_from_the_bytes_the_fleet_has(tmp_path: Path
             cluster.start(2)
             cluster.apply(CATALOG)
 
-            def downloader() -> str | None:
-                for line in (cluster.logs / "server.log").read_text().splitlines():
-                    if "downloads hf://acme/tiny-sim@main from the hub" in line:
-                        return line.split("node ")[1].split()[0]
-                return None
-
+            log = cluster.logs / "server.log"
+            downloader = lambda: hub_downloader(log, "hf://acme/tiny-sim@main")  # noqa: E731
             holder = cluster.wait(downloader, "a node downloading from the hub", 60)
             other = next(n for n in cluster.nodes if n != holder)
 

@@ -10,18 +10,11 @@ import pytest
 
 from llmgw.agent.launcher import LAUNCHER_PREFIX
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-"""
+CATALOG = catalog_yaml({"chat": model("{models}/chat")})
+
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.testing.load import CHAT_CATALOG, routed_cluster
+from llmgw.testing.catalogs import CHAT_CATALOG
+from llmgw.testing.load import routed_cluster
 from llmgw.testing.metrics import deployed_names, exported_names, promtool_check_metrics
 from llmgw.testing.processes import free_port
 

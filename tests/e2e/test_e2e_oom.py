@@ -8,24 +8,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.load import routed_cluster
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(180)
 
-OOM_CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--oom-after-requests", "1"]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 1
-"""
+OOM_CATALOG = catalog_yaml(
+    {"chat": model("{models}/chat", replicas=1)}, one=sim_profile(1, "--oom-after-requests", "1")
+)
+
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "one too many"}], "max_tokens": 4}
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import CHAT_CATALOG, GatewayLoad
-from llmgw.testing.postgres import REQUIRE_ENV, PostgresCluster, find_postgres_bin
+from llmgw.testing.catalogs import CHAT_CATALOG
+from llmgw.testing.load import GatewayLoad
+from llmgw.testing.postgres import PostgresCluster, running_postgres
 from llmgw.testing.processes import free_port
 from llmgw.wire import CreateKey, KeyList
 from llmgw.wire.servers import ControlServers
@@ -22,17 +21,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def own_postgres() -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of this test's own (the session's is shared, and this one is crashed)."""
-    bindir = find_postgres_bin()
-    if bindir is None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"PostgreSQL is not installed, and {REQUIRE_ENV}=1")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="llmgw-pg-outage-")), bindir)
-    try:
-        cluster.start()
+    with running_postgres("llmgw-pg-outage-") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_database_outage_under_a_leader(tmp_path: Path, own_postgres: PostgresCluster):
@@ -79,11 +69,7 @@ def test_database_outage_under_a_leader(tmp_path: Path, own_postgres: PostgresCl
                 30,
             )
 
-            def adopted() -> bool:
-                shards = [s for r in local.replicas().replicas for s in r.shards]
-                return local.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
-
-            local.wait(adopted, "the shards to be reported to the new leader", 60)
+            local.wait(local.all_adopted, "the shards to be reported to the new leader", 60)
             served = load.ok
             local.wait(lambda: load.ok >= served + 16, "more requests after the outage", 60)
         assert load.failures == [], f"{len(load.failures)} failed of {load.ok + len(load.failures)}"

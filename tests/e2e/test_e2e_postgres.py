@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.dev.cluster import LocalCluster, program
-from llmgw.testing.load import SMALL_AND_BIG_CATALOG
-from llmgw.testing.processes import free_port
+from llmgw.dev.cluster import program
+from llmgw.testing.catalogs import SMALL_AND_BIG_CATALOG
+from llmgw.testing.load import ready_cluster
 from llmgw.wire import CatalogText, EventList
 
 pytestmark = pytest.mark.timeout(240)
@@ -18,16 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_server_on_postgresql_killed_and_restarted_adopts_every_replica(tmp_path: Path, pg_url: str):
     """A server on PostgreSQL, killed -9 and restarted, keeps catalog and events and restarts no engine."""
-    local = LocalCluster(
-        tmp_path / "cluster", server_port=free_port(), lost_after=4, poll_timeout=1, store=pg_url
-    )
-    try:
-        models = tmp_path / "models"
-        for name in ("small", "big"):
-            (models / name).mkdir(parents=True)
-        local.start(2)
-        local.apply(SMALL_AND_BIG_CATALOG.format(models=models))
-        local.wait(local.all_ready, "every replica to be ready")
+    with ready_cluster(tmp_path, SMALL_AND_BIG_CATALOG, lost_after=4, store=pg_url) as local:
         assert "state in postgresql://" in local.tail("server", 200)
         before = {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
         assert len(before) == 3
@@ -35,30 +26,17 @@ def test_server_on_postgresql_killed_and_restarted_adopts_every_replica(tmp_path
         local.stop(local.server, signal.SIGKILL)
         local.start_server()
 
-        def adopted() -> bool:
-            shards = [s for r in local.replicas().replicas for s in r.shards]
-            return local.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
-
-        local.wait(adopted, "every shard to be reported again after the restart", 60)
+        local.wait(local.all_adopted, "every shard to be reported again after the restart", 60)
         after = {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
         assert after == before, "no engine was restarted"
         assert "big:" in local.client.request("GET", "/v1/admin/catalog", CatalogText).text
         events = local.client.request("GET", "/v1/admin/events", EventList).events
         assert any(e.kind == "node" and e.subject == "node-1" for e in events)
-    finally:
-        local.stop_all()
 
 
 def test_sqlite_cluster_migrated_to_postgresql_keeps_running(tmp_path: Path, pg_url: str):
     """`llmgw server migrate`: a sqlite server's state copied into PostgreSQL; the new server adopts all."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=4, poll_timeout=1)
-    try:
-        models = tmp_path / "models"
-        for name in ("small", "big"):
-            (models / name).mkdir(parents=True)
-        local.start(2)
-        local.apply(SMALL_AND_BIG_CATALOG.format(models=models))
-        local.wait(local.all_ready, "every replica to be ready")
+    with ready_cluster(tmp_path, SMALL_AND_BIG_CATALOG, lost_after=4) as local:
         before = {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas}
         events_before = local.client.request("GET", "/v1/admin/events", EventList).events
         local.stop(local.server)
@@ -74,15 +52,9 @@ def test_sqlite_cluster_migrated_to_postgresql_keeps_running(tmp_path: Path, pg_
         local.store = pg_url
         local.start_server()
 
-        def adopted() -> bool:
-            shards = [s for r in local.replicas().replicas for s in r.shards]
-            return local.all_ready() and all(s.pid and s.state in ("ready", "running") for s in shards)
-
-        local.wait(adopted, "every shard to be reported to the server on PostgreSQL", 60)
+        local.wait(local.all_adopted, "every shard to be reported to the server on PostgreSQL", 60)
         assert {r.id: [s.pid for s in r.shards] for r in local.replicas().replicas} == before
         events = local.client.request("GET", "/v1/admin/events", EventList).events
         ids = [e.id for e in events]
         assert {e.id for e in events_before} <= set(ids), "the events were copied with their ids"
         assert any(e.kind == "leader" and e.id > max(ids[:-1]) for e in events), "new ids go on after them"
-    finally:
-        local.stop_all()

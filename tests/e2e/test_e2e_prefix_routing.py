@@ -7,7 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.testing.load import CHAT_CATALOG, routed_cluster
+from llmgw.testing.catalogs import chat_catalog
+from llmgw.testing.load import routed_cluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -19,7 +20,7 @@ def test_a_conversations_turns_land_on_the_replica_that_holds_its_beginning(tmp_
     """Eight conversations of four turns (each turn resends the ones before) through a gateway routing by
     prefix (its default): every turn of one conversation is answered by the same replica, and the
     conversations are spread over more than one replica."""
-    catalog = CHAT_CATALOG.replace("replicas: 2", "replicas: 3")
+    catalog = chat_catalog(replicas=3)
     with routed_cluster(tmp_path, catalog, nodes=3) as cluster, httpx.Client(timeout=30) as http:
         where: dict[int, list[str]] = {}
         for number in range(CONVERSATIONS):

@@ -7,41 +7,25 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import GatewayLoad, gateway_models
-from llmgw.testing.processes import free_port
+from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.load import GatewayLoad, routed_cluster
 from llmgw.wire import RolloutList
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: [{args}]
-models:
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
-ARGS = '"--time-to-first-token", "0.02", "--tokens-per-second", "400"'
-
 pytestmark = pytest.mark.timeout(300)
+
+
+def with_args(*more_args: str) -> str:
+    """Two replicas of ``chat`` on fast sims given ``more_args`` too."""
+    return catalog_yaml(
+        {"chat": model("{models}/chat", replicas=2)}, one=sim_profile(1, *FAST_SIM, *more_args)
+    )
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 3 agents and a gateway; a two-replica model ready and routed."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    try:
-        (tmp_path / "models" / "chat").mkdir(parents=True)
-        local.start(3)
-        local.start_gateway(free_port())
-        local.apply(CATALOG.format(models=tmp_path / "models", args=ARGS))
-        local.wait(local.all_ready, "both replicas to be ready")
-        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
+    with routed_cluster(tmp_path, with_args(), nodes=3) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def rollout_of(cluster: LocalCluster, model: str = "chat"):
@@ -55,7 +39,7 @@ def test_new_args_roll_every_replica_under_load(cluster, tmp_path):
     ctl = cluster.ctl
     before = {r.id: r.shards[0].pid for r in cluster.replicas().replicas}
     catalog = tmp_path / "new.yaml"
-    catalog.write_text(CATALOG.format(models=tmp_path / "models", args=ARGS + ', "--max-model-len", "4096"'))
+    catalog.write_text(with_args("--max-model-len", "4096").format(models=tmp_path / "models"))
     with GatewayLoad(cluster.gateway_url, 16) as load:
         load.wait_served(32, check=cluster.check)
         applied = ctl("apply", "--wait", "--timeout", "150", str(catalog))
@@ -78,7 +62,7 @@ def test_args_the_engine_rejects_pause_the_rollout_and_undo_restores(cluster, tm
     throughout, and `ctl rollout undo` goes back to the previous revision; no request fails."""
     ctl = cluster.ctl
     original = {r.id: r.shards[0].pid for r in cluster.replicas().replicas}
-    bad = CATALOG.format(models=tmp_path / "models", args=ARGS + ', "--bogus-flag"')
+    bad = with_args("--bogus-flag").format(models=tmp_path / "models")
     with GatewayLoad(cluster.gateway_url, 16) as load:
         load.wait_served(32, check=cluster.check)
         cluster.apply(bad, "bad.yaml")

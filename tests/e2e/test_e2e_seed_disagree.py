@@ -10,35 +10,22 @@ an engine on it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
+from llmgw.weights import file_sha256
 from llmgw.wire import EventList, ModelList, ModelStatus
 
 pytestmark = pytest.mark.timeout(300)
 
 FILES = {"weights.bin": 6_000_000, "config.json": 200}
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  m:
-    source: seed:///data/m
-    profile: one
-    replicas: 1
-"""
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+CATALOG = catalog_yaml({"m": model("seed:///data/m", replicas=1)})
 
 
 @pytest.fixture
@@ -60,7 +47,7 @@ def cluster(tmp_path: Path):
         local.stop_all()
 
 
-def model(cluster: LocalCluster) -> ModelStatus:
+def m_status(cluster: LocalCluster) -> ModelStatus:
     [status] = cluster.client.request("GET", "/v1/admin/models", ModelList).models
     return status
 
@@ -71,13 +58,13 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
     cluster.wait(
         lambda: len(cluster.replicas().replicas) == 1 and cluster.all_ready(), "1 replica ready", 120
     )
-    status = model(cluster)
+    status = m_status(cluster)
     assert status.size == sum(FILES.values()), "the fleet's manifest is node-1's complete one"
     assert status.holders == ("node-1",), status
     cluster.wait(
-        lambda: "node-3" in model(cluster).differing, "ctl models naming node-3's differing folder", 30
+        lambda: "node-3" in m_status(cluster).differing, "ctl models naming node-3's differing folder", 30
     )
-    status = model(cluster)
+    status = m_status(cluster)
     assert status.differing == ("node-3",), status
     [shard] = cluster.replicas().replicas[0].shards
     assert shard.node == "node-1"
@@ -97,16 +84,16 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
     )
 
     # every node runs a replica: node-2 and node-3 on verified copies of node-1's files, never their folders
-    cluster.apply(CATALOG.replace("replicas: 1", "replicas: 3"))
+    cluster.apply(catalog_yaml({"m": model("seed:///data/m", replicas=3)}))
     cluster.wait(
         lambda: len(cluster.replicas().replicas) == 3 and cluster.all_ready(), "3 replicas ready", 180
     )
-    expected = {name: sha256(seed / name) for name in FILES}
+    expected = {name: file_sha256(seed / name) for name in FILES}
     for node in ("node-2", "node-3"):
         [shard] = [s for r in cluster.replicas().replicas for s in r.shards if s.node == node]
         models_dir = cluster.nodes[node].models_dir
         [copy] = [p for p in models_dir.iterdir() if not p.name.startswith(".")]
         assert str(copy) in shard.argv, (node, shard.argv)
-        assert {p.name: sha256(p) for p in copy.iterdir()} == expected, node
-    status = model(cluster)
+        assert {p.name: file_sha256(p) for p in copy.iterdir()} == expected, node
+    status = m_status(cluster)
     assert status.holders == ("node-1", "node-2", "node-3") and status.differing == ("node-3",), status

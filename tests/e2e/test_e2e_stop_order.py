@@ -9,24 +9,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.processes import free_port, pid_alive
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.load import ready_cluster
+from llmgw.testing.processes import pid_alive
 from llmgw.wire import EventList
 
-CATALOG = """
-profiles:
-  tp2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 2
-    args: ["--tokens-per-second", "20", "--shutdown-grace", "20"]
-    stop_grace: 25
-models:
-  big:
-    source: {models}/big
-    profile: tp2
-    replicas: {replicas}
-"""
+
+def catalog(replicas: int) -> str:
+    """``replicas`` of ``big``, each on two nodes whose sims take 20 s to drain their streams."""
+    tp2 = sim_profile(2, "--tokens-per-second", "20", "--shutdown-grace", "20", nodes=2, stop_grace=25)
+    return catalog_yaml({"big": model("{models}/big", "tp2", replicas=replicas)}, tp2=tp2)
+
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,15 +27,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server and 2 agents on fabric ib-a; a two-node replica ready."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    try:
-        (tmp_path / "models" / "big").mkdir(parents=True)
-        local.start(2)
-        local.apply(CATALOG.format(models=tmp_path / "models", replicas=1))
-        local.wait(local.all_ready, "the two-node replica to be ready")
+    with ready_cluster(tmp_path, catalog(1)) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def test_scale_down_lets_rank_0_finish_its_stream_before_the_worker_stops(cluster, tmp_path):
@@ -73,7 +59,7 @@ def test_scale_down_lets_rank_0_finish_its_stream_before_the_worker_stops(cluste
     reader = threading.Thread(target=stream, daemon=True)
     reader.start()
     assert first_token.wait(30), "no token arrived"
-    cluster.apply(CATALOG.format(models=tmp_path / "models", replicas=0))
+    cluster.apply(catalog(0).format(models=tmp_path / "models"))
     reader.join(60)
     assert outcome.get("done") and "error" not in outcome, outcome
     assert outcome["tokens"] == 60, outcome

@@ -13,54 +13,29 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import GatewayLoad, gateway_models
-from llmgw.testing.processes import free_port, pid_alive
+from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.load import GatewayLoad, gateway_models, routed_cluster
+from llmgw.testing.processes import pid_alive
 from llmgw.wire import ReplicaStatus
 
-PROFILES = """
-profiles:
-  tp2:
-    engine: sim
-    nodes: 2
-    gpus_per_node: 2
-    args: [{args}]
-    stop_grace: 15
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: [{args}]
-models:
-  big:
-    source: {models}/big
-    profile: tp2
-"""
-CHAT = """
-  chat:
-    source: {models}/chat
-    profile: one
-    replicas: 2
-"""
-ARGS = '"--time-to-first-token", "0.02", "--tokens-per-second", "400"'
-NEW_ARGS = ARGS + ', "--max-model-len", "4096"'
+NEW_ARGS = (*FAST_SIM, "--max-model-len", "4096")
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def catalog(*args: str, chat: bool = True) -> str:
+    """``big`` on two nodes and, with ``chat``, two replicas of ``chat``; every sim started with ``args``."""
+    models = {"big": model("{models}/big", "tp2")}
+    if chat:
+        models["chat"] = model("{models}/chat", replicas=2)
+    return catalog_yaml(models, tp2=sim_profile(2, *args, nodes=2, stop_grace=15), one=sim_profile(1, *args))
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 4 agents on one fabric and a gateway; a two-node replica and two single-node ones routed."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    try:
-        for name in ("big", "chat"):
-            (tmp_path / "models" / name).mkdir(parents=True)
-        local.start(4, fabric="ib-a")
-        local.start_gateway(free_port())
-        local.apply((PROFILES + CHAT).format(models=tmp_path / "models", args=ARGS))
-        local.wait(lambda: local.all_ready() and len(local.replicas().replicas) == 3, "every replica ready")
-        local.wait(lambda: gateway_models(local.gateway_url) == ["big", "chat"], "the gateway to route both")
+    with routed_cluster(tmp_path, catalog(*FAST_SIM), nodes=4, fabric="ib-a") as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def replicas_of(cluster: LocalCluster, model: str) -> list[ReplicaStatus]:
@@ -104,7 +79,7 @@ def test_drains_rollout_and_prune_under_load_fail_no_request(cluster, tmp_path):
         # (a) new args for both profiles: every replica is replaced, every shard runs them
         before = {s.pid for r in cluster.replicas().replicas for s in r.shards}
         rolled = tmp_path / "rolled.yaml"
-        rolled.write_text((PROFILES + CHAT).format(models=models, args=NEW_ARGS))
+        rolled.write_text(catalog(*NEW_ARGS).format(models=models))
         applied = cluster.ctl("apply", "--wait", "--timeout", "240", str(rolled))
         assert applied.returncode == 0, applied.stdout + applied.stderr
         cluster.wait(lambda: settled(cluster, 3), "the rollouts to settle", 30)
@@ -121,7 +96,7 @@ def test_drains_rollout_and_prune_under_load_fail_no_request(cluster, tmp_path):
 
         # (d) a catalog without chat: refused without --prune, nothing changes; with it chat's replicas stop
         without = tmp_path / "without-chat.yaml"
-        without.write_text(PROFILES.format(models=models, args=NEW_ARGS))
+        without.write_text(catalog(*NEW_ARGS, chat=False).format(models=models))
         kept = {r.id: [s.pid for s in r.shards] for r in cluster.replicas().replicas}
         refused = cluster.ctl("apply", str(without))
         assert refused.returncode == 1, refused.stdout + refused.stderr

@@ -7,7 +7,6 @@ simulated node with its own models directory and its own disk for seeds
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 from pathlib import Path
@@ -16,7 +15,9 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.processes import free_port
+from llmgw.weights import file_sha256
 from llmgw.wire import EventList, ReplicaStatus
 
 pytestmark = pytest.mark.timeout(300)
@@ -24,21 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 #: three files, 48 MB in all: large enough to take several progress reports, small for a 2-core machine
 FILES = {"model-00001.safetensors": 24_000_000, "model-00002.safetensors": 24_000_000, "config.json": 300}
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  seeded:
-    source: seed:///data/seeded
-    profile: one
-    replicas: 3
-"""
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+CATALOG = catalog_yaml({"seeded": model("seed:///data/seeded", replicas=3)})
 
 
 @pytest.fixture
@@ -85,7 +72,9 @@ def test_seeded_model_is_copied_verified_and_served(cluster):
     assert any("fetching" in line for line in seen_staging), seen_staging
     for node in ("node-2", "node-3"):
         copy = copy_of(cluster, node)
-        assert {p.name: sha256(p) for p in copy.iterdir()} == {name: sha256(seed / name) for name in FILES}
+        assert {p.name: file_sha256(p) for p in copy.iterdir()} == {
+            name: file_sha256(seed / name) for name in FILES
+        }
         shard = next(s for r in cluster.replicas().replicas for s in r.shards if s.node == node)
         assert str(copy) in shard.argv, "the engine should be given the node's own copy"
     holder = next(s for r in cluster.replicas().replicas for s in r.shards if s.node == "node-1")
@@ -110,17 +99,17 @@ def test_seeded_model_is_copied_verified_and_served(cluster):
     # a flipped byte in node-2's copy: found before the next start there, that file fetched again
     on_node2 = next(r for r in cluster.replicas().replicas if r.shards[0].node == "node-2")
     target = copy_of(cluster, "node-2") / "model-00002.safetensors"
-    good = sha256(target)
+    good = file_sha256(target)
     with open(target, "r+b") as handle:
         handle.seek(12_345_678)
         byte = handle.read(1)
         handle.seek(12_345_678)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    assert sha256(target) != good
+    assert file_sha256(target) != good
     os.kill(on_node2.shards[0].pid, signal.SIGKILL)
     cluster.wait(lambda: replica(cluster, on_node2.id).attempt != on_node2.attempt, "a rebuild on node-2", 30)
     cluster.wait(lambda: replica(cluster, on_node2.id).state == "ready", "the rebuilt replica ready", 120)
-    assert sha256(target) == good
+    assert file_sha256(target) == good
     events = cluster.client.request("GET", "/v1/admin/events", EventList).events
     assert any("model-00002.safetensors" in e.message and "failed verification" in e.message for e in events)
 
@@ -135,7 +124,7 @@ def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
         for index in range(4):
             (seed / f"part-{index}.bin").write_bytes(os.urandom(12_000_000))
         local.start(3)
-        local.apply(CATALOG.replace("replicas: 3", "replicas: 2"))
+        local.apply(catalog_yaml({"seeded": model("seed:///data/seeded", replicas=2)}))
         local.wait(lambda: len(local.replicas().replicas) == 2 and local.all_ready(), "2 replicas ready", 120)
         local.apply(CATALOG)
 
@@ -153,6 +142,8 @@ def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
             180,
         )
         copy = copy_of(local, "node-3")
-        assert {p.name: sha256(p) for p in copy.iterdir()} == {p.name: sha256(p) for p in seed.iterdir()}
+        assert {p.name: file_sha256(p) for p in copy.iterdir()} == {
+            p.name: file_sha256(p) for p in seed.iterdir()
+        }
     finally:
         local.stop_all()

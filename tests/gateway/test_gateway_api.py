@@ -17,7 +17,14 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.net.server import HttpServer, Limits, Request, Response
-from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
+from llmgw.testing.gateway import (
+    HeldStream,
+    serve_feed,
+    serve_stream,
+    start_gateway,
+    start_sim,
+    wait_healthy,
+)
 from llmgw.testing.processes import ProcessSet, free_port, processes, wait_for  # noqa: F401
 
 KEY = "sk-llmgw-test-0123456789abcdef"
@@ -39,10 +46,8 @@ async def feed(nursery, sims):
     """A routes feed with both sims ready for "m", model "cold" with no ready replica, and one key."""
     with trio.fail_after(10):
         await wait_healthy(sim.url for sim in sims.values())
-    feed = FakeRoutesFeed(models=["m", "cold"])
-    feed.url = await nursery.start(feed.serve)
-    feed.set(routes={"m": [(name, sim.url) for name, sim in sims.items()]}, keys={KEY: "alice"})
-    return feed
+    routes = [(name, sim.url) for name, sim in sims.items()]
+    return await serve_feed(nursery, models=["cold"], keys={KEY: "alice"}, m=routes)
 
 
 @pytest.fixture
@@ -203,10 +208,8 @@ class TestErrors:
 
     async def test_no_keys_created_yet(self, nursery, sims):
         """A feed without "keys" (none created yet) means every key is refused, and the message says why."""
-        feed = FakeRoutesFeed()
-        url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", sims["m-0"].url)]})
-        _, gateway = await start_gateway(nursery, url)
+        feed = await serve_feed(nursery, m=[("m-0", sims["m-0"].url)])
+        _, gateway = await start_gateway(nursery, feed.url)
         async with client(gateway) as http:
             response = await http.get("/v1/models")
         assert response.status_code == 401
@@ -280,10 +283,8 @@ class TestRouting:
         for name in ("busy", "idle"):
             host, port = await nursery.start(HttpServer(upstream(name)).serve, "127.0.0.1", 0)
             urls[name] = f"http://{host}:{port}"
-        feed = FakeRoutesFeed()
-        feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("a", urls["busy"]), ("b", urls["idle"])]})
-        _, gateway = await start_gateway(nursery, feed_url, require_keys=False, routing="least-outstanding")
+        feed = await serve_feed(nursery, m=[("a", urls["busy"]), ("b", urls["idle"])])
+        _, gateway = await start_gateway(nursery, feed.url, require_keys=False, routing="least-outstanding")
         async with client(gateway, key=None) as http, trio.open_nursery() as requests:
             body = {"model": "m", "prompt": "x"}
             for _ in range(4):
@@ -365,21 +366,10 @@ class TestLifecycle:
         """shutdown(grace) refuses new clients, lets a stream in flight finish, and serve() returns."""
         from llmgw.gateway import Gateway, GatewayConfig
 
-        go_on = trio.Event()
-
-        async def events():
-            yield b'data: {"n": 1}\n\n'
-            await go_on.wait()
-            yield b"data: [DONE]\n\n"
-
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        engine_host, engine_port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = FakeRoutesFeed()
-        feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", f"http://{engine_host}:{engine_port}")]})
-        gateway = Gateway(GatewayConfig(server=feed_url, host="127.0.0.1", port=0, require_keys=False))
+        held = HeldStream(b'data: {"n": 1}\n\n', b"data: [DONE]\n\n")
+        engine_url = await serve_stream(nursery, held)
+        feed = await serve_feed(nursery, m=[("m-0", engine_url)])
+        gateway = Gateway(GatewayConfig(server=feed.url, host="127.0.0.1", port=0, require_keys=False))
         returned = trio.Event()
 
         async def serve(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -397,7 +387,7 @@ class TestLifecycle:
                     assert await chunks.__anext__() == b'data: {"n": 1}\n\n'
                     gateway.shutdown(5)
                     assert not returned.is_set()
-                    go_on.set()
+                    held.release()
                     assert b"".join([chunk async for chunk in chunks]) == b"data: [DONE]\n\n"
                 await returned.wait()
                 with pytest.raises(httpx.ConnectError):
@@ -410,9 +400,7 @@ class TestCommand:
 
     async def test_runs_warns_without_keys_and_stops_on_sigterm(self, nursery, sims, processes):  # noqa: F811
         """The command serves requests, logs the no-keys warning, and exits 0 on SIGTERM."""
-        feed = FakeRoutesFeed()
-        feed_url = await nursery.start(feed.serve)
-        feed.set(routes={"m": [("m-0", sims["m-0"].url)]})
+        feed = await serve_feed(nursery, m=[("m-0", sims["m-0"].url)])
         port = free_port()
         gateway = processes.start(
             [
@@ -420,7 +408,7 @@ class TestCommand:
                 "-m",
                 "llmgw.gateway",
                 "--server",
-                feed_url,
+                feed.url,
                 "--listen",
                 f"127.0.0.1:{port}",
                 "--no-keys",

@@ -12,19 +12,33 @@ import trio
 
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
-from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
+from llmgw.testing.gateway import (
+    FakeRoutesFeed,
+    HeldStream,
+    Sim,
+    serve_feed,
+    serve_stream,
+    start_gateway,
+    start_sim,
+    wait_healthy,
+)
 from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 BODY = {"model": "m", "messages": MESSAGES, "max_tokens": 4}
 
 
-async def serve_feed(nursery: trio.Nursery, **routes) -> FakeRoutesFeed:
-    """A fake routes feed with ``routes`` (model -> [(replica, url)]); its URL is ``feed.url``."""
-    feed = FakeRoutesFeed()
-    feed.url = await nursery.start(feed.serve)
-    feed.set(routes=routes)
-    return feed
+async def sim_behind_gateway(nursery: trio.Nursery, processes, *sim_args: str) -> tuple[Sim, str]:  # noqa: F811
+    """One sim started with ``sim_args`` as replica m-0 of model m, behind a gateway needing no key.
+
+    :returns: the sim, once healthy, and the gateway's base URL.
+    """
+    sim = start_sim(processes, *sim_args)
+    with trio.fail_after(10):
+        await wait_healthy([sim.url])
+    feed = await serve_feed(nursery, m=[("m-0", sim.url)])
+    _, url = await start_gateway(nursery, feed.url, require_keys=False)
+    return sim, url
 
 
 def connections_to(port: int) -> list[str]:
@@ -182,18 +196,8 @@ class TestStreams:
 
     async def test_chunks_pass_before_the_stream_ends(self, nursery):
         """The client reads the first event while the engine still holds back the second."""
-        go_on = trio.Event()
-
-        async def events():
-            yield b'data: {"n": 1}\n\n'
-            await go_on.wait()
-            yield b'data: {"n": 2}\n\ndata: [DONE]\n\n'
-
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        host, port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = await serve_feed(nursery, m=[("m-0", f"http://{host}:{port}")])
+        held = HeldStream(b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\ndata: [DONE]\n\n')
+        feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, held))])
         _, url = await start_gateway(nursery, feed.url, require_keys=False)
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
@@ -201,23 +205,14 @@ class TestStreams:
                 chunks = response.aiter_bytes()
                 with trio.fail_after(5):
                     assert await chunks.__anext__() == b'data: {"n": 1}\n\n'
-                go_on.set()
+                held.release()
                 rest = b"".join([chunk async for chunk in chunks])
         assert rest == b'data: {"n": 2}\n\ndata: [DONE]\n\n'
 
     async def test_stalled_stream_times_out_with_an_error_event(self, nursery):
         """An engine that stops sending mid-stream for the upstream timeout: the stream ends with an error."""
-        hold = trio.Event()
-
-        async def events():
-            yield b'data: {"n": 1}\n\n'
-            await hold.wait()
-
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        host, port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = await serve_feed(nursery, m=[("m-0", f"http://{host}:{port}")])
+        silent = HeldStream(b'data: {"n": 1}\n\n')
+        feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, silent))])
         _, url = await start_gateway(
             nursery, feed.url, require_keys=False, proxy=ProxySettings(read_timeout=0.2)
         )
@@ -227,7 +222,7 @@ class TestStreams:
         events_received = response.content.strip().split(b"\n\n")
         assert events_received[0] == b'data: {"n": 1}'
         assert b"sent nothing for 0.2s" in events_received[-1]
-        hold.set()
+        silent.release()
 
     async def test_client_leaving_stops_generation(self, nursery):
         """A client that disconnects mid-stream makes the gateway close the upstream: the engine stops."""
@@ -241,11 +236,7 @@ class TestStreams:
             finally:
                 stopped.set()
 
-        async def engine(request: Request) -> Response:
-            return Response.stream(200, events())
-
-        host, port = await nursery.start(HttpServer(engine).serve, "127.0.0.1", 0)
-        feed = await serve_feed(nursery, m=[("m-0", f"http://{host}:{port}")])
+        feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, events))])
         gateway, url = await start_gateway(nursery, feed.url, require_keys=False)
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
@@ -258,11 +249,7 @@ class TestStreams:
 
     async def test_client_leaving_closes_the_sim_connection(self, nursery, processes):  # noqa: F811
         """With a real engine: after the client leaves, no connection to the engine stays open."""
-        sim = start_sim(processes, "--tokens-per-second", "20")
-        with trio.fail_after(10):
-            await wait_healthy([sim.url])
-        feed = await serve_feed(nursery, m=[("m-0", sim.url)])
-        _, url = await start_gateway(nursery, feed.url, require_keys=False)
+        sim, url = await sim_behind_gateway(nursery, processes, "--tokens-per-second", "20")
         long = {**BODY, "max_tokens": 2000, "stream": True}
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json=long) as response:
@@ -277,11 +264,7 @@ class TestStreams:
 
     async def test_stream_on_a_dying_replica_ends_with_an_error_event(self, nursery, processes):  # noqa: F811
         """Killing the engine mid-stream ends the client's stream with an OpenAI error event, not a hang."""
-        sim = start_sim(processes, "--tokens-per-second", "50")
-        with trio.fail_after(10):
-            await wait_healthy([sim.url])
-        feed = await serve_feed(nursery, m=[("m-0", sim.url)])
-        _, url = await start_gateway(nursery, feed.url, require_keys=False)
+        sim, url = await sim_behind_gateway(nursery, processes, "--tokens-per-second", "50")
         long = {**BODY, "max_tokens": 2000, "stream": True}
         with trio.fail_after(10):
             async with httpx.AsyncClient(base_url=url) as http:
@@ -297,11 +280,7 @@ class TestStreams:
     async def test_openai_client_raises_on_a_dying_replica(self, nursery, processes, caplog):  # noqa: F811
         """The openai client sees an APIError when the engine under its stream dies."""
         caplog.set_level(logging.INFO, logger="llmgw.gateway")
-        sim = start_sim(processes, "--tokens-per-second", "50")
-        with trio.fail_after(10):
-            await wait_healthy([sim.url])
-        feed = await serve_feed(nursery, m=[("m-0", sim.url)])
-        _, url = await start_gateway(nursery, feed.url, require_keys=False)
+        sim, url = await sim_behind_gateway(nursery, processes, "--tokens-per-second", "50")
 
         def use() -> list[str]:
             api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=10)

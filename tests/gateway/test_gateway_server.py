@@ -15,25 +15,13 @@ import pytest
 import trio
 from llmgw_engine_sim import SimEngine
 
-from llmgw.models import NodeFacts
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.state.cluster import Settings
-from llmgw.testing import make_gpus
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.testing.gateway import start_gateway, start_sim, wait_healthy
+from llmgw.testing.nodes import sim_node_sync
 from llmgw.testing.processes import free_port, processes, wait_for  # noqa: F401
-from llmgw.wire import ObservedShard, SyncReply, SyncRequest, from_json, to_json
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  small:
-    source: tiny/model
-    profile: one
-    replicas: {replicas}
-"""
+from llmgw.wire import ObservedShard, SyncReply, from_json, to_json
 
 
 class Cluster:
@@ -78,7 +66,8 @@ class Cluster:
 
     async def apply(self, replicas: int) -> None:
         async with self.client("admin", "ops") as admin:
-            response = await admin.post("/v1/admin/catalog", json={"text": CATALOG.format(replicas=replicas)})
+            text = catalog_yaml({"small": model("tiny/model", replicas=replicas)})
+            response = await admin.post("/v1/admin/catalog", json={"text": text})
             assert response.status_code == 200, response.text
 
     async def sync(self, node_id: str, state: str | None = None, *, wait: bool = False) -> SyncReply:
@@ -92,21 +81,14 @@ class Cluster:
             observed = [
                 ObservedShard(s.replica_id, s.attempt, s.rank, state, port=s.spec.port) for s in last.shards
             ]
-        facts = NodeFacts(
-            node_id=node_id,
-            agent_version="0.1.0",
-            gpus=make_gpus(1, seed=node_id),
-            engines={"sim": "0.1.0"},
-            model_sources=["tiny/model"],
-        )
-        request = SyncRequest(
-            node_id=node_id,
+        revision = last.revision if last else 0
+        request = sim_node_sync(
+            node_id,
+            gpus=1,
             address="127.0.0.1",
-            facts=facts,
             port_range=(port, port),
-            checked_sources=facts.model_sources,
             observed=observed,
-            revision=last.revision if last else 0,
+            revision=revision,
             wait=wait,
         )
         async with self.client("node", node_id) as node:

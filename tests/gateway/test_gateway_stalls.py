@@ -10,18 +10,10 @@ import trio
 
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
-from llmgw.testing.gateway import FakeRoutesFeed, start_gateway, start_sim, wait_healthy
+from llmgw.testing.gateway import serve_feed, start_gateway, start_sim, wait_healthy
 from llmgw.testing.processes import processes, wait_for  # noqa: F401
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 4}
-
-
-async def serve_feed(nursery: trio.Nursery, **routes) -> FakeRoutesFeed:
-    """A fake routes feed with ``routes`` (model -> [(replica, url)]); its URL is ``feed.url``."""
-    feed = FakeRoutesFeed()
-    feed.url = await nursery.start(feed.serve)
-    feed.set(routes=routes)
-    return feed
 
 
 async def serve(nursery: trio.Nursery, handler) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmgw.net.server import HttpServer, InvalidJSON, Limits, Request, Response
+from llmgw.testing.gateway import HeldStream, streaming
 
 HOST = "127.0.0.1"
 
@@ -40,6 +42,38 @@ async def start_server(nursery: trio.Nursery, handler=echo, **kwargs) -> tuple[H
     host, port = await nursery.start(server.serve, HOST, 0)
     scheme = "https" if kwargs.get("ssl_context") else "http"
     return server, f"{scheme}://{host}:{port}"
+
+
+async def serve_until_shutdown(
+    nursery: trio.Nursery, handler
+) -> tuple[HttpServer, tuple[str, int], trio.Event]:
+    """Serve ``handler`` on HOST in ``nursery`` for a test that shuts the server down.
+
+    :returns: the server, its address, and an event set once ``serve()`` returned.
+    """
+    server = HttpServer(handler)
+    stopped = trio.Event()
+
+    async def run_server(task_status=trio.TASK_STATUS_IGNORED):
+        await server.serve(HOST, 0, task_status=task_status)
+        stopped.set()
+
+    address = await nursery.start(run_server)
+    return server, address, stopped
+
+
+def never_answers() -> tuple[Callable[[Request], Awaitable[Response]], trio.Event, trio.Event]:
+    """A handler that waits forever, and its two events: a request ``entered`` it, it was ``cancelled``."""
+    entered, cancelled = trio.Event(), trio.Event()
+
+    async def handler(request: Request) -> Response:
+        entered.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    return handler, entered, cancelled
 
 
 async def raw_exchange(address: tuple[str, int], data: bytes) -> bytes:
@@ -162,24 +196,15 @@ class TestStreaming:
 
     async def test_chunks_arrive_before_stream_ends(self, nursery):
         """The first chunk reaches the client while the body is still being produced."""
-        first_seen = trio.Event()
-
-        async def chunks():
-            yield b"data: one\n\n"
-            await first_seen.wait()
-            yield b"data: two\n\n"
-
-        async def handler(request: Request) -> Response:
-            return Response.stream(200, chunks())
-
-        _, url = await start_server(nursery, handler)
+        held = HeldStream(b"data: one\n\n", b"data: two\n\n")
+        _, url = await start_server(nursery, streaming(held))
         received = []
         with trio.fail_after(5):
             async with httpx.AsyncClient(base_url=url) as client, client.stream("GET", "/") as response:
                 assert response.headers["content-type"] == "text/event-stream"
                 async for chunk in response.aiter_raw():
                     received.append(chunk)
-                    first_seen.set()
+                    held.release()
         assert b"".join(received) == b"data: one\n\ndata: two\n\n"
 
     async def test_client_disconnect_stops_the_body(self, nursery):
@@ -197,10 +222,7 @@ class TestStreaming:
             finally:
                 closed.set()
 
-        async def handler(request: Request) -> Response:
-            return Response.stream(200, chunks())
-
-        _, url = await start_server(nursery, handler)
+        _, url = await start_server(nursery, streaming(chunks))
         async with httpx.AsyncClient(base_url=url) as client, client.stream("GET", "/") as response:
             async for _ in response.aiter_raw():
                 break
@@ -230,14 +252,7 @@ class TestStreaming:
 
     async def test_client_disconnect_cancels_a_waiting_handler(self, nursery):
         """A handler still computing its response is cancelled when the client leaves."""
-        entered, cancelled = trio.Event(), trio.Event()
-
-        async def handler(request: Request) -> Response:
-            entered.set()
-            try:
-                await trio.sleep_forever()
-            finally:
-                cancelled.set()
+        handler, entered, cancelled = never_answers()
 
         server, _ = await start_server(nursery, handler)
         stream = await trio.open_tcp_stream(*server.address)
@@ -261,14 +276,7 @@ class TestShutdown:
                 await release.wait()
             return Response.text(200, request.path)
 
-        server = HttpServer(handler)
-        stopped = trio.Event()
-
-        async def run_server(task_status=trio.TASK_STATUS_IGNORED):
-            await server.serve(HOST, 0, task_status=task_status)
-            stopped.set()
-
-        address = await nursery.start(run_server)
+        server, address, stopped = await serve_until_shutdown(nursery, handler)
         url = f"http://{address[0]}:{address[1]}"
         idle = await trio.open_tcp_stream(*address)
         await idle.send_all(b"GET /idle HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -298,23 +306,9 @@ class TestShutdown:
 
     async def test_grace_period_cancels_what_remains(self, nursery):
         """A request still running when the grace period ends is cancelled and serve() returns."""
-        entered, cancelled = trio.Event(), trio.Event()
+        handler, entered, cancelled = never_answers()
 
-        async def handler(request: Request) -> Response:
-            entered.set()
-            try:
-                await trio.sleep_forever()
-            finally:
-                cancelled.set()
-
-        server = HttpServer(handler)
-        stopped = trio.Event()
-
-        async def run_server(task_status=trio.TASK_STATUS_IGNORED):
-            await server.serve(HOST, 0, task_status=task_status)
-            stopped.set()
-
-        address = await nursery.start(run_server)
+        server, address, stopped = await serve_until_shutdown(nursery, handler)
         stream = await trio.open_tcp_stream(*address)
         await stream.send_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         with trio.fail_after(5):

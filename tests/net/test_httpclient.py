@@ -12,6 +12,7 @@ import trio.testing
 from llmgw.net.client import ConnectError, ConnectionPool, ReadTimeout, RemoteProtocolError, ResponseTooLarge
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.pki import server_ssl_context
+from llmgw.testing.gateway import HeldStream, streaming
 from llmgw.testing.processes import free_port
 
 HOST = "127.0.0.1"
@@ -160,18 +161,12 @@ class TestStreaming:
 
     async def test_chunks_arrive_before_the_body_ends(self, nursery):
         """The first chunk is readable while the server still holds back the rest."""
-        go_on = trio.Event()
-
-        async def chunks():
-            yield b"data: first\n\n"
-            await go_on.wait()
-            yield b"data: second\n\n"
-
-        url = await start(nursery, streaming(chunks))
+        held = HeldStream(b"data: first\n\n", b"data: second\n\n")
+        url = await start(nursery, streaming(held))
         async with ConnectionPool() as pool, pool.stream("GET", url) as response:
             with trio.fail_after(5):
                 assert await response.receive_chunk() == b"data: first\n\n"
-            go_on.set()
+            held.release()
             rest = [chunk async for chunk in response]
             assert rest == [b"data: second\n\n"]
             assert response.complete
@@ -234,15 +229,6 @@ class TestStreaming:
                 await response.read()
             assert caught.value.response_started
             assert pool.idle_count(url) == 0
-
-
-def streaming(chunks):
-    """A handler answering with a stream of ``chunks()``."""
-
-    async def handler(request: Request) -> Response:
-        return Response.stream(200, chunks())
-
-    return handler
 
 
 class TestFailures:

@@ -21,6 +21,13 @@ def resolve(*options: str, adapters=FOUR_ACTIVE, per_fabric: int = 2) -> tuple[F
     return resolve_fabric_options(options, adapters, per_fabric)
 
 
+def refusal(*options: str, adapters=FOUR_ACTIVE) -> str:
+    """The message of the FabricError that resolving ``options`` on ``adapters`` must raise."""
+    with pytest.raises(FabricError) as info:
+        resolve(*options, adapters=adapters)
+    return str(info.value)
+
+
 class TestParse:
     """Reading one --fabric value."""
 
@@ -102,27 +109,23 @@ class TestRefusals:
 
     def test_adapter_under_two_fabrics(self) -> None:
         """One adapter under two fabrics is refused, naming it and both fabrics."""
-        with pytest.raises(FabricError) as info:
-            resolve("ib-a:mlx5_0,mlx5_1", "ib-b:mlx5_2,mlx5_0")
-        assert str(info.value).startswith(
+        message = refusal("ib-a:mlx5_0,mlx5_1", "ib-b:mlx5_2,mlx5_0")
+        assert message.startswith(
             "adapter mlx5_0 is named under two fabrics: ib-a and ib-b; an adapter belongs to one fabric"
         )
 
     def test_missing_adapter_lists_the_ones_there_are(self) -> None:
         """An adapter the node does not have is refused, listing the adapters it has."""
         adapters = make_adapters({"mlx5_0": "ACTIVE", "mlx5_1": "DOWN"})
-        with pytest.raises(FabricError) as info:
-            resolve("ib-b:mlx5_0,mlx5_9", adapters=adapters)
-        message = str(info.value)
+        message = refusal("ib-b:mlx5_0,mlx5_9", adapters=adapters)
         assert message.startswith("--fabric ib-b: adapter mlx5_9 does not exist on this node")
         assert "adapters there are: mlx5_0 (ACTIVE), mlx5_1 (DOWN)" in message
 
     def test_inactive_adapter_says_its_port_state(self) -> None:
         """A named adapter with no ACTIVE port is refused with its port's state."""
         adapters = make_adapters({"mlx5_2": "ACTIVE", "mlx5_3": "DOWN"})
-        with pytest.raises(FabricError) as info:
-            resolve("ib-b:mlx5_2,mlx5_3", adapters=adapters)
-        assert str(info.value) == (
+        message = refusal("ib-b:mlx5_2,mlx5_3", adapters=adapters)
+        assert message == (
             "--fabric ib-b: adapter mlx5_3 is DOWN (port 1); name active adapters or bring the port up"
         )
 
@@ -135,9 +138,7 @@ class TestRefusals:
     def test_too_few_active_adapters(self) -> None:
         """A bare fabric with one active adapter is refused, naming what is down and a fix."""
         adapters = make_adapters({"mlx5_0": "ACTIVE", "mlx5_1": "DOWN"})
-        with pytest.raises(FabricError) as info:
-            resolve("ib-a", adapters=adapters)
-        message = str(info.value)
+        message = refusal("ib-a", adapters=adapters)
         assert message.startswith("--fabric ib-a needs 2 active adapters but only 1 free: mlx5_0")
         assert "mlx5_1 is DOWN (port 1)" in message
         assert "--fabric ib-a:mlx5_0" in message
@@ -145,9 +146,7 @@ class TestRefusals:
     def test_too_few_counts_adapters_other_fabrics_took(self) -> None:
         """Adapters named under another fabric are not free, and the message says where they went."""
         adapters = make_adapters({"mlx5_0": "ACTIVE", "mlx5_1": "ACTIVE", "mlx5_2": "ACTIVE"})
-        with pytest.raises(FabricError) as info:
-            resolve("ib-a:mlx5_0,mlx5_1", "ib-b", adapters=adapters)
-        message = str(info.value)
+        message = refusal("ib-a:mlx5_0,mlx5_1", "ib-b", adapters=adapters)
         assert message.startswith("--fabric ib-b needs 2 active adapters but only 1 free: mlx5_2")
         assert "mlx5_0 is under fabric ib-a" in message
 
@@ -158,17 +157,14 @@ class TestRefusals:
 
     def test_two_bare_fabrics_are_not_guessed(self) -> None:
         """Two fabrics naming no adapters are refused even with enough adapters, with an example."""
-        with pytest.raises(FabricError) as info:
-            resolve("ib-a", "ib-b")
-        message = str(info.value)
+        message = refusal("ib-a", "ib-b")
         assert message.startswith("--fabric ib-a and --fabric ib-b name no adapters")
         assert "--fabric ib-a:mlx5_0,mlx5_1 --fabric ib-b:mlx5_2,mlx5_3" in message
 
     def test_fabric_declared_twice(self) -> None:
         """The same fabric named twice is refused, quoting both options."""
-        with pytest.raises(FabricError) as info:
-            resolve("ib-a:mlx5_0", "ib-a:mlx5_1")
-        assert str(info.value).startswith(
+        message = refusal("ib-a:mlx5_0", "ib-a:mlx5_1")
+        assert message.startswith(
             "fabric ib-a is declared twice (--fabric ib-a:mlx5_0 and --fabric ib-a:mlx5_1)"
         )
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_plugins import run_llmgw, write_distribution
+from test_plugins import EnginePlugin, run_llmgw, write_distribution
 
-import llmgw
 from llmgw.engine import Engine, HelpAndVersion, LivenessProbe, help_and_version_of, openai_canary
 from llmgw.enginecheck import check_engine, widest_commands
 from llmgw.errors import PluginError
@@ -96,15 +95,6 @@ class OldButValid(Minimal):
         return LaunchSpec(model_source="/m", served_name="m", host="127.0.0.1", port=7)
 
 
-class Plugin:
-    def __init__(self, *engines: Engine) -> None:
-        self.engines = list(engines)
-
-    @llmgw.hookimpl
-    def llmgw_register_engines(self) -> list[Engine]:
-        return self.engines
-
-
 def old_style(**methods) -> Engine:
     """A Minimal engine with some of llmgw 0.1's methods defined."""
     return type("Old", (Minimal,), {"name": "old", **methods})()
@@ -166,7 +156,7 @@ class TestOldEngines:
 
     def test_old_but_valid_keeps_working(self):
         """An engine defining only build_command and widest_spec (abstract in 0.1) still loads."""
-        engines = get_plugin_manager(plugins=[Plugin(OldButValid())], entry_points=False).engines()
+        engines = get_plugin_manager(plugins=[EnginePlugin(OldButValid())], entry_points=False).engines()
         assert engines["oldvalid"].engine.widest_spec().port == 7
 
     @pytest.mark.parametrize(
@@ -182,19 +172,19 @@ class TestOldEngines:
     def test_each_old_method_is_named(self, method, advice):
         """Each method that is a fact now refuses the engine, with the attribute to write instead."""
         engine = old_style(**{method: lambda self, *args: None})
-        plugins = get_plugin_manager(plugins=[Plugin(engine)], entry_points=False)
+        plugins = get_plugin_manager(plugins=[EnginePlugin(engine)], entry_points=False)
         with pytest.raises(PluginError) as caught:
             plugins.engines()
-        assert str(caught.value) == f"plugin 'Plugin': engine 'old': {advice}; see docs/plugins.md"
+        assert str(caught.value) == f"plugin 'EnginePlugin': engine 'old': {advice}; see docs/plugins.md"
 
     def test_others_still_listed(self):
         """The refused engine's plugin is failed; another plugin's engine is still there."""
-        plugins = get_plugin_manager(
-            plugins=[Plugin(old_style(help_argv=lambda self, p: ())), Plugin(Minimal())], entry_points=False
-        )
+        refused, kept = EnginePlugin(old_style(help_argv=lambda self, p: ())), EnginePlugin(Minimal())
+        plugins = get_plugin_manager(plugins=[refused, kept], entry_points=False)
         records = {r.name: r for r in plugins.records() if not r.builtin}
-        assert records["Plugin"].status == "failed" and "help_argv(program) is now" in records["Plugin"].error
-        assert records["Plugin-2"].status == "loaded" and records["Plugin-2"].engines == ("minimal",)
+        failed, loaded = records["EnginePlugin"], records["EnginePlugin-2"]
+        assert failed.status == "failed" and "help_argv(program) is now" in failed.error
+        assert loaded.status == "loaded" and loaded.engines == ("minimal",)
 
     def test_llmgw_plugins_lists_it_failed(self, tmp_path, llmgw_exe, clean_env):
         """An installed 0.1 engine is listed failed by ``llmgw plugins``, naming it, its distribution and

@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from llmgw.enginecheck import (
 from llmgw.enginecheck.cli import engine_check
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
+from llmgw.testing.processes import run_pytest
 from llmgw.testing.pytest_plugin import find_engine_help_dir, missing_engine_help
 
 REPO = Path(__file__).resolve().parents[2]
@@ -348,6 +347,11 @@ def toy_files(tmp_path) -> dict[str, Path]:
     return files
 
 
+def help_files(files: dict[str, Path]) -> list[str]:
+    """``--help-file PROGRAM=PATH`` for each of ``files``."""
+    return [arg for program, path in files.items() for arg in ("--help-file", f"{program}={path}")]
+
+
 class TestCli:
     """``llmgw ctl engine-check`` on the toy engine."""
 
@@ -355,10 +359,7 @@ class TestCli:
         """One help file per program: every flag accepted, exit 0."""
         result = invoke(
             "toy",
-            "--help-file",
-            f"toy-server={toy_files['toy-server']}",
-            "--help-file",
-            f"toy-worker={toy_files['toy-worker']}",
+            *help_files(toy_files),
         )
         assert result.exit_code == 0, result.output
         assert re.search(r"accepted +--listen +toy-worker +1-2 +-\n", result.output)
@@ -403,10 +404,7 @@ class TestCli:
         result = invoke(
             "toy",
             "--json",
-            "--help-file",
-            f"toy-server={toy_files['toy-server']}",
-            "--help-file",
-            f"toy-worker={toy_files['toy-worker']}",
+            *help_files(toy_files),
         )
         data = json.loads(result.output)
         assert data["engine"] == "toy" and data["ok"] is True
@@ -418,10 +416,7 @@ class TestCli:
             "toy",
             "--extra-args",
             "--max-len 4096 --not-here 'a b'",
-            "--help-file",
-            f"toy-server={toy_files['toy-server']}",
-            "--help-file",
-            f"toy-worker={toy_files['toy-worker']}",
+            *help_files(toy_files),
         )
         assert result.exit_code == 1
         assert re.search(r"missing +--not-here +toy-server +0 +profile args\n", result.output)
@@ -546,23 +541,8 @@ def test_template_passes_its_own_tests(tmp_path):
         copy / "tests" / "help" / "foo-server-1.0.0.txt"
     )
     (copy / "tests" / "test_myengine.py").rename(copy / "tests" / "test_foo.py")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "not version and not registered",
-        ],
-        cwd=copy,
-        env={**os.environ, "PYTHONPATH": str(copy)},
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_pytest(
+        copy, "-k", "not version and not registered", env={**os.environ, "PYTHONPATH": str(copy)}
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout

@@ -15,7 +15,7 @@ import llmgw
 from llmgw.engine import Engine
 from llmgw.errors import DuplicateEngineError, PluginError, UnknownEngineError
 from llmgw.models import Command, LaunchSpec
-from llmgw.plugins import BUILTIN_PLUGINS, get_plugin_manager
+from llmgw.plugins import BUILTIN_PLUGINS, PluginRecord, Plugins, get_plugin_manager
 from llmgw.provision import MachineRequest, Provisioner
 
 
@@ -56,13 +56,19 @@ class _FakeEngine(Engine):
         return LaunchSpec(model_source="/m", served_name="m", host="127.0.0.1", port=1)
 
 
-class _EnginePlugin:
+class EnginePlugin:
     def __init__(self, *engines: Engine) -> None:
         self.engines = list(engines)
 
     @llmgw.hookimpl
     def llmgw_register_engines(self) -> list[Engine]:
         return self.engines
+
+
+def broken_distribution(site: Path, source: str) -> Path:
+    """``llmgw-engine-broken`` 0.3.1 installed in ``site``: its entry point's module is ``source``."""
+    entry_points, modules = {"broken": "llmgw_engine_broken"}, {"llmgw_engine_broken": source}
+    return write_distribution(site, "llmgw-engine-broken", "0.3.1", entry_points, modules)
 
 
 class TestPluginsCommand:
@@ -87,13 +93,7 @@ class TestPluginsCommand:
 
     def test_broken_distribution_is_listed_with_its_error(self, llmgw_exe, clean_env, tmp_path):
         """A plugin that fails to import is listed with its error; the others still load."""
-        site = write_distribution(
-            tmp_path / "site",
-            "llmgw-engine-broken",
-            "0.3.1",
-            {"broken": "llmgw_engine_broken"},
-            {"llmgw_engine_broken": "import a_module_that_is_not_installed\n"},
-        )
+        site = broken_distribution(tmp_path / "site", "import a_module_that_is_not_installed\n")
         result = run_llmgw(llmgw_exe, "plugins", "--json", env=clean_env, site=site)
         assert result.returncode == 1, "a failed plugin must make `llmgw plugins` exit 1"
         records = {r["name"]: r for r in json.loads(result.stdout)}
@@ -107,13 +107,7 @@ class TestPluginsCommand:
 
     def test_table_names_the_broken_plugin_on_stderr(self, llmgw_exe, clean_env, tmp_path):
         """The table view prints a failed plugin's error on stderr, by name."""
-        site = write_distribution(
-            tmp_path / "site",
-            "llmgw-engine-broken",
-            "0.3.1",
-            {"broken": "llmgw_engine_broken"},
-            {"llmgw_engine_broken": "raise RuntimeError('engine plugin exploded')\n"},
-        )
+        site = broken_distribution(tmp_path / "site", "raise RuntimeError('engine plugin exploded')\n")
         result = run_llmgw(llmgw_exe, "plugins", env=clean_env, site=site)
         assert result.returncode == 1
         assert "broken" in result.stdout and "failed" in result.stdout
@@ -131,13 +125,7 @@ class TestPluginsCommand:
 
     def test_allowlist_by_distribution_name(self, llmgw_exe, clean_env, tmp_path):
         """LLMGW_LOAD_PLUGINS naming a distribution loads it and leaves the others out."""
-        site = write_distribution(
-            tmp_path / "site",
-            "llmgw-engine-broken",
-            "0.3.1",
-            {"broken": "llmgw_engine_broken"},
-            {"llmgw_engine_broken": "raise RuntimeError('must not be imported')\n"},
-        )
+        site = broken_distribution(tmp_path / "site", "raise RuntimeError('must not be imported')\n")
         env = {**clean_env, "LLMGW_LOAD_PLUGINS": "llmgw-engine-sim"}
         result = run_llmgw(llmgw_exe, "plugins", "--json", env=env, site=site)
         assert result.returncode == 0, result.stderr
@@ -199,12 +187,20 @@ class TestCtlEngines:
         assert "Traceback" not in result.stderr
 
 
+def load_failing(plugin: object) -> tuple[Plugins, PluginRecord]:
+    """A manager loading ``plugin`` alone, and its record, which must say it failed."""
+    manager = get_plugin_manager(entry_points=False, plugins=[plugin])
+    record = next(r for r in manager.records() if r.name == type(plugin).__name__)
+    assert record.status == "failed", record
+    return manager, record
+
+
 class TestPluginManager:
     """``get_plugin_manager`` with explicit plugins, as tests and embedders call it."""
 
     def test_builds_fresh_each_call(self):
         """Two calls give two independent managers: nothing is registered on import."""
-        first = get_plugin_manager(entry_points=False, plugins=[_EnginePlugin(_FakeEngine())])
+        first = get_plugin_manager(entry_points=False, plugins=[EnginePlugin(_FakeEngine())])
         second = get_plugin_manager(entry_points=False)
         assert "fake" in first.engines()
         assert "fake" not in second.engines()
@@ -217,9 +213,7 @@ class TestPluginManager:
             def llmgw_register_engine(self):
                 return []
 
-        manager = get_plugin_manager(entry_points=False, plugins=[Misspelt()])
-        record = next(r for r in manager.records() if r.name == "Misspelt")
-        assert record.status == "failed"
+        _, record = load_failing(Misspelt())
         assert "llmgw_register_engine" in record.error
 
     def test_wrong_hook_argument_is_a_load_error(self):
@@ -230,9 +224,7 @@ class TestPluginManager:
             def llmgw_discover_gpus(self, nvidia_smi_path):
                 return None
 
-        manager = get_plugin_manager(entry_points=False, plugins=[WrongArgs()])
-        record = next(r for r in manager.records() if r.name == "WrongArgs")
-        assert record.status == "failed"
+        _, record = load_failing(WrongArgs())
         assert "nvidia_smi_path" in record.error
 
     def test_register_hook_raising_is_recorded_against_the_plugin(self):
@@ -243,9 +235,7 @@ class TestPluginManager:
             def llmgw_register_engines(self):
                 raise RuntimeError("no CUDA toolkit")
 
-        manager = get_plugin_manager(entry_points=False, plugins=[Raises()])
-        record = next(r for r in manager.records() if r.name == "Raises")
-        assert record.status == "failed"
+        manager, record = load_failing(Raises())
         assert "no CUDA toolkit" in record.error
         with pytest.raises(PluginError, match="'Raises'.*no CUDA toolkit"):
             manager.engines()
@@ -264,23 +254,23 @@ class TestPluginManager:
 
     def test_duplicate_engine_raises(self):
         """Two plugins registering one engine name raise DuplicateEngineError naming both."""
-        first, second = _EnginePlugin(_FakeEngine()), _EnginePlugin(_FakeEngine())
+        first, second = EnginePlugin(_FakeEngine()), EnginePlugin(_FakeEngine())
         manager = get_plugin_manager(entry_points=False, plugins=[first, second])
         with pytest.raises(DuplicateEngineError, match="engine 'fake' is registered twice"):
             manager.engines()
 
     def test_unknown_engine_lists_the_known_ones(self):
         """Asking for an engine nobody provides lists the engines there are."""
-        manager = get_plugin_manager(entry_points=False, plugins=[_EnginePlugin(_FakeEngine())])
+        manager = get_plugin_manager(entry_points=False, plugins=[EnginePlugin(_FakeEngine())])
         with pytest.raises(UnknownEngineError, match=r"'vllm' \(engines there are: fake\)"):
             manager.engine("vllm")
 
 
 def test_hook_llmgw_register_engines():
     """Engines registered through the hook are collected with their plugin and versions."""
-    manager = get_plugin_manager(entry_points=False, plugins=[_EnginePlugin(_FakeEngine())])
+    manager = get_plugin_manager(entry_points=False, plugins=[EnginePlugin(_FakeEngine())])
     record = manager.engines()["fake"]
-    assert record.plugin == "_EnginePlugin"
+    assert record.plugin == "EnginePlugin"
     assert record.checked_versions == ("1.0",)
     assert isinstance(record.engine, _FakeEngine)
 

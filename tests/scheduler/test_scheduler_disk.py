@@ -19,6 +19,16 @@ def chat(replicas: int, source: str = SEED) -> Catalog:
     return Catalog(profiles=PROFILE, models={"chat": Model(source=source, profile="one", replicas=replicas)})
 
 
+#: one replica each of ``chat`` (from SEED) and ``old`` (from OTHER)
+CHAT_AND_OLD = Catalog(
+    profiles=PROFILE,
+    models={
+        "chat": Model(source=SEED, profile="one", replicas=1),
+        "old": Model(source=OTHER, profile="one", replicas=1),
+    },
+)
+
+
 def disk_node(
     node_id: str, free: int | None, *copies: ModelCopy, sources: tuple[str, ...] = (), gpus: int = 8
 ) -> NodeView:
@@ -83,48 +93,27 @@ def test_unused_copies_count_as_room_and_are_named():
 
 def test_a_copy_in_use_is_not_counted_as_room():
     """The 2 GB copy runs a replica of another model on the node: only the 3 GB free count."""
-    catalog = Catalog(
-        profiles=PROFILE,
-        models={
-            "chat": Model(source=SEED, profile="one", replicas=1),
-            "old": Model(source=OTHER, profile="one", replicas=1),
-        },
-    )
     view = disk_node("a", 3 * GB, copy(OTHER, 2 * GB, complete=True), sources=(OTHER,))
     running = Replica("old-0", "old", 0, [Shard(0, "a", (0,), 20000)])
-    result = schedule([view], catalog, [running], sizes=SIZES)
+    result = schedule([view], CHAT_AND_OLD, [running], sizes=SIZES)
     assert [r.id for r in result.placements] == ["old-0"]
     assert "a (3.0 GB free)" in result.unplaced[0].reason, result.unplaced[0].reason
 
 
 def test_a_copy_other_nodes_are_fetching_is_not_counted_as_room():
     """node b copies OTHER for its replica: node a's complete copy of it serves b, so it is not evictable."""
-    catalog = Catalog(
-        profiles=PROFILE,
-        models={
-            "chat": Model(source=SEED, profile="one", replicas=1),
-            "old": Model(source=OTHER, profile="one", replicas=1),
-        },
-    )
     holder = disk_node("a", 3 * GB, copy(OTHER, 2 * GB, complete=True), sources=(OTHER,))
     fetching = disk_node("b", 0, copy(OTHER, GB))
     running = Replica("old-0", "old", 0, [Shard(0, "b", (0,), 20000)])
-    result = schedule([holder, fetching], catalog, [running], sizes=SIZES)
+    result = schedule([holder, fetching], CHAT_AND_OLD, [running], sizes=SIZES)
     assert "old-0" in {r.id for r in result.placements}
     assert "chat-0" not in {r.id for r in result.placements}, "a's copy of OTHER serves b's copy"
 
 
 def test_room_is_shared_by_replicas_placed_in_one_run():
     """10 GB free: two different 4.2 GB models cannot both be copied there with 1 GB of room left over."""
-    catalog = Catalog(
-        profiles=PROFILE,
-        models={
-            "chat": Model(source=SEED, profile="one", replicas=1),
-            "old": Model(source=OTHER, profile="one", replicas=1),
-        },
-    )
     sizes = {SEED: 4_200_000_000, OTHER: 5 * GB}
-    result = schedule([disk_node("a", 9 * GB)], catalog, [], sizes=sizes)
+    result = schedule([disk_node("a", 9 * GB)], CHAT_AND_OLD, [], sizes=sizes)
     assert len(result.placements) == 1 and len(result.unplaced) == 1
     # two replicas of the same model on one node share one copy
     two = schedule([disk_node("a", 5 * GB)], chat(2), [], sizes=SIZES)
@@ -133,16 +122,9 @@ def test_room_is_shared_by_replicas_placed_in_one_run():
 
 def test_a_copy_under_way_keeps_its_room():
     """A replica staging 4.2 GB (1 GB present) holds the 3.2 GB it still needs: a second model finds none."""
-    catalog = Catalog(
-        profiles=PROFILE,
-        models={
-            "chat": Model(source=SEED, profile="one", replicas=1),
-            "old": Model(source=OTHER, profile="one", replicas=1),
-        },
-    )
     view = disk_node("a", 4 * GB, copy(SEED, GB))
     staging = Replica("chat-0", "chat", 0, [Shard(0, "a", (0,), 20000)])
-    result = schedule([view], catalog, [staging], sizes=SIZES)
+    result = schedule([view], CHAT_AND_OLD, [staging], sizes=SIZES)
     [unplaced] = result.unplaced
     assert unplaced.model == "old"
     assert "a (4.0 GB free, 3.2 GB promised to copies under way)" in unplaced.reason, unplaced.reason

@@ -59,13 +59,8 @@ class RollingCluster(Agents, Rollout):
 
 def two_models() -> ClusterState:
     """node-1 and node-2 on one fabric: small-0 and the two-node big-0, both ready."""
-    h = ClusterState()
-    h.join("node-1", fabric="ib-a")
-    h.join("node-2", fabric="ib-a")
-    h.apply(big=1)
-    h.sync_all()
+    h = ClusterState.running_big(("node-1", "node-2"))
     h.run_all("small-0")
-    h.run_all("big-0")
     assert {r.id: r.state for r in h.cluster.replicas.values()} == {"small-0": "ready", "big-0": "ready"}
     return h
 

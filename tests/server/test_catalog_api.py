@@ -9,33 +9,17 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.cli import cli
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.server import start_server
 
-TWO_MODELS = """
-profiles:
-  one:
-    engine: sim
-models:
-  small:
-    source: tiny/model
-    profile: one
-  other:
-    source: other/model
-    profile: one
-    replicas: 2
-"""
+TWO_MODELS = catalog_yaml(
+    {"small": model("tiny/model"), "other": model("other/model", replicas=2)}, one=sim_profile(None)
+)
 
-ONE_MODEL = """
-profiles:
-  one:
-    engine: sim
-    args: ["--max-tokens", "64"]
-models:
-  small:
-    source: tiny/model
-    profile: one
-    replicas: 3
-"""
+
+ONE_MODEL = catalog_yaml(
+    {"small": model("tiny/model", replicas=3)}, one=sim_profile(None, "--max-tokens", "64")
+)
 
 
 @pytest.fixture

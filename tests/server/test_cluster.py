@@ -61,6 +61,17 @@ class Harness:
         self.revisions: dict[str, int] = {}
         self.fabrics: dict[str, str | None] = {}
 
+    @classmethod
+    def running_big(cls, nodes: tuple[str, str] = ("a1", "a2")) -> Harness:
+        """A harness whose two ``nodes`` (fabric ib-a) run the two-node replica big-0, ready."""
+        h = cls()
+        for node_id in nodes:
+            h.join(node_id, fabric="ib-a")
+        h.apply(big=1)
+        h.sync_all()
+        h.run_all("big-0")
+        return h
+
     def join(self, node_id: str, fabric: str | None = None, address: str | None = None) -> None:
         self.fabrics[node_id] = fabric
         self.states[node_id] = {}
@@ -394,12 +405,7 @@ def test_many_unplaceable_replicas_are_one_event():
 @pytest.mark.parametrize("state", ["exited", "unhealthy"])
 def test_worker_failure_takes_down_every_shard(state):
     """A failing worker shard stops the whole replica: no node keeps a shard of it."""
-    h = Harness()
-    h.join("a1", fabric="ib-a")
-    h.join("a2", fabric="ib-a")
-    h.apply(big=1)
-    h.sync_all()
-    h.run_all("big-0")
+    h = Harness.running_big()
     worker = h.cluster.replicas["big-0"].placement.shards[1].node_id
     h.set_state(worker, "big-0", state)
     h.sync(worker)

@@ -14,19 +14,9 @@ from llmgw.models import GPU, NodeFacts
 from llmgw.server.reconciler import reconcile
 from llmgw.server.state.cluster import ClusterState, Settings
 from llmgw.server.views import cluster as views
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.wire import ObservedShard, SyncRequest
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 8
-models:
-  small:
-    source: /models/small
-    profile: one
-    replicas: {replicas}
-"""
 LOST_AFTER = 30.0
 
 
@@ -39,7 +29,7 @@ class Fleet:
         self.ids = [f"node-{i}" for i in range(1, count + 1)]
         for node_id in self.ids:
             self.sync(node_id)
-        text = CATALOG.format(replicas=replicas)
+        text = catalog_yaml({"small": model("/models/small", replicas=replicas)}, one=sim_profile(8))
         self.cluster.apply_catalog(parse_catalog(text, {"sim": SimEngine()}), text, self.now)
         self.sync_all()
         self.sync_all()  # the shards placed by the first round report ready

@@ -6,23 +6,8 @@ import httpx
 import pytest
 from llmgw_engine_sim import SimEngine
 
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.server import start_server
-
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    args: {args}
-  two:
-    engine: sim
-models:
-  small:
-    source: tiny/model
-    profile: one
-  other:
-    source: {other}
-    profile: two
-"""
 
 
 @pytest.fixture
@@ -32,10 +17,10 @@ async def server(nursery, test_pki, tmp_path):
     return await start_server(nursery, config, {"sim": SimEngine()})
 
 
-async def apply(client: httpx.AsyncClient, server: str, args: str = "[]", other: str = "other/model") -> None:
-    response = await client.post(
-        f"{server}/v1/admin/catalog", json={"text": CATALOG.format(args=args, other=other)}
-    )
+async def apply(client: httpx.AsyncClient, server: str, *args: str, other: str = "other/model") -> None:
+    models = {"small": model("tiny/model"), "other": model(other, "two")}
+    text = catalog_yaml(models, one=sim_profile(None, *args), two=sim_profile(None))
+    response = await client.post(f"{server}/v1/admin/catalog", json={"text": text})
     assert response.status_code == 200, response.text
 
 
@@ -54,12 +39,12 @@ async def test_undo_reapplies_the_previous_revision_or_says_why_not(server, test
         await apply(client, server)
         first = await client.post(f"{server}/v1/admin/rollouts/small/undo")
         assert first.status_code == 409 and "no catalog revision before 1" in first.text
-        await apply(client, server, args='["--bogus"]', other="other/model2")
+        await apply(client, server, "--bogus", other="other/model2")
         refused = await client.post(f"{server}/v1/admin/rollouts/small/undo")
         assert refused.status_code == 409
         assert "also differs from the catalog in force in model other" in refused.json()["error"]["message"]
-        await apply(client, server, args='["--bogus"]')  # revision 3
-        await apply(client, server, args='["--x"]')  # revision 4: only small's args differ from revision 3
+        await apply(client, server, "--bogus")  # revision 3
+        await apply(client, server, "--x")  # revision 4: only small's args differ from revision 3
         undone = await client.post(f"{server}/v1/admin/rollouts/small/undo")
         assert undone.status_code == 200, undone.text
         assert undone.json() | {"summary": ""} == {

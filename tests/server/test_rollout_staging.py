@@ -12,24 +12,13 @@ from llmgw.server.reconciler import reconcile
 from llmgw.server.views import cluster as views
 from llmgw.server.views.models import model_list
 from llmgw.server.views.rollouts import rollout_status
+from llmgw.testing.catalogs import catalog_yaml, model
 from llmgw.weights import Manifest, ManifestFile
 from llmgw.wire import StagingProgress
 
 ENGINES = {"sim": SimEngine()}
 OLD, NEW = "seed:///data/old", "seed:///data/new"
 GB = 10**9
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-models:
-  chat:
-    source: {source}
-    profile: one
-    replicas: 2
-    rollout: {{max_surge: 0, max_unavailable: 1}}
-"""
 
 
 def manifest(source: str, size: int) -> Manifest:
@@ -64,7 +53,9 @@ class Weights(Harness):
         return self.node_facts.get(node_id) or facts(node_id)
 
     def apply_source(self, source: str) -> None:
-        text = CATALOG.format(source=source)
+        text = catalog_yaml(
+            {"chat": model(source, replicas=2, rollout={"max_surge": 0, "max_unavailable": 1})}
+        )
         self.cluster.apply_catalog(parse_catalog(text, ENGINES), text, self.now)
         reconcile(self.cluster, self.now)
         self.sync_all()

@@ -10,21 +10,12 @@ import pytest
 import trio
 from llmgw_engine_sim import SimEngine
 
-from llmgw.models import NodeFacts
-from llmgw.testing import make_gpus
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.nodes import sim_node_sync
 from llmgw.testing.server import start_server
-from llmgw.wire import SyncReply, SyncRequest, from_json, to_json
+from llmgw.wire import SyncReply, from_json, to_json
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 2
-models:
-  small:
-    source: tiny/model
-    profile: one
-"""
+CATALOG = catalog_yaml({"small": model("tiny/model")}, one=sim_profile(2))
 
 
 @pytest.fixture
@@ -39,23 +30,19 @@ def client(test_pki, role: str, name: str) -> httpx.AsyncClient:
 
 
 def sync_body(node_id: str, revision: int = 0) -> dict:
-    facts = NodeFacts(
-        node_id=node_id,
-        agent_version="0.1.0",
-        gpus=make_gpus(4, seed=node_id),
-        engines={"sim": "0.1.0"},
-        model_sources=["tiny/model"],
-    )
-    request = SyncRequest(
-        node_id=node_id,
-        address="127.0.0.5",
-        facts=facts,
-        port_range=(21000, 21099),
-        checked_sources=facts.model_sources,
-        revision=revision,
-        wait=False,
-    )
-    return to_json(request)
+    """The JSON of one sync of ``node_id`` (four GPUs, the sim engine) knowing ``revision``."""
+    return to_json(sim_node_sync(node_id, revision=revision, wait=False))
+
+
+async def sync_until_placed(node: httpx.AsyncClient, server: str) -> SyncReply:
+    """node-1 syncs once, then long-polls (5 s at most) until the reconciler's answer: the reply."""
+    first = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
+    assert first.status_code == 200, first.text
+    known = from_json(first.json(), SyncReply).revision
+    with trio.fail_after(5):
+        second = await node.post(f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True})
+    assert second.status_code == 200, second.text
+    return from_json(second.json(), SyncReply)
 
 
 async def test_node_syncs_and_gets_its_shards(server, test_pki):
@@ -67,14 +54,7 @@ async def test_node_syncs_and_gets_its_shards(server, test_pki):
     async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
         applied = await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
         assert applied.status_code == 200, applied.text
-        first = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
-        assert first.status_code == 200, first.text
-        known = from_json(first.json(), SyncReply).revision
-        with trio.fail_after(5):
-            second = await node.post(
-                f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True}
-            )
-        reply = from_json(second.json(), SyncReply)
+        reply = await sync_until_placed(node, server)
         assert [s.replica_id for s in reply.shards] == ["small-0"]
         assert reply.shards[0].spec.host == "127.0.0.5"
         assert 21000 <= reply.shards[0].spec.port <= 21099
@@ -237,13 +217,7 @@ class TestHostileInput:
         """A port range inverted or out of 1..65535 is a 400 naming port_range; nothing changes."""
         async with client(test_pki, "admin", "ops") as admin, client(test_pki, "node", "node-1") as node:
             await admin.post(f"{server}/v1/admin/catalog", json={"text": CATALOG})
-            good = await node.post(f"{server}/v1/agent/sync", json=sync_body("node-1"))
-            assert good.status_code == 200, good.text
-            known = from_json(good.json(), SyncReply).revision
-            with trio.fail_after(5):
-                placed = await node.post(
-                    f"{server}/v1/agent/sync", json={**sync_body("node-1", known), "wait": True}
-                )
+            placed = await sync_until_placed(node, server)
             before = (await admin.get(f"{server}/v1/admin/nodes")).json()
             bad = await node.post(
                 f"{server}/v1/agent/sync", json={**sync_body("node-1"), "port_range": port_range}
@@ -253,7 +227,7 @@ class TestHostileInput:
             assert f"got [{port_range[0]}, {port_range[1]}]" in bad.json()["error"]["message"]
             again = await node.post(
                 f"{server}/v1/agent/sync",
-                json=sync_body("node-1", from_json(placed.json(), SyncReply).revision),
+                json=sync_body("node-1", placed.revision),
             )
             assert again.status_code == 200, "the server stopped answering after the bad sync"
             after = (await admin.get(f"{server}/v1/admin/nodes")).json()

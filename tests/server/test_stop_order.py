@@ -13,12 +13,7 @@ from llmgw.wire import ObservedShard
 
 def running_two_node_replica() -> tuple[Harness, str, str]:
     """A ready two-node replica big-0 on a1 and a2: (harness, rank 0's node, rank 1's node)."""
-    h = Harness()
-    h.join("a1", fabric="ib-a")
-    h.join("a2", fabric="ib-a")
-    h.apply(big=1)
-    h.sync_all()
-    h.run_all("big-0")
+    h = Harness.running_big()
     record = h.cluster.replicas["big-0"]
     assert record.state == "ready"
     rank0, rank1 = record.placement.shards

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from llmgw.testing.processes import run_pytest
 
 ENGINE = Path(__file__).resolve().parents[2] / "llmgw-engine-vllm"
 
@@ -17,25 +17,9 @@ def test_missing_help_texts_skip_or_fail_in_ci(tmp_path, ci, outcome):
     """An engine's test that needs the texts, run with them missing: skipped, or an error when CI=true."""
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env |= {"LLMGW_ENGINE_HELP_DIR": str(tmp_path / "absent"), "CI": ci}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "test_engine_check_passes",
-        ]
-        + ["--deselect", "tests/test_vllm.py::TestVllmContract::test_engine_check_passes[0.34.0]"],
-        cwd=ENGINE,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    only = ["-k", "test_engine_check_passes"]
+    not_this = ["--deselect", "tests/test_vllm.py::TestVllmContract::test_engine_check_passes[0.34.0]"]
+    result = run_pytest(ENGINE, *only, *not_this, env=env)
     assert outcome in result.stdout, result.stdout + result.stderr
     assert "the real engine help texts are not here" in result.stdout
     assert result.returncode == (1 if ci else 0)

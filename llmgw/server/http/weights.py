@@ -69,7 +69,10 @@ class WeightsEndpoints:
     async def _post_manifest(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         manifest = from_json(request.json(), Manifest)
         if not is_distributable(manifest.source):
-            raise Refused(400, f"source: {manifest.source!r} is not a distributable source (seed:///PATH or hf://ORG/NAME)")
+            raise Refused(
+                400,
+                f"source: {manifest.source!r} is not a distributable source (seed:///PATH or hf://ORG/NAME)",
+            )
         if hub_ref(manifest.source) is not None and len(manifest.revision) != 40:
             raise Refused(400, f"revision: expected the 40-hex commit {manifest.source} was downloaded at")
         if manifest.made_by != identity.name:

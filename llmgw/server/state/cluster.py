@@ -16,7 +16,6 @@ import attrs
 
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import Replica, Unplaced
-from llmgw.server.controllers.nodes.silence import SilenceWatch
 from llmgw.server.state.autoscale import ScaleBook, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.events import EventLog
 from llmgw.server.state.records import (
@@ -30,6 +29,7 @@ from llmgw.server.state.records import (
     Settings,
 )
 from llmgw.server.state.rollouts import RolloutBook
+from llmgw.server.state.silence import SilenceWatch
 from llmgw.server.state.stopping import HeldWorkers, StopOrder
 from llmgw.weights import Manifest
 from llmgw.wire import DesiredShard, ObservedShard, SyncRequest

@@ -2,7 +2,7 @@
 
 :func:`detect_lost` is the nodes controller's first step, called by the
 reconciler before the replicas are judged; the mass-silence judgement is
-:meth:`SilenceWatch.judge <llmgw.server.controllers.nodes.silence.SilenceWatch.judge>`.
+:meth:`SilenceWatch.judge <llmgw.server.state.silence.SilenceWatch.judge>` (the episode is kept in the state).
 """
 
 from __future__ import annotations

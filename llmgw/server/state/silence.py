@@ -1,4 +1,4 @@
-"""Which silent nodes to declare lost, and when to suspect the server's own network instead.
+"""The mass-silence episode the state keeps: which silent nodes to declare lost, or to suspect the network.
 
 A node that misses its syncs for ``lost_after`` seconds is lost and its
 replicas are rebuilt elsewhere. When many nodes fall silent together, the

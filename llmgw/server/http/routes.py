@@ -1,0 +1,80 @@
+"""The gateways' side: the routes feed (long-polled) and their reports of stalled replicas.
+
+Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes`` and
+``POST /v1/gateway/suspect`` to it (admin or gateway certificates).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from llmgw.net.server import Request, Response
+from llmgw.pki import Identity
+from llmgw.server.http.replies import answer, query_int
+from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import EventKind
+from llmgw.server.views import cluster as views
+from llmgw.wire import SuspectRecorded, SuspectReport, from_json
+
+__all__ = ["SUSPECT_EVENT_WINDOW", "RoutesEndpoints"]
+
+log = logging.getLogger("llmgw.server")
+
+#: seconds within which gateway reports on one replica are counted into one event
+SUSPECT_EVENT_WINDOW = 60.0
+
+
+class RoutesEndpoints:
+    """Handlers for ``/v1/routes`` and ``/v1/gateway/suspect``; each returns the JSON answer."""
+
+    cluster: ClusterState
+    clock: Callable[[], float]
+    reconciler: Reconciler
+    read_only: bool
+    _lock: trio.Lock
+    poll_timeout: float
+    #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
+    keys: dict[str, tuple[str, float, float | None]]
+    #: replica id -> (when a gateway report on it was last recorded, reports folded since)
+    _suspects: dict[str, list]
+
+    async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        known = query_int(request.query.get("revision", "0"), "revision")
+        if request.query.get("wait") == "1":
+            await self.reconciler.wait_routes(known, self.poll_timeout)
+        keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
+        return answer(views.route_table(self.cluster, keys))
+
+    async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """A gateway found a replica stalled: an event for the operator, nothing torn down.
+
+        The gateway's word alone changes no replica: the agent's liveness canary (every few
+        seconds on rank 0, judged on the engine's token counters) decides whether it is hung.
+        Reports on one replica are one event per :data:`SUSPECT_EVENT_WINDOW` seconds, with a count.
+        """
+        report = from_json(request.json(), SuspectReport)
+        record = self.cluster.replicas.get(report.replica)
+        state = record.state if record is not None else "unknown"
+        now = self.clock()
+        seen = self._suspects.get(report.replica)
+        if seen is not None and now - seen[0] < SUSPECT_EVENT_WINDOW:
+            seen[1] += 1
+            return answer(SuspectRecorded(report.replica, state), 202)
+        folded = f" ({seen[1]} more reports since the last event)" if seen is not None and seen[1] else ""
+        if len(self._suspects) >= 10_000:
+            self._suspects.clear()
+        self._suspects[report.replica] = [now, 0]
+        log.warning("gateway %s reports replica %s stalled: %s", identity.name, report.replica, report.reason)
+        message = (
+            f"gateway {identity.name} found it stalled: {report.reason}{folded}; "
+            "the agent's liveness canary decides whether it is hung"
+        )
+        self.cluster.record_event(now, EventKind.GATEWAY, report.replica, message)
+        if not self.read_only:
+            async with self._lock:
+                await self.reconciler.save()
+        return answer(SuspectRecorded(report.replica, state), 202)

@@ -96,12 +96,13 @@ def ready_cluster(
     cluster.metrics_port = metrics_port
     for name in re.findall(r"\{models\}/([\w.-]+)", catalog):
         (root / "models" / name).mkdir(parents=True, exist_ok=True)
+    catalog = catalog.format(models=root / "models")
     wanted = sum(model.get("replicas", 1) for model in yaml.safe_load(catalog)["models"].values())
     try:
         cluster.start(nodes, fabric=fabric)
         if gateway is not None:
             cluster.start_gateway(free_port(), extra=gateway)
-        cluster.apply(catalog.format(models=root / "models"))
+        cluster.apply(catalog)
         ready = lambda: cluster.all_ready() and len(cluster.replicas().replicas) == wanted  # noqa: E731
         cluster.wait(ready, f"the {wanted} replicas of the catalog to be ready")
         if gateway is not None:

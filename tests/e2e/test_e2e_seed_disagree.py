@@ -30,7 +30,9 @@ CATALOG = catalog_yaml({"m": model("seed:///data/m", replicas=1)})
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    """Server and 3 agents: the files on node-1, an empty folder on node-2, other files on node-3."""
+    """Server and the agents of node-1 (the files) and node-2 (an empty folder); node-3 (other files) is made
+    but its agent not started: whichever complete folder reaches the server first is the fleet's manifest, so the
+    test starts node-3 once node-1's is made."""
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     try:
         seeds = [local.add_node(index).seed_root / "data" / "m" for index in (1, 2, 3)]
@@ -41,7 +43,7 @@ def cluster(tmp_path: Path):
         (seeds[2] / "config.json").write_bytes((seeds[0] / "config.json").read_bytes())
         (seeds[2] / "weights.bin").write_bytes(os.urandom(FILES["weights.bin"]))
         (seeds[2] / "extra.txt").write_bytes(b"not in the model\n")
-        local.start(3)
+        local.start(2)
         yield local
     finally:
         local.stop_all()
@@ -61,6 +63,7 @@ def test_empty_and_different_seed_folders_are_not_holders(cluster):
     status = m_status(cluster)
     assert status.size == sum(FILES.values()), "the fleet's manifest is node-1's complete one"
     assert status.holders == ("node-1",), status
+    cluster.start_agent(cluster.nodes["node-3"])
     cluster.wait(
         lambda: "node-3" in m_status(cluster).differing, "ctl models naming node-3's differing folder", 30
     )

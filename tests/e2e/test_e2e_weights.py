@@ -115,7 +115,8 @@ def test_seeded_model_is_copied_verified_and_served(cluster):
 
 
 def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
-    """node-3 copying from node-1 and node-2 (uploads at 10 MB/s) completes when node-1's agent dies."""
+    """The third node copying from node-1 and the second holder (uploads at 10 MB/s) completes when node-1's
+    agent dies."""
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     local.agent_args = ["--bandwidth-limit", "10"]
     try:
@@ -126,22 +127,25 @@ def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
         local.start(3)
         local.apply(catalog_yaml({"seeded": model("seed:///data/seeded", replicas=2)}))
         local.wait(lambda: len(local.replicas().replicas) == 2 and local.all_ready(), "2 replicas ready", 120)
+        placed = {s.node for r in local.replicas().replicas for s in r.shards}
+        assert "node-1" in placed, "the seed's holder runs a replica"
+        [fetcher] = {"node-2", "node-3"} - placed
         local.apply(CATALOG)
 
-        def node3_fetching() -> bool:
-            shards = [s for r in local.replicas().replicas for s in r.shards if s.node == "node-3"]
+        def fetching() -> bool:
+            shards = [s for r in local.replicas().replicas for s in r.shards if s.node == fetcher]
             return any(s.state == "staging" and s.detail and "fetching" in s.detail for s in shards)
 
-        local.wait(node3_fetching, "node-3 fetching", 60)
+        local.wait(fetching, f"{fetcher} fetching", 60)
         local.stop(local.nodes["node-1"].process, signal.SIGKILL)
         local.wait(
             lambda: any(
-                r.state == "ready" for r in local.replicas().replicas for s in r.shards if s.node == "node-3"
+                r.state == "ready" for r in local.replicas().replicas for s in r.shards if s.node == fetcher
             ),
-            "node-3's replica ready from node-2's copy",
+            f"{fetcher}'s replica ready from the other holder's copy",
             180,
         )
-        copy = copy_of(local, "node-3")
+        copy = copy_of(local, fetcher)
         assert {p.name: file_sha256(p) for p in copy.iterdir()} == {
             p.name: file_sha256(p) for p in seed.iterdir()
         }

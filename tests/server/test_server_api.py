@@ -306,3 +306,31 @@ async def test_gateway_suspect_report_is_an_event_and_changes_nothing(server, te
     async with client(test_pki, "node", "node-1") as node:
         refused = await node.post(f"{server}/v1/gateway/suspect", json=report)
         assert refused.status_code == 403
+
+
+async def test_a_leader_that_starts_fences_nodes_revoked_before_it_led(test_pki, tmp_path):
+    """node-1 revoked while no server ran: the next server declares it lost at once, before any sync of it."""
+    from llmgw import pki
+
+    config = test_pki.server_config(tmp_path / "state")
+    async with trio.open_nursery() as first:
+        url = await start_server(first, config, {"sim": SimEngine()})
+        async with client(test_pki, "node", "node-1") as node, client(test_pki, "admin", "ops") as admin:
+            assert (await node.post(f"{url}/v1/agent/sync", json=sync_body("node-1"))).status_code == 200
+            events = (await admin.get(f"{url}/v1/admin/events")).json()["events"]  # stored by then
+            assert [e["subject"] for e in events] == ["node-1"], events
+        first.cancel_scope.cancel()
+    [revoked] = pki.revoke(test_pki.ca, "node-1")
+    wanted = f"its certificate {revoked.identity.serial:x} is revoked"
+    async with trio.open_nursery() as second:
+        url = await start_server(second, config, {"sim": SimEngine()})
+        async with client(test_pki, "admin", "ops") as admin:
+            with trio.fail_after(5):
+                while True:
+                    events = (await admin.get(f"{url}/v1/admin/events")).json()["events"]
+                    fenced = [e for e in events if e["subject"] == "node-1" and wanted in e["message"]]
+                    if fenced:
+                        break
+                    await trio.sleep(0.05)
+        assert "lost at once" in fenced[0]["message"], fenced
+        second.cancel_scope.cancel()

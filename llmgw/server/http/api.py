@@ -137,11 +137,16 @@ class ServerApp(
         """Every ``interval`` seconds, reload the revocation list if it changed and fence revoked nodes.
 
         Started with the reconciler; runs until cancelled. A check is one ``stat``: frequent
-        enough that the routes drop a revoked node well within a second of ``ca revoke``.
+        enough that the routes drop a revoked node well within a second of ``ca revoke``. It first
+        fences, from the list as it stands, every node revoked while no server led (or while this one
+        was a standby): a leader that starts does not wait for the list to change again.
         """
+        if self.revocations is not None:
+            self.revocations.refresh()
+            await self.fence_revoked()
         while True:
-            await self._reload_revocations()
             await trio.sleep(interval)
+            await self._reload_revocations()
 
     async def fence_revoked(self) -> None:
         """Declare lost at once every node whose last certificate is revoked (``ClusterState.fence_node``).

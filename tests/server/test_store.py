@@ -191,3 +191,27 @@ def test_unreachable_postgresql_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="cannot connect to PostgreSQL") as caught:
         open_pg_store(url, secret)
     assert url in str(caught.value) and "hunter2" not in str(caught.value)
+
+
+async def test_a_dropped_postgresql_connection_is_a_store_error_and_the_next_write_reconnects(pg_url):
+    """The backend of the store's connection is killed (a restart, an admin): the write in flight fails as a
+    StoreError naming the store (a 503 to callers, not a 500), and the next write lands on a new connection."""
+    import psycopg
+
+    from llmgw.server.persist.postgres import open_pg_store
+
+    store = open_pg_store(pg_url)
+    try:
+        await store.write(lambda c: Store.set_setting(c, "a", 1))
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        with pytest.raises(StoreError) as dropped:
+            await store.write(lambda c: Store.set_setting(c, "a", 2))
+        assert str(dropped.value).startswith(f"{store.path}: "), dropped.value
+        await store.write(lambda c: Store.set_setting(c, "a", 3))
+        assert await store.run(lambda c: Store.get_setting(c, "a")) == 3
+    finally:
+        store.close()

@@ -148,18 +148,25 @@ class PgStore:
         The transaction also moves the change feed's revision (table ``feed``) and notifies
         :data:`FEED_CHANNEL`, so standbys reload their view (:mod:`llmgw.server.ha.standby`).
         Not retried: a connection lost during the commit leaves unknown whether it landed.
+
+        :raises StoreError: the connection dropped or the database cannot be reached (the next call
+            connects again).
         """
 
         def transaction() -> T:
             conn = self._connection()
-            with conn.transaction():
-                wrapped = PgConn(conn)
-                if self.before_write is not None:
-                    self.before_write(wrapped)
-                result = fn(wrapped)
-                conn.execute("UPDATE feed SET revision = revision + 1 WHERE id = 1")
-                conn.execute(f"NOTIFY {FEED_CHANNEL}")  # delivered on commit; a hint, standbys poll too
-                return result
+            try:
+                with conn.transaction():
+                    wrapped = PgConn(conn)
+                    if self.before_write is not None:
+                        self.before_write(wrapped)
+                    result = fn(wrapped)
+                    conn.execute("UPDATE feed SET revision = revision + 1 WHERE id = 1")
+                    conn.execute(f"NOTIFY {FEED_CHANNEL}")  # delivered on commit; a hint, standbys poll too
+                    return result
+            except (_psycopg().OperationalError, _psycopg().InterfaceError) as exc:
+                # the connection dropped (a restart, a killed backend): the next write opens a new one
+                raise StoreError(f"{self.path}: {str(exc).strip() or type(exc).__name__}") from exc
 
         return await self._in_thread(transaction)
 

@@ -433,10 +433,12 @@ def _check_scaling(where: str, model: Model) -> list[str]:
     if auto is not None:
         if auto.min > auto.max:
             problems.append(f"{where}.replicas.min: {auto.min} is above max ({auto.max})")
-        if auto.min == 0:
+        if auto.max < 1:
+            problems.append(f"{where}.replicas.max: expected an integer >= 1, got {auto.max}")
+        if auto.min == 0 and model.idle_after is None:
             problems.append(
-                f"{where}.replicas.min: expected an integer >= 1, got 0 (scaling a model to zero replicas "
-                "is not supported yet)"
+                f"{where}.idle_after: required when replicas.min is 0 (seconds without a request after "
+                "which the model goes to zero replicas)"
             )
         if not auto.target.signals() and auto.min < auto.max:
             keys = ", ".join(a.name for a in attrs.fields(type(auto.target)))

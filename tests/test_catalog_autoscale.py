@@ -84,6 +84,12 @@ class TestMappingReplicas:
             min=1, max=4, target=ScaleTarget(4, 0.8), scale_down_after=30, cooldown=5, max_step=1
         )
 
+    def test_zero_min_with_idle_after_is_read(self, engines):
+        """`min: 0` with `idle_after`: the model may sleep at zero replicas (its fixed count is 0)."""
+        model = parse(engines, "idle_after: 300\nreplicas: {min: 0, max: 2, target: {waiting_per_replica: 4}}")
+        chat = model.models["chat"]
+        assert (chat.replicas, chat.autoscale.min, chat.idle_after) == (0, 0, 300)
+
     def test_defaults(self, engines):
         """Without windows given: 60 s to scale down, 10 s of cooldown, 2 replicas per step."""
         auto = parse(engines, "replicas: {min: 2, max: 2}").models["chat"].autoscale
@@ -131,8 +137,12 @@ class TestMappingReplicas:
             ),
             (
                 "replicas: {min: 0, max: 2, target: {waiting_per_replica: 1}}",
-                "models.chat.replicas.min: expected an integer >= 1, got 0 (scaling a model to zero replicas "
-                "is not supported yet)",
+                "models.chat.idle_after: required when replicas.min is 0 (seconds without a request after "
+                "which the model goes to zero replicas)",
+            ),
+            (
+                "idle_after: 60\nreplicas: {min: 0, max: 0}",
+                "models.chat.replicas.max: expected an integer >= 1, got 0",
             ),
             (
                 "replicas: {min: 1, max: 2, mx_step: 1, target: {waiting_per_replica: 1}}",
@@ -152,7 +162,7 @@ class TestMappingReplicas:
         ],
         ids=[
             "min-above-max", "negative", "no-max", "unknown-target", "no-target", "share", "zero-target",
-            "target-list", "max-step", "cooldown", "zero-min", "typo", "priority", "idle-without-zero",
+            "target-list", "max-step", "cooldown", "zero-min-no-idle", "zero-max", "typo", "priority", "idle-without-zero",
             "idle-zero",
         ],
     )  # fmt: skip

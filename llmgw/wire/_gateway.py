@@ -1,4 +1,6 @@
-"""What a gateway reports to the server: ``POST /v1/gateway/suspect``.
+"""What a gateway reports to the server: stalled replicas, and the models it served.
+
+``POST /v1/gateway/suspect`` and ``POST /v1/gateway/activity``.
 
 Re-exported by :mod:`llmgw.wire`; read and written through its one converter.
 """
@@ -9,7 +11,7 @@ import attrs
 
 from llmgw.models import bounded
 
-__all__ = ["SuspectReport", "SuspectRecorded"]
+__all__ = ["GatewayActivity", "ModelActivity", "SuspectReport", "SuspectRecorded"]
 
 
 @attrs.frozen
@@ -27,3 +29,22 @@ class SuspectRecorded:
     replica: str
     #: the replica's state at the server (``ready``, ``failed``, ...), ``unknown`` when it has no such replica
     state: str
+
+
+@attrs.frozen
+class ModelActivity:
+    """What one gateway process saw of one model: ``POST /v1/gateway/activity``."""
+
+    model: str = attrs.field(validator=bounded(text=253))
+    #: seconds since the last request for the model reached this gateway (None: none since it started)
+    idle: float | None = None
+    #: requests held now because the model has no ready replica (it is scaled to zero)
+    held: int = 0
+
+
+@attrs.frozen
+class GatewayActivity:
+    """A gateway's report of the models it served: sent every few seconds, and at once when it holds a
+    request for a model scaled to zero (the autoscaler wakes the model; idle models go to zero)."""
+
+    models: tuple[ModelActivity, ...] = attrs.field(converter=tuple, default=())

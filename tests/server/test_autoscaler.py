@@ -7,10 +7,10 @@ import pytest
 from llmgw.models import Autoscale, Catalog, Model, Profile, ScaleTarget
 from llmgw.scheduler import Replica, Unplaced
 from llmgw.server.controllers.autoscaler import decide, give_way, recommend, step
-from llmgw.server.state.autoscale import ScaleBook, ScaleCause, ScaleDirection, ScaleMemory
+from llmgw.server.state.autoscale import Demand, ScaleBook, ScaleCause, ScaleDirection, ScaleMemory
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind, ReplicaState
-from llmgw.wire import ShardLoad
+from llmgw.wire import GatewayActivity, ModelActivity, ShardLoad
 
 UP, HOLD = ScaleDirection.UP, ScaleDirection.HOLD
 POLICY = Autoscale(
@@ -195,6 +195,77 @@ class TestInTheState:
         assert "chat-0" not in state.autoscale.loads
         state.apply_catalog(Catalog(catalog.profiles, {"chat": Model("/m", "one", 2)}), "", 12)
         assert state.autoscale.models == {} and state.scaled_catalog().models["chat"].replicas == 2
+
+
+ZERO = Autoscale(min=0, max=3, target=ScaleTarget(waiting_per_replica=4), cooldown=10, scale_down_after=30)
+
+
+def zero_catalog(idle_after: float = 60) -> Catalog:
+    """One model ``chat`` (served as ``chat-v1``) that may go to zero after ``idle_after`` seconds."""
+    model = Model("/m", "one", 0, served_name="chat-v1", autoscale=ZERO, idle_after=idle_after)
+    return Catalog({"one": Profile(engine="sim")}, {"chat": model})
+
+
+class TestScaleToZero:
+    """A model whose min is 0: to zero after idle_after without a request, back to one on a request."""
+
+    def at(self, memory: ScaleMemory, demand: Demand, now: float, waiting: float | None = None):
+        values = {} if waiting is None else {"waiting_per_replica": waiting}
+        return decide("chat", ZERO, memory, memory.desired, values, now, idle_after=60, demand=demand)
+
+    def test_idle_for_idle_after_goes_to_zero_and_says_why(self):
+        """The last request at 100: still one replica at 159, none at 160."""
+        demand = Demand(since=0, last_request=100)
+        memory = ScaleMemory(1, changed_at=0)
+        assert self.at(memory, demand, 159)[0].direction == HOLD
+        decision, memory = self.at(memory, demand, 160)
+        assert (decision.after, decision.cause, memory.desired) == (0, ScaleCause.IDLE, 0)
+        assert decision.describe() == "1 → 0: idle: no request for 60 s (idle_after 60)"
+
+    def test_signals_alone_never_take_it_to_zero(self):
+        """No waiting request for the whole window, a request 10 s ago: down to one, not zero."""
+        memory = ScaleMemory(2, changed_at=0)
+        demand = Demand(since=0, last_request=990)
+        decision, memory = self.at(memory, demand, 1000, waiting=0)
+        decision, memory = self.at(memory, demand, 1031, waiting=0)
+        assert (decision.cause, decision.after) == (ScaleCause.UNDER_TARGET, 1)
+
+    def test_a_request_wakes_it_at_once_even_in_the_cooldown(self):
+        """At zero since 200: a request reported at 201 asks for one replica in the same pass."""
+        memory = ScaleMemory(0, changed_at=200)
+        assert self.at(memory, Demand(since=0, last_request=150), 201)[0].cause == ScaleCause.IDLE
+        decision, memory = self.at(memory, Demand(since=0, last_request=201, held=3, held_at=201), 201)
+        assert (decision.direction, decision.cause, memory.desired) == (UP, ScaleCause.WAKE, 1)
+        assert decision.describe() == "0 → 1: woken: 3 requests held at the gateways"
+
+    def test_a_server_that_starts_does_not_put_models_to_sleep_at_once(self):
+        """A leader that starts knows of no request: idle counts from when it started deciding."""
+        demand = Demand(since=1000)
+        memory = ScaleMemory(1)
+        assert self.at(memory, demand, 1059)[0].direction == HOLD
+        assert self.at(memory, demand, 1060)[0].cause == ScaleCause.IDLE
+
+    def test_a_request_before_the_server_started_does_not_wake_it(self):
+        """A gateway says its last request was long ago: no wake for a model already at zero."""
+        demand = Demand(since=1000, last_request=400)
+        assert self.at(ScaleMemory(0), demand, 1001)[0].cause == ScaleCause.IDLE
+
+    def test_the_gateways_report_reaches_the_decision_by_served_name(self):
+        """`POST /v1/gateway/activity` with a held request for `chat-v1` wakes `chat` in the next pass;
+        the routes feed names it as waking on demand."""
+        from llmgw.server.views.cluster import route_table
+
+        state = ClusterState()
+        state.apply_catalog(zero_catalog(), "", 0)
+        step(state, 1)
+        assert state.scaled_catalog().models["chat"].replicas == 0
+        assert route_table(state).wake_on_demand == ("chat-v1",)
+        report = GatewayActivity((ModelActivity("chat-v1", idle=0.0, held=2), ModelActivity("other", 1)))
+        assert state.note_activity(report, 5)
+        step(state, 5)
+        assert state.scaled_catalog().models["chat"].replicas == 1
+        events = [e.message for e in state.take_events() if e.kind == EventKind.AUTOSCALE]
+        assert events == ["0 → 1: woken: 2 requests held at the gateways"]
 
 
 class TestGiveWay:

@@ -14,6 +14,12 @@ with every sync), turns each target's signal into the replicas it needs
   them, by at most ``max_step``, after the cooldown; never below ``min``. Each
   step down needs a window of its own.
 
+A model whose ``min`` is 0 goes to zero replicas once no gateway saw a request
+for it for ``idle_after`` seconds (its signals alone never take it below one),
+and wakes to one replica as soon as a gateway reports a request for it (a
+gateway holds such requests until a replica is ready): no cooldown delays a
+wake.
+
 When the fleet is full (the scheduler finds no place for a model's new
 replicas), a lower-priority autoscaled model above its ``min`` gives one
 replica a pass (out of its cooldown), lowest priority first; meanwhile no
@@ -35,7 +41,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from llmgw.models import Autoscale, Model, ScaleTarget
-from llmgw.server.state.autoscale import ScaleCause, ScaleDecision, ScaleDirection, ScaleMemory
+from llmgw.server.state.autoscale import Demand, ScaleCause, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import ReplicaRecord
 
@@ -59,13 +65,23 @@ def recommend(target: ScaleTarget, ready: int, values: Mapping[str, float]) -> t
 
 
 def decide(
-    name: str, policy: Autoscale, memory: ScaleMemory, ready: int, values: Mapping[str, float], now: float
+    name: str,
+    policy: Autoscale,
+    memory: ScaleMemory,
+    ready: int,
+    values: Mapping[str, float],
+    now: float,
+    *,
+    idle_after: float | None = None,
+    demand: Demand | None = None,
 ) -> tuple[ScaleDecision, ScaleMemory]:
     """One pass for one model: the decision, and what to remember. Pure: no clock, no state.
 
     :param memory: what the last pass remembered (its ``desired`` is the count now asked for).
     :param ready: the model's ready replicas.
     :param values: each target's signal (:meth:`~llmgw.server.state.autoscale.ScaleBook.signals`).
+    :param idle_after: the model's ``idle_after`` (a model whose ``min`` is 0 has one).
+    :param demand: what the gateways said of the model's requests (used when ``min`` is 0).
     """
     current = memory.desired
     decision = functools.partial(ScaleDecision, name, now, current)
@@ -74,6 +90,19 @@ def decide(
         way = ScaleDirection.UP if bounded > current else ScaleDirection.DOWN
         made = decision(bounded, way, ScaleCause.BOUNDS)
         return made, ScaleMemory(bounded, changed_at=now, last=made)
+    if policy.min == 0 and idle_after is not None and demand is not None:
+        # only requests take a model to zero or back: the engines' gauges say nothing at zero replicas
+        if current == 0:
+            if demand.wants_wake(memory.changed_at, now):  # no cooldown: a request waits for it
+                made = decision(1, ScaleDirection.UP, ScaleCause.WAKE, value=float(demand.held))
+                return made, ScaleMemory(1, changed_at=now, last=made)
+            made = decision(0, ScaleDirection.HOLD, ScaleCause.IDLE)
+            return made, ScaleMemory(0, memory.changed_at, last=made)
+        idle = now - max(demand.active_at(), memory.changed_at)
+        if idle >= idle_after:
+            made = decision(0, ScaleDirection.DOWN, ScaleCause.IDLE, target=idle_after, window=idle)
+            return made, ScaleMemory(0, changed_at=now, last=made)
+        policy = attrs.evolve(policy, min=1)  # the signals never take it to zero
     found = recommend(policy.target, ready, values)
     if found is None:
         made = decision(current, ScaleDirection.HOLD, ScaleCause.NO_SIGNAL)
@@ -159,7 +188,10 @@ def step(state: ClusterState, now: float) -> None:
         records = by_model.get(name, [])
         memory = book.memory(name, model, (r.placement for r in records))
         ready, values = book.signals(model.autoscale.target, records, now)
-        made, after = decide(name, model.autoscale, memory, ready, values, now)
+        demand = book.demand_of(name, now) if model.autoscale.min == 0 else None
+        made, after = decide(
+            name, model.autoscale, memory, ready, values, now, idle_after=model.idle_after, demand=demand
+        )
         above = [
             o
             for o in starving

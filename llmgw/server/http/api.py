@@ -82,6 +82,7 @@ class ServerApp(
         self._route("POST", r"/v1/agent/sync", {Role.NODE}, self._sync)
         self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
         self._route("POST", r"/v1/gateway/suspect", {Role.ADMIN, Role.GATEWAY}, self._gateway_suspect)
+        self._route("POST", r"/v1/gateway/activity", {Role.ADMIN, Role.GATEWAY}, self._gateway_activity)
         admin = {Role.ADMIN}
         self._route("GET", r"/v1/admin/nodes", admin, self._get_nodes)
         self._route(

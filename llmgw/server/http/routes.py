@@ -1,7 +1,7 @@
-"""The gateways' side: the routes feed (long-polled) and their reports of stalled replicas.
+"""The gateways' side: the routes feed (long-polled) and their reports (stalled replicas, activity).
 
-Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes`` and
-``POST /v1/gateway/suspect`` to it (admin or gateway certificates).
+Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes``,
+``POST /v1/gateway/suspect`` and ``POST /v1/gateway/activity`` to it (admin or gateway certificates).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind
 from llmgw.server.views import cluster as views
-from llmgw.wire import SuspectRecorded, SuspectReport, from_json
+from llmgw.wire import GatewayActivity, SuspectRecorded, SuspectReport, from_json
 
 __all__ = ["SUSPECT_EVENT_WINDOW", "RoutesEndpoints"]
 
@@ -29,7 +29,7 @@ SUSPECT_EVENT_WINDOW = 60.0
 
 
 class RoutesEndpoints:
-    """Handlers for ``/v1/routes`` and ``/v1/gateway/suspect``; each returns the JSON answer."""
+    """Handlers for ``/v1/routes`` and ``/v1/gateway/*``; each returns the JSON answer."""
 
     cluster: ClusterState
     clock: Callable[[], float]
@@ -78,3 +78,18 @@ class RoutesEndpoints:
             async with self._lock:
                 await self.reconciler.save()
         return answer(SuspectRecorded(report.replica, state), 202)
+
+    async def _gateway_activity(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """A gateway process says when each model last had a request and how many it holds.
+
+        Kept in memory for the autoscaler (models whose ``min`` is 0 go to zero when idle and wake on a
+        request); a request held for a model at zero replicas has the autoscaler decide at once.
+        Answers 202 with the report.
+        """
+        activity = from_json(request.json(), GatewayActivity)
+        if self.read_only:
+            return answer(activity, 202)
+        if self.cluster.note_activity(activity, self.clock()):
+            log.info("gateway %s holds requests for a model at zero replicas: waking it", identity.name)
+            self.reconciler.request()
+        return answer(activity, 202)

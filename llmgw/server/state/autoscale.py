@@ -14,18 +14,18 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
 from llmgw.models import Catalog, Model, ScaleTarget
 from llmgw.scheduler import Replica
 from llmgw.server.state.records import ReplicaRecord, ReplicaState
-from llmgw.wire import ShardLoad
+from llmgw.wire import GatewayActivity, ShardLoad
 
 __all__ = [
-    "SIGNAL_MAX_AGE", "SIGNAL_WORDS", "ScaleDirection", "ScaleCause", "ScaleDecision", "ScaleMemory",
-    "ScaleBook",
+    "SIGNAL_MAX_AGE", "SIGNAL_WORDS", "ScaleDirection", "ScaleCause", "ScaleDecision", "Demand",
+    "ScaleMemory", "ScaleBook",
 ]  # fmt: skip
 
 
@@ -60,6 +60,10 @@ class ScaleCause(enum.StrEnum):
     NO_SIGNAL = "no-signal"
     #: the signals are at their targets
     AT_TARGET = "at-target"
+    #: a model at zero replicas got a request (a gateway holds it): one replica
+    WAKE = "wake"
+    #: a model whose ``min`` is 0 had no request for ``idle_after`` seconds: zero replicas (or stays there)
+    IDLE = "idle"
 
 
 #: seconds after which a replica's last load reading no longer counts (its agent went quiet)
@@ -91,6 +95,11 @@ class ScaleDecision:
     def describe(self) -> str:
         """One line for people: ``2 → 3: 7.5 waiting per replica > target 4``."""
         head = f"{self.before} → {self.after}: " if self.after != self.before else f"stays at {self.before}: "
+        if self.cause == ScaleCause.WAKE:
+            held = f"{self.value:.0f} requests held at the gateways" if self.value else "a request came"
+            return head + f"woken: {held}"
+        if self.cause == ScaleCause.IDLE and self.window is not None:
+            return head + f"idle: no request for {self.window:.0f} s (idle_after {self.target or 0:g})"
         if self.cause == ScaleCause.GIVE_WAY and self.value is not None and self.target is not None:
             return (
                 head
@@ -112,6 +121,34 @@ def _number(value: float) -> str:
     return (
         f"{value:.2f}".rstrip("0").rstrip(".") if not math.isclose(value, round(value)) else str(round(value))
     )
+
+
+@attrs.frozen
+class Demand:
+    """What the gateways said of one model's requests (``POST /v1/gateway/activity``), on the server's clock.
+
+    Only a model whose ``min`` is 0 uses it: to go to zero replicas when idle, and to wake.
+    """
+
+    #: when this server first heard of the model's demand, or started deciding for it (idle counts from
+    #: here at the latest: a server that starts does not put every model to sleep at once)
+    since: float
+    #: when the latest request reached a gateway (None: none reported since :attr:`since`)
+    last_request: float | None = None
+    #: requests a gateway holds for the model now, and when that was reported (None: none held)
+    held: int = 0
+    held_at: float | None = None
+
+    def active_at(self) -> float:
+        """The last moment the model was in use: its latest request, or :attr:`since`."""
+        return max(self.since, self.last_request if self.last_request is not None else self.since)
+
+    def wants_wake(self, slept_at: float, now: float) -> bool:
+        """Whether a model at zero replicas since ``slept_at`` must wake: a request held now, or one that
+        reached a gateway after it went to zero."""
+        if self.held and self.held_at is not None and now - self.held_at <= SIGNAL_MAX_AGE:
+            return True
+        return self.last_request is not None and self.last_request > max(slept_at, self.since)
 
 
 @attrs.frozen
@@ -142,6 +179,34 @@ class ScaleBook:
         self.loads: dict[str, tuple[float, ShardLoad]] = {}
         #: (model, direction) -> how many changes the autoscaler made (the metric)
         self.changes: Counter[tuple[str, str]] = Counter()
+        #: model name -> what the gateways said of its requests (models whose ``min`` is 0)
+        self.demand: dict[str, Demand] = {}
+
+    def record_activity(self, activity: GatewayActivity, model_of: Mapping[str, str], now: float) -> bool:
+        """Keep what a gateway process saw of each model (``model_of`` maps served names to models).
+
+        Called for every ``POST /v1/gateway/activity``.
+
+        :returns: whether a model is held at a gateway now (the autoscaler should decide at once).
+        """
+        held_now = False
+        for seen in activity.models:
+            name = model_of.get(seen.model)
+            if name is None:
+                continue
+            known = self.demand.get(name) or Demand(since=now)
+            last = known.last_request
+            if seen.idle is not None:
+                last = max(last if last is not None else -math.inf, now - seen.idle)
+            if seen.held:
+                known = attrs.evolve(known, held=seen.held, held_at=now)
+                held_now = True
+            self.demand[name] = attrs.evolve(known, last_request=last)
+        return held_now
+
+    def demand_of(self, name: str, now: float) -> Demand:
+        """``name``'s demand; one starting ``now`` for a model no gateway spoke of yet."""
+        return self.demand.setdefault(name, Demand(since=now))
 
     def record_loads(self, loads: Iterable[ShardLoad], now: float) -> None:
         """Keep the readings an agent sent with its sync (called for every sync)."""
@@ -154,6 +219,8 @@ class ScaleBook:
         scaled = {name for name, model in catalog.models.items() if model.autoscale is not None}
         for name in set(self.models) - scaled:
             del self.models[name]
+        for name in set(self.demand) - scaled:
+            del self.demand[name]
 
     def signals(
         self, target: ScaleTarget, replicas: Iterable[ReplicaRecord], now: float

@@ -32,7 +32,7 @@ from llmgw.server.state.rollouts import RolloutBook
 from llmgw.server.state.silence import SilenceWatch
 from llmgw.server.state.stopping import HeldWorkers, StopOrder
 from llmgw.weights import Manifest
-from llmgw.wire import DesiredShard, ObservedShard, SyncRequest
+from llmgw.wire import DesiredShard, GatewayActivity, ObservedShard, SyncRequest
 from llmgw.wire.causes import FailureCause
 
 __all__ = ["ClusterState", "KEEP", "where", "NodeRecord", "ReplicaRecord", "Settings", "Event"]
@@ -423,6 +423,21 @@ class ClusterState:
         if self.autoscale.keep(decision, memory):
             self.record_event(now, EventKind.AUTOSCALE, decision.model, decision.describe())
         self.schedule_wanted = self.schedule_wanted or decision.direction != ScaleDirection.HOLD
+
+    def note_activity(self, activity: GatewayActivity, now: float) -> bool:
+        """Keep what a gateway saw of the models whose ``min`` is 0 (``POST /v1/gateway/activity``).
+
+        :returns: whether one of them is held at the gateway with zero replicas asked for (decide now).
+        """
+        model_of = {
+            self.catalog.served_name(name): name
+            for name, model in self.catalog.models.items()
+            if model.autoscale is not None and model.autoscale.min == 0
+        }
+        held = self.autoscale.record_activity(activity, model_of, now)
+        return held and any(
+            memory.desired == 0 for name, memory in self.autoscale.models.items() if name in model_of.values()
+        )
 
     def scaled_catalog(self) -> Catalog:
         """The catalog with each autoscaled model's replicas at the autoscaler's count: what to schedule."""

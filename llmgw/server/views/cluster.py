@@ -143,7 +143,8 @@ def _desired_shards(state: ClusterState, record: ReplicaRecord) -> Iterable[_Nod
 
 
 def route_table(state: ClusterState, keys: Mapping[str, str] | None = None) -> RouteTable:
-    """The routes feed's answer: every served model, the ready replicas of each, and ``keys``.
+    """The routes feed's answer: every served model, the ready replicas of each, those that wake on demand,
+    and ``keys``.
 
     Called for every ``GET /v1/routes``. ``keys`` maps the sha256 hex of
     each API key in force to its name (None: the feed says nothing of keys).
@@ -161,7 +162,14 @@ def route_table(state: ClusterState, keys: Mapping[str, str] | None = None) -> R
             Route(record.id, f"http://{node.address}:{record.placement.rank0.port}")
         )
     models = {state.catalog.served_name(m) for m in state.catalog.models}
-    return RouteTable(revision=state.routes_revision, models=models, routes=routes, keys=keys)
+    wake = {
+        state.catalog.served_name(name)
+        for name, model in state.catalog.models.items()
+        if model.autoscale is not None and model.autoscale.min == 0
+    }
+    return RouteTable(
+        revision=state.routes_revision, models=models, routes=routes, keys=keys, wake_on_demand=wake
+    )
 
 
 # -- the admin API's views ---------------------------------------------

@@ -207,7 +207,7 @@ class GatewayApp:
         if model not in table.models:
             message = f"The model `{model}` does not exist or you do not have access to it."
             return openai_error(404, message, param="model", code="model_not_found"), UNKNOWN_MODEL, None
-        if not self.balancer.replicas(model):
+        if not self._servable(model):
             return _not_ready(model), model, None
         call = Call(
             model=model,
@@ -267,7 +267,7 @@ class GatewayApp:
 
     def _models(self) -> Response:
         table = self.watcher.table
-        ready = sorted(m for m in table.models if self.balancer.replicas(m)) if table is not None else []
+        ready = sorted(m for m in table.models if self._servable(m)) if table is not None else []
         return Response.json(200, {"object": "list", "data": [self._model_object(m) for m in ready]})
 
     def _model(self, model: str) -> Response:
@@ -275,9 +275,13 @@ class GatewayApp:
         if table is None or model not in table.models:
             message = f"The model `{model}` does not exist or you do not have access to it."
             return openai_error(404, message, param="model", code="model_not_found")
-        if not self.balancer.replicas(model):
+        if not self._servable(model):
             return _not_ready(model)
         return Response.json(200, self._model_object(model))
+
+    def _servable(self, model: str) -> bool:
+        """Whether a request for ``model`` can be served: a ready replica, or the model wakes on demand."""
+        return bool(self.balancer.replicas(model)) or model in self.proxy.demand.wake_on_demand
 
     def _metrics(self, request: Request) -> Response:
         body, content_type = self.metrics.render(request.header("accept"))

@@ -72,6 +72,16 @@ class GatewaySettings(LogSettings):
         "this long (and does not answer GET /health within 1 s) is taken out like an open breaker, "
         "reported to the server, and its requests that sent nothing to their clients go elsewhere.",
     )
+    hold_timeout: float = setting(
+        300.0,
+        min=0,
+        min_open=True,
+        help="Seconds a request for a model at zero replicas (catalog replicas.min: 0) waits for a replica "
+        "to wake; past it, 503 with Retry-After.",
+    )
+    hold_queue: int = setting(
+        256, min=1, help="Requests held at once per model at zero replicas; more are answered 503 at once."
+    )
     max_body_bytes: int = setting(
         32 * 1024 * 1024, min=1, help="Largest request body accepted (larger: 413)."
     )
@@ -119,6 +129,8 @@ class GatewaySettings(LogSettings):
                 retry_backoff=self.retry_backoff,
                 read_timeout=self.upstream_timeout,
                 stall_timeout=self.stall_timeout,
+                hold_timeout=self.hold_timeout,
+                hold_queue=self.hold_queue,
             ),
             breaker_failures=self.breaker_failures,
             breaker_open_for=self.breaker_open_seconds,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -13,6 +14,7 @@ from llmgw.cli import error_leaves
 from llmgw.errors import LlmgwError
 from llmgw.gateway.app import GatewayApp
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.demand import ACTIVITY_PATH
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
 from llmgw.gateway.reports import SuspectReporter
@@ -142,9 +144,14 @@ class Gateway:
             stall_timeout = config.proxy.stall_timeout
             self.stalls = stalls = StallWatch(balancer, upstreams, stall_timeout, reporter.report)
 
+            self.metrics = metrics = GatewayMetrics(balancer, lambda: watcher)
+            metrics.certificate(self.config.cert)
+            proxy = Proxy(upstreams, balancer, metrics, config.proxy)
+
             def routes_changed(table: RouteTable) -> None:
                 stalls.left(balancer.update(table.routes))
                 upstreams.retain_only(replica.url for replica in balancer)
+                proxy.demand.routes_changed(table)
 
             self.watcher = watcher = RoutesWatcher(
                 feed,
@@ -153,9 +160,6 @@ class Gateway:
                 request_timeout=config.routes_request_timeout,
                 retry_interval=config.routes_retry_interval,
             )
-            self.metrics = metrics = GatewayMetrics(balancer, lambda: watcher)
-            metrics.certificate(self.config.cert)
-            proxy = Proxy(upstreams, balancer, metrics, config.proxy)
             self.app = GatewayApp(proxy, balancer, metrics, watcher, require_keys=config.require_keys)
             try:
                 async with trio.open_nursery() as nursery:
@@ -168,6 +172,8 @@ class Gateway:
                     await nursery.start(watcher.run)
                     await nursery.start(stalls.run)
                     await nursery.start(reporter.run)
+                    post = partial(reporter.post, ACTIVITY_PATH, about="the models' activity")
+                    await nursery.start(proxy.demand.run, post)
                     log.info("llmgw gateway on http://%s:%d, routes from %s", host, port, config.server)
                     if not config.require_keys:
                         log.warning(

@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from llmgw.gateway.balancer import Balancer, Upstream
+from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
 from llmgw.gateway.stalls import Attempt
@@ -71,6 +72,10 @@ class ProxySettings:
     #: a replica with requests in flight that sends nothing for this long is stalled
     #: (:mod:`llmgw.gateway.stalls`); a client that gives up on a replica silent this long fails it
     stall_timeout: float = 10.0
+    #: seconds a request for a model at zero replicas waits for one (:mod:`llmgw.gateway.demand`)
+    hold_timeout: float = 300.0
+    #: requests held at once per model at zero replicas; more are answered 503
+    hold_queue: int = 256
 
 
 @attrs.define
@@ -110,9 +115,49 @@ class Proxy:
         self.balancer = balancer
         self.metrics = metrics
         self.settings = settings
+        #: the models that wake on demand: their requests counted, held while they have no replica
+        self.demand = Demand(settings.hold_timeout, settings.hold_queue)
 
     async def forward(self, call: Call) -> Response:
-        """Answer ``call`` with a replica's response, or an OpenAI-shaped error when every attempt failed."""
+        """Answer ``call`` with a replica's response, or an OpenAI-shaped error when every attempt failed.
+
+        A request for a model that wakes on demand and has no replica is held first (see
+        :meth:`~llmgw.gateway.demand.Demand.hold`): 503 with ``Retry-After`` when it cannot wait.
+        """
+        model = call.model
+        demand = self.demand
+        if model not in demand.wake_on_demand:
+            return await self._forward(call)
+        demand.began(model)
+        try:
+            if not self.balancer.replicas(model):
+                why = await demand.hold(model, lambda: bool(self.balancer.replicas(model)))
+                if why is not None:
+                    wait = max(1, round(min(30.0, self.settings.hold_timeout / 4)))
+                    error = openai_error(503, why, code="model_waking", headers=(("retry-after", str(wait)),))
+                    response = Response(
+                        error.status,
+                        (*error.headers, ("x-request-id", call.request_id)),
+                        error.body,
+                        call.after,
+                    )
+                else:
+                    response = await self._forward(call)
+            else:
+                response = await self._forward(call)
+        except BaseException:
+            demand.ended(model)
+            raise
+        after = response.after
+
+        def ended() -> None:
+            demand.ended(model)
+            if after is not None:
+                after()
+
+        return attrs.evolve(response, after=ended)
+
+    async def _forward(self, call: Call) -> Response:
         tried: list[Upstream] = []
         failure: Response | None = None
         reasons: list[str] = []

@@ -1,4 +1,4 @@
-"""Telling the server what only the gateway sees: a replica it found stalled.
+"""Telling the server what only the gateway sees: a replica it found stalled, the models' activity.
 
 :meth:`SuspectReporter.report` queues a :class:`~llmgw.wire.SuspectReport`
 (never waits: it is called from the stall watch); :meth:`SuspectReporter.run`
@@ -61,7 +61,17 @@ class SuspectReporter:
             await self._deliver(report)
 
     async def _deliver(self, report: SuspectReport) -> None:
-        body = json.dumps(to_json(report)).encode()
+        await self.post(SUSPECT_PATH, report, f"replica {report.replica}")
+
+    async def post(self, path: str, record: object, about: str) -> bool:
+        """POST ``record`` (a :mod:`llmgw.wire` record) to ``path`` on the leader, within :attr:`timeout`.
+
+        Called for each queued suspect report, and by the activity reports of
+        :class:`~llmgw.gateway.demand.Demand`. A failure is logged (naming ``about``), never raised.
+
+        :returns: whether the server accepted it.
+        """
+        body = json.dumps(to_json(record)).encode()
         headers = [("content-type", "application/json"), ("accept", "application/json")]
         why = None
         with trio.move_on_after(self.timeout) as scope:
@@ -69,7 +79,7 @@ class SuspectReporter:
                 server = self.servers.current
                 try:
                     response = await self.pool.request(
-                        "POST", server + SUSPECT_PATH, headers=headers, body=body, limit=65536
+                        "POST", server + path, headers=headers, body=body, limit=65536
                     )
                 except HttpClientError as exc:
                     why = f"{server}: {exc}"
@@ -77,7 +87,7 @@ class SuspectReporter:
                     continue
                 if response.status < 300:
                     self.delivered += 1
-                    return
+                    return True
                 text = (response.content or b"")[:200].decode(errors="replace")
                 try:
                     answer = json.loads(response.content or b"")
@@ -92,4 +102,5 @@ class SuspectReporter:
                 break
         if scope.cancelled_caught:
             why = f"no answer within {self.timeout:g} s"
-        log.warning("could not report replica %s to the server: %s", report.replica, why)
+        log.warning("could not report %s to the server: %s", about, why)
+        return False

@@ -4,7 +4,8 @@
 server's long-poll semantics (answer at once when the revision differs from
 the one asked about, else when it changes or after ``poll_timeout``), from
 routes a test sets with :meth:`FakeRoutesFeed.set`; it keeps the gateway's
-stall reports (``POST /v1/gateway/suspect``) in :attr:`FakeRoutesFeed.suspects`::
+stall reports (``POST /v1/gateway/suspect``) in :attr:`FakeRoutesFeed.suspects` and its
+activity reports (``POST /v1/gateway/activity``) in :attr:`FakeRoutesFeed.activity`::
 
     feed = FakeRoutesFeed(models=["m"])
     url = await nursery.start(feed.serve)
@@ -166,6 +167,12 @@ class FakeRoutesFeed:
         self.polls = 0
         #: the gateway's reports (``POST /v1/gateway/suspect`` bodies), oldest first
         self.suspects: list[dict] = []
+        #: models named as waking on demand (the feed's ``wake_on_demand``)
+        self.wake_on_demand: list[str] = []
+        #: the gateway's activity reports (``POST /v1/gateway/activity`` bodies), oldest first
+        self.activity: list[dict] = []
+        #: set (and replaced) at every activity report
+        self.activity_posted = trio.Event()
         self._changed = trio.Event()
         self.server: HttpServer | None = None
         #: the base URL it serves on, once :func:`serve_feed` started it
@@ -177,8 +184,10 @@ class FakeRoutesFeed:
         routes: Mapping[str, Sequence[tuple[str, str]]] | None = None,
         models: Iterable[str] | None = None,
         keys: Mapping[str, str] | None = None,
+        wake_on_demand: Iterable[str] | None = None,
     ) -> int:
-        """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name).
+        """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name; the
+        models that wake on demand).
 
         Every model with routes is added to the models. Wakes the pollers; returns the new revision.
         """
@@ -188,7 +197,9 @@ class FakeRoutesFeed:
             self.models = sorted(models)
         if keys is not None:
             self.keys = dict(keys)
-        self.models = sorted(set(self.models) | set(self.routes))
+        if wake_on_demand is not None:
+            self.wake_on_demand = sorted(wake_on_demand)
+        self.models = sorted(set(self.models) | set(self.routes) | set(self.wake_on_demand))
         self.revision += 1
         self._changed.set()
         self._changed = trio.Event()
@@ -204,6 +215,7 @@ class FakeRoutesFeed:
             models=self.models,
             routes={model: [Route(r, url) for r, url in entries] for model, entries in self.routes.items()},
             keys=keys,
+            wake_on_demand=self.wake_on_demand,
         )
         return to_json(table)
 
@@ -213,6 +225,11 @@ class FakeRoutesFeed:
             report = request.json()
             self.suspects.append(report)
             return Response.json(202, {"replica": report.get("replica"), "state": "unknown"})
+        if request.path == "/v1/gateway/activity" and request.method == "POST":
+            self.activity.append(request.json())
+            self.activity_posted.set()
+            self.activity_posted = trio.Event()
+            return Response.json(202, request.json())
         if request.path != "/v1/routes":
             return Response.json(404, {"error": {"message": f"no such endpoint: {request.path}"}})
         known = int(request.query.get("revision", "0"))

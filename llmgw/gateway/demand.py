@@ -1,0 +1,129 @@
+"""Models that wake on demand: requests held while a model is at zero replicas, and the activity reported.
+
+A model whose catalog ``replicas.min`` is 0 is named in the routes feed's
+``wake_on_demand``. While such a model has no route, :meth:`Demand.hold` keeps
+its requests (at most ``hold_queue`` per model, each at most ``hold_timeout``
+seconds) and asks :meth:`Demand.report` to tell the server at once; they go to
+the first replica the routes feed brings. Beyond the queue or the timeout the
+request is answered 503 with ``Retry-After``, naming the model and why.
+
+:meth:`Demand.run` posts a :class:`~llmgw.wire.GatewayActivity` to the server
+(``POST /v1/gateway/activity``) every :data:`REPORT_INTERVAL` seconds, and at
+once when a request is held: for each such model, the seconds since its last
+request (0 while one is in flight or held) and how many are held. The server's
+autoscaler takes an idle model to zero and wakes a held one. Only models that
+wake on demand are counted: the others cost one set lookup per request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from llmgw.wire import GatewayActivity, ModelActivity, RouteTable
+
+__all__ = ["ACTIVITY_PATH", "REPORT_INTERVAL", "Demand"]
+
+log = logging.getLogger("llmgw.gateway")
+
+#: the server's endpoint for activity reports
+ACTIVITY_PATH = "/v1/gateway/activity"
+#: seconds between two activity reports (a held request is reported at once)
+REPORT_INTERVAL = 5.0
+
+
+class Demand:
+    """The requests of the models that wake on demand: counted, and held while such a model has no route.
+
+    :param hold_timeout: seconds a request waits for a replica of a model at zero (``--hold-timeout``).
+    :param hold_queue: requests held at once per model (``--hold-queue``); more are answered 503.
+    """
+
+    def __init__(self, hold_timeout: float = 300.0, hold_queue: int = 256) -> None:
+        self.hold_timeout = hold_timeout
+        self.hold_queue = hold_queue
+        #: served names of the models that wake on demand (the routes feed's ``wake_on_demand``)
+        self.wake_on_demand: frozenset[str] = frozenset()
+        #: model -> trio time of its last request here
+        self.last_request: dict[str, float] = {}
+        #: model -> requests in flight (held ones included)
+        self.in_flight: Counter[str] = Counter()
+        #: model -> requests held now
+        self.held: Counter[str] = Counter()
+        self._routes_changed = trio.Event()
+        self._report_now = trio.Event()
+
+    def routes_changed(self, table: RouteTable) -> None:
+        """Take a new routes table: which models wake on demand; held requests look for a route again.
+
+        Called by the routes watcher with every new table.
+        """
+        self.wake_on_demand = frozenset(table.wake_on_demand)
+        self._routes_changed.set()
+        self._routes_changed = trio.Event()
+
+    def began(self, model: str) -> None:
+        """A request for ``model`` (one that wakes on demand) began; :meth:`ended` is called once it ends."""
+        self.in_flight[model] += 1
+        self.last_request[model] = trio.current_time()
+
+    def ended(self, model: str) -> None:
+        """A request :meth:`began` is over (answered, failed, or its client left)."""
+        self.in_flight[model] -= 1
+        self.last_request[model] = trio.current_time()
+
+    async def hold(self, model: str, routed: Callable[[], bool]) -> str | None:
+        """Hold a request for ``model`` until ``routed()`` (a replica is in the routes) or the hold ends.
+
+        Called by the proxy for a model that wakes on demand and has no route; the server hears of the
+        held request at once.
+
+        :returns: None once routed; else why the request cannot wait (for the 503 the proxy answers).
+        """
+        if self.held[model] >= self.hold_queue:
+            return (
+                f"model `{model}` is at zero replicas and waking up; {self.held[model]} requests wait for it "
+                f"already (--hold-queue {self.hold_queue}); retry later"
+            )
+        self.held[model] += 1
+        self._report_now.set()
+        try:
+            with trio.move_on_after(self.hold_timeout):
+                while not routed():
+                    await self._routes_changed.wait()
+                return None
+        finally:
+            self.held[model] -= 1
+        return (
+            f"model `{model}` is at zero replicas and no replica became ready within "
+            f"{self.hold_timeout:g} s (--hold-timeout); retry later"
+        )
+
+    def activity(self, now: float) -> GatewayActivity:
+        """What to report: each model that wakes on demand and had a request here, its idle time and held."""
+        models = []
+        for model in sorted(self.wake_on_demand & self.last_request.keys()):
+            idle = 0.0 if self.in_flight[model] > 0 else max(0.0, now - self.last_request[model])
+            models.append(ModelActivity(model, idle=idle, held=self.held[model]))
+        return GatewayActivity(tuple(models))
+
+    async def run(
+        self,
+        post: Callable[[GatewayActivity], Awaitable[object]],
+        *,
+        interval: float = REPORT_INTERVAL,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Send the activity with ``post`` every ``interval`` seconds and at once on a held request, while
+        some model wakes on demand; runs until cancelled."""
+        task_status.started()
+        while True:
+            with trio.move_on_after(interval):
+                await self._report_now.wait()
+            self._report_now = trio.Event()
+            activity = self.activity(trio.current_time())
+            if activity.models:
+                await post(activity)

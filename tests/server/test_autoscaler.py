@@ -238,6 +238,11 @@ class TestScaleToZero:
         assert (decision.direction, decision.cause, memory.desired) == (UP, ScaleCause.WAKE, 1)
         assert decision.describe() == "0 → 1: woken: 3 requests held at the gateways"
 
+    def test_requests_held_before_it_slept_do_not_wake_it(self):
+        """Held at 95 (then served), asleep at 200: the stale count of held requests wakes nothing."""
+        demand = Demand(since=0, last_request=100, held=4, held_at=195)
+        assert self.at(ScaleMemory(0, changed_at=200), demand, 201)[0].cause == ScaleCause.IDLE
+
     def test_a_server_that_starts_does_not_put_models_to_sleep_at_once(self):
         """A leader that starts knows of no request: idle counts from when it started deciding."""
         demand = Demand(since=1000)

@@ -146,7 +146,8 @@ class Demand:
     def wants_wake(self, slept_at: float, now: float) -> bool:
         """Whether a model at zero replicas since ``slept_at`` must wake: a request held now, or one that
         reached a gateway after it went to zero."""
-        if self.held and self.held_at is not None and now - self.held_at <= SIGNAL_MAX_AGE:
+        held_at = self.held_at
+        if self.held and held_at is not None and held_at > slept_at and now - held_at <= SIGNAL_MAX_AGE:
             return True
         return self.last_request is not None and self.last_request > max(slept_at, self.since)
 
@@ -198,9 +199,10 @@ class ScaleBook:
             last = known.last_request
             if seen.idle is not None:
                 last = max(last if last is not None else -math.inf, now - seen.idle)
-            if seen.held:
-                known = attrs.evolve(known, held=seen.held, held_at=now)
-                held_now = True
+            # the latest report says what is held now (another gateway's held ones also moved the
+            # last request past the moment the model went to zero)
+            known = attrs.evolve(known, held=seen.held, held_at=now if seen.held else None)
+            held_now = held_now or seen.held > 0
             self.demand[name] = attrs.evolve(known, last_request=last)
         return held_now
 

@@ -50,6 +50,14 @@ def autoscale_lines(data: AutoscaleList, wide: bool = False) -> list[str]:
             lines.append(f"{status.model}: last change {now - status.changed_at:.0f} s ago: {status.changed}")
         if status.reason and status.reason != status.changed:
             lines.append(f"{status.model}: now: {status.reason}")
+        if status.idle_after is not None:
+            seen = (
+                f"last request {now - status.last_request_at:.0f} s ago"
+                if status.last_request_at is not None
+                else "no request since this server leads"
+            )
+            held = f", {status.held} held at the gateways" if status.held else ""
+            lines.append(f"{status.model}: {seen}{held}; to zero after {status.idle_after:g} s idle")
     return lines
 
 

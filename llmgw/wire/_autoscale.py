@@ -46,6 +46,11 @@ class AutoscaleStatus:
     #: when the autoscaler may change the count next (the cooldown's or the stabilization window's end);
     #: None: it may now
     next_at: float | None = None
+    #: a model whose ``min`` is 0: its ``idle_after``, when a gateway last saw a request for it (epoch
+    #: seconds; None: none since this server leads), and the requests gateways hold for it now
+    idle_after: float | None = None
+    last_request_at: float | None = None
+    held: int = 0
 
 
 @attrs.frozen

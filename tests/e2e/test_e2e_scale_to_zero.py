@@ -80,6 +80,8 @@ def test_an_idle_model_sleeps_and_a_request_wakes_it(cluster):
     assert [s.node for s in replica.shards] == ["node-1"], "placed where the files are"
     woken = autoscale_events(cluster)
     assert woken and woken[0].startswith("0 → 1: woken"), woken
+    shown = cluster.ctl("autoscale").stdout
+    assert "chat: last request" in shown and "to zero after 3 s idle" in shown, shown
 
     cluster.wait(lambda: cluster.replicas().replicas == (), "the idle replica to stop", 60)
     events = autoscale_events(cluster)

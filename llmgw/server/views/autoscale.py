@@ -33,6 +33,7 @@ def autoscale_status(state: ClusterState, now: float, model: str | None = None) 
         if last is not None and last.cause == ScaleCause.STABILIZING and memory.low_since is not None:
             waits.append(memory.low_since + auto.scale_down_after)
         next_at = max(waits)
+        demand = book.demand.get(name) if auto.min == 0 else None
         out.append(
             AutoscaleStatus(
                 model=name,
@@ -49,6 +50,9 @@ def autoscale_status(state: ClusterState, now: float, model: str | None = None) 
                 changed=memory.last_change.describe() if memory.last_change else None,
                 changed_at=memory.last_change.at if memory.last_change else None,
                 next_at=next_at if next_at > now else None,
+                idle_after=entry.idle_after,
+                last_request_at=demand.last_request if demand is not None else None,
+                held=demand.held if demand is not None else 0,
             )
         )
     return AutoscaleList(tuple(out))

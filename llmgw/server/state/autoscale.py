@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import attrs
 
@@ -183,14 +183,19 @@ class ScaleBook:
         #: model name -> what the gateways said of its requests (models whose ``min`` is 0)
         self.demand: dict[str, Demand] = {}
 
-    def record_activity(self, activity: GatewayActivity, model_of: Mapping[str, str], now: float) -> bool:
-        """Keep what a gateway process saw of each model (``model_of`` maps served names to models).
+    def record_activity(self, activity: GatewayActivity, catalog: Catalog, now: float) -> bool:
+        """Keep what a gateway process saw of each model of ``catalog`` whose ``min`` is 0 (by served name).
 
         Called for every ``POST /v1/gateway/activity``.
 
-        :returns: whether a model is held at a gateway now (the autoscaler should decide at once).
+        :returns: whether such a model at zero replicas is held at a gateway now (decide at once).
         """
-        held_now = False
+        model_of = {
+            catalog.served_name(name): name
+            for name, model in catalog.models.items()
+            if model.autoscale is not None and model.autoscale.min == 0
+        }
+        wake = False
         for seen in activity.models:
             name = model_of.get(seen.model)
             if name is None:
@@ -201,10 +206,11 @@ class ScaleBook:
                 last = max(last if last is not None else -math.inf, now - seen.idle)
             # the latest report says what is held now (another gateway's held ones also moved the
             # last request past the moment the model went to zero)
-            known = attrs.evolve(known, held=seen.held, held_at=now if seen.held else None)
-            held_now = held_now or seen.held > 0
-            self.demand[name] = attrs.evolve(known, last_request=last)
-        return held_now
+            held_at = now if seen.held else None
+            self.demand[name] = attrs.evolve(known, last_request=last, held=seen.held, held_at=held_at)
+            memory = self.models.get(name)
+            wake = wake or (seen.held > 0 and memory is not None and memory.desired == 0)
+        return wake
 
     def demand_of(self, name: str, now: float) -> Demand:
         """``name``'s demand; one starting ``now`` for a model no gateway spoke of yet."""

@@ -427,17 +427,9 @@ class ClusterState:
     def note_activity(self, activity: GatewayActivity, now: float) -> bool:
         """Keep what a gateway saw of the models whose ``min`` is 0 (``POST /v1/gateway/activity``).
 
-        :returns: whether one of them is held at the gateway with zero replicas asked for (decide now).
+        :returns: whether one of them, at zero replicas, is held at the gateway (decide now).
         """
-        model_of = {
-            self.catalog.served_name(name): name
-            for name, model in self.catalog.models.items()
-            if model.autoscale is not None and model.autoscale.min == 0
-        }
-        held = self.autoscale.record_activity(activity, model_of, now)
-        return held and any(
-            memory.desired == 0 for name, memory in self.autoscale.models.items() if name in model_of.values()
-        )
+        return self.autoscale.record_activity(activity, self.catalog, now)
 
     def scaled_catalog(self) -> Catalog:
         """The catalog with each autoscaled model's replicas at the autoscaler's count: what to schedule."""

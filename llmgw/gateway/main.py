@@ -147,6 +147,7 @@ class Gateway:
             self.metrics = metrics = GatewayMetrics(balancer, lambda: watcher)
             metrics.certificate(self.config.cert)
             proxy = Proxy(upstreams, balancer, metrics, config.proxy)
+            metrics.held_from(proxy.demand)
 
             def routes_changed(table: RouteTable) -> None:
                 stalls.left(balancer.update(table.routes))

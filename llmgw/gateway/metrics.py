@@ -20,9 +20,10 @@ Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{mode
 ``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
 ``llmgw_gateway_ready_replicas{model}``, ``llmgw_gateway_routes_age_seconds``
 (since the server last answered), ``llmgw_gateway_routes_feed_up``,
-``llmgw_gateway_routes_revision`` and
+``llmgw_gateway_routes_revision``,
 ``llmgw_gateway_certificate_expiry_timestamp_seconds`` (the certificate it reads
-routes with, when it has one).
+routes with, when it has one) and ``llmgw_gateway_held_requests{model}`` (requests
+held for a model at zero replicas, for the models that wake on demand).
 
 With ``--workers N`` the counted metrics are summed over every worker (see
 :mod:`llmgw.gateway.workers`); the live ones are the answering worker's.
@@ -44,6 +45,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.demand import Demand
 from llmgw.gateway.routes import RoutesWatcher
 from llmgw.gateway.workers import MULTIPROC_ENV, PARENT_ENV
 from llmgw.net.metrics import ProcessGroupCollector, register_process_collectors
@@ -200,6 +202,10 @@ class GatewayMetrics:
             certificate = x509.load_pem_x509_certificate(path.read_bytes())
             self._live.cert_not_after = certificate.not_valid_after_utc.timestamp()
 
+    def held_from(self, demand: Demand) -> None:
+        """Report the held requests of ``demand`` (``llmgw_gateway_held_requests``); called once, at start."""
+        self._live.demand = demand
+
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scraper sending ``Accept: accept``: (body, content type)."""
         encoder, content_type = choose_encoder(accept or "")
@@ -214,6 +220,8 @@ class _LiveCollector:
         self._watcher = watcher
         #: when the gateway's certificate expires (UNIX time), None without one
         self.cert_not_after: float | None = None
+        #: the proxy's requests held for models at zero replicas (:mod:`llmgw.gateway.demand`), once set
+        self.demand: Demand | None = None
 
     def describe(self) -> list[Metric]:
         return []
@@ -243,6 +251,15 @@ class _LiveCollector:
         yield in_flight
         yield breaker
         yield ready
+        if self.demand is not None and self.demand.wake_on_demand:
+            held = GaugeMetricFamily(
+                "llmgw_gateway_held_requests",
+                "Requests held for a model at zero replicas until a replica of it is ready.",
+                labels=["model"],
+            )
+            for model in sorted(self.demand.wake_on_demand):
+                held.add_metric([model], self.demand.held[model])
+            yield held
         if self.cert_not_after is not None:
             yield GaugeMetricFamily(
                 "llmgw_gateway_certificate_expiry_timestamp_seconds",

@@ -57,6 +57,9 @@ class TestHold:
                 await feed.activity_posted.wait()
         assert feed.activity[-1]["models"] == [{"model": "m", "idle": 0.0, "held": 1}]
         assert not answers, "held until a replica is ready"
+        async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+            scraped = (await http.get("/metrics")).text
+        assert 'llmgw_gateway_held_requests{model="m"} 1.0' in scraped
         feed.set(routes={"m": [("m-0", await serve_answers(nursery))]})
         with trio.fail_after(5):
             await answered.wait()

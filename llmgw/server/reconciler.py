@@ -131,6 +131,10 @@ def _waiting_for_sources(state: ClusterState, now: float) -> bool:
     )
 
 
+#: seconds a sync waits for the store write in flight before it is answered 503
+WRITTEN_LIMIT = 5.0
+
+
 class Reconciler:
     """Runs the reconcile passes for the server; see the module docstring."""
 
@@ -159,6 +163,10 @@ class Reconciler:
         self.runs = 0
         #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), if any
         self.metrics: Any = None
+        #: set when the store write in flight ends (None: no write in flight)
+        self._writing: trio.Event | None = None
+        #: why the last store write failed (None: it landed); decisions it held are not stored yet
+        self.write_failed: str | None = None
 
     def request(self) -> None:
         """Ask for a run soon (coalesced with every other request until it starts)."""
@@ -203,15 +211,43 @@ class Reconciler:
         if not changes:
             return
         began = time.perf_counter()
+        writing = self._writing = trio.Event()
         try:
             await self.store.write(lambda conn: write_changes(conn, changes))
         except BaseException as exc:
             restore_changes(self.cluster, changes)
+            self.write_failed = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if self.metrics is not None and isinstance(exc, Exception):
                 self.metrics.store_written(time.perf_counter() - began, exc)
             raise
+        else:
+            self.write_failed = None
+        finally:
+            writing.set()
+            if self._writing is writing:
+                self._writing = None
         if self.metrics is not None:
             self.metrics.store_written(time.perf_counter() - began)
+
+    @property
+    def write_in_flight(self) -> bool:
+        """Whether a store write is under way (its decisions are not stored yet)."""
+        return self._writing is not None
+
+    async def written(self, limit: float = WRITTEN_LIMIT) -> str | None:
+        """Wait (``limit`` seconds at most) until no store write is in flight; say whether all landed.
+
+        Called before a sync is answered: an agent acts only on decisions the store holds, so a
+        leader whose writes fail (its store down, or it was fenced by a newer leader) makes no
+        agent start or stop anything the next leader would not know of.
+
+        :returns: None when the last write landed; else why not (the caller answers 503).
+        """
+        with trio.move_on_after(limit):
+            while self._writing is not None:
+                await self._writing.wait()
+            return self.write_failed
+        return f"a write to the store took over {limit:g} s"
 
     async def run(
         self,

@@ -67,6 +67,10 @@ class SyncEndpoints:
             self.metrics.sync_duration.observe(time.perf_counter() - began)
         if sync.wait:
             await self.reconciler.wait_node(sync.node_id, sync.revision, self.poll_timeout)
+        unwritten = await self.reconciler.written()
+        if unwritten is not None:
+            # the sync is recorded (the node is not lost), but what to run is not said until stored
+            raise Refused(503, f"this server could not store its decisions ({unwritten}); retry")
         return self._sync_reply(sync.node_id)
 
     def _read_sync(self, data: Any, node: str) -> SyncRequest:

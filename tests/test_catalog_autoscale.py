@@ -86,7 +86,9 @@ class TestMappingReplicas:
 
     def test_zero_min_with_idle_after_is_read(self, engines):
         """`min: 0` with `idle_after`: the model may sleep at zero replicas (its fixed count is 0)."""
-        model = parse(engines, "idle_after: 300\nreplicas: {min: 0, max: 2, target: {waiting_per_replica: 4}}")
+        model = parse(
+            engines, "idle_after: 300\nreplicas: {min: 0, max: 2, target: {waiting_per_replica: 4}}"
+        )
         chat = model.models["chat"]
         assert (chat.replicas, chat.autoscale.min, chat.idle_after) == (0, 0, 300)
 
@@ -162,8 +164,8 @@ class TestMappingReplicas:
         ],
         ids=[
             "min-above-max", "negative", "no-max", "unknown-target", "no-target", "share", "zero-target",
-            "target-list", "max-step", "cooldown", "zero-min-no-idle", "zero-max", "typo", "priority", "idle-without-zero",
-            "idle-zero",
+            "target-list", "max-step", "cooldown", "zero-min-no-idle", "zero-max", "typo", "priority",
+            "idle-without-zero", "idle-zero",
         ],
     )  # fmt: skip
     def test_nonsense_is_named(self, engines, lines, expected):

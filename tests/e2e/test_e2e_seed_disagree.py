@@ -30,9 +30,9 @@ CATALOG = catalog_yaml({"m": model("seed:///data/m", replicas=1)})
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    """Server and the agents of node-1 (the files) and node-2 (an empty folder); node-3 (other files) is made
-    but its agent not started: whichever complete folder reaches the server first is the fleet's manifest, so the
-    test starts node-3 once node-1's is made."""
+    """Server and the agents of node-1 (the files) and node-2 (an empty folder); node-3 (other files) is
+    made but its agent not started: whichever complete folder reaches the server first is the fleet's
+    manifest, so the test starts node-3 once node-1's is made."""
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     try:
         seeds = [local.add_node(index).seed_root / "data" / "m" for index in (1, 2, 3)]

@@ -226,5 +226,7 @@ class TestEngineHelpDir:
         assert find_engine_help_dir(tmp_path, environ={HELP_DIR_ENV: str(tmp_path)}) == tmp_path
         assert find_engine_help_dir(tmp_path, environ={HELP_DIR_ENV: str(tmp_path / "no")}) is None
         # The machine may have a shared/engine-help above the temporary folder; none is made up below it.
-        above = next((p / "shared/engine-help" for p in tmp_path.parents if (p / "shared/engine-help").is_dir()), None)
+        above = next(
+            (p / "shared/engine-help" for p in tmp_path.parents if (p / "shared/engine-help").is_dir()), None
+        )
         assert find_engine_help_dir(tmp_path, environ={}) == above

@@ -194,8 +194,8 @@ def test_unreachable_postgresql_is_a_clear_error(tmp_path):
 
 
 async def test_a_dropped_postgresql_connection_is_a_store_error_and_the_next_write_reconnects(pg_url):
-    """The backend of the store's connection is killed (a restart, an admin): the write in flight fails as a
-    StoreError naming the store (a 503 to callers, not a 500), and the next write lands on a new connection."""
+    """The backend of the store's connection is killed (a restart, an admin): the write in flight fails as
+    a StoreError naming the store (a 503 to callers, not a 500); the next write lands on a new connection."""
     import psycopg
 
     from llmgw.server.persist.postgres import open_pg_store

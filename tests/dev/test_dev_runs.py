@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from llmgw.agent.launcher import group_members
 from llmgw.dev import runs
 from llmgw.dev.signals import Stopped, deferred, stop_on_signals, stopping
 from llmgw.testing.agent import kill_group
+from llmgw.testing.processes import wait_until
 
 
 def _send(sig: int) -> None:
@@ -83,6 +85,10 @@ def test_an_agent_started_but_never_recorded_is_ended_by_the_next_run(tmp_path):
         ["python3", "-c", sleeper, argv[0], "agent", "--state-dir", "/var/lib/llmgw"], start_new_session=True
     )
     try:
+        for child in (unrecorded, elsewhere):  # until exec, /proc shows the forking test's command line
+            wait_until(
+                lambda c=child: b"--state-dir" in Path(f"/proc/{c.pid}/cmdline").read_bytes(), 10, "exec"
+            )
         assert runs.stop_leftovers(tmp_path, grace=5) == [f"agent (pid {unrecorded.pid})"]
         assert unrecorded.wait(5) is not None
         assert elsewhere.poll() is None, "an agent of another state dir was ended"

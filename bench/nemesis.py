@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llmgw.dev.signals import Stopped, stop_on_signals
 from llmgw.testing.nemesis import parse_kinds
 from llmgw.testing.nemesis_run import Options, run
 from llmgw.testing.postgres import find_postgres_bin
@@ -65,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
                       clients=args.clients, kinds=kinds, rate=args.rate, settle=args.settle,
                       together=not args.one_by_one)  # fmt: skip
     root = args.root or Path(tempfile.mkdtemp(prefix="llmgw-nemesis-"))
-    report = run(root, options, bindir, say=lambda line: print(line, flush=True))
+    try:
+        with stop_on_signals():  # SIGTERM, SIGINT, SIGHUP: the run's finally stops its cluster and database
+            report = run(root, options, bindir, say=lambda line: print(line, flush=True))
+    except Stopped as stopped:
+        print(f"nemesis: {stopped}: stopped before the end; its cluster and database are stopped", flush=True)
+        return 128 + stopped.signum
     print(report.text(), flush=True)
     return 1 if report.violations else 0
 

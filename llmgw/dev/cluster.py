@@ -26,6 +26,7 @@ from llmgw import pki
 from llmgw.agent.records import ProcessRecords, end_groups
 from llmgw.ctl.client import AdminClient, ClientConfig, write_client_config
 from llmgw.dev import runs, signals
+from llmgw.dev.netclaim import NetClaim, claim_net
 from llmgw.errors import LlmgwError
 from llmgw.testing.fakes import make_adapters, make_gpus, write_fake_nvidia_smi, write_ib_sysfs
 from llmgw.wire import ApplyCatalog, CatalogApplied, NodeList, ReplicaList
@@ -151,6 +152,8 @@ class LocalCluster:
         self.say: Callable[[str], None] = lambda line: print(line, flush=True)
         #: the port each server (by name) listens on, to start it again there
         self._server_ports: dict[str, int] = {}
+        #: this cluster's hold on its nodes' network, from its first agent until it stops
+        self._net: NetClaim | None = None
 
     # -- parts -------------------------------------------------------------
 
@@ -241,7 +244,12 @@ class LocalCluster:
         return node
 
     def start_agent(self, node: LocalNode) -> subprocess.Popen:
-        """Start ``llmgw agent`` for ``node``, with the sim engine installed."""
+        """Start ``llmgw agent`` for ``node``, with the sim engine installed.
+
+        :raises NetTaken: the first time, when another local cluster runs its nodes on :data:`NODE_NET`.
+        """
+        if self._net is None:
+            self._net = claim_net(NODE_NET, self.state_dir)
         argv = [
             program("llmgw"),
             "agent",
@@ -440,6 +448,9 @@ class LocalCluster:
         with signals.stopping():
             self._stop_all()
         runs.forget_processes(self.state_dir)
+        if self._net is not None:
+            self._net.release()
+            self._net = None
 
     def _stop_all(self) -> None:
         agents = [p for name, p in self._processes if not name.startswith(("server", "gateway"))]

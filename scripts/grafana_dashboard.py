@@ -292,6 +292,11 @@ panel(
     ],
     desc="Alert LlmgwRoutesFeedDown: a gateway cannot read routes for a minute.",
 )
+panel(
+    "Requests held for models at zero",
+    [(f"sum by (model) (llmgw_gateway_held_requests{{{M}}})", "{{model}}")],
+    desc="Requests a gateway holds while a model at zero replicas (replicas.min: 0) wakes (--hold-timeout).",
+)
 newrow("Control plane")
 panel(
     "Leader and epoch",
@@ -345,6 +350,24 @@ panel(
         (f"max by (model) (llmgw_server_replicas_outdated{{{M}}})", "{{model}} outdated"),
         (f"max by (model) (llmgw_server_replicas_unplaced{{{M}}})", "{{model}} unplaced"),
     ],
+)
+panel(
+    "Autoscaling: signals against targets",
+    [
+        (f"max by (model, signal) (llmgw_server_autoscale_signal{{{M}}})", "{{model}} {{signal}}"),
+        (f"max by (model, signal) (llmgw_server_autoscale_target{{{M}}})", "{{model}} {{signal}} target"),
+    ],
+    desc="What the autoscaler reads (ready replicas' gauges) against the catalog's targets; "
+    "alert LlmgwAutoscaleAtMax: a model held at its max while over target.",
+)
+panel(
+    "Autoscaling: decisions",
+    [
+        (f"sum by (model, direction) (increase(llmgw_server_autoscale_decisions_total{{{M}}}[{R}]))",
+         "{{model}} {{direction}}"),
+        (f"max by (model) (llmgw_server_autoscale_at_max{{{M}}})", "{{model}} at max"),
+    ],
+    desc="Changes of desired replicas, up and down (`llmgw ctl autoscale`, `ctl events`).",
 )
 panel(
     "Events by kind",

@@ -412,9 +412,13 @@ def _check_references(
 
 
 def _check_signals(where: str, model: Model, engine: Engine) -> list[str]:
-    """Targets the model's engine reports no gauge for (the autoscaler would never see them)."""
+    """Targets the model's engine reports no gauge for (the autoscaler would never see them).
+
+    ``ttft_p95`` is measured by the gateways, whatever the engine.
+    """
     assert model.autoscale is not None
     targets = model.autoscale.target.signals()
+    targets.pop("ttft_p95", None)
     load = engine.load_metrics
     if load is None and targets:
         return [

@@ -324,18 +324,26 @@ MAX_SCALE_WINDOW = 3_600.0
 MAX_PRIORITY = 1_000
 
 
+#: the largest ``replicas.target.ttft_p95`` (seconds)
+MAX_TTFT_TARGET = 600.0
+
+
 @attrs.frozen
 class ScaleTarget:
     """What an autoscaled model keeps each replica at (the catalog's ``replicas.target``).
 
-    Each is read from the engines' own gauges, which agents send with their
-    syncs; the autoscaler asks for the replicas the most demanding one needs.
+    The first two are read from the engines' own gauges, which agents send with
+    their syncs; the time to first token is measured by the gateways on streamed
+    answers and sent with their activity reports. The autoscaler asks for the
+    replicas the most demanding one needs.
     """
 
     #: requests waiting in the engine's queue, per ready replica (vLLM's ``num_requests_waiting``)
     waiting_per_replica: float | None = attrs.field(default=None, validator=_above_zero)
     #: the share of the KV cache in use, averaged over the ready replicas (vLLM's ``kv_cache_usage_perc``)
     kv_cache_usage: float | None = attrs.field(default=None, validator=_share)
+    #: seconds to the first token of a streamed answer, 95th percentile over the gateways' last reports
+    ttft_p95: float | None = attrs.field(default=None, validator=_seconds(0, MAX_TTFT_TARGET, above=True))
 
     def signals(self) -> dict[str, float]:
         """Each target that is set: its key -> its value."""

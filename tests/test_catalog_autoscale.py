@@ -109,12 +109,12 @@ class TestMappingReplicas:
             (
                 "replicas: {min: 1, max: 2, target: {ttft_p99: 1}}",
                 "models.chat.replicas.target.ttft_p99: unknown key (expected one of: waiting_per_replica, "
-                "kv_cache_usage)",
+                "kv_cache_usage, ttft_p95)",
             ),
             (
                 "replicas: {min: 1, max: 2}",
-                "models.chat.replicas.target: expected at least one of waiting_per_replica, kv_cache_usage "
-                "when min (1) and max (2) differ: nothing would say when to scale",
+                "models.chat.replicas.target: expected at least one of waiting_per_replica, kv_cache_usage, "
+                "ttft_p95 when min (1) and max (2) differ: nothing would say when to scale",
             ),
             (
                 "replicas: {min: 1, max: 2, target: {kv_cache_usage: 1.5}}",
@@ -125,9 +125,13 @@ class TestMappingReplicas:
                 "models.chat.replicas.target.waiting_per_replica: expected a number above 0, got 0",
             ),
             (
+                "replicas: {min: 1, max: 2, target: {ttft_p95: 0}}",
+                "models.chat.replicas.target.ttft_p95: expected a number of seconds above 0 to 600, got 0",
+            ),
+            (
                 "replicas: {min: 1, max: 2, target: [4]}",
                 "models.chat.replicas.target: expected a mapping with the keys waiting_per_replica, "
-                "kv_cache_usage",
+                "kv_cache_usage, ttft_p95",
             ),
             (
                 "replicas: {min: 1, max: 2, max_step: 0, target: {waiting_per_replica: 1}}",
@@ -164,8 +168,8 @@ class TestMappingReplicas:
         ],
         ids=[
             "min-above-max", "negative", "no-max", "unknown-target", "no-target", "share", "zero-target",
-            "target-list", "max-step", "cooldown", "zero-min-no-idle", "zero-max", "typo", "priority",
-            "idle-without-zero", "idle-zero",
+            "zero-ttft", "target-list", "max-step", "cooldown", "zero-min-no-idle", "zero-max", "typo",
+            "priority", "idle-without-zero", "idle-zero",
         ],
     )  # fmt: skip
     def test_nonsense_is_named(self, engines, lines, expected):
@@ -222,3 +226,8 @@ class TestTargetsTheEngineReports:
         assert caught.value.problems == [
             "models.chat.replicas.target.kv_cache_usage: engine 'nocache' reports no KV-cache usage"
         ]
+
+    def test_a_time_to_first_token_target_needs_no_engine_gauge(self):
+        """`ttft_p95` is measured by the gateways: an engine without load gauges may autoscale on it."""
+        auto = self.parse_on(_Quiet(), "{ttft_p95: 0.5}").models["chat"].autoscale
+        assert auto.target.signals() == {"ttft_p95": 0.5}

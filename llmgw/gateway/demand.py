@@ -10,14 +10,17 @@ request is answered 503 with ``Retry-After``, naming the model and why.
 :meth:`Demand.run` posts a :class:`~llmgw.wire.GatewayActivity` to the server
 (``POST /v1/gateway/activity``) every :data:`REPORT_INTERVAL` seconds, and at
 once when a request is held: for each such model, the seconds since its last
-request (0 while one is in flight or held) and how many are held. The server's
-autoscaler takes an idle model to zero and wakes a held one. Only models that
-wake on demand are counted: the others cost one set lookup per request.
+request (0 while one is in flight or held) and how many are held; and for
+every model that streamed, the 95th percentile of its time to first token since
+the last report. The server's autoscaler takes an idle model to zero, wakes a
+held one, and reads the percentile for a ``ttft_p95`` target. Only models that
+wake on demand are counted request by request: the others cost one set lookup.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +36,8 @@ log = logging.getLogger("llmgw.gateway")
 ACTIVITY_PATH = "/v1/gateway/activity"
 #: seconds between two activity reports (a held request is reported at once)
 REPORT_INTERVAL = 5.0
+#: streams whose time to first token one report window keeps per model (a random sample beyond)
+TTFT_SAMPLES = 512
 
 
 class Demand:
@@ -53,6 +58,8 @@ class Demand:
         self.in_flight: Counter[str] = Counter()
         #: model -> requests held now
         self.held: Counter[str] = Counter()
+        #: model -> the time to first token of each stream since the last report (at most TTFT_SAMPLES)
+        self.ttft: dict[str, list[float]] = {}
         self._routes_changed = trio.Event()
         self._report_now = trio.Event()
 
@@ -74,6 +81,15 @@ class Demand:
         """A request :meth:`began` is over (answered, failed, or its client left)."""
         self.in_flight[model] -= 1
         self.last_request[model] = trio.current_time()
+
+    def first_token(self, model: str, seconds: float) -> None:
+        """A stream of ``model`` sent its first token ``seconds`` after the request came; called for every
+        stream (any model: a ``ttft_p95`` target reads them)."""
+        samples = self.ttft.setdefault(model, [])
+        if len(samples) < TTFT_SAMPLES:
+            samples.append(seconds)
+        else:  # keep a fair sample of a busy window: replace one at random
+            samples[random.randrange(TTFT_SAMPLES)] = seconds
 
     async def hold(self, model: str, routed: Callable[[], bool]) -> str | None:
         """Hold a request for ``model`` until ``routed()`` (a replica is in the routes) or the hold ends.
@@ -103,11 +119,19 @@ class Demand:
         )
 
     def activity(self, now: float) -> GatewayActivity:
-        """What to report: each model that wakes on demand and had a request here, its idle time and held."""
+        """What to report, and start a new window: each model that wakes on demand and had a request here
+        (its idle time and held requests), and each model that streamed (its time to first token, p95)."""
         models = []
-        for model in sorted(self.wake_on_demand & self.last_request.keys()):
-            idle = 0.0 if self.in_flight[model] > 0 else max(0.0, now - self.last_request[model])
-            models.append(ModelActivity(model, idle=idle, held=self.held[model]))
+        ttft, self.ttft = self.ttft, {}
+        for model in sorted((self.wake_on_demand & self.last_request.keys()) | ttft.keys()):
+            idle = None
+            if model in self.wake_on_demand:
+                idle = 0.0 if self.in_flight[model] > 0 else max(0.0, now - self.last_request[model])
+            samples = sorted(ttft.get(model, ()))
+            p95 = samples[min(len(samples) - 1, int(0.95 * len(samples)))] if samples else None
+            models.append(
+                ModelActivity(model, idle=idle, held=self.held[model], ttft_p95=p95, streams=len(samples))
+            )
         return GatewayActivity(tuple(models))
 
     async def run(

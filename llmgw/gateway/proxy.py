@@ -305,6 +305,7 @@ class Proxy:
                     if first:
                         call.ttft = now - call.start
                         self.metrics.first_token(call.model, call.ttft)
+                        self.demand.first_token(call.model, call.ttft)
                     else:
                         self.metrics.inter_token_latency(call.model, now - last)
                     last = now

@@ -40,11 +40,16 @@ class ModelActivity:
     idle: float | None = None
     #: requests held now because the model has no ready replica (it is scaled to zero)
     held: int = 0
+    #: seconds to the first token of the streamed answers since the last report: 95th percentile, and how
+    #: many streams (None, 0: none streamed)
+    ttft_p95: float | None = None
+    streams: int = 0
 
 
 @attrs.frozen
 class GatewayActivity:
     """A gateway's report of the models it served: sent every few seconds, and at once when it holds a
-    request for a model scaled to zero (the autoscaler wakes the model; idle models go to zero)."""
+    request for a model scaled to zero (the autoscaler wakes the model; idle models go to zero; a
+    ``ttft_p95`` target reads the time to first token)."""
 
     models: tuple[ModelActivity, ...] = attrs.field(converter=tuple, default=())

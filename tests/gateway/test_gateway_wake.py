@@ -55,7 +55,9 @@ class TestHold:
         with trio.fail_after(1):
             while not feed.activity or not feed.activity[-1]["models"][0]["held"]:
                 await feed.activity_posted.wait()
-        assert feed.activity[-1]["models"] == [{"model": "m", "idle": 0.0, "held": 1}]
+        assert feed.activity[-1]["models"] == [
+            {"model": "m", "idle": 0.0, "held": 1, "ttft_p95": None, "streams": 0}
+        ]
         assert not answers, "held until a replica is ready"
         async with httpx.AsyncClient(base_url=url, timeout=5) as http:
             scraped = (await http.get("/metrics")).text
@@ -147,3 +149,15 @@ def test_activity_says_idle_seconds_and_zero_while_in_flight(in_flight):
     assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == {
         "m": 0.0 if in_flight else 7.0
     }
+
+
+def test_activity_reports_the_window_s_time_to_first_token_p95():
+    """Streams of any model: a report carries the 95th percentile of their first tokens; then a new window."""
+    from llmgw.gateway.demand import Demand
+
+    demand = Demand()
+    for ms in range(1, 101):
+        demand.first_token("chat", ms / 1000)
+    [chat] = demand.activity(0).models
+    assert (chat.model, chat.ttft_p95, chat.streams, chat.idle) == ("chat", 0.096, 100, None)
+    assert demand.activity(1).models == ()

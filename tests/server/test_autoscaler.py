@@ -273,6 +273,29 @@ class TestScaleToZero:
         assert events == ["0 → 1: woken: 2 requests held at the gateways"]
 
 
+class TestTimeToFirstToken:
+    """A `ttft_p95` target reads what the gateways measure on streams."""
+
+    def test_the_worst_recent_gateway_report_scales_up(self):
+        """Two gateway processes report 0.4 s and 1.2 s against a target of 0.5 s on 2 replicas: 5, within
+        max_step (4); a report older than 15 s no longer counts."""
+        auto = Autoscale(min=1, max=6, target=ScaleTarget(ttft_p95=0.5), cooldown=0)
+        catalog = Catalog({"one": Profile(engine="sim")}, {"chat": Model("/m", "one", 2, autoscale=auto)})
+        state = ClusterState()
+        state.apply_catalog(catalog, "", 0)
+        for index in range(2):
+            state.mark_ready(state.place(Replica(f"chat-{index}", "chat", index, ()), None, 0, "placed"), 1)
+        state.note_activity(GatewayActivity((ModelActivity("chat", ttft_p95=0.4, streams=30),)), 10)
+        state.note_activity(GatewayActivity((ModelActivity("chat", ttft_p95=1.2, streams=20),)), 11)
+        ready, values = state.autoscale.signals(auto.target, state.replicas.values(), 12, "chat")
+        assert (ready, values) == (2, {"ttft_p95": 1.2})
+        assert state.autoscale.signals(auto.target, state.replicas.values(), 27, "chat")[1] == {}
+        step(state, 12)
+        assert state.scaled_catalog().models["chat"].replicas == 4
+        events = [e.message for e in state.take_events() if e.kind == EventKind.AUTOSCALE]
+        assert events == ["2 → 4: 1.2 s time to first token (p95) > target 0.5"]
+
+
 class TestGiveWay:
     """When the fleet is full, a lower-priority model gives a replica to a higher-priority one."""
 

@@ -187,7 +187,7 @@ def step(state: ClusterState, now: float) -> None:
             continue
         records = by_model.get(name, [])
         memory = book.memory(name, model, (r.placement for r in records))
-        ready, values = book.signals(model.autoscale.target, records, now)
+        ready, values = book.signals(model.autoscale.target, records, now, name)
         demand = book.demand_of(name, now) if model.autoscale.min == 0 else None
         made, after = decide(
             name, model.autoscale, memory, ready, values, now, idle_after=model.idle_after, demand=demand

@@ -70,7 +70,11 @@ class ScaleCause(enum.StrEnum):
 SIGNAL_MAX_AGE = 15.0
 
 #: a target key -> how an event names its signal
-SIGNAL_WORDS = {"waiting_per_replica": "waiting per replica", "kv_cache_usage": "KV-cache usage"}
+SIGNAL_WORDS = {
+    "waiting_per_replica": "waiting per replica",
+    "kv_cache_usage": "KV-cache usage",
+    "ttft_p95": "s time to first token (p95)",
+}
 
 
 @attrs.frozen
@@ -182,23 +186,32 @@ class ScaleBook:
         self.changes: Counter[tuple[str, str]] = Counter()
         #: model name -> what the gateways said of its requests (models whose ``min`` is 0)
         self.demand: dict[str, Demand] = {}
+        #: model name -> (when received, a gateway process's time to first token p95), the recent ones
+        self.ttft: dict[str, list[tuple[float, float]]] = {}
 
     def record_activity(self, activity: GatewayActivity, catalog: Catalog, now: float) -> bool:
-        """Keep what a gateway process saw of each model of ``catalog`` whose ``min`` is 0 (by served name).
+        """Keep what a gateway process saw of each autoscaled model of ``catalog`` (by served name): the
+        requests of those whose ``min`` is 0, and the time to first token of all.
 
         Called for every ``POST /v1/gateway/activity``.
 
-        :returns: whether such a model at zero replicas is held at a gateway now (decide at once).
+        :returns: whether a model at zero replicas is held at a gateway now (decide at once).
         """
         model_of = {
             catalog.served_name(name): name
             for name, model in catalog.models.items()
-            if model.autoscale is not None and model.autoscale.min == 0
+            if model.autoscale is not None
         }
         wake = False
         for seen in activity.models:
             name = model_of.get(seen.model)
             if name is None:
+                continue
+            if seen.ttft_p95 is not None and seen.streams:
+                readings = [r for r in self.ttft.get(name, ()) if now - r[0] <= SIGNAL_MAX_AGE]
+                self.ttft[name] = [*readings[-63:], (now, seen.ttft_p95)]
+            auto = catalog.models[name].autoscale
+            if auto is None or auto.min != 0:
                 continue
             known = self.demand.get(name) or Demand(since=now)
             last = known.last_request
@@ -229,14 +242,17 @@ class ScaleBook:
             del self.models[name]
         for name in set(self.demand) - scaled:
             del self.demand[name]
+        for name in set(self.ttft) - scaled:
+            del self.ttft[name]
 
     def signals(
-        self, target: ScaleTarget, replicas: Iterable[ReplicaRecord], now: float
+        self, target: ScaleTarget, replicas: Iterable[ReplicaRecord], now: float, model: str = ""
     ) -> tuple[int, dict[str, float]]:
         """A model's ready replicas, and the value of each of ``target``'s signals over those reporting.
 
         A reading counts when it is of the replica's current attempt and at most
-        :data:`SIGNAL_MAX_AGE` seconds old. A signal no replica reports is absent.
+        :data:`SIGNAL_MAX_AGE` seconds old. A signal no replica reports is absent. ``ttft_p95`` is the
+        highest the gateway processes of ``model`` reported in that time (several gateways: the worst).
         """
         ready = [r for r in replicas if r.state == ReplicaState.READY]
         readings = []
@@ -250,6 +266,9 @@ class ScaleBook:
         usage = [r.kv_cache_usage for r in readings if r.kv_cache_usage is not None]
         if usage and target.kv_cache_usage is not None:
             values["kv_cache_usage"] = sum(usage) / len(usage)
+        ttft = [value for at, value in self.ttft.get(model, ()) if now - at <= SIGNAL_MAX_AGE]
+        if ttft and target.ttft_p95 is not None and ready:
+            values["ttft_p95"] = max(ttft)
         return len(ready), values
 
     def keep(self, decision: ScaleDecision, memory: ScaleMemory) -> bool:

@@ -24,7 +24,7 @@ def autoscale_status(state: ClusterState, now: float, model: str | None = None) 
             continue
         records = [r for r in by_model.get(name, []) if r.placement.replaces is None]
         memory = book.memory(name, entry, (r.placement for r in records))
-        ready, values = book.signals(auto.target, records, now)
+        ready, values = book.signals(auto.target, records, now, name)
         signals = tuple(
             AutoscaleSignal(key, goal, values.get(key)) for key, goal in auto.target.signals().items()
         )

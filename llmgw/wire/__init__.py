@@ -48,9 +48,22 @@ from llmgw.wire._hooks import (
     register_strict_scalars,
     shown,
 )
-from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
+from llmgw.wire._keys import (
+    LIMIT_FIELDS,
+    MAX_LIMIT,
+    ApiKey,
+    CreatedKey,
+    CreateKey,
+    KeyLimits,
+    KeyList,
+    Priority,
+    RevokedKey,
+    UpdateKey,
+    structure_priority,
+)
 from llmgw.wire._load import ShardLoad
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
+from llmgw.wire._routes import Route, RouteTable
 from llmgw.wire._weights import (
     CopyProgress,
     HubClaim,
@@ -70,7 +83,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "UnplacedStatus", "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange",
     "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
-    "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
+    "RevokedKey", "UpdateKey", "KeyLimits", "Priority", "LIMIT_FIELDS", "MAX_LIMIT", "SuspectReport",
+    "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
     "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
@@ -211,58 +225,6 @@ class SyncReply:
     #: the share of a model's size to keep free beyond its copy (``llmgw server --disk-headroom``): the
     #: agent evicts unused copies for it
     disk_headroom: float = 0.05
-
-
-# ---------------------------------------------------------------------------
-# the routes feed (server -> gateway)
-# ---------------------------------------------------------------------------
-
-
-def _http_url(_: Any, attribute: attrs.Attribute, value: str) -> None:
-    if not value.startswith(("http://", "https://")):
-        raise ValueError(f"{attribute.name}: expected an http(s) URL, got {value!r}")
-
-
-@attrs.frozen
-class Route:
-    """One ready replica of a served model: its id and the base URL of its rank 0."""
-
-    replica: str
-    url: str = attrs.field(converter=lambda url: url.rstrip("/"), validator=_http_url)
-
-
-def _routes(routes: Mapping[str, Any]) -> dict[str, tuple[Route, ...]]:
-    return {model: tuple(entries) for model, entries in routes.items() if entries}
-
-
-@attrs.frozen
-class RouteTable:
-    """One answer of the routes feed: ``GET /v1/routes?revision=N&wait=1``.
-
-    The server answers when its routes revision differs from N, or after its
-    poll timeout. A model with routes is always among :attr:`models`; a model
-    with no ready replica has no entry in :attr:`routes`.
-    """
-
-    revision: int
-    #: every served model name in the catalog, ready or not (sorted)
-    models: tuple[str, ...] = attrs.field(converter=lambda m: tuple(sorted(m)), default=())
-    #: served model name -> its ready replicas
-    routes: Mapping[str, tuple[Route, ...]] = attrs.field(converter=_routes, factory=dict)
-    #: sha256 hex (lowercase) of an API key -> the key's name; None when the feed has no keys at all
-    keys: Mapping[str, str] | None = attrs.field(
-        converter=lambda keys: None if keys is None else {k.lower(): v for k, v in keys.items()},
-        default=None,
-    )
-
-    def __attrs_post_init__(self) -> None:
-        if not set(self.routes) <= set(self.models):
-            object.__setattr__(self, "models", tuple(sorted(set(self.models) | set(self.routes))))
-
-    def summary(self) -> str:
-        """One line for the log: each model and how many replicas are ready."""
-        parts = [f"{model}: {len(self.routes.get(model, ()))} ready" for model in self.models]
-        return ", ".join(parts) or "no models"
 
 
 # ---------------------------------------------------------------------------
@@ -456,6 +418,8 @@ def _make_converter() -> cattrs.Converter:
     )
     made.register_unstructure_hook(FailureCause, str)
     made.register_structure_hook(FailureCause, structure_cause)
+    made.register_unstructure_hook(Priority, str)
+    made.register_structure_hook(Priority, structure_priority)
     return made
 
 

@@ -38,6 +38,7 @@ from llmgw.server.persist.cluster import recent_events
 from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import KeyRecord
 from llmgw.server.views import cluster as views
 from llmgw.server.views.models import model_list
 from llmgw.wire import EngineInfo, EngineList, WireError
@@ -106,6 +107,7 @@ class ServerApp(
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
         self._route("POST", r"/v1/admin/keys", admin, self._create_key)
+        self._route("PATCH", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._update_key)
         self._route("DELETE", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._revoke_key)
         self._weights_routes(self._route)
         #: node id -> (the facts it last sent, as JSON and as read): see _read_sync
@@ -115,8 +117,8 @@ class ServerApp(
         self._replica_list: tuple[int, Response] | None = None
         #: replica id -> (when a gateway report on it was last recorded, reports folded since)
         self._suspects: dict[str, list] = {}
-        #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
-        self.keys: dict[str, tuple[str, float, float | None]] = {}
+        #: API key name -> its record (hash of the secret, dates, limits)
+        self.keys: dict[str, KeyRecord] = {}
         #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), set by the server
         self.metrics: Any = None
 

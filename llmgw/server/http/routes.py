@@ -13,10 +13,11 @@ import trio
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
+from llmgw.server.http.keys import active_keys
 from llmgw.server.http.replies import answer, query_int
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
-from llmgw.server.state.records import EventKind
+from llmgw.server.state.records import EventKind, KeyRecord
 from llmgw.server.views import cluster as views
 from llmgw.wire import SuspectRecorded, SuspectReport, from_json
 
@@ -37,8 +38,8 @@ class RoutesEndpoints:
     read_only: bool
     _lock: trio.Lock
     poll_timeout: float
-    #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
-    keys: dict[str, tuple[str, float, float | None]]
+    #: API key name -> its record (hash of the secret, dates, limits)
+    keys: dict[str, KeyRecord]
     #: replica id -> (when a gateway report on it was last recorded, reports folded since)
     _suspects: dict[str, list]
 
@@ -46,8 +47,8 @@ class RoutesEndpoints:
         known = query_int(request.query.get("revision", "0"), "revision")
         if request.query.get("wait") == "1":
             await self.reconciler.wait_routes(known, self.poll_timeout)
-        keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
-        return answer(views.route_table(self.cluster, keys))
+        keys, limits = active_keys(self.keys)
+        return answer(views.route_table(self.cluster, keys, limits))
 
     async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway found a replica stalled: an event for the operator, nothing torn down.

@@ -21,6 +21,7 @@ from llmgw.server.views.rollouts import rollout_status
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
+    KeyLimits,
     NodeList,
     NodeStatus,
     ObservedShard,
@@ -142,11 +143,14 @@ def _desired_shards(state: ClusterState, record: ReplicaRecord) -> Iterable[_Nod
 # -- the routes feed -----------------------------------------------------
 
 
-def route_table(state: ClusterState, keys: Mapping[str, str] | None = None) -> RouteTable:
-    """The routes feed's answer: every served model, the ready replicas of each, and ``keys``.
+def route_table(
+    state: ClusterState, keys: Mapping[str, str] | None = None, limits: Mapping[str, KeyLimits] | None = None
+) -> RouteTable:
+    """The routes feed's answer: every served model, the ready replicas of each, ``keys``, their ``limits``.
 
     Called for every ``GET /v1/routes``. ``keys`` maps the sha256 hex of
-    each API key in force to its name (None: the feed says nothing of keys).
+    each API key in force to its name (None: the feed says nothing of keys);
+    ``limits`` maps a key's name to its limits (keys not named are unlimited).
     """
     routes: dict[str, list[Route]] = {}
     for record in sorted(state.replicas.values(), key=lambda r: r.id):
@@ -161,7 +165,9 @@ def route_table(state: ClusterState, keys: Mapping[str, str] | None = None) -> R
             Route(record.id, f"http://{node.address}:{record.placement.rank0.port}")
         )
     models = {state.catalog.served_name(m) for m in state.catalog.models}
-    return RouteTable(revision=state.routes_revision, models=models, routes=routes, keys=keys)
+    return RouteTable(
+        revision=state.routes_revision, models=models, routes=routes, keys=keys, limits=limits or {}
+    )
 
 
 # -- the admin API's views ---------------------------------------------

@@ -1,0 +1,64 @@
+"""The routes feed's documents (server -> gateway): ``GET /v1/routes`` answers a :class:`RouteTable`.
+
+Re-exported by :mod:`llmgw.wire`; read and written through its one converter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from llmgw.wire._keys import KeyLimits
+
+__all__ = ["Route", "RouteTable"]
+
+
+def _http_url(_: Any, attribute: attrs.Attribute, value: str) -> None:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"{attribute.name}: expected an http(s) URL, got {value!r}")
+
+
+@attrs.frozen
+class Route:
+    """One ready replica of a served model: its id and the base URL of its rank 0."""
+
+    replica: str
+    url: str = attrs.field(converter=lambda url: url.rstrip("/"), validator=_http_url)
+
+
+def _routes(routes: Mapping[str, Any]) -> dict[str, tuple[Route, ...]]:
+    return {model: tuple(entries) for model, entries in routes.items() if entries}
+
+
+@attrs.frozen
+class RouteTable:
+    """One answer of the routes feed: ``GET /v1/routes?revision=N&wait=1``.
+
+    The server answers when its routes revision differs from N, or after its
+    poll timeout. A model with routes is always among :attr:`models`; a model
+    with no ready replica has no entry in :attr:`routes`.
+    """
+
+    revision: int
+    #: every served model name in the catalog, ready or not (sorted)
+    models: tuple[str, ...] = attrs.field(converter=lambda m: tuple(sorted(m)), default=())
+    #: served model name -> its ready replicas
+    routes: Mapping[str, tuple[Route, ...]] = attrs.field(converter=_routes, factory=dict)
+    #: sha256 hex (lowercase) of an API key -> the key's name; None when the feed has no keys at all
+    keys: Mapping[str, str] | None = attrs.field(
+        converter=lambda keys: None if keys is None else {k.lower(): v for k, v in keys.items()},
+        default=None,
+    )
+    #: an API key's name -> its limits, for the keys that have any (a key not named here is unlimited)
+    limits: Mapping[str, KeyLimits] = attrs.field(converter=dict, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if not set(self.routes) <= set(self.models):
+            object.__setattr__(self, "models", tuple(sorted(set(self.models) | set(self.routes))))
+
+    def summary(self) -> str:
+        """One line for the log: each model and how many replicas are ready."""
+        parts = [f"{model}: {len(self.routes.get(model, ()))} ready" for model in self.models]
+        return ", ".join(parts) or "no models"

@@ -16,9 +16,13 @@ tokens and the API key's name (never the key), also as ``extra`` fields.
 
 Every ``/v1`` request needs ``Authorization: Bearer <key>`` unless the
 gateway runs without keys; a key is valid when its sha256 is in the routes
-feed's ``keys``. Every error has OpenAI's shape, and every answer carries an
-``X-Request-Id`` (the client's, or a new one; it is passed to the replica
-too); an answer from a replica names it in ``X-Llmgw-Replica``.
+feed's ``keys``. A key with limits is admitted by :mod:`llmgw.gateway.admission`:
+403 for a model it may not use, 429 with ``Retry-After`` over a rate or its
+concurrency, the error naming the key and the limit.
+
+Every error has OpenAI's shape, and every answer carries an ``X-Request-Id``
+(the client's, or a new one; it is passed to the replica too); an answer from
+a replica names it in ``X-Llmgw-Replica``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 
 import trio
 
+from llmgw.gateway.admission import Admission, Refused
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, UNKNOWN_MODEL, GatewayMetrics
@@ -75,8 +80,11 @@ class GatewayApp:
         watcher: RoutesWatcher,
         *,
         require_keys: bool = True,
+        admission: Admission | None = None,
     ) -> None:
         self.proxy = proxy
+        #: limited keys' buckets; the gateway updates them from each routes table
+        self.admission = admission if admission is not None else Admission(trio.current_time)
         self.balancer = balancer
         self.metrics = metrics
         self.watcher = watcher
@@ -157,11 +165,14 @@ class GatewayApp:
             headers = (*response.headers, ("x-request-id", request_id))
             return Response(response.status, headers, response.body, after=refused)
         answered: Response | None = None
+        ticket = call.ticket
 
         def done() -> None:
             nonlocal answered
             status = answered.status if answered is not None else 499
             answered = None  # the response holds this callback: no reference cycle left for the GC
+            if ticket is not None:
+                ticket.done(call.usage)
             seconds = trio.current_time() - start
             self.metrics.request_done(label, endpoint, status, seconds)
             self.metrics.by_key(call.key, label, status, call.usage)
@@ -207,8 +218,15 @@ class GatewayApp:
         if model not in table.models:
             message = f"The model `{model}` does not exist or you do not have access to it."
             return openai_error(404, message, param="model", code="model_not_found"), UNKNOWN_MODEL, None
+        key = self._accepted[2] if self.require_keys else NO_KEY
+        forbidden = self.admission.forbidden(key, model) if self.require_keys else None
+        if forbidden is not None:
+            return _over_limit(forbidden, model), model, None
         if not self.balancer.replicas(model):
             return _not_ready(model), model, None
+        admitted = self.admission.admit(key, model) if self.require_keys else None
+        if isinstance(admitted, Refused):
+            return _over_limit(admitted, model), model, None
         call = Call(
             model=model,
             endpoint=endpoint,
@@ -217,7 +235,8 @@ class GatewayApp:
             request_id=request_id,
             session=request.header(SESSION_HEADER) or None,
             start=start,
-            key=self._accepted[2] if self.require_keys else NO_KEY,
+            key=key,
+            ticket=admitted,
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))
@@ -359,6 +378,15 @@ def _not_ready(model: str) -> Response:
         code="model_not_ready",
         headers=(("retry-after", "5"),),
     )
+
+
+def _over_limit(refused: Refused, model: str) -> Response:
+    """403 for a model the key may not use; 429 with ``Retry-After`` over a rate or its concurrency."""
+    code = f"{refused.cause}_limit"
+    if refused.status == 403:
+        return openai_error(403, refused.message(model), type="permission_error", param="model", code=code)
+    retry = (("retry-after", str(refused.retry_seconds())),)
+    return openai_error(429, refused.message(model), type="rate_limit_exceeded", code=code, headers=retry)
 
 
 def _not_allowed(request: Request, allowed: str) -> Response:

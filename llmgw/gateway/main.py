@@ -11,6 +11,7 @@ import trio
 
 from llmgw.cli import error_leaves
 from llmgw.errors import LlmgwError
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import GatewayApp
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.metrics import GatewayMetrics
@@ -106,6 +107,8 @@ class Gateway:
         self.upstreams: ConnectionPool | None = None
         self.stalls: StallWatch | None = None
         self.reporter: SuspectReporter | None = None
+        #: every limited API key's buckets (:mod:`llmgw.gateway.admission`)
+        self.admission = Admission(trio.current_time)
 
     async def _handle(self, request: Request) -> Response:  # the server exists before the app does
         return await self.app.handle(request)
@@ -143,6 +146,7 @@ class Gateway:
             self.stalls = stalls = StallWatch(balancer, upstreams, stall_timeout, reporter.report)
 
             def routes_changed(table: RouteTable) -> None:
+                self.admission.update(table.limits)
                 stalls.left(balancer.update(table.routes))
                 upstreams.retain_only(replica.url for replica in balancer)
 
@@ -156,7 +160,9 @@ class Gateway:
             self.metrics = metrics = GatewayMetrics(balancer, lambda: watcher)
             metrics.certificate(self.config.cert)
             proxy = Proxy(upstreams, balancer, metrics, config.proxy)
-            self.app = GatewayApp(proxy, balancer, metrics, watcher, require_keys=config.require_keys)
+            self.app = GatewayApp(
+                proxy, balancer, metrics, watcher, require_keys=config.require_keys, admission=self.admission
+            )
             try:
                 async with trio.open_nursery() as nursery:
                     try:

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Callable
 import attrs
 import trio
 
+from llmgw.gateway.admission import Ticket
 from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
@@ -98,6 +99,8 @@ class Call:
     usage: tuple[int, int] | None = None
     #: seconds from arrival to the first chunk of a stream
     ttft: float | None = None
+    #: the key's admission (:class:`llmgw.gateway.admission.Ticket`), ended with the response; None: unlimited
+    ticket: Ticket | None = None
 
 
 class Proxy:

@@ -24,7 +24,7 @@ from llmgw.dev.cluster import program
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.net.client import ConnectionPool, HttpClientError
 from llmgw.net.server import HttpServer, Request, Response
-from llmgw.wire import Route, RouteTable, to_json
+from llmgw.wire import KeyLimits, Route, RouteTable, to_json
 
 if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
@@ -160,6 +160,8 @@ class FakeRoutesFeed:
         self.routes: dict[str, list[tuple[str, str]]] = {}
         #: plain API key -> name; None leaves "keys" out of the document
         self.keys: dict[str, str] | None = None
+        #: API key name -> its limits (keys not named are unlimited)
+        self.limits: dict[str, KeyLimits] = {}
         self.revision = 1
         self.poll_timeout = poll_timeout
         #: polls answered so far
@@ -177,8 +179,10 @@ class FakeRoutesFeed:
         routes: Mapping[str, Sequence[tuple[str, str]]] | None = None,
         models: Iterable[str] | None = None,
         keys: Mapping[str, str] | None = None,
+        limits: Mapping[str, KeyLimits] | None = None,
     ) -> int:
-        """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name).
+        """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name; limits
+        as key name -> :class:`~llmgw.wire.KeyLimits`).
 
         Every model with routes is added to the models. Wakes the pollers; returns the new revision.
         """
@@ -188,6 +192,8 @@ class FakeRoutesFeed:
             self.models = sorted(models)
         if keys is not None:
             self.keys = dict(keys)
+        if limits is not None:
+            self.limits = dict(limits)
         self.models = sorted(set(self.models) | set(self.routes))
         self.revision += 1
         self._changed.set()
@@ -204,6 +210,7 @@ class FakeRoutesFeed:
             models=self.models,
             routes={model: [Route(r, url) for r, url in entries] for model, entries in self.routes.items()},
             keys=keys,
+            limits=self.limits,
         )
         return to_json(table)
 

@@ -19,8 +19,10 @@ A request admitted is never cut afterwards: limits act at admission only, and
 a running stream's tokens are charged when it ends. Buckets start full, so a
 key may use its whole minute at once.
 
-Counted per gateway process: each of N processes (``--workers``, several
-gateways) admits up to the whole limit, N times the limit in all.
+Each process counts its own requests, and with :mod:`llmgw.gateway.leases`
+also admits a rate-limited key's request only with the fleet's leave: N
+processes (``--workers``, several gateways) then admit the limit in all, not
+N times it. ``concurrency`` is counted per process.
 """
 
 from __future__ import annotations
@@ -29,12 +31,17 @@ import enum
 import math
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
+from llmgw.tenancy.bucket import KeyBuckets
 from llmgw.wire import KeyLimits
 
-__all__ = ["Admission", "Cause", "Refused", "Ticket", "TokenBucket"]
+if TYPE_CHECKING:
+    from llmgw.gateway.leases import Leases
+
+__all__ = ["Admission", "Cause", "Refused", "Ticket"]
 
 
 class Cause(enum.StrEnum):
@@ -56,6 +63,8 @@ class Refused:
     limit: int
     #: seconds until a retry may pass (None for ``models``: it never will)
     retry_after: float | None = None
+    #: the gateway holds no lease for it, but the fleet had requests left: worth asking the server now
+    renewable: bool = False
 
     @property
     def status(self) -> int:
@@ -78,81 +87,26 @@ class Refused:
         return max(1, math.ceil(self.retry_after or 0.0))
 
 
-class TokenBucket:
-    """Up to ``per_minute`` tokens, refilled at ``per_minute / 60`` per second; its level may go negative.
+class _KeyState(KeyBuckets):
+    """One limited key's buckets, and its requests in flight."""
 
-    :param per_minute: the bucket's size and its refill per minute.
-    :param now: the clock's time when it is made (full then).
-    """
-
-    __slots__ = ("size", "rate", "level", "stamp")
-
-    def __init__(self, per_minute: int, now: float) -> None:
-        self.size = float(per_minute)
-        self.rate = per_minute / 60.0
-        self.level = self.size
-        self.stamp = now
-
-    def refill(self, now: float) -> float:
-        """Add what was refilled since the last look, up to the size; the level now."""
-        if now > self.stamp:
-            self.level = min(self.size, self.level + (now - self.stamp) * self.rate)
-            self.stamp = now
-        return self.level
-
-    def wait(self, amount: float, now: float) -> float:
-        """Seconds until the level reaches ``amount`` (0: it has); nothing taken."""
-        missing = amount - self.refill(now)
-        return 0.0 if missing <= 0 else missing / self.rate
-
-    def take(self, amount: float, now: float) -> None:
-        """Remove ``amount``; the level may go negative (tokens charged after the fact)."""
-        self.refill(now)
-        self.level -= amount
-
-    def resize(self, per_minute: int, now: float) -> None:
-        """A new limit: the level is kept (at most the new size), the refill rate follows."""
-        self.refill(now)
-        self.size = float(per_minute)
-        self.rate = per_minute / 60.0
-        self.level = min(self.level, self.size)
-
-
-class _KeyState:
-    """One limited key's buckets and requests in flight."""
-
-    __slots__ = ("limits", "requests", "tokens", "in_flight")
+    __slots__ = ("in_flight",)
 
     def __init__(self, limits: KeyLimits, now: float) -> None:
-        self.limits = limits
-        self.requests = TokenBucket(limits.rpm, now) if limits.rpm is not None else None
-        self.tokens = TokenBucket(limits.tpm, now) if limits.tpm is not None else None
+        super().__init__(limits, now)
         self.in_flight = 0
-
-    def follow(self, limits: KeyLimits, now: float) -> None:
-        """Take the key's new limits, keeping what was used of those that stay."""
-        self.limits = limits
-        self.requests = _resized(self.requests, limits.rpm, now)
-        self.tokens = _resized(self.tokens, limits.tpm, now)
-
-
-def _resized(bucket: TokenBucket | None, per_minute: int | None, now: float) -> TokenBucket | None:
-    if per_minute is None:
-        return None
-    if bucket is None:
-        return TokenBucket(per_minute, now)
-    bucket.resize(per_minute, now)
-    return bucket
 
 
 class Ticket:
     """An admitted request of a limited key: :meth:`done` once its answer is over."""
 
-    __slots__ = ("_state", "_clock", "_open")
+    __slots__ = ("_state", "_clock", "_key", "_leases", "_open")
 
-    def __init__(self, state: _KeyState, clock: Callable[[], float]) -> None:
+    def __init__(self, state: _KeyState, clock: Callable[[], float], key: str, leases: Leases | None) -> None:
         self._state = state
         self._clock = clock
+        self._key = key
+        self._leases = leases
         self._open = True
 
     def done(self, usage: tuple[int, int] | None) -> None:
@@ -167,6 +121,8 @@ class Ticket:
         state.in_flight -= 1
         if usage is not None and state.tokens is not None:
             state.tokens.take(usage[0] + usage[1], self._clock())
+            if self._leases is not None:
+                self._leases.charge(self._key, usage[0] + usage[1])
 
 
 class Admission:
@@ -175,8 +131,10 @@ class Admission:
     :param clock: seconds on a monotonic clock (``trio.current_time`` in the gateway; a fake one in tests).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, leases: Leases | None = None) -> None:
         self.clock = clock
+        #: the fleet-wide leases (None: this process counts alone)
+        self.leases = leases
         self._keys: dict[str, _KeyState] = {}
 
     def update(self, limits: Mapping[str, KeyLimits]) -> None:
@@ -195,6 +153,8 @@ class Admission:
                 state.follow(wanted, now)
             kept[name] = state
         self._keys = kept
+        if self.leases is not None:
+            self.leases.forget({name for name, wanted in limits.items() if wanted.rpm or wanted.tpm})
 
     def forbidden(self, key: str, model: str) -> Refused | None:
         """A :class:`Refused` (``models``) when key ``key`` may not use ``model``, else None; nothing counted.
@@ -206,10 +166,11 @@ class Admission:
             return None
         return Refused(Cause.MODELS, key, 0)
 
-    def admit(self, key: str, model: str) -> Ticket | Refused | None:
+    def admit(self, key: str, model: str, *, again: bool = False) -> Ticket | Refused | None:
         """Whether a request of key ``key`` (its name) for ``model`` may go now.
 
-        Called once per inference request, after its key and model were found valid.
+        Called once per inference request, after its key and model were found valid; ``again`` when the
+        same request asks once more after its :attr:`Refused.renewable` refusal and a lease exchange.
 
         :returns: None for a key without limits (nothing to release), a :class:`Ticket` (the request
             counts against the key's limits from now; call :meth:`Ticket.done` when it ends), or a
@@ -225,17 +186,24 @@ class Admission:
             # a place frees when a request ends: no way to know when; one second is a fair guess
             return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
         now = self.clock()
+        leases = self.leases if self.leases is not None and self.leases.active else None
+        if leases is not None and not again and (state.tokens is not None or state.requests is not None):
+            leases.seen(key)
         if state.tokens is not None:
-            level = state.tokens.refill(now)
-            if level <= 0:  # refused until positive, however little
-                return Refused(Cause.TPM, key, limits.tpm or 0, -level / state.tokens.rate)
+            wait = max(state.tokens_wait(now), leases.tokens_wait(key) if leases is not None else 0.0)
+            if wait > 0:  # refused until positive, however little
+                return Refused(Cause.TPM, key, limits.tpm or 0, wait)
         if state.requests is not None:
             wait = state.requests.wait(1.0, now)
             if wait > 0:
                 return Refused(Cause.RPM, key, limits.rpm or 0, wait)
+            if leases is not None and not leases.take(key):
+                fleet = leases.requests_wait(key)
+                retry = fleet if fleet is not None else leases.period
+                return Refused(Cause.RPM, key, limits.rpm or 0, retry, renewable=fleet is None)
             state.requests.take(1.0, now)
         state.in_flight += 1
-        return Ticket(state, self.clock)
+        return Ticket(state, self.clock, key, leases)
 
     def in_flight(self, key: str) -> int:
         """Requests of limited key ``key`` in flight now (0 for a key without limits)."""

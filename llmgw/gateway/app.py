@@ -35,7 +35,7 @@ import time
 
 import trio
 
-from llmgw.gateway.admission import Admission, Refused
+from llmgw.gateway.admission import Admission, Refused, Ticket
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, UNKNOWN_MODEL, GatewayMetrics
@@ -57,6 +57,8 @@ INFERENCE_ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+#: the longest a request of a rate-limited key waits for the server to lend its gateway a request
+LEASE_WAIT = 1.0
 _REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
 _NO_RESPONSE = Response(500)
 _CREATE = "an operator creates one with `llmgw ctl keys create NAME`; `llmgw ctl keys list` lists them"
@@ -152,8 +154,14 @@ class GatewayApp:
         if request_id is None or not _REQUEST_ID.match(request_id):
             request_id = self._next_request_id()
         response, label, call = self._admit(request, endpoint, request_id, start)
+        key = self._key_of_refused(response.status) if call is None else call.key
+        if call is not None and self.require_keys:
+            admitted = await self._rate_admission(call.key, call.model)
+            if isinstance(admitted, Refused):
+                response, call = _over_limit(admitted, call.model), None
+            else:
+                call.ticket = admitted
         if call is None:
-            key = self._key_of_refused(response.status)
 
             def refused() -> None:
                 seconds = trio.current_time() - start
@@ -185,6 +193,17 @@ class GatewayApp:
             done()
             raise
         return answered
+
+    async def _rate_admission(self, key: str, model: str) -> Ticket | Refused | None:
+        """The key's admission (:mod:`llmgw.gateway.admission`); a refusal the fleet may lift waits (up to
+        :data:`LEASE_WAIT` seconds) for one exchange with the server, then asks once more."""
+        admitted = self.admission.admit(key, model)
+        leases = self.admission.leases
+        if isinstance(admitted, Refused) and admitted.renewable and leases is not None:
+            with trio.move_on_after(LEASE_WAIT):
+                await leases.refresh(key)
+            admitted = self.admission.admit(key, model, again=True)
+        return admitted
 
     def _key_of_refused(self, status: int) -> str | None:
         """The key name of a request answered without a replica: None when its key did not pass."""
@@ -224,9 +243,6 @@ class GatewayApp:
             return _over_limit(forbidden, model), model, None
         if not self.balancer.replicas(model):
             return _not_ready(model), model, None
-        admitted = self.admission.admit(key, model) if self.require_keys else None
-        if isinstance(admitted, Refused):
-            return _over_limit(admitted, model), model, None
         call = Call(
             model=model,
             endpoint=endpoint,
@@ -236,7 +252,6 @@ class GatewayApp:
             session=request.header(SESSION_HEADER) or None,
             start=start,
             key=key,
-            ticket=admitted,
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))

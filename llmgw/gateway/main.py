@@ -14,6 +14,7 @@ from llmgw.errors import LlmgwError
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import GatewayApp
 from llmgw.gateway.balancer import Balancer
+from llmgw.gateway.leases import Leases
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
 from llmgw.gateway.reports import SuspectReporter
@@ -107,8 +108,9 @@ class Gateway:
         self.upstreams: ConnectionPool | None = None
         self.stalls: StallWatch | None = None
         self.reporter: SuspectReporter | None = None
-        #: every limited API key's buckets (:mod:`llmgw.gateway.admission`)
+        #: every limited API key's buckets (:mod:`llmgw.gateway.admission`); with the leases once serving
         self.admission = Admission(trio.current_time)
+        self.leases: Leases | None = None
 
     async def _handle(self, request: Request) -> Response:  # the server exists before the app does
         return await self.app.handle(request)
@@ -142,6 +144,7 @@ class Gateway:
             self.upstreams = upstreams
             balancer = self.balancer
             self.reporter = reporter = SuspectReporter(feed, config.server)
+            self.leases = self.admission.leases = leases = Leases(feed, config.server, trio.current_time)
             stall_timeout = config.proxy.stall_timeout
             self.stalls = stalls = StallWatch(balancer, upstreams, stall_timeout, reporter.report)
 
@@ -174,6 +177,7 @@ class Gateway:
                     await nursery.start(watcher.run)
                     await nursery.start(stalls.run)
                     await nursery.start(reporter.run)
+                    await nursery.start(leases.run)
                     log.info("llmgw gateway on http://%s:%d, routes from %s", host, port, config.server)
                     if not config.require_keys:
                         log.warning(

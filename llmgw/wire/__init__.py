@@ -4,7 +4,8 @@
   :class:`SyncRequest` to ``POST /v1/agent/sync`` and gets a :class:`SyncReply`.
 - The routes feed: ``GET /v1/routes`` answers a :class:`RouteTable`, built by
   the server's cluster and handed as is to the gateway's balancer.
-- Gateway reports: ``POST /v1/gateway/suspect`` takes a :class:`SuspectReport`.
+- Gateway reports: ``POST /v1/gateway/suspect`` takes a :class:`SuspectReport`;
+  ``POST /v1/gateway/allowances`` an :class:`AllowanceRequest` (answered an :class:`AllowanceReply`).
 - The admin API (``llmgw ctl``): one record per request and answer
   (:class:`NodeList`, :class:`ReplicaList`, :class:`DrainStatus`, ...), and
   :class:`ErrorReply` for every refusal.
@@ -30,6 +31,7 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
+from llmgw.wire._allowances import AllowanceReply, AllowanceRequest, KeyAllowance, KeyDemand
 from llmgw.wire._autoscale import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 from llmgw.wire._catalog import (
     ApplyCatalog,
@@ -84,7 +86,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
     "RevokedKey", "UpdateKey", "KeyLimits", "Priority", "LIMIT_FIELDS", "MAX_LIMIT", "SuspectReport",
-    "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
+    "SuspectRecorded", "AllowanceRequest", "KeyDemand", "AllowanceReply", "KeyAllowance", "ErrorDetail",
+    "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
     "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",

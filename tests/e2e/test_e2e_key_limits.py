@@ -62,3 +62,19 @@ def _status(url: str, secret: str) -> int | None:
         return chat(url, secret).status_code
     except httpx.HTTPError:
         return None
+
+
+def test_rpm_holds_for_the_fleet_across_gateway_workers(tmp_path: Path):
+    """Through one gateway of 2 worker processes, a key with --rpm 20 is admitted about 20 times in a
+    burst of 40 requests (each on a new connection), not 40: the workers lease its rate from the server."""
+    with ready_cluster(tmp_path, chat_catalog(replicas=1), nodes=1) as cluster:
+        limited = created(cluster, "team-burst", "--rpm", "20")
+        cluster.start_gateway(free_port(), keys=True, extra=["--workers", "2"])
+        url = cluster.gateway_url
+        cluster.wait(lambda: _status(url, limited) == 200, "the gateway to serve team-burst", 60)
+        statuses = [chat(url, limited).status_code for _ in range(39)]
+        admitted = 1 + statuses.count(200)  # the wait's request was the first
+        assert set(statuses) <= {200, 429}
+        # 20 at once, plus one refilled every 3 s; a worker may keep one or two it was lent unused
+        assert 16 <= admitted <= 22, statuses
+        cluster.check()

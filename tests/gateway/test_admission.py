@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.gateway.admission import Admission, Cause, Refused, Ticket, TokenBucket
+from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
+from llmgw.tenancy.bucket import TokenBucket
 from llmgw.wire import KeyLimits
 
 

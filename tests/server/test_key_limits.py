@@ -187,3 +187,27 @@ async def test_keys_stored_before_limits_migrate_unlimited(tmp_path):
         assert record.limits == KeyLimits()
     finally:
         store.close()
+
+
+async def test_gateways_lease_a_keys_rate_from_the_server(server, test_pki):
+    """`POST /v1/gateway/allowances` lends two gateways no more than the rpm in all; nodes may not ask."""
+    async with client(test_pki, "admin", "ops") as admin:
+        await admin.post(f"{server}/v1/admin/keys", json={"name": "k", "limits": {"rpm": 5, "tpm": 100}})
+    asked = {
+        "gateway": "gw-a:1",
+        "keys": [{"key": "k", "wanted": 4, "tokens": 150}, {"key": "old", "wanted": 9}],
+    }
+    async with client(test_pki, "gateway", "gw-1") as gateway:
+        first = await gateway.post(f"{server}/v1/gateway/allowances", json=asked)
+        assert first.status_code == 200, first.text
+        (lent,) = first.json()["keys"]  # `old` has no rate: no answer for it
+        assert lent["key"] == "k" and lent["granted"] == 4 and lent["tokens_wait"] > 0
+        second = await gateway.post(f"{server}/v1/gateway/allowances", json={**asked, "gateway": "gw-b:2"})
+        assert second.json()["keys"][0]["granted"] == 1
+        bad = await gateway.post(
+            f"{server}/v1/gateway/allowances", json={"gateway": "g", "keys": [{"key": 3}]}
+        )
+        assert bad.status_code == 400 and "expected a string" in bad.json()["error"]["message"]
+    async with client(test_pki, "node", "node-1") as node:
+        refused = await node.post(f"{server}/v1/gateway/allowances", json=asked)
+        assert refused.status_code == 403

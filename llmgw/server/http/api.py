@@ -7,8 +7,8 @@ servers, engines) are answered here.
 Every request arrives over mutual TLS; who is calling is read from the
 client certificate's role (:mod:`llmgw.pki`), never from the request. A node
 may only sync as itself; admin endpoints take admin certificates only; the
-routes feed and gateway reports (``POST /v1/gateway/suspect``) take admin or
-gateway certificates.
+routes feed and gateway reports (``POST /v1/gateway/suspect``, ``/v1/gateway/allowances``)
+take admin or gateway certificates.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from llmgw.server.http.weights import WeightsEndpoints
 from llmgw.server.persist.cluster import recent_events
 from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.allowances import Lender
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import KeyRecord
 from llmgw.server.views import cluster as views
@@ -83,6 +84,7 @@ class ServerApp(
         self._route("POST", r"/v1/agent/sync", {Role.NODE}, self._sync)
         self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
         self._route("POST", r"/v1/gateway/suspect", {Role.ADMIN, Role.GATEWAY}, self._gateway_suspect)
+        self._route("POST", r"/v1/gateway/allowances", {Role.ADMIN, Role.GATEWAY}, self._gateway_allowances)
         admin = {Role.ADMIN}
         self._route("GET", r"/v1/admin/nodes", admin, self._get_nodes)
         self._route(
@@ -119,6 +121,8 @@ class ServerApp(
         self._suspects: dict[str, list] = {}
         #: API key name -> its record (hash of the secret, dates, limits)
         self.keys: dict[str, KeyRecord] = {}
+        #: the fleet's buckets of the rate-limited keys (in memory: a new leader starts them full)
+        self.lender = Lender()
         #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), set by the server
         self.metrics: Any = None
 

@@ -1,7 +1,8 @@
-"""The gateways' side: the routes feed (long-polled) and their reports of stalled replicas.
+"""The gateways' side: the routes feed (long-polled), their reports of stalled replicas, and the leases
+of their limited keys' rates.
 
-Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes`` and
-``POST /v1/gateway/suspect`` to it (admin or gateway certificates).
+Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes``,
+``POST /v1/gateway/suspect`` and ``POST /v1/gateway/allowances`` to it (admin or gateway certificates).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from llmgw.pki import Identity
 from llmgw.server.http.keys import active_keys
 from llmgw.server.http.replies import answer, query_int
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.allowances import Lender
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind, KeyRecord
 from llmgw.server.views import cluster as views
-from llmgw.wire import SuspectRecorded, SuspectReport, from_json
+from llmgw.wire import AllowanceRequest, SuspectRecorded, SuspectReport, from_json
 
 __all__ = ["SUSPECT_EVENT_WINDOW", "RoutesEndpoints"]
 
@@ -42,6 +44,8 @@ class RoutesEndpoints:
     keys: dict[str, KeyRecord]
     #: replica id -> (when a gateway report on it was last recorded, reports folded since)
     _suspects: dict[str, list]
+    #: the fleet's buckets of the rate-limited keys
+    lender: Lender
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = query_int(request.query.get("revision", "0"), "revision")
@@ -49,6 +53,11 @@ class RoutesEndpoints:
             await self.reconciler.wait_routes(known, self.poll_timeout)
         keys, limits = active_keys(self.keys)
         return answer(views.route_table(self.cluster, keys, limits))
+
+    async def _gateway_allowances(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """A gateway process's demand per limited key: what the fleet's buckets lend it (leader only)."""
+        asked = from_json(request.json(), AllowanceRequest)
+        return answer(self.lender.lend(active_keys(self.keys)[1], asked, self.clock()))
 
     async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway found a replica stalled: an event for the operator, nothing torn down.

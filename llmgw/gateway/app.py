@@ -158,6 +158,7 @@ class GatewayApp:
         if call is not None and self.require_keys:
             admitted = await self._rate_admission(call.key, call.model)
             if isinstance(admitted, Refused):
+                self.metrics.refused_by_limit(key, admitted.cause)
                 response, call = _over_limit(admitted, call.model), None
             else:
                 call.ticket = admitted
@@ -240,6 +241,7 @@ class GatewayApp:
         key = self._accepted[2] if self.require_keys else NO_KEY
         forbidden = self.admission.forbidden(key, model) if self.require_keys else None
         if forbidden is not None:
+            self.metrics.refused_by_limit(key, forbidden.cause)
             return _over_limit(forbidden, model), model, None
         if not self.balancer.replicas(model):
             return _not_ready(model), model, None

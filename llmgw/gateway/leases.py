@@ -207,7 +207,7 @@ class Leases:
             if lease is None:
                 continue
             lease.held += allowance.granted
-            lease.requests_until = now + allowance.requests_wait if allowance.granted == 0 else 0.0
+            lease.requests_until = now + allowance.requests_wait
             lease.tokens_until = now + allowance.tokens_wait
         self.period = min(max(reply.period, 0.05), 60.0)
 

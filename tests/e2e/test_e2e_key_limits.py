@@ -31,7 +31,8 @@ def created(cluster, *args: str) -> str:
 
 def test_rpm_limit_refuses_the_fourth_request_of_a_minute_and_spares_other_keys(tmp_path: Path):
     """A key made with --rpm 3 gets 429 with Retry-After on its 4th request in a minute, with an error
-    naming the key and the limit, while another key is served; lifting the limit serves it again."""
+    naming the key and the limit, while another key is served; a restarted gateway still refuses it;
+    lifting the limit serves it again."""
     with ready_cluster(tmp_path, chat_catalog(replicas=1), nodes=1) as cluster:
         limited = created(cluster, "team-batch", "--rpm", "3", "--priority", "batch")
         other = created(cluster, "team-web")
@@ -49,6 +50,13 @@ def test_rpm_limit_refuses_the_fourth_request_of_a_minute_and_spares_other_keys(
         assert error["type"] == "rate_limit_exceeded" and error["code"] == "rpm_limit"
         assert "API key 'team-batch' is over its limit of 3 requests per minute (rpm)" in error["message"]
         assert [chat(url, other).status_code for _ in range(5)] == [200] * 5
+
+        cluster.stop(cluster.gateway)  # the rate is the fleet's, kept by the server: a new gateway gets none
+        cluster.start_gateway(free_port(), keys=True)
+        url = cluster.gateway_url
+        cluster.wait(lambda: _status(url, other) == 200, "the restarted gateway to serve team-web", 60)
+        again = chat(url, limited)
+        assert again.status_code == 429 and again.json()["error"]["code"] == "rpm_limit", again.text
 
         lifted = cluster.ctl("keys", "update", "team-batch", "--rpm", "unlimited")
         assert lifted.returncode == 0, lifted.stderr

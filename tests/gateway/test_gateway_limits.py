@@ -86,6 +86,10 @@ async def test_rpm_refuses_with_429_retry_after_and_a_readable_error(setup):
     assert [(await complete(url, BOB)).status_code for _ in range(5)] == [200] * 5
     gateway.admission.clock.now += 30
     assert (await complete(url, ALICE)).status_code == 200
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{url}/metrics")).text
+    assert 'llmgw_gateway_key_refusals_total{key="alice",limit="rpm"} 1.0' in metrics
+    assert 'llmgw_gateway_key_requests_total{key="alice",model="m",status="429"} 1.0' in metrics
 
 
 async def test_a_model_not_allowed_is_403_naming_model_and_key(setup):
@@ -99,6 +103,9 @@ async def test_a_model_not_allowed_is_403_naming_model_and_key(setup):
     assert error["message"] == "API key 'alice' may not use the model `n`; ask an operator to allow it."
     assert (await complete(url, ALICE)).status_code == 200
     assert (await complete(url, BOB, model="n")).status_code == 503  # not ready, as for any key
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{url}/metrics")).text
+    assert 'llmgw_gateway_key_refusals_total{key="alice",limit="models"} 1.0' in metrics
 
 
 async def test_tpm_charges_usage_after_the_answer(setup):

@@ -205,6 +205,11 @@ class Admission:
         state.in_flight += 1
         return Ticket(state, self.clock, key, leases)
 
+    def charges_tokens(self, key: str) -> bool:
+        """Whether key ``key`` has a ``tpm`` limit (its answers' tokens are charged)."""
+        state = self._keys.get(key)
+        return state is not None and state.tokens is not None
+
     def in_flight(self, key: str) -> int:
         """Requests of limited key ``key`` in flight now (0 for a key without limits)."""
         state = self._keys.get(key)

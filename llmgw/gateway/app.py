@@ -181,7 +181,7 @@ class GatewayApp:
             status = answered.status if answered is not None else 499
             answered = None  # the response holds this callback: no reference cycle left for the GC
             if ticket is not None:
-                ticket.done(call.usage)
+                ticket.done(call.charged_usage())
             seconds = trio.current_time() - start
             self.metrics.request_done(label, endpoint, status, seconds)
             self.metrics.by_key(call.key, label, status, call.usage)
@@ -257,6 +257,8 @@ class GatewayApp:
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))
+        if self.require_keys and self.admission.charges_tokens(key):
+            call.prompt_chars = len(prompt_text(endpoint, body))
         return _NO_RESPONSE, model, call
 
     # -- keys ----------------------------------------------------------------------------------

@@ -25,10 +25,19 @@ class Engine:
         self.held = HeldStream(b'data: {"choices": [{"text": "a"}]}\n\n', b"data: [DONE]\n\n")
 
     async def handle(self, request: Request) -> Response:
-        if json.loads(request.body).get("stream"):
+        body = json.loads(request.body)
+        if body.get("stream") and body.get("events"):  # that many events at once, without usage
+            return Response.stream(200, _events(body["events"]))
+        if body.get("stream"):
             return Response.stream(200, self.held())
         usage = {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}
         return Response.json(200, {"object": "text_completion", "choices": [{"text": "a"}], "usage": usage})
+
+
+async def _events(count: int):
+    for _ in range(count):
+        yield b'data: {"choices": [{"text": "a"}]}\n\n'
+    yield b"data: [DONE]\n\n"
 
 
 class FakeClock:
@@ -64,7 +73,7 @@ async def complete(url: str, key: str, model: str = "m", **body) -> httpx.Respon
     async with httpx.AsyncClient(timeout=10) as client:
         return await client.post(
             f"{url}/v1/completions",
-            json={"model": model, "prompt": "hi", **body},
+            json={"model": model, "prompt": "hi"} | body,
             headers={"authorization": f"Bearer {key}"},
         )
 
@@ -118,6 +127,20 @@ async def test_tpm_charges_usage_after_the_answer(setup):
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "tpm_limit"
     assert refused.headers["retry-after"] == "30"  # 20 tokens below zero at 40/60 a second
     assert "40 tokens per minute (tpm)" in refused.json()["error"]["message"]
+
+
+async def test_a_stream_without_usage_is_charged_an_estimate(setup):
+    """tpm 60: a stream of 40 events that carries no usage is charged about 40 + its prompt's tokens; a
+    second such stream leaves the bucket negative and the next request is refused."""
+    feed, gateway, url, _ = setup
+    await set_limits(feed, gateway, alice=KeyLimits(tpm=60))
+    prompt = "x" * 40  # 10 tokens at 4 characters each
+    for _ in range(2):
+        streamed = await complete(url, ALICE, prompt=prompt, stream=True, events=40)
+        assert streamed.status_code == 200 and streamed.text.count("data:") == 41
+    refused = await complete(url, ALICE)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "tpm_limit"
+    assert refused.headers["retry-after"] == "40"  # 100 charged of 60: 40 below zero at 1 a second
 
 
 async def test_concurrency_and_a_running_stream_is_never_cut(setup):

@@ -51,7 +51,7 @@ ALLOWANCES_PATH = "/v1/gateway/allowances"
 class _Lease:
     """What the gateway holds of one key and what it saw since its last exchange."""
 
-    __slots__ = ("held", "asked", "waiting", "tokens", "idle", "requests_until", "tokens_until")
+    __slots__ = ("held", "asked", "waiting", "tokens", "last_seen", "requests_until", "tokens_until")
 
     def __init__(self) -> None:
         #: requests granted and not used yet
@@ -62,8 +62,8 @@ class _Lease:
         self.waiting = 0
         #: tokens used by answers that ended since the last exchange (not reported yet)
         self.tokens = 0
-        #: exchanges in a row with no request of the key
-        self.idle = 0
+        #: the clock's time of the key's last request
+        self.last_seen = 0.0
         #: the clock's time until which the fleet has no whole request to lend
         self.requests_until = 0.0
         #: the clock's time until which the fleet's tpm bucket is not positive
@@ -109,7 +109,9 @@ class Leases:
 
     def seen(self, key: str) -> None:
         """Count a request of rate-limited ``key`` (admitted or not): the demand the next exchange reports."""
-        self._lease(key).asked += 1
+        lease = self._lease(key)
+        lease.asked += 1
+        lease.last_seen = self.clock()
 
     def take(self, key: str) -> bool:
         """Spend one held request of ``key``; False when none is held (nothing spent)."""
@@ -179,10 +181,10 @@ class Leases:
         demands = []
         sent: dict[str, tuple[int, int]] = {}
         returned: dict[str, int] = {}
+        now = self.clock()
         for key, lease in self._leases.items():
             wanted = max(lease.waiting, lease.asked) - lease.held
-            lease.idle = 0 if lease.asked or lease.waiting else lease.idle + 1
-            if lease.idle and lease.held:  # unused for a whole period: back to the fleet
+            if lease.held and now - lease.last_seen >= self.period:  # unused for a period: back to the fleet
                 returned[key], lease.held = lease.held, 0
             elif wanted <= 0 and not lease.tokens:
                 continue

@@ -189,3 +189,21 @@ async def test_a_gateway_that_loses_the_server_admits_what_it_holds_then_refuses
     assert all(isinstance(a, Ticket) for a in answers[:held])
     assert admission.leases.up is False  # the exchange for the next one found the server gone
     assert all(isinstance(a, Refused) and not a.renewable for a in answers[held:])
+
+
+async def test_requests_held_unused_for_a_period_go_back_to_the_fleet(nursery, clock):
+    """A gateway lent 4 that used 1 gives 3 back after a quiet period; another gateway is lent them."""
+    limits = {"k": KeyLimits(rpm=4)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    a, c = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(2)]
+    for _ in range(3):
+        a.admit("k", "m")  # demand seen: the next exchange asks for 4
+    assert isinstance(await admit(a), Ticket)
+    assert a.leases._leases["k"].held == 3
+    clock.now += 1.0
+    with trio.fail_after(5):
+        await a.leases.exchange()
+    assert a.leases._leases["k"].held == 0 and server.asked[-1].keys[0].returned == 3
+    later = [await admit(c) for _ in range(4)]
+    assert [isinstance(x, Ticket) for x in later] == [True, True, True, False]

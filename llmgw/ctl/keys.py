@@ -128,6 +128,12 @@ def keys_create(ctx: click.Context, name: str, priority: str | None, **limits: A
     chosen = KeyLimits(**limits, priority=Priority(priority or Priority.STANDARD))
     result = _client(ctx).request("POST", "/v1/admin/keys", CreatedKey, body=CreateKey(name, chosen))
     click.echo(result.secret)
+    if result.limits != chosen:  # a server from before limits ignores them
+        click.echo(
+            f"warning: the server did not store the limits asked ({chosen.summary()}); is it an older "
+            f"llmgw? `llmgw ctl keys list` shows what the key carries",
+            err=True,
+        )
     shown = "" if result.limits.is_default() else f" ({result.limits.summary()})"
     click.echo(
         f"API key {name!r} created{shown}; the secret above is not stored and cannot be shown again",

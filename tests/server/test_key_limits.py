@@ -17,7 +17,7 @@ from llmgw.ctl.cli import ctl
 from llmgw.server.persist.cluster import add_api_key, load_api_keys, set_api_key_limits
 from llmgw.server.persist.sqlite import MIGRATIONS, open_store
 from llmgw.testing.server import start_server
-from llmgw.wire import KeyLimits, Priority
+from llmgw.wire import KeyLimits, Priority, from_json
 
 
 @pytest.fixture
@@ -211,3 +211,16 @@ async def test_gateways_lease_a_keys_rate_from_the_server(server, test_pki):
     async with client(test_pki, "node", "node-1") as node:
         refused = await node.post(f"{server}/v1/gateway/allowances", json=asked)
         assert refused.status_code == 403
+
+
+async def test_ctl_warns_when_the_server_did_not_store_the_limits(server, test_pki, monkeypatch):
+    """Against a server that ignores limits (an llmgw from before them), `keys create --rpm` says so."""
+    import llmgw.server.http.keys as endpoints
+
+    def older(data, kind):
+        return from_json({k: v for k, v in data.items() if k != "limits"}, kind)
+
+    monkeypatch.setattr(endpoints, "from_json", older)
+    result = await run_ctl(test_pki, server, "keys", "create", "k", "--rpm", "3")
+    assert result.exit_code == 0, result.output
+    assert "warning: the server did not store the limits asked (rpm 3, tpm -" in result.stderr

@@ -19,6 +19,7 @@ from llmgw.cli import Group
 from llmgw.ctl.autoscale import autoscale
 from llmgw.ctl.catalog import apply, catalog, diff, installed_engines
 from llmgw.ctl.client import AdminClient, CtlError, segment
+from llmgw.ctl.keys import keys
 from llmgw.ctl.models import models
 from llmgw.ctl.options import output_option, watch_options
 from llmgw.ctl.output import follow as follow_items
@@ -30,15 +31,11 @@ from llmgw.errors import CatalogError
 from llmgw.plugins import get_plugin_manager
 from llmgw.scheduler import format_bytes
 from llmgw.wire import (
-    CreatedKey,
-    CreateKey,
     DrainStatus,
     EventEntry,
     EventList,
-    KeyList,
     NodeList,
     NodeStatus,
-    RevokedKey,
     to_json,
 )
 from llmgw.wire.servers import ControlServers
@@ -286,56 +283,6 @@ def drain(ctx: click.Context, node: str, no_wait: bool, timeout: float) -> None:
         time.sleep(0.5)
         status = client.request("GET", f"/v1/admin/nodes/{segment(node)}/drain", DrainStatus)
     click.echo(f"{node}: drained; it stays cordoned until `llmgw ctl uncordon {node}`")
-
-
-@click.group()
-def keys() -> None:
-    """API keys clients send as `Authorization: Bearer KEY` to the gateway."""
-
-
-@keys.command("create")
-@click.argument("name")
-@click.pass_context
-def keys_create(ctx: click.Context, name: str) -> None:
-    """Create API key NAME and print its secret: it is shown this once, only a hash is stored.
-
-    NAME is 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit.
-    """
-    result = _client(ctx).request("POST", "/v1/admin/keys", CreatedKey, body=CreateKey(name))
-    click.echo(result.secret)
-    click.echo(
-        f"API key {name!r} created; the secret above is not stored and cannot be shown again", err=True
-    )
-
-
-@keys.command("list")
-@output_option()
-@click.pass_context
-def keys_list(ctx: click.Context, output: str) -> None:
-    """List API keys (names and dates; secrets are never stored)."""
-
-    def when(stamp: float | None) -> str:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
-
-    def lines(data: KeyList, _wide: bool) -> list[str]:
-        # a name from before names were checked whole may hold a newline: show it escaped
-        rows = [
-            [k.name if k.name.isprintable() else repr(k.name), when(k.created_at), when(k.revoked_at)]
-            for k in data.keys
-        ]
-        return [table(rows, ["name", "created", "revoked"])]
-
-    client = _client(ctx)
-    show(output, lambda: client.request("GET", "/v1/admin/keys", KeyList), lambda d: to_json(d.keys), lines)
-
-
-@keys.command("revoke")
-@click.argument("name")
-@click.pass_context
-def keys_revoke(ctx: click.Context, name: str) -> None:
-    """Revoke API key NAME: gateways refuse it within a second."""
-    _client(ctx).request("DELETE", f"/v1/admin/keys/{segment(name)}", RevokedKey)
-    click.echo(f"API key {name!r} revoked")
 
 
 @click.command()

@@ -26,7 +26,10 @@ when its replica dies ends with an OpenAI-shaped ``data: {"error": ...}`` event.
 Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``):
 401 without a valid ``Authorization: Bearer`` key (unless ``--no-keys``), 404
 for a model the catalog does not have, 503 with ``Retry-After`` for a model
-with no ready replica. ``GET /metrics`` is Prometheus text, ``GET /health``
+with no ready replica; for a key with limits (``ctl keys create --rpm ...``),
+403 for a model it may not use and 429 with ``Retry-After`` over a rate or its
+concurrency (:mod:`llmgw.gateway.admission`), rates held for the whole fleet
+by leases from the server (:mod:`llmgw.gateway.leases`). ``GET /metrics`` is Prometheus text, ``GET /health``
 says whether routes have arrived.
 """
 

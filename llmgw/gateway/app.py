@@ -16,9 +16,13 @@ tokens and the API key's name (never the key), also as ``extra`` fields.
 
 Every ``/v1`` request needs ``Authorization: Bearer <key>`` unless the
 gateway runs without keys; a key is valid when its sha256 is in the routes
-feed's ``keys``. Every error has OpenAI's shape, and every answer carries an
-``X-Request-Id`` (the client's, or a new one; it is passed to the replica
-too); an answer from a replica names it in ``X-Llmgw-Replica``.
+feed's ``keys``. A key with limits is admitted by :mod:`llmgw.gateway.admission`:
+403 for a model it may not use, 429 with ``Retry-After`` over a rate or its
+concurrency, the error naming the key and the limit.
+
+Every error has OpenAI's shape, and every answer carries an ``X-Request-Id``
+(the client's, or a new one; it is passed to the replica too); an answer from
+a replica names it in ``X-Llmgw-Replica``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 
 import trio
 
+from llmgw.gateway.admission import Admission, Refused, Ticket
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, UNKNOWN_MODEL, GatewayMetrics
@@ -52,6 +57,8 @@ INFERENCE_ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+#: the longest a request of a rate-limited key waits for the server to lend its gateway a request
+LEASE_WAIT = 1.0
 _REQUEST_ID = re.compile(r"^[\w.:-]{1,128}$")
 _NO_RESPONSE = Response(500)
 _CREATE = "an operator creates one with `llmgw ctl keys create NAME`; `llmgw ctl keys list` lists them"
@@ -75,8 +82,11 @@ class GatewayApp:
         watcher: RoutesWatcher,
         *,
         require_keys: bool = True,
+        admission: Admission | None = None,
     ) -> None:
         self.proxy = proxy
+        #: limited keys' buckets; the gateway updates them from each routes table
+        self.admission = admission if admission is not None else Admission(trio.current_time)
         self.balancer = balancer
         self.metrics = metrics
         self.watcher = watcher
@@ -144,8 +154,15 @@ class GatewayApp:
         if request_id is None or not _REQUEST_ID.match(request_id):
             request_id = self._next_request_id()
         response, label, call = self._admit(request, endpoint, request_id, start)
+        key = self._key_of_refused(response.status) if call is None else call.key
+        if call is not None and self.require_keys:
+            admitted = await self._rate_admission(call.key, call.model)
+            if isinstance(admitted, Refused):
+                self.metrics.refused_by_limit(key, admitted.cause)
+                response, call = _over_limit(admitted, call.model), None
+            else:
+                call.ticket = admitted
         if call is None:
-            key = self._key_of_refused(response.status)
 
             def refused() -> None:
                 seconds = trio.current_time() - start
@@ -157,11 +174,14 @@ class GatewayApp:
             headers = (*response.headers, ("x-request-id", request_id))
             return Response(response.status, headers, response.body, after=refused)
         answered: Response | None = None
+        ticket = call.ticket
 
         def done() -> None:
             nonlocal answered
             status = answered.status if answered is not None else 499
             answered = None  # the response holds this callback: no reference cycle left for the GC
+            if ticket is not None:
+                ticket.done(call.charged_usage())
             seconds = trio.current_time() - start
             self.metrics.request_done(label, endpoint, status, seconds)
             self.metrics.by_key(call.key, label, status, call.usage)
@@ -174,6 +194,17 @@ class GatewayApp:
             done()
             raise
         return answered
+
+    async def _rate_admission(self, key: str, model: str) -> Ticket | Refused | None:
+        """The key's admission (:mod:`llmgw.gateway.admission`); a refusal the fleet may lift waits (up to
+        :data:`LEASE_WAIT` seconds) for one exchange with the server, then asks once more."""
+        admitted = self.admission.admit(key, model)
+        leases = self.admission.leases
+        if isinstance(admitted, Refused) and admitted.renewable and leases is not None:
+            with trio.move_on_after(LEASE_WAIT):
+                await leases.refresh(key)
+            admitted = self.admission.admit(key, model, again=True)
+        return admitted
 
     def _key_of_refused(self, status: int) -> str | None:
         """The key name of a request answered without a replica: None when its key did not pass."""
@@ -207,6 +238,11 @@ class GatewayApp:
         if model not in table.models:
             message = f"The model `{model}` does not exist or you do not have access to it."
             return openai_error(404, message, param="model", code="model_not_found"), UNKNOWN_MODEL, None
+        key = self._accepted[2] if self.require_keys else NO_KEY
+        forbidden = self.admission.forbidden(key, model) if self.require_keys else None
+        if forbidden is not None:
+            self.metrics.refused_by_limit(key, forbidden.cause)
+            return _over_limit(forbidden, model), model, None
         if not self._servable(model):
             return _not_ready(model), model, None
         call = Call(
@@ -217,10 +253,12 @@ class GatewayApp:
             request_id=request_id,
             session=request.header(SESSION_HEADER) or None,
             start=start,
-            key=self._accepted[2] if self.require_keys else NO_KEY,
+            key=key,
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))
+        if self.require_keys and self.admission.charges_tokens(key):
+            call.prompt_chars = len(prompt_text(endpoint, body))
         return _NO_RESPONSE, model, call
 
     # -- keys ----------------------------------------------------------------------------------
@@ -363,6 +401,15 @@ def _not_ready(model: str) -> Response:
         code="model_not_ready",
         headers=(("retry-after", "5"),),
     )
+
+
+def _over_limit(refused: Refused, model: str) -> Response:
+    """403 for a model the key may not use; 429 with ``Retry-After`` over a rate or its concurrency."""
+    code = f"{refused.cause}_limit"
+    if refused.status == 403:
+        return openai_error(403, refused.message(model), type="permission_error", param="model", code=code)
+    retry = (("retry-after", str(refused.retry_seconds())),)
+    return openai_error(429, refused.message(model), type="rate_limit_exceeded", code=code, headers=retry)
 
 
 def _not_allowed(request: Request, allowed: str) -> Response:

@@ -12,9 +12,11 @@ import trio
 
 from llmgw.cli import error_leaves
 from llmgw.errors import LlmgwError
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.app import GatewayApp
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.demand import ACTIVITY_PATH
+from llmgw.gateway.leases import Leases
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
 from llmgw.gateway.reports import SuspectReporter
@@ -108,6 +110,9 @@ class Gateway:
         self.upstreams: ConnectionPool | None = None
         self.stalls: StallWatch | None = None
         self.reporter: SuspectReporter | None = None
+        #: every limited API key's buckets (:mod:`llmgw.gateway.admission`); with the leases once serving
+        self.admission = Admission(trio.current_time)
+        self.leases: Leases | None = None
 
     async def _handle(self, request: Request) -> Response:  # the server exists before the app does
         return await self.app.handle(request)
@@ -141,6 +146,7 @@ class Gateway:
             self.upstreams = upstreams
             balancer = self.balancer
             self.reporter = reporter = SuspectReporter(feed, config.server)
+            self.leases = self.admission.leases = leases = Leases(feed, config.server, trio.current_time)
             stall_timeout = config.proxy.stall_timeout
             self.stalls = stalls = StallWatch(balancer, upstreams, stall_timeout, reporter.report)
 
@@ -150,6 +156,7 @@ class Gateway:
             metrics.held_from(proxy.demand)
 
             def routes_changed(table: RouteTable) -> None:
+                self.admission.update(table.limits)
                 stalls.left(balancer.update(table.routes))
                 upstreams.retain_only(replica.url for replica in balancer)
                 proxy.demand.routes_changed(table)
@@ -161,7 +168,9 @@ class Gateway:
                 request_timeout=config.routes_request_timeout,
                 retry_interval=config.routes_retry_interval,
             )
-            self.app = GatewayApp(proxy, balancer, metrics, watcher, require_keys=config.require_keys)
+            self.app = GatewayApp(
+                proxy, balancer, metrics, watcher, require_keys=config.require_keys, admission=self.admission
+            )
             try:
                 async with trio.open_nursery() as nursery:
                     try:
@@ -175,6 +184,7 @@ class Gateway:
                     await nursery.start(reporter.run)
                     post = partial(reporter.post, ACTIVITY_PATH, about="the models' activity")
                     await nursery.start(proxy.demand.run, post)
+                    await nursery.start(leases.run)
                     log.info("llmgw gateway on http://%s:%d, routes from %s", host, port, config.server)
                     if not config.require_keys:
                         log.warning(

@@ -129,6 +129,13 @@ class GatewayMetrics:
             ["key", "model", "status"],
             registry=registry,
         )
+        self.key_refusals = Counter(
+            "llmgw_gateway_key_refusals",
+            "Requests refused by their API key's limits, by key name and the limit hit (rpm, tpm, "
+            "concurrency, models).",
+            ["key", "limit"],
+            registry=registry,
+        )
         self.inter_token = Histogram(
             "llmgw_gateway_inter_token_latency_seconds",
             "Seconds between two consecutive chunks of a streamed response from the engine.",
@@ -163,6 +170,10 @@ class GatewayMetrics:
         if histogram is None:
             histogram = self._ttft_children[model] = self.ttft.labels(model)
         histogram.observe(seconds)
+
+    def refused_by_limit(self, key: str, limit: str) -> None:
+        """Count a request of API key ``key`` (its name) refused by its ``limit`` (a ``Cause`` value)."""
+        self.key_refusals.labels(key, limit).inc()
 
     def by_key(self, key: str, model: str, status: int, usage: tuple[int, int] | None) -> None:
         """Count a request of API key ``key`` (its name) and the (prompt, completion) tokens of its usage."""

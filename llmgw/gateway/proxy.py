@@ -36,12 +36,13 @@ from collections.abc import AsyncIterator, Callable
 import attrs
 import trio
 
+from llmgw.gateway.admission import Ticket
 from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
 from llmgw.gateway.stalls import Attempt
-from llmgw.gateway.usage import StreamUsage, read_usage
+from llmgw.gateway.usage import StreamUsage, estimated_usage, read_usage
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
 from llmgw.net.server import Response
 
@@ -103,6 +104,19 @@ class Call:
     usage: tuple[int, int] | None = None
     #: seconds from arrival to the first chunk of a stream
     ttft: float | None = None
+    #: the key's admission (:class:`llmgw.gateway.admission.Ticket`), ended with the response; None: unlimited
+    ticket: Ticket | None = None
+    #: events of a streamed answer so far
+    events: int = 0
+    #: characters of the prompt's text, measured for keys whose tokens are charged
+    prompt_chars: int = 0
+
+    def charged_usage(self) -> tuple[int, int] | None:
+        """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for
+        a stream that carried none an estimate (:func:`llmgw.gateway.usage.estimated_usage`)."""
+        if self.usage is not None or not self.events:
+            return self.usage
+        return estimated_usage(self.prompt_chars, self.events)
 
 
 class Proxy:
@@ -302,6 +316,7 @@ class Proxy:
                 if usage is not None:
                     usage.feed(chunk)
                     call.usage = usage.usage
+                    call.events = usage.events
                     if first:
                         call.ttft = now - call.start
                         self.metrics.first_token(call.model, call.ttft)

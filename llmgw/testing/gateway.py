@@ -25,7 +25,7 @@ from llmgw.dev.cluster import program
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.net.client import ConnectionPool, HttpClientError
 from llmgw.net.server import HttpServer, Request, Response
-from llmgw.wire import Route, RouteTable, to_json
+from llmgw.wire import KeyLimits, Route, RouteTable, to_json
 
 if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
@@ -161,6 +161,8 @@ class FakeRoutesFeed:
         self.routes: dict[str, list[tuple[str, str]]] = {}
         #: plain API key -> name; None leaves "keys" out of the document
         self.keys: dict[str, str] | None = None
+        #: API key name -> its limits (keys not named are unlimited)
+        self.limits: dict[str, KeyLimits] = {}
         self.revision = 1
         self.poll_timeout = poll_timeout
         #: polls answered so far
@@ -185,9 +187,10 @@ class FakeRoutesFeed:
         models: Iterable[str] | None = None,
         keys: Mapping[str, str] | None = None,
         wake_on_demand: Iterable[str] | None = None,
+        limits: Mapping[str, KeyLimits] | None = None,
     ) -> int:
         """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name; the
-        models that wake on demand).
+        models that wake on demand; limits as key name -> :class:`~llmgw.wire.KeyLimits`).
 
         Every model with routes is added to the models. Wakes the pollers; returns the new revision.
         """
@@ -199,6 +202,8 @@ class FakeRoutesFeed:
             self.keys = dict(keys)
         if wake_on_demand is not None:
             self.wake_on_demand = sorted(wake_on_demand)
+        if limits is not None:
+            self.limits = dict(limits)
         self.models = sorted(set(self.models) | set(self.routes) | set(self.wake_on_demand))
         self.revision += 1
         self._changed.set()
@@ -216,6 +221,7 @@ class FakeRoutesFeed:
             routes={model: [Route(r, url) for r, url in entries] for model, entries in self.routes.items()},
             keys=keys,
             wake_on_demand=self.wake_on_demand,
+            limits=self.limits,
         )
         return to_json(table)
 

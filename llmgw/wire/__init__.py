@@ -4,7 +4,8 @@
   :class:`SyncRequest` to ``POST /v1/agent/sync`` and gets a :class:`SyncReply`.
 - The routes feed: ``GET /v1/routes`` answers a :class:`RouteTable`, built by
   the server's cluster and handed as is to the gateway's balancer.
-- Gateway reports: ``POST /v1/gateway/suspect`` takes a :class:`SuspectReport`.
+- Gateway reports: ``POST /v1/gateway/suspect`` takes a :class:`SuspectReport`;
+  ``POST /v1/gateway/allowances`` an :class:`AllowanceRequest` (answered an :class:`AllowanceReply`).
 - The admin API (``llmgw ctl``): one record per request and answer
   (:class:`NodeList`, :class:`ReplicaList`, :class:`DrainStatus`, ...), and
   :class:`ErrorReply` for every refusal.
@@ -30,6 +31,7 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
+from llmgw.wire._allowances import AllowanceReply, AllowanceRequest, KeyAllowance, KeyDemand
 from llmgw.wire._autoscale import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 from llmgw.wire._catalog import (
     ApplyCatalog,
@@ -48,7 +50,19 @@ from llmgw.wire._hooks import (
     register_strict_scalars,
     shown,
 )
-from llmgw.wire._keys import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey
+from llmgw.wire._keys import (
+    LIMIT_FIELDS,
+    MAX_LIMIT,
+    ApiKey,
+    CreatedKey,
+    CreateKey,
+    KeyLimits,
+    KeyList,
+    Priority,
+    RevokedKey,
+    UpdateKey,
+    structure_priority,
+)
 from llmgw.wire._load import ShardLoad
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
 from llmgw.wire._routes import Route, RouteTable
@@ -71,7 +85,9 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "UnplacedStatus", "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange",
     "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
     "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
-    "RevokedKey", "SuspectReport", "SuspectRecorded", "ErrorDetail", "ErrorReply", "WireError", "converter",
+    "RevokedKey", "UpdateKey", "KeyLimits", "Priority", "LIMIT_FIELDS", "MAX_LIMIT", "SuspectReport",
+    "SuspectRecorded", "AllowanceRequest", "KeyDemand", "AllowanceReply", "KeyAllowance", "ErrorDetail",
+    "ErrorReply", "WireError", "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
     "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
@@ -405,6 +421,8 @@ def _make_converter() -> cattrs.Converter:
     )
     made.register_unstructure_hook(FailureCause, str)
     made.register_structure_hook(FailureCause, structure_cause)
+    made.register_unstructure_hook(Priority, str)
+    made.register_structure_hook(Priority, structure_priority)
     return made
 
 

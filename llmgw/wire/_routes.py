@@ -10,6 +10,8 @@ from typing import Any
 
 import attrs
 
+from llmgw.wire._keys import KeyLimits
+
 __all__ = ["Route", "RouteTable"]
 
 
@@ -52,6 +54,8 @@ class RouteTable:
     #: models that may be at zero replicas and wake on demand (``replicas.min: 0``): with no route, a
     #: gateway holds their requests (``--hold-timeout``) and reports them, instead of answering 503 at once
     wake_on_demand: tuple[str, ...] = attrs.field(converter=lambda m: tuple(sorted(m)), default=())
+    #: an API key's name -> its limits, for the keys that have any (a key not named here is unlimited)
+    limits: Mapping[str, KeyLimits] = attrs.field(converter=dict, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         if not set(self.routes) <= set(self.models):

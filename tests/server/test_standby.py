@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from llmgw_engine_sim import SimEngine
 
 from llmgw.ctl.cli import ctl
+from llmgw.gateway.leases import Leases
 from llmgw.gateway.reports import SuspectReporter
 from llmgw.net.client import ConnectionPool
 from llmgw.net.server import Request, Response
@@ -324,6 +325,24 @@ async def test_a_gateway_report_sent_to_the_standby_reaches_the_leader(servers, 
     async with client(test_pki, "admin", "ops") as admin:
         events = (await admin.get(f"{leader}/v1/admin/events")).json()["events"]
     assert any(e["message"].startswith("gateway gw found it stalled: no byte for 30 s") for e in events)
+
+
+async def test_a_gateways_lease_asked_of_the_standby_is_lent_by_the_leader(servers, test_pki):
+    """Leases asked of the standby (not_leader) are asked again of the leader, which alone lends."""
+    leader, standby = servers
+    async with client(test_pki, "admin", "ops") as admin:
+        made = await admin.post(f"{leader}/v1/admin/keys", json={"name": "capped", "limits": {"rpm": 2}})
+        assert made.status_code == 201, made.text
+    async with ConnectionPool(ssl_context=test_pki.context("gateway", "gw")) as pool:
+        leases = Leases(pool, standby, trio.current_time)
+        leases.seen("capped")
+        leases.seen("capped")
+        leases.seen("capped")
+        with trio.fail_after(10):
+            await leases.exchange()
+    assert leases.up and leases.servers.current == leader
+    assert [leases.take("capped") for _ in range(3)] == [True, True, False], "2 of the 3 asked: the rpm"
+    assert leases.requests_wait("capped") > 0
 
 
 async def test_an_agents_farewell_sent_to_the_standby_first_reaches_the_leader(servers, test_pki):

@@ -50,6 +50,7 @@ from llmgw.errors import CatalogError
 from llmgw.net.server import Request, Response
 from llmgw.pki import IdentityError, RevocationList, Role, peer_identity
 from llmgw.server.http.api import ServerApp
+from llmgw.server.http.keys import active_keys
 from llmgw.server.persist.cluster import load_api_keys, load_cluster
 from llmgw.server.persist.postgres import FEED_CHANNEL, PgStore, feed_revision
 from llmgw.server.state.cluster import Settings
@@ -207,8 +208,7 @@ class StandbyView:
             read_only=True,
         )
         app.keys = keys
-        active = {sha: name for name, (sha, _, revoked) in keys.items() if revoked is None}
-        table = attrs.evolve(route_table(cluster, active), revision=0)
+        table = attrs.evolve(route_table(cluster, *active_keys(keys)), revision=0)
         if self._routes is None or self._routes[0] != table:
             # as the leader numbers them: milliseconds, so a gateway moving between servers sees a change
             previous = self._routes[1] if self._routes else 0

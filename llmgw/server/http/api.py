@@ -7,8 +7,8 @@ servers, engines) are answered here.
 Every request arrives over mutual TLS; who is calling is read from the
 client certificate's role (:mod:`llmgw.pki`), never from the request. A node
 may only sync as itself; admin endpoints take admin certificates only; the
-routes feed and gateway reports (``POST /v1/gateway/suspect``) take admin or
-gateway certificates.
+routes feed and gateway reports (``POST /v1/gateway/suspect``, ``/v1/gateway/allowances``)
+take admin or gateway certificates.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from llmgw.server.http.weights import WeightsEndpoints
 from llmgw.server.persist.cluster import recent_events
 from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.allowances import Lender
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import KeyRecord
 from llmgw.server.views import cluster as views
 from llmgw.server.views.models import model_list
 from llmgw.wire import EngineInfo, EngineList, WireError
@@ -83,6 +85,7 @@ class ServerApp(
         self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
         self._route("POST", r"/v1/gateway/suspect", {Role.ADMIN, Role.GATEWAY}, self._gateway_suspect)
         self._route("POST", r"/v1/gateway/activity", {Role.ADMIN, Role.GATEWAY}, self._gateway_activity)
+        self._route("POST", r"/v1/gateway/allowances", {Role.ADMIN, Role.GATEWAY}, self._gateway_allowances)
         admin = {Role.ADMIN}
         self._route("GET", r"/v1/admin/nodes", admin, self._get_nodes)
         self._route(
@@ -107,6 +110,7 @@ class ServerApp(
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
         self._route("POST", r"/v1/admin/keys", admin, self._create_key)
+        self._route("PATCH", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._update_key)
         self._route("DELETE", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._revoke_key)
         self._weights_routes(self._route)
         #: node id -> (the facts it last sent, as JSON and as read): see _read_sync
@@ -116,8 +120,10 @@ class ServerApp(
         self._replica_list: tuple[int, Response] | None = None
         #: replica id -> (when a gateway report on it was last recorded, reports folded since)
         self._suspects: dict[str, list] = {}
-        #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
-        self.keys: dict[str, tuple[str, float, float | None]] = {}
+        #: API key name -> its record (hash of the secret, dates, limits)
+        self.keys: dict[str, KeyRecord] = {}
+        #: the fleet's buckets of the rate-limited keys (in memory: a new leader starts them full)
+        self.lender = Lender()
         #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), set by the server
         self.metrics: Any = None
 

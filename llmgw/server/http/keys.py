@@ -1,4 +1,5 @@
-"""The admin API's API keys: list, create (the secret shown once), revoke; the routes feed hands them out.
+"""The admin API's API keys: list, create (the secret shown once), change limits, revoke; the routes feed
+hands them out.
 
 Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``/v1/admin/keys*`` to it.
 """
@@ -10,22 +11,35 @@ import re
 import secrets
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.http.replies import Refused, answer
-from llmgw.server.persist.cluster import add_api_key, load_api_keys, revoke_api_key
+from llmgw.server.persist.cluster import add_api_key, load_api_keys, revoke_api_key, set_api_key_limits
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
-from llmgw.wire import ApiKey, CreatedKey, CreateKey, KeyList, RevokedKey, from_json
+from llmgw.server.state.records import KeyRecord
+from llmgw.wire import ApiKey, CreatedKey, CreateKey, KeyLimits, KeyList, RevokedKey, UpdateKey, from_json
 
-__all__ = ["KEY_NAME_RULE", "KeysEndpoints"]
+__all__ = ["KEY_NAME_RULE", "KeysEndpoints", "active_keys"]
 
 #: what an API key name may be; ``ctl keys create --help`` says the same
 KEY_NAME_RULE = "1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
 _KEY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def active_keys(keys: dict[str, KeyRecord]) -> tuple[dict[str, str], dict[str, KeyLimits]]:
+    """What the routes feed hands gateways: (sha256 -> name, name -> limits) of the keys not revoked.
+
+    Only keys with limits are in the second mapping. Called for every routes answer (leader and standby).
+    """
+    live = {name: record for name, record in keys.items() if record.revoked_at is None}
+    hashes = {record.digest: name for name, record in live.items()}
+    limits = {name: record.limits for name, record in live.items() if not record.limits.is_default()}
+    return hashes, limits
 
 
 class KeysEndpoints:
@@ -36,8 +50,8 @@ class KeysEndpoints:
     clock: Callable[[], float]
     reconciler: Reconciler
     _lock: trio.Lock
-    #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
-    keys: dict[str, tuple[str, float, float | None]]
+    #: API key name -> its record
+    keys: dict[str, KeyRecord]
 
     async def load_keys(self) -> None:
         """Read the API keys from the store; called once at start."""
@@ -45,12 +59,14 @@ class KeysEndpoints:
 
     async def _list_keys(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         keys = tuple(
-            ApiKey(name, created, revoked) for name, (_, created, revoked) in sorted(self.keys.items())
+            ApiKey(name, record.created_at, record.revoked_at, record.limits)
+            for name, record in sorted(self.keys.items())
         )
         return answer(KeyList(keys))
 
     async def _create_key(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        name = from_json(request.json(), CreateKey).name
+        created = from_json(request.json(), CreateKey)
+        name, limits = created.name, created.limits
         if not _KEY_NAME.fullmatch(name):
             raise Refused(400, f"name: expected {KEY_NAME_RULE}, got {name!r}")
         secret = "llmgw-" + secrets.token_urlsafe(32)
@@ -58,26 +74,50 @@ class KeysEndpoints:
         now = self.clock()
         async with self._lock:
             if name in self.keys:
-                state = "revoked" if self.keys[name][2] is not None else "in use"
+                state = "revoked" if self.keys[name].revoked_at is not None else "in use"
                 raise Refused(409, f"an API key named {name!r} exists ({state}); choose another name")
-            await self.store.write(lambda conn: add_api_key(conn, name, digest, now, identity.name))
-            self.keys[name] = (digest, now, None)
+            await self.store.write(lambda conn: add_api_key(conn, name, digest, now, identity.name, limits))
+            self.keys[name] = KeyRecord(digest, now, None, limits)
             self._routes_changed()
-        return answer(CreatedKey(name, secret), 201)
+        return answer(CreatedKey(name, secret, limits), 201)
+
+    async def _update_key(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
+        """``PATCH /v1/admin/keys/NAME``: change some limits; a bad value changes nothing (400 naming it)."""
+        name = params["name"]
+        update = from_json(request.json(), UpdateKey)
+        now = self.clock()
+        async with self._lock:
+            record = self._known(name)
+            if record.revoked_at is not None:
+                raise Refused(409, f"API key {name!r} is revoked; its limits can no longer change")
+            try:
+                limits = update.applied(record.limits)
+            except ValueError as exc:
+                raise Refused(400, str(exc)) from None
+            if limits != record.limits:
+                await self.store.write(
+                    lambda conn: set_api_key_limits(conn, name, limits, now, identity.name)
+                )
+                self.keys[name] = attrs.evolve(record, limits=limits)
+                self._routes_changed()
+        return answer(ApiKey(name, record.created_at, record.revoked_at, limits))
 
     async def _revoke_key(self, request: Request, identity: Identity, params: dict[str, str]) -> Response:
         name = params["name"]
         now = self.clock()
         async with self._lock:
-            if name not in self.keys:
-                known = ", ".join(sorted(self.keys)) or "none"
-                raise Refused(404, f"no API key named {name!r} (keys: {known})")
-            digest, created, revoked = self.keys[name]
-            if revoked is None:
+            record = self._known(name)
+            if record.revoked_at is None:
                 await self.store.write(lambda conn: revoke_api_key(conn, name, now, identity.name))
-                self.keys[name] = (digest, created, now)
+                self.keys[name] = attrs.evolve(record, revoked_at=now)
                 self._routes_changed()
-        return answer(RevokedKey(name, self.keys[name][2]))
+        return answer(RevokedKey(name, self.keys[name].revoked_at))
+
+    def _known(self, name: str) -> KeyRecord:
+        if name not in self.keys:
+            known = ", ".join(sorted(self.keys)) or "none"
+            raise Refused(404, f"no API key named {name!r} (keys: {known})")
+        return self.keys[name]
 
     def _routes_changed(self) -> None:
         self.cluster.routes_revision += 1

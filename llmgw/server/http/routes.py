@@ -1,7 +1,9 @@
-"""The gateways' side: the routes feed (long-polled) and their reports (stalled replicas, activity).
+"""The gateways' side: the routes feed (long-polled), their reports (stalled replicas, activity), and
+the leases of their limited keys' rates.
 
 Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes``,
-``POST /v1/gateway/suspect`` and ``POST /v1/gateway/activity`` to it (admin or gateway certificates).
+``POST /v1/gateway/suspect``, ``POST /v1/gateway/activity`` and ``POST /v1/gateway/allowances`` to it
+(admin or gateway certificates).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import trio
 
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
+from llmgw.server.http.keys import active_keys
 from llmgw.server.http.replies import answer, query_int
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.allowances import Lender
 from llmgw.server.state.cluster import ClusterState
-from llmgw.server.state.records import EventKind
+from llmgw.server.state.records import EventKind, KeyRecord
 from llmgw.server.views import cluster as views
-from llmgw.wire import GatewayActivity, SuspectRecorded, SuspectReport, from_json
+from llmgw.wire import AllowanceRequest, GatewayActivity, SuspectRecorded, SuspectReport, from_json
 
 __all__ = ["SUSPECT_EVENT_WINDOW", "RoutesEndpoints"]
 
@@ -37,17 +41,24 @@ class RoutesEndpoints:
     read_only: bool
     _lock: trio.Lock
     poll_timeout: float
-    #: API key name -> (sha256 hex of the secret, created at, revoked at or None)
-    keys: dict[str, tuple[str, float, float | None]]
+    #: API key name -> its record (hash of the secret, dates, limits)
+    keys: dict[str, KeyRecord]
     #: replica id -> (when a gateway report on it was last recorded, reports folded since)
     _suspects: dict[str, list]
+    #: the fleet's buckets of the rate-limited keys
+    lender: Lender
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = query_int(request.query.get("revision", "0"), "revision")
         if request.query.get("wait") == "1":
             await self.reconciler.wait_routes(known, self.poll_timeout)
-        keys = {sha: name for name, (sha, _, revoked) in self.keys.items() if revoked is None}
-        return answer(views.route_table(self.cluster, keys))
+        keys, limits = active_keys(self.keys)
+        return answer(views.route_table(self.cluster, keys, limits))
+
+    async def _gateway_allowances(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """A gateway process's demand per limited key: what the fleet's buckets lend it (leader only)."""
+        asked = from_json(request.json(), AllowanceRequest)
+        return answer(self.lender.lend(active_keys(self.keys)[1], asked, self.clock()))
 
     async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway found a replica stalled: an event for the operator, nothing torn down.

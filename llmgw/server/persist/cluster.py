@@ -22,13 +22,14 @@ from llmgw.scheduler import Replica
 from llmgw.server.persist.manifests import load_manifests
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState, Event, NodeRecord, ReplicaRecord, Settings
-from llmgw.server.state.records import EventKind, Launch
+from llmgw.server.state.records import EventKind, KeyRecord, Launch
 from llmgw.wire import (
     CatalogHistory,
     CatalogRevision,
     CatalogText,
     EventEntry,
     EventList,
+    KeyLimits,
     from_json,
     to_json,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "load_api_keys",
     "add_api_key",
     "revoke_api_key",
+    "set_api_key_limits",
     "recent_events",
     "catalog_revision",
     "catalog_history",
@@ -329,16 +331,40 @@ def catalog_history(conn: sqlite3.Connection, limit: int) -> CatalogHistory:
 # -- API keys ----------------------------------------------------------------
 
 
-def load_api_keys(conn: sqlite3.Connection) -> dict[str, tuple[str, float, float | None]]:
-    """API key name -> (sha256 hex of its secret, created at, revoked at or None); read once at start."""
-    rows = conn.execute("SELECT name, sha256, created_at, revoked_at FROM api_keys").fetchall()
-    return {name: (sha, created, revoked) for name, sha, created, revoked in rows}
+def load_api_keys(conn: sqlite3.Connection) -> dict[str, KeyRecord]:
+    """API key name -> its record (hash of the secret, dates, limits); read at start and by standbys."""
+    rows = conn.execute("SELECT name, sha256, created_at, revoked_at, limits FROM api_keys").fetchall()
+    return {
+        name: KeyRecord(sha, created, revoked, _limits_of(text)) for name, sha, created, revoked, text in rows
+    }
 
 
-def add_api_key(conn: sqlite3.Connection, name: str, digest: str, now: float, by: str) -> None:
-    """Store a new API key's hash and say who created it (inside a ``Store.write``)."""
-    conn.execute("INSERT INTO api_keys (name, sha256, created_at) VALUES (?, ?, ?)", (name, digest, now))
-    Store.add_event(conn, EventKind.KEY, name, f"API key created by {by}", at=now)
+def _limits_of(text: str | None) -> KeyLimits:
+    """A key's stored limits: NULL (every key made before limits, and unlimited ones) is no limit."""
+    return KeyLimits() if text is None else from_json(json.loads(text), KeyLimits)
+
+
+def _limits_text(limits: KeyLimits) -> str | None:
+    return None if limits.is_default() else json.dumps(to_json(limits), sort_keys=True)
+
+
+def add_api_key(
+    conn: sqlite3.Connection, name: str, digest: str, now: float, by: str, limits: KeyLimits | None = None
+) -> None:
+    """Store a new API key's hash and limits, and say who created it (inside a ``Store.write``)."""
+    limits = limits or KeyLimits()
+    conn.execute(
+        "INSERT INTO api_keys (name, sha256, created_at, limits) VALUES (?, ?, ?, ?)",
+        (name, digest, now, _limits_text(limits)),
+    )
+    shown = "" if limits.is_default() else f" ({limits.summary()})"
+    Store.add_event(conn, EventKind.KEY, name, f"API key created by {by}{shown}", at=now)
+
+
+def set_api_key_limits(conn: sqlite3.Connection, name: str, limits: KeyLimits, now: float, by: str) -> None:
+    """Replace an API key's limits and say who changed them to what (inside a ``Store.write``)."""
+    conn.execute("UPDATE api_keys SET limits = ? WHERE name = ?", (_limits_text(limits), name))
+    Store.add_event(conn, EventKind.KEY, name, f"API key limits set by {by}: {limits.summary()}", at=now)
 
 
 def revoke_api_key(conn: sqlite3.Connection, name: str, now: float, by: str) -> None:

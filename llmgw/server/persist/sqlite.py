@@ -141,6 +141,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     INSERT INTO feed (id, revision) VALUES (1, 0);
     """,
+    # Each API key's limits (JSON of llmgw.wire.KeyLimits); NULL: unlimited, as every key made before.
+    """
+    ALTER TABLE api_keys ADD COLUMN limits TEXT;
+    """,
 )
 
 

@@ -8,7 +8,7 @@ import attrs
 
 from llmgw.models import DEFAULT_READY_TIMEOUT, Catalog, Model, NodeFacts, Profile, Rollout
 from llmgw.scheduler import NodeView, Replica
-from llmgw.wire import ObservedShard, SyncRequest, shard_key
+from llmgw.wire import KeyLimits, ObservedShard, SyncRequest, shard_key
 from llmgw.wire.causes import FailureCause
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "ReplicaRecord",
     "ReplicaState",
     "Launch",
+    "KeyRecord",
 ]
 
 
@@ -41,7 +42,7 @@ class EventKind(enum.StrEnum):
     CATALOG = "catalog"
     CLUSTER = "cluster"
     GATEWAY = "gateway"
-    #: an API key created or revoked
+    #: an API key created, revoked, or its limits changed
     KEY = "key"
     #: a server took the lead (written by the leader itself)
     LEADER = "leader"
@@ -51,6 +52,17 @@ class EventKind(enum.StrEnum):
     REPLICA = "replica"
     ROLLOUT = "rollout"
     WEIGHTS = "weights"
+
+
+@attrs.frozen
+class KeyRecord:
+    """An API key as the server keeps it: the hash of its secret (never the secret), dates, limits."""
+
+    #: sha256 hex of the secret
+    digest: str
+    created_at: float
+    revoked_at: float | None = None
+    limits: KeyLimits = KeyLimits()
 
 
 @attrs.frozen

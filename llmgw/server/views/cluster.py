@@ -21,6 +21,7 @@ from llmgw.server.views.rollouts import rollout_status
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
+    KeyLimits,
     NodeList,
     NodeStatus,
     ObservedShard,
@@ -142,12 +143,15 @@ def _desired_shards(state: ClusterState, record: ReplicaRecord) -> Iterable[_Nod
 # -- the routes feed -----------------------------------------------------
 
 
-def route_table(state: ClusterState, keys: Mapping[str, str] | None = None) -> RouteTable:
+def route_table(
+    state: ClusterState, keys: Mapping[str, str] | None = None, limits: Mapping[str, KeyLimits] | None = None
+) -> RouteTable:
     """The routes feed's answer: every served model, the ready replicas of each, those that wake on demand,
-    and ``keys``.
+    ``keys`` and their ``limits``.
 
     Called for every ``GET /v1/routes``. ``keys`` maps the sha256 hex of
-    each API key in force to its name (None: the feed says nothing of keys).
+    each API key in force to its name (None: the feed says nothing of keys);
+    ``limits`` maps a key's name to its limits (keys not named are unlimited).
     """
     routes: dict[str, list[Route]] = {}
     for record in sorted(state.replicas.values(), key=lambda r: r.id):
@@ -168,7 +172,12 @@ def route_table(state: ClusterState, keys: Mapping[str, str] | None = None) -> R
         if model.autoscale is not None and model.autoscale.min == 0
     }
     return RouteTable(
-        revision=state.routes_revision, models=models, routes=routes, keys=keys, wake_on_demand=wake
+        revision=state.routes_revision,
+        models=models,
+        routes=routes,
+        keys=keys,
+        limits=limits or {},
+        wake_on_demand=wake,
     )
 
 

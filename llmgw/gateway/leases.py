@@ -1,0 +1,264 @@
+"""Leases: a gateway process's share of its limited keys' rates, lent by the server for the whole fleet.
+
+Each gateway process counts its own requests (:mod:`llmgw.gateway.admission`);
+alone, N processes would admit N times a key's rate. So the server keeps one
+bucket per key for the fleet (:mod:`llmgw.server.state.allowances`) and lends
+from it: a gateway admits a request of a key with ``rpm`` only while it holds
+a request granted by the server, and a request of a key with ``tpm`` only
+while the fleet's token bucket is positive. The gateway asks
+(``POST /v1/gateway/allowances``, with its gateway certificate) every period
+(one second, the server says) for the keys it saw requests of, reporting the
+tokens their answers used; and at once, while the request waits, when a key
+it holds nothing for is asked for and the fleet had some left at the last
+answer. Requests it holds unused for a whole period go back to the server.
+
+Accuracy: the fleet never admits more requests than the server's bucket
+lent (the limit per minute, refilled evenly); it may admit fewer while a
+gateway holds requests it does not use (at most what it asked for in one
+period) or died holding them. Tokens are charged once answers end, reported
+within a period: the fleet may go over ``tpm`` by what its requests in flight
+and one period's answers use, as one process does. A new leader starts its
+buckets full.
+
+A gateway that loses the server keeps admitting from what it holds, and
+refuses the rest (429) until the server answers again. A server without the
+endpoint (an older llmgw) answers 404: the gateway then counts per process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable
+
+import trio
+
+from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.serverlist import ServerList, leader_hint
+from llmgw.wire import AllowanceReply, AllowanceRequest, KeyDemand, WireError, from_json, to_json
+
+__all__ = ["ALLOWANCES_PATH", "Leases"]
+
+log = logging.getLogger("llmgw.gateway")
+
+#: the server's endpoint
+ALLOWANCES_PATH = "/v1/gateway/allowances"
+
+
+class _Lease:
+    """What the gateway holds of one key and what it saw since its last exchange."""
+
+    __slots__ = ("held", "asked", "waiting", "tokens", "last_seen", "requests_until", "tokens_until")
+
+    def __init__(self) -> None:
+        #: requests granted and not used yet
+        self.held = 0
+        #: requests of the key since the last exchange (admitted or not)
+        self.asked = 0
+        #: requests waiting now for an exchange to end
+        self.waiting = 0
+        #: tokens used by answers that ended since the last exchange (not reported yet)
+        self.tokens = 0
+        #: the clock's time of the key's last request
+        self.last_seen = 0.0
+        #: the clock's time until which the fleet has no whole request to lend
+        self.requests_until = 0.0
+        #: the clock's time until which the fleet's tpm bucket is not positive
+        self.tokens_until = 0.0
+
+
+class Leases:
+    """A gateway process's leases, and the task that renews them.
+
+    :param pool: the connection pool to the server (its TLS context holds the gateway's certificate).
+    :param server: the server's base URL (several: comma-separated).
+    :param clock: seconds on a monotonic clock (``trio.current_time``).
+    :param timeout: seconds one exchange may take.
+    """
+
+    def __init__(
+        self, pool: ConnectionPool, server: str, clock: Callable[[], float], *, timeout: float = 5.0
+    ) -> None:
+        self.pool = pool
+        self.servers = ServerList.parse(server, schemes=("http", "https"))
+        self.clock = clock
+        self.timeout = timeout
+        #: this process, as the server's log names it
+        self.gateway = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        #: None until the server first answered; False: it has no allowances endpoint (per-process counts)
+        self.supported: bool | None = None
+        #: whether the last exchange succeeded
+        self.up = False
+        #: seconds between two exchanges (the server's word)
+        self.period = 1.0
+        #: exchanges done (for tests)
+        self.exchanges = 0
+        self._leases: dict[str, _Lease] = {}
+        self._wake = trio.Event()
+        self._answered = trio.Event()
+
+    @property
+    def active(self) -> bool:
+        """Whether admission goes by leases (False while the server is known to have no such endpoint)."""
+        return self.supported is not False
+
+    # -- called by admission (synchronous) -------------------------------------------------------
+
+    def seen(self, key: str) -> None:
+        """Count a request of rate-limited ``key`` (admitted or not): the demand the next exchange reports."""
+        lease = self._lease(key)
+        lease.asked += 1
+        lease.last_seen = self.clock()
+
+    def take(self, key: str) -> bool:
+        """Spend one held request of ``key``; False when none is held (nothing spent)."""
+        lease = self._lease(key)
+        if lease.held >= 1:
+            lease.held -= 1
+            return True
+        return False
+
+    def requests_wait(self, key: str) -> float | None:
+        """Seconds until the fleet may lend ``key`` a request; None when it had some at the last answer
+        and the server answers (worth an exchange now: :meth:`refresh`)."""
+        lease = self._lease(key)
+        left = lease.requests_until - self.clock()
+        if left > 0:
+            return left
+        return None if self.up or self.supported is None else self.period
+
+    def tokens_wait(self, key: str) -> float:
+        """Seconds until the fleet's tpm bucket for ``key`` is positive again (0: it is)."""
+        return max(0.0, self._lease(key).tokens_until - self.clock())
+
+    def charge(self, key: str, tokens: int) -> None:
+        """Count ``tokens`` of an answer of ``key`` that ended; reported at the next exchange."""
+        self._lease(key).tokens += tokens
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the leases of keys no longer limited by a rate (a new routes table)."""
+        for key in [k for k in self._leases if k not in keep]:
+            del self._leases[key]
+
+    def _lease(self, key: str) -> _Lease:
+        lease = self._leases.get(key)
+        if lease is None:
+            lease = self._leases[key] = _Lease()
+        return lease
+
+    # -- exchanges ---------------------------------------------------------------------------------
+
+    async def refresh(self, key: str) -> None:
+        """Ask the server now for ``key``; returns once it answered (or failed). Callers own the deadline."""
+        lease = self._lease(key)
+        lease.waiting += 1
+        answered = self._answered
+        self._wake.set()
+        try:
+            await answered.wait()
+        finally:
+            lease.waiting -= 1
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Exchange with the server every period, and when a request waits; until cancelled."""
+        task_status.started()
+        while True:
+            with trio.move_on_after(self.period):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            answered, self._answered = self._answered, trio.Event()
+            try:
+                if self._leases:
+                    await self.exchange()
+            finally:
+                answered.set()
+
+    async def exchange(self) -> None:
+        """One request and its answer: report the keys' demand and tokens, take what is lent."""
+        demands = []
+        sent: dict[str, tuple[int, int]] = {}
+        returned: dict[str, int] = {}
+        now = self.clock()
+        for key, lease in self._leases.items():
+            wanted = max(lease.waiting, lease.asked) - lease.held
+            if lease.held and now - lease.last_seen >= self.period:  # unused for a period: back to the fleet
+                returned[key], lease.held = lease.held, 0
+            elif wanted <= 0 and not lease.tokens:
+                continue
+            demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
+            sent[key] = (lease.asked, lease.tokens)
+        if not demands:
+            return
+        reply = await self._post(AllowanceRequest(self.gateway, tuple(demands)))
+        if reply is None:
+            for key, count in returned.items():  # not given back: still this gateway's
+                if key in self._leases:
+                    self._leases[key].held += count
+            return
+        now = self.clock()
+        for key, (asked, tokens) in sent.items():  # what came in meanwhile stays for the next exchange
+            lease = self._leases.get(key)
+            if lease is not None:
+                lease.asked -= min(asked, lease.asked)
+                lease.tokens -= min(tokens, lease.tokens)
+        for allowance in reply.keys:
+            lease = self._leases.get(allowance.key)
+            if lease is None:
+                continue
+            lease.held += allowance.granted
+            lease.requests_until = now + allowance.requests_wait
+            lease.tokens_until = now + allowance.tokens_wait
+        self.period = min(max(reply.period, 0.05), 60.0)
+
+    async def _post(self, request: AllowanceRequest) -> AllowanceReply | None:
+        body = json.dumps(to_json(request)).encode()
+        headers = [("content-type", "application/json"), ("accept", "application/json")]
+        why = None
+        with trio.move_on_after(self.timeout) as scope:
+            for _ in range(len(self.servers) + 1):
+                server = self.servers.current
+                try:
+                    response = await self.pool.request(
+                        "POST", server + ALLOWANCES_PATH, headers=headers, body=body, limit=4 * 1024 * 1024
+                    )
+                except HttpClientError as exc:
+                    why = f"{server}: {exc}"
+                    self.servers.failed(server)
+                    continue
+                try:
+                    answer = json.loads(response.content or b"")
+                except ValueError:
+                    answer = None
+                if response.status == 404 and self.supported is not True:
+                    log.warning(
+                        "the server has no %s (an older llmgw): limits count per process", ALLOWANCES_PATH
+                    )
+                    self.supported = False
+                    return None
+                if response.status == 200:
+                    try:
+                        reply = from_json(answer, AllowanceReply)
+                    except WireError as exc:
+                        why = str(exc)
+                        break
+                    if not self.up:
+                        log.info("leasing key limits from %s", server)
+                    self.supported = self.up = True
+                    self.exchanges += 1
+                    return reply
+                standby, leader = leader_hint(response.status, dict(response.headers), answer)
+                if standby:
+                    why = f"{server} is a standby (leader: {leader or 'none yet'})"
+                    self.servers.not_leader(server, leader)
+                    continue
+                why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
+                break
+        if scope.cancelled_caught:
+            why = f"no answer within {self.timeout:g} s"
+        if self.up:
+            log.warning("cannot renew key limit leases: %s; admitting from what is held", why)
+        self.up = False
+        return None

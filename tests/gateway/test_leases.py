@@ -1,0 +1,209 @@
+"""Fleet-wide key rates: the server's Lender on a fake clock, and gateway processes' Leases against it."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
+from llmgw.gateway.leases import ALLOWANCES_PATH, Leases
+from llmgw.net.client import ConnectionPool
+from llmgw.net.server import HttpServer, Request, Response
+from llmgw.server.state.allowances import Lender
+from llmgw.wire import (
+    AllowanceReply,
+    AllowanceRequest,
+    KeyAllowance,
+    KeyDemand,
+    KeyLimits,
+    from_json,
+    to_json,
+)
+
+
+class FakeClock:
+    """Seconds that move only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ask(gateway: str, *demands: KeyDemand) -> AllowanceRequest:
+    return AllowanceRequest(gateway, demands)
+
+
+class TestLender:
+    """The server's buckets: never lend more than the limit, charge every gateway's tokens."""
+
+    def test_lends_no_more_than_the_bucket_holds_across_gateways(self):
+        """rpm 20: a gateway gets the 15 it asks, the next 5 of its 15, a third none and when to ask again."""
+        lender, now = Lender(), 0.0
+        limits = {"k": KeyLimits(rpm=20)}
+        first = lender.lend(limits, ask("a", KeyDemand("k", wanted=15)), now)
+        second = lender.lend(limits, ask("b", KeyDemand("k", wanted=15)), now)
+        third = lender.lend(limits, ask("c", KeyDemand("k", wanted=1)), now)
+        assert first == AllowanceReply((KeyAllowance("k", 15, 0.0, 0.0),), 1.0)
+        assert second.keys[0].granted == 5 and second.keys[0].requests_wait == pytest.approx(3.0)
+        assert third.keys[0].granted == 0 and third.keys[0].requests_wait == pytest.approx(3.0)
+        assert lender.lend(limits, ask("c", KeyDemand("k", wanted=1)), now + 3.0).keys[0].granted == 1
+
+    def test_returned_requests_can_be_lent_again(self):
+        """Requests a gateway gives back unused go to the next one that asks (never above the limit)."""
+        lender = Lender()
+        limits = {"k": KeyLimits(rpm=4)}
+        lender.lend(limits, ask("a", KeyDemand("k", wanted=4)), 0.0)
+        back = lender.lend(limits, ask("a", KeyDemand("k", returned=9)), 0.0)
+        assert back.keys[0].requests_wait == 0.0
+        assert lender.lend(limits, ask("b", KeyDemand("k", wanted=9)), 0.0).keys[0].granted == 4
+
+    def test_tokens_of_every_gateway_are_charged_to_one_bucket(self):
+        """tpm 600: 400 tokens from each of two gateways leave the fleet 200 below zero: 20 s to wait."""
+        lender = Lender()
+        limits = {"k": KeyLimits(tpm=600)}
+        assert lender.lend(limits, ask("a", KeyDemand("k", tokens=400)), 0.0).keys[0].tokens_wait == 0.0
+        reply = lender.lend(limits, ask("b", KeyDemand("k", tokens=400)), 0.0)
+        assert reply.keys[0] == KeyAllowance("k", 0, 0.0, pytest.approx(20.0))
+
+    def test_keys_without_a_rate_are_left_out_and_changes_followed(self):
+        """Keys with no rpm or tpm (or unknown) get no answer; a changed limit applies to the next ask."""
+        lender = Lender()
+        limits = {"k": KeyLimits(rpm=2), "free": KeyLimits(concurrency=3)}
+        demands = (KeyDemand("k", wanted=5), KeyDemand("free", wanted=5), KeyDemand("gone", wanted=5))
+        reply = lender.lend(limits, AllowanceRequest("a", demands), 0.0)
+        assert [(a.key, a.granted) for a in reply.keys] == [("k", 2)]
+        faster = {"k": KeyLimits(rpm=600)}
+        assert lender.lend(faster, ask("a", KeyDemand("k", wanted=5)), 1.0).keys[0].granted == 0
+        reply = lender.lend(faster, ask("a", KeyDemand("k", wanted=5)), 1.5)
+        assert reply.keys[0].granted == 5  # the bucket kept what was used, and refills at the new rate
+
+
+class FleetServer:
+    """``POST /v1/gateway/allowances`` over plain HTTP from a Lender on a fake clock (or 404, or down)."""
+
+    def __init__(self, limits: dict[str, KeyLimits], clock: FakeClock) -> None:
+        self.lender = Lender()
+        self.limits = limits
+        self.clock = clock
+        self.missing = False
+        self.asked: list[AllowanceRequest] = []
+
+    async def handle(self, request: Request) -> Response:
+        if self.missing or request.path != ALLOWANCES_PATH:
+            return Response.json(404, {"error": {"message": f"no such endpoint: {request.path}"}})
+        asked = from_json(request.json(), AllowanceRequest)
+        self.asked.append(asked)
+        return Response.json(200, to_json(self.lender.lend(self.limits, asked, self.clock())))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def gateway(nursery, url: str, clock: FakeClock, limits: dict[str, KeyLimits]) -> Admission:
+    """One gateway process's admission, leasing from ``url`` (its exchange task runs in ``nursery``)."""
+    pool = ConnectionPool(connect_timeout=1.0)
+    leases = Leases(pool, url, clock, timeout=2.0)
+    admission = Admission(clock, leases)
+    admission.update(limits)
+    await nursery.start(leases.run)
+    return admission
+
+
+async def admit(admission: Admission, key: str = "k") -> Ticket | Refused | None:
+    """What the gateway app does: admit, and on a refusal the fleet may lift, one exchange and again."""
+    admitted = admission.admit(key, "m")
+    if isinstance(admitted, Refused) and admitted.renewable:
+        with trio.fail_after(5):
+            await admission.leases.refresh(key)
+        admitted = admission.admit(key, "m", again=True)
+    return admitted
+
+
+async def test_three_gateways_admit_the_limit_in_all(nursery, clock):
+    """rpm 12 through three gateway processes taking turns: 12 admitted in all, not 36, then one per 5 s."""
+    limits = {"k": KeyLimits(rpm=12)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    gateways = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(3)]
+    answers = [await admit(gateways[i % 3]) for i in range(36)]
+    assert sum(isinstance(a, Ticket) for a in answers) == 12
+    refused = [a for a in answers if isinstance(a, Refused)]
+    assert {a.cause for a in refused} == {Cause.RPM}
+    assert all(a.retry_seconds() == 5 for a in refused[-3:]), refused[-3:]  # the fleet's wait, not a guess
+    clock.now += 5
+    later = [await admit(g) for g in gateways]
+    assert sum(isinstance(a, Ticket) for a in later) == 1
+
+
+async def test_tokens_reported_by_one_gateway_hold_back_another(nursery, clock):
+    """tpm 60: 90 tokens used through gateway A, once reported, make gateway B refuse until 30 s later."""
+    limits = {"k": KeyLimits(tpm=60)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    a, b = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(2)]
+    ticket = await admit(a)
+    ticket.done((30, 60))
+    with trio.fail_after(5):
+        await b.leases.refresh("k")  # B's next exchange comes after A's report of the tokens
+        while not isinstance(await admit(b), Refused):
+            await b.leases.refresh("k")
+    refused = await admit(b)
+    assert refused.cause is Cause.TPM and refused.retry_seconds() == 30
+    clock.now += 30.5
+    with trio.fail_after(5):
+        await b.leases.refresh("k")
+    assert isinstance(await admit(b), Ticket)
+
+
+async def test_a_server_without_leases_leaves_counting_to_each_process(nursery, clock):
+    """Against a server that answers 404 (an older llmgw) a gateway counts alone: its whole rpm."""
+    limits = {"k": KeyLimits(rpm=3)}
+    server = FleetServer(limits, clock)
+    server.missing = True
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    admission = await gateway(nursery, f"http://{host}:{port}", clock, limits)
+    answers = [await admit(admission) for _ in range(4)]
+    assert [isinstance(a, Ticket) for a in answers] == [True, True, True, False]
+    assert admission.leases.supported is False
+
+
+async def test_a_gateway_that_loses_the_server_admits_what_it_holds_then_refuses(nursery, clock):
+    """With the server gone, a gateway admits the requests it was lent and refuses the rest at once."""
+    limits = {"k": KeyLimits(rpm=60)}
+    server = FleetServer(limits, clock)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as inner:
+            host, port = await inner.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+            admission = await gateway(nursery, f"http://{host}:{port}", clock, limits)
+            for _ in range(3):
+                admission.admit("k", "m")  # three refused requests: the next exchange asks for three
+            assert isinstance(await admit(admission), Ticket)
+            scope.cancel()
+    held = admission.leases._leases["k"].held
+    assert held >= 1
+    answers = [await admit(admission) for _ in range(held + 2)]
+    assert all(isinstance(a, Ticket) for a in answers[:held])
+    assert admission.leases.up is False  # the exchange for the next one found the server gone
+    assert all(isinstance(a, Refused) and not a.renewable for a in answers[held:])
+
+
+async def test_requests_held_unused_for_a_period_go_back_to_the_fleet(nursery, clock):
+    """A gateway lent 4 that used 1 gives 3 back after a quiet period; another gateway is lent them."""
+    limits = {"k": KeyLimits(rpm=4)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    a, c = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(2)]
+    for _ in range(3):
+        a.admit("k", "m")  # demand seen: the next exchange asks for 4
+    assert isinstance(await admit(a), Ticket)
+    assert a.leases._leases["k"].held == 3
+    clock.now += 1.0
+    with trio.fail_after(5):
+        await a.leases.exchange()
+    assert a.leases._leases["k"].held == 0 and server.asked[-1].keys[0].returned == 3
+    later = [await admit(c) for _ in range(4)]
+    assert [isinstance(x, Ticket) for x in later] == [True, True, True, False]

@@ -26,7 +26,10 @@ from llmgw.testing.nemesis import Fault, FaultKind
 from llmgw.testing.nemesis_cluster import NemesisCluster, signal_group
 from llmgw.wire import DrainStatus
 
-__all__ = ["ClusterFaults"]
+__all__ = ["RESTART_SEC", "ClusterFaults"]
+
+#: seconds before a server that exited is started again (deploy/systemd/llmgw-server.service's RestartSec)
+RESTART_SEC = 2.0
 
 
 class ClusterFaults:
@@ -38,6 +41,26 @@ class ClusterFaults:
         cluster.local.client._http.timeout = httpx.Timeout(10.0)
         #: what is under a fault now: server names, node ids, ``gateway``, ``postgres``
         self.busy: set[str] = set()
+        #: server name -> when :meth:`supervise` first saw it exited
+        self._exited: dict[str, float] = {}
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Start again, :data:`RESTART_SEC` after it exited, a server no fault holds down, as the systemd
+        unit's ``Restart=on-failure`` does (a server started while PostgreSQL is down exits at once, naming
+        it); called by the run's loop. Returns a line for each server started.
+        """
+        now = time.time() if now is None else now
+        said = []
+        for name, process in list(self.cluster.servers.items()):
+            if name in self.busy or process.poll() is None:
+                self._exited.pop(name, None)
+                continue
+            exited = self._exited.setdefault(name, now)
+            if now - exited >= RESTART_SEC:
+                del self._exited[name]
+                self.cluster.start_server(ord(name[-1]) - ord("a") + 1)
+                said.append(f"supervisor: {name} had exited with code {process.returncode}; started again")
+        return said
 
     def apply(self, kind: FaultKind, pick: float) -> tuple[Fault, Callable[[], None] | None]:
         """Apply one fault of ``kind`` (the target chosen by ``pick``); return it and what heals it."""

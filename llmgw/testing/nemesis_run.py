@@ -201,6 +201,8 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
             while time.time() < started + options.duration or injector.busy:
                 for fault in injector.step():
                     say("  " + fault.line(started))
+                for line in faults.supervise():
+                    say(f"  + {time.time() - started:7.1f} s  {line}")
                 if time.time() >= started + options.duration and not healed:
                     injector.heal_all()
                     healed = True
@@ -221,7 +223,7 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
                         )
                 time.sleep(0.1)
             say("every fault healed; waiting for the running state to equal the catalog")
-            final = _converge(cluster, faults.busy, options.settle)
+            final = _converge(cluster, faults, options.settle, say)
             stuck = None
             if final is not None:
                 try:
@@ -274,11 +276,14 @@ def _final_state(cluster: NemesisCluster, busy: set[str]) -> FinalState:
     )
 
 
-def _converge(cluster: NemesisCluster, busy: set[str], bound: float) -> FinalState | None:
+def _converge(cluster: NemesisCluster, faults: ClusterFaults, bound: float, say) -> FinalState | None:
     """The state once it equals the catalog, or as it stands ``bound`` seconds after the last fault
-    (None: no leader answered by then)."""
+    (None: no leader answered by then); servers that exit meanwhile are started again."""
     deadline = time.time() + bound
+    busy = faults.busy
     while True:
+        for line in faults.supervise():
+            say(f"  {line}")
         try:
             final = _final_state(cluster, busy)
         except Exception:

@@ -27,7 +27,6 @@ endpoint (an older llmgw) answers 404: the gateway then counts per process.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -36,9 +35,10 @@ from collections.abc import Callable
 
 import trio
 
-from llmgw.net.client import ConnectionPool, HttpClientError
-from llmgw.serverlist import ServerList, leader_hint
-from llmgw.wire import AllowanceReply, AllowanceRequest, KeyDemand, WireError, from_json, to_json
+from llmgw.gateway.reports import post_to_leader
+from llmgw.net.client import ConnectionPool
+from llmgw.serverlist import ServerList
+from llmgw.wire import AllowanceReply, AllowanceRequest, KeyDemand, WireError, from_json
 
 __all__ = ["ALLOWANCES_PATH", "Leases"]
 
@@ -214,50 +214,26 @@ class Leases:
         self.period = min(max(reply.period, 0.05), 60.0)
 
     async def _post(self, request: AllowanceRequest) -> AllowanceReply | None:
-        body = json.dumps(to_json(request)).encode()
-        headers = [("content-type", "application/json"), ("accept", "application/json")]
-        why = None
-        with trio.move_on_after(self.timeout) as scope:
-            for _ in range(len(self.servers) + 1):
-                server = self.servers.current
-                try:
-                    response = await self.pool.request(
-                        "POST", server + ALLOWANCES_PATH, headers=headers, body=body, limit=4 * 1024 * 1024
-                    )
-                except HttpClientError as exc:
-                    why = f"{server}: {exc}"
-                    self.servers.failed(server)
-                    continue
-                try:
-                    answer = json.loads(response.content or b"")
-                except ValueError:
-                    answer = None
-                if response.status == 404 and self.supported is not True:
-                    log.warning(
-                        "the server has no %s (an older llmgw): limits count per process", ALLOWANCES_PATH
-                    )
-                    self.supported = False
-                    return None
-                if response.status == 200:
-                    try:
-                        reply = from_json(answer, AllowanceReply)
-                    except WireError as exc:
-                        why = str(exc)
-                        break
-                    if not self.up:
-                        log.info("leasing key limits from %s", server)
-                    self.supported = self.up = True
-                    self.exchanges += 1
-                    return reply
-                standby, leader = leader_hint(response.status, dict(response.headers), answer)
-                if standby:
-                    why = f"{server} is a standby (leader: {leader or 'none yet'})"
-                    self.servers.not_leader(server, leader)
-                    continue
-                why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
-                break
-        if scope.cancelled_caught:
-            why = f"no answer within {self.timeout:g} s"
+        response, answer, why = await post_to_leader(
+            self.pool, self.servers, ALLOWANCES_PATH, request, within=self.timeout, limit=4 * 1024 * 1024
+        )
+        if response is not None and response.status == 404 and self.supported is not True:
+            log.warning("the server has no %s (an older llmgw): limits count per process", ALLOWANCES_PATH)
+            self.supported = False
+            return None
+        if response is not None and response.status == 200:
+            try:
+                reply = from_json(answer, AllowanceReply)
+            except WireError as exc:
+                why = str(exc)
+            else:
+                if not self.up:
+                    log.info("leasing key limits from %s", self.servers.current)
+                self.supported = self.up = True
+                self.exchanges += 1
+                return reply
+        elif response is not None:
+            why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
         if self.up:
             log.warning("cannot renew key limit leases: %s; admitting from what is held", why)
         self.up = False

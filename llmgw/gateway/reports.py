@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import trio
 
 from llmgw.gateway.balancer import Upstream
-from llmgw.net.client import ConnectionPool, HttpClientError
+from llmgw.net.client import ClientResponse, ConnectionPool, HttpClientError
 from llmgw.serverlist import ServerList, leader_hint
 from llmgw.wire import SuspectReport, to_json
 
-__all__ = ["SuspectReporter", "SUSPECT_PATH"]
+__all__ = ["SuspectReporter", "SUSPECT_PATH", "post_to_leader"]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -71,36 +72,48 @@ class SuspectReporter:
 
         :returns: whether the server accepted it.
         """
-        body = json.dumps(to_json(record)).encode()
-        headers = [("content-type", "application/json"), ("accept", "application/json")]
-        why = None
-        with trio.move_on_after(self.timeout) as scope:
-            for _ in range(len(self.servers) + 1):
-                server = self.servers.current
-                try:
-                    response = await self.pool.request(
-                        "POST", server + path, headers=headers, body=body, limit=65536
-                    )
-                except HttpClientError as exc:
-                    why = f"{server}: {exc}"
-                    self.servers.failed(server)
-                    continue
-                if response.status < 300:
-                    self.delivered += 1
-                    return True
-                text = (response.content or b"")[:200].decode(errors="replace")
-                try:
-                    answer = json.loads(response.content or b"")
-                except ValueError:
-                    answer = None
-                standby, leader = leader_hint(response.status, dict(response.headers), answer)
-                if standby:  # only the leader records reports
-                    why = f"{server} is a standby (leader: {leader or 'none yet'})"
-                    self.servers.not_leader(server, leader)
-                    continue
-                why = f"HTTP {response.status}: {text}"
-                break
-        if scope.cancelled_caught:
-            why = f"no answer within {self.timeout:g} s"
+        response, _, why = await post_to_leader(self.pool, self.servers, path, record, within=self.timeout)
+        if response is not None and response.status < 300:
+            self.delivered += 1
+            return True
+        if response is not None:
+            why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
         log.warning("could not report %s to the server: %s", about, why)
         return False
+
+
+async def post_to_leader(
+    pool: ConnectionPool, servers: ServerList, path: str, record: object, *, within: float, limit: int = 65536
+) -> tuple[ClientResponse | None, Any, str]:
+    """POST ``record`` (a :mod:`llmgw.wire` record) to ``path`` on the leader among ``servers``.
+
+    Goes to the current server, moving on when one cannot be reached or is a standby (to the leader it
+    names), at most once per server and once more, within ``within`` seconds in all. Called by the
+    gateway's reports and its key-rate leases.
+
+    :returns: the first answer that is not a standby's (any status), its JSON (None if not JSON), and "";
+        or None, None and why no server answered.
+    """
+    body = json.dumps(to_json(record)).encode()
+    headers = [("content-type", "application/json"), ("accept", "application/json")]
+    why = "no server to ask"
+    with trio.move_on_after(within):
+        for _ in range(len(servers) + 1):
+            server = servers.current
+            try:
+                response = await pool.request("POST", server + path, headers=headers, body=body, limit=limit)
+            except HttpClientError as exc:
+                why = f"{server}: {exc}"
+                servers.failed(server)
+                continue
+            try:
+                answer = json.loads(response.content or b"")
+            except ValueError:
+                answer = None
+            standby, leader = leader_hint(response.status, dict(response.headers), answer)
+            if not standby:
+                return response, answer, ""
+            why = f"{server} is a standby (leader: {leader or 'none yet'})"
+            servers.not_leader(server, leader)
+        return None, None, why
+    return None, None, f"no answer within {within:g} s"

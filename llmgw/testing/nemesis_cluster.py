@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -39,6 +40,9 @@ __all__ = ["MODELS", "NemesisCluster", "SEED", "engine_processes", "signal_group
 MODELS = ("chat", "seeded", "big")
 #: the distributable source of ``seeded``: its files are put in every node's seed folder
 SEED = "seed:///data/seeded"
+
+
+T = TypeVar("T")
 
 
 class NemesisCluster:
@@ -191,13 +195,18 @@ class NemesisCluster:
 
     def leader_replicas(self) -> ReplicaList | None:
         """``GET /v1/admin/replicas`` of the leader (a standby's has no pids); None when none answers."""
+        return self.leader_read("/v1/admin/replicas", ReplicaList)
+
+    def leader_read(self, path: str, kind: type[T]) -> T | None:
+        """``GET path`` of the leader, as ``kind``: never a standby's view (it has no pids, and it may
+        be behind); None when no leader answers."""
         for port in self.ports:
             try:
-                response = self._http.get(f"https://127.0.0.1:{port}/v1/admin/replicas")
+                response = self._http.get(f"https://127.0.0.1:{port}{path}")
             except httpx.HTTPError:
                 continue
             if response.status_code == 200 and STANDBY_HEADER not in response.headers:
-                return from_json(response.json(), ReplicaList)
+                return from_json(response.json(), kind)
         return None
 
     def on_node(self, node_id: str) -> frozenset[str]:

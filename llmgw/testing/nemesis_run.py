@@ -262,8 +262,14 @@ def _sample(cluster: NemesisCluster, stop: threading.Event) -> None:
 
 
 def _final_state(cluster: NemesisCluster, busy: set[str]) -> FinalState:
-    replicas = cluster.local.client.request("GET", "/v1/admin/replicas", ReplicaList)
-    nodes = cluster.local.client.request("GET", "/v1/admin/nodes", NodeList)
+    """The state as the leader sees it now (a standby's view has no pids).
+
+    :raises ClusterError: no leader answered.
+    """
+    replicas = cluster.leader_read("/v1/admin/replicas", ReplicaList)
+    nodes = cluster.leader_read("/v1/admin/nodes", NodeList)
+    if replicas is None or nodes is None:
+        raise ClusterError("no leader answered")
     return FinalState(
         at=time.time(),
         wanted=cluster.wanted(),

@@ -330,7 +330,11 @@ def check_lost_nodes(
         back, how = _back(mine[-1], synced.get(event.node, ()))
         if back is None:
             continue  # a killed agent that had not synced again yet
-        soon = any(node == event.node and event.at < at <= event.at + RESUME for node, at in came_back)
+        # back within RESUME of the loss: lost while syncing, unless its new agent's first sync came after
+        # the loss (a killed agent restarted but silent for lost_after is rightly lost)
+        soon = back <= event.at + SLACK and any(
+            node == event.node and event.at < at <= event.at + RESUME for node, at in came_back
+        )
         if event.at - back > RESUME or soon:
             how = f"its agent was back {event.at - back:.1f} s before ({how})"
             how += "; it synced again within 2 s" if soon else ""

@@ -117,11 +117,14 @@ def test_a_node_declared_lost_after_its_agent_came_back_is_caught():
     elsewhere = LostNode("node-4", T + 20, "lost: no sync for 20 s")
     starting = LostNode("node-5", T + 12, "lost: no sync for 12 s")  # its new agent has not synced yet
     synced = LostNode("node-5", T + 30, "lost: no sync for 10 s")
+    # node-6's new agent started before the loss but first synced 1.4 s after it: silent, rightly lost
+    slow = Fault(FaultKind.KILL_AGENT, "node-6", T, T + 5, nodes=frozenset({"node-6"}))
+    slow_start = LostNode("node-6", T + 10, "lost: no sync for 10 s")
     found = check_lost_nodes(
-        [during, at_resume, after, elsewhere, starting, synced],
-        [paused, killed],
-        synced={"node-5": [T - 100, T + 14]},
-        returned=[("node-3", T + 61)],
+        [during, at_resume, after, elsewhere, starting, synced, slow_start],
+        [paused, killed, slow],
+        synced={"node-5": [T - 100, T + 14], "node-6": [T - 1, T + 11.4]},
+        returned=[("node-3", T + 61), ("node-6", T + 11.4)],
     )
     assert [v.text for v in found] == [
         "node-3 lost: no sync for 60 s: its agent was back 0.5 s before (stop-agent healed); "

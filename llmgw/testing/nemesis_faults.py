@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -43,24 +44,36 @@ class ClusterFaults:
         self.busy: set[str] = set()
         #: server name -> when :meth:`supervise` first saw it exited
         self._exited: dict[str, float] = {}
+        #: held while a server is killed, started again or judged by :meth:`supervise` (another thread)
+        self._servers = threading.Lock()
 
     def supervise(self, now: float | None = None) -> list[str]:
         """Start again, :data:`RESTART_SEC` after it exited, a server no fault holds down, as the systemd
         unit's ``Restart=on-failure`` does (a server started while PostgreSQL is down exits at once, naming
-        it); called by the run's loop. Returns a line for each server started.
+        it). Returns a line for each server started.
         """
         now = time.time() if now is None else now
         said = []
-        for name, process in list(self.cluster.servers.items()):
-            if name in self.busy or process.poll() is None:
-                self._exited.pop(name, None)
-                continue
-            exited = self._exited.setdefault(name, now)
-            if now - exited >= RESTART_SEC:
-                del self._exited[name]
-                self.cluster.start_server(ord(name[-1]) - ord("a") + 1)
-                said.append(f"supervisor: {name} had exited with code {process.returncode}; started again")
+        with self._servers:
+            for name, process in list(self.cluster.servers.items()):
+                if name in self.busy or process.poll() is None:
+                    self._exited.pop(name, None)
+                    continue
+                exited = self._exited.setdefault(name, now)
+                if now - exited >= RESTART_SEC:
+                    del self._exited[name]
+                    self.cluster.start_server(ord(name[-1]) - ord("a") + 1)
+                    said.append(
+                        f"supervisor: {name} had exited with code {process.returncode}; started again"
+                    )
         return said
+
+    def run_supervisor(self, stop: threading.Event, say: Callable[[str], None]) -> None:
+        """:meth:`supervise` every half second until ``stop`` is set; runs in a thread of its own, so a
+        slow admin-API fault (an apply while no server answers) does not hold a dead server down."""
+        while not stop.wait(0.5):
+            for line in self.supervise():
+                say(line)
 
     def apply(self, kind: FaultKind, pick: float) -> tuple[Fault, Callable[[], None] | None]:
         """Apply one fault of ``kind`` (the target chosen by ``pick``); return it and what heals it."""
@@ -82,13 +95,15 @@ class ClusterFaults:
         name = self._choose(running, pick)
         if name is None:
             return self._nothing(kind, "no server runs")
-        self.busy.add(name)
-        start = time.time()
-        self.cluster.local.stop(self.cluster.servers[name], signal.SIGKILL)
+        with self._servers:
+            self.busy.add(name)
+            start = time.time()
+            self.cluster.local.stop(self.cluster.servers[name], signal.SIGKILL)
 
         def heal() -> None:
-            self.busy.discard(name)
-            self.cluster.start_server(ord(name[-1]) - ord("a") + 1)
+            with self._servers:
+                self.busy.discard(name)
+                self.cluster.start_server(ord(name[-1]) - ord("a") + 1)
 
         return Fault(kind, name, start), heal
 

@@ -196,13 +196,17 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
             load.wait_served(options.clients, 120)
             started = time.time()
             faults = ClusterFaults(cluster)
+            supervisor = threading.Thread(
+                target=faults.run_supervisor,
+                args=(stop, lambda line: say(f"  + {time.time() - started:7.1f} s  {line}")),
+                daemon=True,
+            )
+            supervisor.start()
             injector = Injector(faults, planned, started)
             next_check, healed = started + CHECK_EVERY, False
             while time.time() < started + options.duration or injector.busy:
                 for fault in injector.step():
                     say("  " + fault.line(started))
-                for line in faults.supervise():
-                    say(f"  + {time.time() - started:7.1f} s  {line}")
                 if time.time() >= started + options.duration and not healed:
                     injector.heal_all()
                     healed = True
@@ -223,7 +227,7 @@ def _run(cluster: NemesisCluster, options: Options, say) -> Report:
                         )
                 time.sleep(0.1)
             say("every fault healed; waiting for the running state to equal the catalog")
-            final = _converge(cluster, faults, options.settle, say)
+            final = _converge(cluster, faults.busy, options.settle)
             stuck = None
             if final is not None:
                 try:
@@ -282,14 +286,11 @@ def _final_state(cluster: NemesisCluster, busy: set[str]) -> FinalState:
     )
 
 
-def _converge(cluster: NemesisCluster, faults: ClusterFaults, bound: float, say) -> FinalState | None:
+def _converge(cluster: NemesisCluster, busy: set[str], bound: float) -> FinalState | None:
     """The state once it equals the catalog, or as it stands ``bound`` seconds after the last fault
-    (None: no leader answered by then); servers that exit meanwhile are started again."""
+    (None: no leader answered by then); the supervisor starts servers that exit meanwhile again."""
     deadline = time.time() + bound
-    busy = faults.busy
     while True:
-        for line in faults.supervise():
-            say(f"  {line}")
         try:
             final = _final_state(cluster, busy)
         except Exception:

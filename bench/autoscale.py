@@ -222,7 +222,20 @@ def start(root: Path, scaled: bool, args: argparse.Namespace) -> LocalCluster:
     ready = lambda: cluster.all_ready() and len(cluster.replicas().replicas) == wanted  # noqa: E731
     cluster.wait(ready, f"{wanted} replicas to be ready", 180)
     cluster.wait(lambda: gateway_models(cluster.gateway_url) == sorted(MODELS), "the gateway's models", 60)
+    for name in MODELS if not scaled else ("chat", "code"):
+        cluster.wait(
+            lambda name=name: answered(cluster.gateway_url, name), f"the gateway to answer {name}", 60
+        )
     return cluster
+
+
+def answered(url: str, model: str) -> bool:
+    """Whether the gateway at ``url`` answers a request for ``model`` (200) now."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    try:
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def p95(values: list[float]) -> float:
@@ -311,6 +324,8 @@ def run(scaled: bool, args: argparse.Namespace, root: Path) -> float:
     day = args.minutes * 60
     plan = arrivals(read_trace(args.trace), day, args.seed)
     cluster = start(root, scaled, args)
+    if args.keep:
+        print(f"{root}: the {label} run's cluster, logs in {cluster.logs}")
     try:
         began, requests, samples = trio.run(replay, cluster, plan, day)
         ended = began + day
@@ -391,6 +406,7 @@ def main() -> None:
     parser.add_argument("--cooldown", type=float, default=3, help="autoscaler cooldown, s (default 3)")
     parser.add_argument("--idle-after", type=float, default=8, help="digest's idle_after, s (default 8)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every scale decision")
+    parser.add_argument("--keep", action="store_true", help="keep the clusters' folders (logs) and say where")
     parser.add_argument("--only", choices=("autoscaled", "static"), help="one run only")
     args = parser.parse_args()
     if args.quick:
@@ -401,6 +417,9 @@ def main() -> None:
     used = {}
     for scaled in (True, False):
         if args.only and args.only != ("autoscaled" if scaled else "static"):
+            continue
+        if args.keep:
+            used[scaled] = run(scaled, args, Path(tempfile.mkdtemp(prefix="llmgw-bench-autoscale-")))
             continue
         with tempfile.TemporaryDirectory(prefix="llmgw-bench-autoscale-") as root:
             used[scaled] = run(scaled, args, Path(root))

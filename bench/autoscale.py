@@ -35,6 +35,23 @@ trace's rates through the gateway, whatever the answers do. Printed per run:
   held request, and that request's first token against that ready time.
 
 Then the ratio of GPU-seconds autoscaled/static. Nothing is asserted.
+
+On a 2-core machine shared with other work (load average 4 to 12), the
+default run (6 minutes, seed 1) printed:
+
+- autoscaled: 1508 requests, 0 failed; TTFT p95 at most 1 s in 70/71 of
+  chat's and code's windows (98.6%) and 82/91 of every model's (90.1%: 8 of
+  digest's 20 windows hold a wake, whose first request waits for an engine
+  start, TTFT 0.9 to 3.5 s), at most 2 s in 89/91 (97.8%); 1870 GPU-seconds
+  (mean 5.2 GPUs); 31 scale-ups and 25 scale-downs (12 wakes, 12 sleeps);
+  at most 2 changes of direction within one 10 s window (chat 4 → 3 → 4 on
+  one reading just over the target; digest put to sleep 1.4 s before a
+  batch's requests were reported); each woken replica's first held request
+  had its first token 0.06 to 0.16 s after the replica was ready;
+- static: 1508 requests, 0 failed; TTFT p95 at most 1 s in 90/91 windows
+  (98.9%: chat's burst at 13:30 missed it even on 4 replicas, p95 1.74 s),
+  at most 2 s in all; 3240 GPU-seconds (9 GPUs all day);
+- GPU-seconds autoscaled/static: 0.58.
 """
 
 from __future__ import annotations

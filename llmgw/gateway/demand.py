@@ -62,6 +62,12 @@ class Demand:
         self.ttft: dict[str, list[float]] = {}
         self._routes_changed = trio.Event()
         self._report_now = trio.Event()
+        #: model -> the ticket of the last request held; the last ticket whose request left the hold,
+        #: counting in order; tickets that left out of order
+        self._tickets: dict[str, int] = {}
+        self._turn: dict[str, int] = {}
+        self._left: dict[str, set[int]] = {}
+        self._turn_changed = trio.Event()
 
     def routes_changed(self, table: RouteTable) -> None:
         """Take a new routes table: which models wake on demand; held requests look for a route again.
@@ -73,9 +79,17 @@ class Demand:
         self._routes_changed = trio.Event()
 
     def began(self, model: str) -> None:
-        """A request for ``model`` (one that wakes on demand) began; :meth:`ended` is called once it ends."""
+        """A request for ``model`` (one that wakes on demand) began; :meth:`ended` is called once it ends.
+
+        The first request after a quiet spell is reported at once: the server may be about to put the
+        model to sleep on the last report, up to :data:`REPORT_INTERVAL` seconds old.
+        """
+        now = trio.current_time()
+        last = self.last_request.get(model)
+        if self.in_flight[model] == 0 and (last is None or now - last >= REPORT_INTERVAL):
+            self._report_now.set()
         self.in_flight[model] += 1
-        self.last_request[model] = trio.current_time()
+        self.last_request[model] = now
 
     def ended(self, model: str) -> None:
         """A request :meth:`began` is over (answered, failed, or its client left)."""
@@ -106,13 +120,27 @@ class Demand:
             )
         self.held[model] += 1
         self._report_now.set()
+        ticket = self._tickets[model] = self._tickets.get(model, 0) + 1
         try:
             with trio.move_on_after(self.hold_timeout):
-                while not routed():
-                    await self._routes_changed.wait()
-                return None
+                while True:
+                    while not routed():
+                        await self._routes_changed.wait()
+                    # held requests leave in the order they came: the first of a batch larger than the
+                    # replica's seats is not served last
+                    if self._turn.get(model, 0) + 1 >= ticket:
+                        return None
+                    await self._turn_changed.wait()
         finally:
             self.held[model] -= 1
+            self._left.setdefault(model, set()).add(ticket)
+            turn = self._turn.get(model, 0)
+            while turn + 1 in self._left[model]:
+                turn += 1
+                self._left[model].discard(turn)
+            self._turn[model] = turn
+            self._turn_changed.set()
+            self._turn_changed = trio.Event()
         return (
             f"model `{model}` is at zero replicas and no replica became ready within "
             f"{self.hold_timeout:g} s (--hold-timeout); retry later"

@@ -97,7 +97,8 @@ def ready_cluster(
     for name in re.findall(r"\{models\}/([\w.-]+)", catalog):
         (root / "models" / name).mkdir(parents=True, exist_ok=True)
     catalog = catalog.format(models=root / "models")
-    wanted = sum(model.get("replicas", 1) for model in yaml.safe_load(catalog)["models"].values())
+    counts = [model.get("replicas", 1) for model in yaml.safe_load(catalog)["models"].values()]
+    wanted = sum(c["min"] if isinstance(c, dict) else c for c in counts)  # an autoscaled model: its min
     try:
         cluster.start(nodes, fabric=fabric)
         if gateway is not None:

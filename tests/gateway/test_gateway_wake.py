@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import httpx
 import pytest
 import trio
@@ -161,3 +163,64 @@ def test_activity_reports_the_window_s_time_to_first_token_p95():
     [chat] = demand.activity(0).models
     assert (chat.model, chat.ttft_p95, chat.streams, chat.idle) == ("chat", 0.096, 100, None)
     assert demand.activity(1).models == ()
+
+
+def test_held_requests_leave_in_the_order_they_came():
+    """Twelve requests held for a sleeping model go on, once a route comes, in the order they arrived (a
+    batch larger than the replica's seats serves its first request first); one that gave up is skipped."""
+    from llmgw.gateway.demand import Demand
+    from llmgw.wire import RouteTable
+
+    async def main() -> list[int]:
+        demand = Demand(hold_timeout=60)
+        demand.routes_changed(RouteTable(1, models=["m"], wake_on_demand=["m"]))
+        routed = False
+        order: list[int] = []
+
+        async def request(index: int, give_up: bool) -> None:
+            with trio.move_on_after(1 if give_up else 100):
+                assert await demand.hold("m", lambda: routed) is None
+                order.append(index)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(12):
+                nursery.start_soon(request, index, index == 3)
+                await trio.sleep(0.01)
+            await trio.sleep(5)
+            routed = True
+            demand.routes_changed(RouteTable(2, models=["m"], wake_on_demand=["m"]))
+        return order
+
+    for _ in range(5):  # trio runs a batch of woken tasks in one order or its reverse, at random
+        assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == [
+            i for i in range(12) if i != 3
+        ]
+
+
+def test_the_first_request_after_a_quiet_spell_is_reported_at_once():
+    """A model that wakes on demand gets a request after 60 quiet seconds: the server hears of it at once,
+    not at the next periodic report (it may be deciding to put the model to sleep)."""
+    from llmgw.gateway.demand import Demand
+    from llmgw.wire import RouteTable
+
+    async def main() -> list[tuple[float, float | None]]:
+        demand = Demand()
+        demand.routes_changed(RouteTable(1, models=["m"], wake_on_demand=["m"]))
+        posted: list[tuple[float, float | None]] = []
+
+        async def post(activity) -> None:
+            posted.extend((trio.current_time(), a.idle) for a in activity.models)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(demand.run, post, interval=1000))
+            demand.began("m")
+            demand.ended("m")
+            await trio.sleep(60)
+            began_at = trio.current_time()
+            demand.began("m")
+            await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+        return [(at - began_at, idle) for at, idle in posted]
+
+    reports = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert reports[-1] == (0.0, 0.0), reports

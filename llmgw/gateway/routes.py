@@ -70,6 +70,9 @@ class RoutesWatcher:
         self.last_success: float | None = None
         #: trio time the current outage began; None while the feed answers
         self.outage_since: float | None = None
+        #: the longest long-poll answered unchanged (None: none yet), and the limit of the last unanswered
+        self._longest_wait: float | None = None
+        self._timed_out = request_timeout
         self._started = trio.current_time()
 
     @property
@@ -102,16 +105,29 @@ class RoutesWatcher:
             self._answered(table)
             wait = True
 
+    def poll_limit(self) -> float:
+        """Seconds the next long-poll may take before its server counts as hung: twice the longest
+        long-poll answered unchanged so far (the server's poll timeout, 5 s by default) plus 2 s, so a
+        paused server is left in about 12 s; never more than :attr:`request_timeout`."""
+        if self._longest_wait is None:
+            return self.request_timeout
+        return min(self.request_timeout, 2 * self._longest_wait + 2.0)
+
     async def _poll(self, wait: bool) -> RouteTable:
         revision = self.table.revision if self.table is not None else 0
         server = self.server
         url = f"{server}/v1/routes?revision={revision}&wait={1 if wait else 0}"
+        limit = self.poll_limit() if wait else self.request_timeout
+        began = trio.current_time()
         try:
-            with trio.fail_after(self.request_timeout):  # the pool's read timeout covers a silent server too
+            with trio.fail_after(limit):  # the pool's read timeout covers a silent server too
                 response = await self.pool.request("GET", url, headers=[("accept", "application/json")])
-        except (HttpClientError, trio.TooSlowError):
+        except (HttpClientError, trio.TooSlowError) as exc:
+            if isinstance(exc, trio.TooSlowError):
+                self._timed_out = limit
             self.servers.failed(server)
             raise
+        took = trio.current_time() - began
         if response.status != 200:
             try:
                 body = json.loads(response.content or b"")
@@ -127,7 +143,10 @@ class RoutesWatcher:
             data = response.json()
         except ValueError:
             raise RoutesError("the server's answer is not JSON") from None
-        return from_json(data, RouteTable)
+        table = from_json(data, RouteTable)
+        if wait and table.revision == revision:  # nothing changed: the server waited its poll timeout
+            self._longest_wait = took if self._longest_wait is None else max(self._longest_wait, took)
+        return table
 
     def _answered(self, table: RouteTable) -> None:
         now = trio.current_time()
@@ -149,7 +168,7 @@ class RoutesWatcher:
 
     def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, trio.TooSlowError):
-            reason = f"no answer within {self.request_timeout:g}s"
+            reason = f"no answer within {self._timed_out:g}s"
         else:
             reason = str(exc) or type(exc).__name__
         if self.outage_since is not None:

@@ -115,3 +115,20 @@ async def test_retries_after_an_outage_every_retry_interval(watched, autojump_cl
     with trio.fail_after(REQUEST_TIMEOUT + 2 * RETRY_INTERVAL):
         await wait_for(lambda: watcher.up, "the watcher to be up again")
     assert tables[-1].revision == 3
+
+
+async def test_a_server_that_falls_silent_after_its_poll_timeouts_is_left_sooner(nursery, autojump_clock):
+    """Once long-polls came back unchanged after POLL_TIMEOUT, a server silent past twice that (plus 2 s)
+    is an outage then, not after the whole request timeout (a paused server left the gateway on stale
+    routes for 30 s)."""
+    feed = Feed()
+    watcher = RoutesWatcher(feed, "https://server:7443", lambda table: None, request_timeout=100.0)
+    await nursery.start(watcher.run)
+    assert watcher.poll_limit() == 100.0
+    await trio.sleep(POLL_TIMEOUT + 1)  # one long-poll answered unchanged, after the server's wait
+    assert watcher.poll_limit() == pytest.approx(2 * POLL_TIMEOUT + 2, abs=0.1)
+    feed.silent = True
+    silent_from = trio.current_time()
+    await wait_for(lambda: not watcher.up, "the watcher to give up on the silent server")
+    assert trio.current_time() - silent_from <= 2 * (2 * POLL_TIMEOUT + 2)
+    assert trio.current_time() - silent_from < 100.0

@@ -262,7 +262,7 @@ class _LiveCollector:
         yield in_flight
         yield breaker
         yield ready
-        if self.demand is not None and self.demand.wake_on_demand:
+        if self.demand is not None:  # declared always: a dashboard reads it
             held = GaugeMetricFamily(
                 "llmgw_gateway_held_requests",
                 "Requests held for a model at zero replicas until a replica of it is ready.",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -367,7 +368,30 @@ def taken_port(host: str = "127.0.0.1") -> Iterator[int]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (any 127.0.0.x works on Linux)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port that is free on ``host`` right now (any 127.0.0.x works on Linux).
+
+    Drawn below the kernel's range for outgoing connections (``ip_local_port_range``, from 32768 by
+    default), so that no client socket takes it between now and the moment a server listens on it (a
+    standby started seconds after the check found its port+1 taken by a connection's local port).
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 9000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine: any free one
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 when it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if low > 23000 else 32768

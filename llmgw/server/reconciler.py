@@ -193,14 +193,16 @@ class Reconciler:
                     (time.perf_counter() - started) * 1000,
                 )
             changed = finish(self.cluster, now, before, result)
+            # Routes name what agents reported ready (observations, not decisions): gateways may have
+            # them before the store does, so a slow write does not keep them on a dead replica.
+            if self.cluster.routes_revision != self._routes_seen:
+                self.routes_changed()
             await self.save()
             if self.cluster.sources_revision != self._sources_seen:
                 self._sources_seen = self.cluster.sources_revision
                 self.wake_all_nodes()
             for node_id in changed:
                 self._wake_node(node_id)
-            if self.cluster.routes_revision != self._routes_seen:
-                self.routes_changed()
             self.runs += 1
             if self.metrics is not None:
                 self.metrics.reconciled(time.perf_counter() - began)

@@ -15,7 +15,12 @@ import attrs
 from llmgw.testing.nemesis import CONTROL_PLANE, DATA_PATH, Fault
 from llmgw.testing.nemesis_checks import AFTERMATH, SLACK, EngineFailure, Invariant, Violation
 
-__all__ = ["FailedRequest", "check_requests"]
+__all__ = ["ROUTES_LAG", "FailedRequest", "check_requests"]
+
+#: seconds a replica the leader newly sees ready takes to reach the gateway's routes (the feed's
+#: long-poll answer and the gateway's swap; longer when the leader just changed and the gateway is still
+#: finding it): a replica counts as "another ready replica" only once sampled ready this long
+ROUTES_LAG = 1.0
 
 
 # -- client requests -------------------------------------------------------------------------------
@@ -43,9 +48,10 @@ def check_requests(
 
     A fault explains a request that was in flight on the replica it hit, or any request while it made
     the model have no ready replica but those it hit (per ``ready``: (time, model -> ready replica ids)
-    as sampled, oldest first). A gateway's own fault explains every request from its start until the
-    gateway served a request again after its healing (``served``: when successful requests ended,
-    oldest first), however long it took to load its routes.
+    as sampled, oldest first; a replica counts from :data:`ROUTES_LAG` seconds after it was sampled
+    ready, when the gateway can know of it). A gateway's own fault explains every request from its
+    start until the gateway served a request again after its healing (``served``: when successful
+    requests ended, oldest first), however long it took to load its routes.
     Control-plane faults explain nothing (the gateway keeps its routes).
     An unexplained failure that follows a replica's failure of the same model (``engines``) names it:
     the request failed because of that engine, itself a violation unless a fault explains it.
@@ -64,7 +70,7 @@ def check_requests(
         if reason is None:
             names = ", ".join(f"{f.kind.value} {f.target}" for f in window) or "no fault"
             hit = frozenset().union(*(f.replicas for f in window))
-            other = _ready_at(ready, request.began).get(request.model, frozenset()) - hit
+            other = _ready_for_gateway(ready, request) - hit
             before = [
                 e for e in engines
                 if e.replica.rpartition("-")[0] == request.model and e.at - AFTERMATH <= request.began
@@ -93,7 +99,8 @@ def _effect_end(
     """Until when a fault may explain a failed request for ``model``.
 
     A gateway's: until the gateway served again. One that hit replicas of ``model``: until ``model``
-    had a ready replica again (however long the rebuild took). Any other: :data:`AFTERMATH` seconds.
+    had a ready replica again (however long the rebuild took) and the gateway could know of it. Any
+    other: :data:`AFTERMATH` seconds.
     """
     if fault.end is None:
         return float("inf")
@@ -102,7 +109,7 @@ def _effect_end(
         return served[again] + SLACK if again < len(served) else float("inf")
     if any(r.rpartition("-")[0] == model for r in fault.replicas):
         back = next((at for at, models in ready if at >= fault.end and models.get(model)), float("inf"))
-        return max(back + SLACK, fault.end + AFTERMATH)
+        return max(back + ROUTES_LAG, fault.end + AFTERMATH)
     return fault.end + AFTERMATH
 
 
@@ -115,10 +122,18 @@ def _explain(
         if request.replica and request.replica in fault.replicas:
             return f"{fault.kind.value} {fault.target} hit {request.replica}, which served it"
     hit = frozenset().union(*(f.replicas for f in window)) if window else frozenset()
-    others = _ready_at(ready, request.began).get(request.model, frozenset()) - hit
+    others = _ready_for_gateway(ready, request) - hit
     if window and not others:
         return f"{window[-1].kind.value} {window[-1].target}, and {request.model} had no other ready replica"
     return None
+
+
+def _ready_for_gateway(
+    ready: Sequence[tuple[float, Mapping[str, frozenset[str]]]], request: FailedRequest
+) -> frozenset[str]:
+    """The replicas of the request's model ready when it began and already :data:`ROUTES_LAG` s before."""
+    now = _ready_at(ready, request.began).get(request.model, frozenset())
+    return now & _ready_at(ready, request.began - ROUTES_LAG).get(request.model, frozenset())
 
 
 def _ready_at(

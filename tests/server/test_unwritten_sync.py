@@ -119,3 +119,31 @@ async def test_sync_waits_for_the_write_in_flight_then_503_past_the_limit(app, t
         assert trio.current_time() - started == pytest.approx(WRITTEN_LIMIT, abs=0.5)
         app.store.hold.set()
     assert (await sync(app, test_pki, "node-1")).status == 200
+
+
+async def test_the_routes_feed_is_woken_before_a_hung_write_lands(app, test_pki, autojump_clock):
+    """Routes name what agents reported ready: a gateway's long-poll has them while the write still hangs."""
+    assert (await sync(app, test_pki, "node-1")).status == 200
+    await reconcile(app)
+    known = app.cluster.routes_revision
+    app.store.hold = trio.Event()
+    await sync(app, test_pki, "node-2")  # the pass has something to write, and the write hangs
+    woken: list[float] = []
+
+    async def long_poll() -> None:
+        await app.reconciler.wait_routes(known, 30)
+        woken.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(long_poll)
+        await trio.testing.wait_all_tasks_blocked()
+        app.cluster.routes_revision += 1  # what a pass does when the ready replicas changed
+        began = trio.current_time()
+        nursery.start_soon(reconcile, app)
+        try:
+            with trio.fail_after(10):
+                await wait_for(lambda: app.reconciler.write_in_flight, "a write in flight")
+                await wait_for(lambda: woken, "the routes long-poll to answer")
+            assert woken[0] - began < 1 and app.reconciler.write_in_flight, "answered while the write hung"
+        finally:
+            app.store.hold.set()  # the pass is shielded: it ends only once its write does

@@ -206,6 +206,13 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
     only = [(T - 1, {"chat": frozenset({"chat-0"})})]
     found, explained = check_requests(failed[1:2], [killed], only)
     assert found == [] and "chat had no other ready replica" in explained[0]
+    # the leader saw chat-1 ready 0.3 s before the request: too soon for the gateway's routes to name it
+    fresh = [(T - 1, {"chat": frozenset({"chat-0"})}), (T + 0.7, {"chat": frozenset({"chat-0", "chat-1"})})]
+    found, explained = check_requests(failed[1:2], [killed], fresh)
+    assert found == [] and "chat had no other ready replica" in explained[0]
+    settled = [(T - 1, {"chat": frozenset({"chat-0"})}), (T - 0.5, {"chat": frozenset({"chat-0", "chat-1"})})]
+    found, _ = check_requests(failed[1:2], [killed], settled)
+    assert len(found) == 1 and "failed with chat-1 ready" in found[0].text, "ready 1.5 s before: it counts"
 
 
 def test_the_schedule_is_the_seeds_alone_and_mixes_kinds():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from llmgw.models import Autoscale, Catalog, Model, Profile, ScaleTarget
@@ -23,13 +24,16 @@ class Run:
 
     def __init__(self, policy: Autoscale = POLICY, desired: int = 2) -> None:
         self.policy = policy
+        self.book = ScaleBook()
         self.memory = ScaleMemory(desired)
 
     def at(self, now: float, waiting: float | None, ready: int | None = None):
         """A pass at ``now`` seeing ``waiting`` per replica (None: no signal) from ``ready`` replicas."""
         values = {} if waiting is None else {"waiting_per_replica": waiting}
         ready = self.memory.desired if ready is None else ready
-        decision, self.memory = decide("chat", self.policy, self.memory, ready, values, now)
+        decision, memory = decide("chat", self.policy, self.memory, ready, values, now)
+        self.book.keep(decision, memory)  # as the state's verb does: it remembers the last change
+        self.memory = self.book.models["chat"]
         return decision
 
 
@@ -73,6 +77,59 @@ class TestUp:
         run = Run()
         assert run.at(100, 8).after == 4
         assert run.at(120, 8, ready=2).after == 4
+
+
+class TestNoFlapping:
+    """At most one change of direction per stabilization window; one reading does not scale up."""
+
+    def test_a_step_down_is_not_undone_within_the_window(self):
+        """Down at 130; over target at 135 and 159 holds (stabilizing, saying when it scaled down); at 160,
+        a whole window after the step down, up."""
+        run = Run(desired=4)
+        run.at(100, 0)
+        assert run.at(130, 0).after == 2
+        held = run.at(135, 7)
+        assert (held.direction, held.cause, held.after) == (HOLD, ScaleCause.STABILIZING, 2)
+        said = "stays at 2: 7 waiting per replica > target 4 (stabilizing: scaled down 5 s ago)"
+        assert held.describe() == said
+        assert run.at(159, 7).direction == HOLD
+        up = run.at(160, 7)
+        assert (up.direction, up.cause, up.after) == (UP, ScaleCause.OVER_TARGET, 4)
+
+    def test_a_step_up_may_follow_another_at_once(self):
+        """Up then up again after the cooldown: no change of direction, no wait for the window."""
+        run = Run()
+        assert run.at(100, 7.5).after == 4
+        assert run.at(110, 6, ready=4).after == 5
+
+    def test_a_wake_is_never_held_by_the_window(self):
+        """A model put to sleep at 20 wakes at 21 for a held request: requests wait on it."""
+        policy = Autoscale(min=0, max=2, target=ScaleTarget(4), scale_down_after=30, cooldown=10)
+        memory = ScaleMemory(1, changed_at=0)
+        slept, memory = decide("chat", policy, memory, 1, {}, 20, idle_after=10, demand=Demand(since=0))
+        assert (slept.direction, slept.after) == (ScaleDirection.DOWN, 0)
+        memory = attrs.evolve(memory, last_change=slept)
+        woke, _ = decide(
+            "chat", policy, memory, 0, {}, 21, idle_after=10, demand=Demand(since=0, held=1, held_at=21)
+        )
+        assert (woke.direction, woke.cause, woke.after) == (UP, ScaleCause.WAKE, 1)
+
+    def test_one_reading_over_the_target_is_averaged_with_the_seconds_before(self):
+        """Readings 2, 2, 8 waiting within 6 s average 4 (at target); readings older than 6 s before the
+        latest drop out, and a new attempt's readings start afresh."""
+        book = ScaleBook()
+        state = ClusterState()
+        catalog = Catalog({"one": Profile(engine="sim")}, {"chat": Model("/m", "one", 1, autoscale=POLICY)})
+        state.apply_catalog(catalog, "", 0)
+        record = state.place(Replica("chat-0", "chat", 0, ()), None, 0, "placed")
+        state.mark_ready(record, 1)
+        for now, waiting in ((10, 2), (12, 2), (14, 8)):
+            book.record_loads([ShardLoad("chat-0", record.attempt, waiting=waiting)], now)
+        assert book.signals(POLICY.target, [record], 14) == (1, {"waiting_per_replica": 4})
+        book.record_loads([ShardLoad("chat-0", record.attempt, waiting=8)], 19)  # 10 and 12 drop out
+        assert book.signals(POLICY.target, [record], 19)[1] == {"waiting_per_replica": 8}
+        book.record_loads([ShardLoad("chat-0", record.attempt + 1, waiting=1)], 20)
+        assert book.signals(POLICY.target, [record], 20)[1] == {}, "a reading of another attempt"
 
 
 class TestDown:

@@ -7,8 +7,12 @@ with every sync), turns each target's signal into the replicas it needs
 :data:`TOLERANCE` of the target), and takes the most demanding one:
 
 - up at once, by at most ``max_step``, unless the last change was less than
-  ``cooldown`` ago; never above ``max`` (a hold at ``max`` while over target is
-  said once);
+  ``cooldown`` ago, or was a step down less than ``scale_down_after`` ago (at
+  most one change of direction per stabilization window); never above ``max``
+  (a hold at ``max`` while over target is said once). Each replica's signal is
+  the mean of its readings over a few seconds
+  (:data:`~llmgw.server.state.autoscale.SMOOTHING`), so one reading does not
+  scale a model up;
 - down only once every recommendation stayed below the desired count for
   ``scale_down_after`` seconds (the stabilization window), to the highest of
   them, by at most ``max_step``, after the cooldown; never below ``min``. Each
@@ -112,8 +116,14 @@ def decide(
     clamped = min(max(wanted, policy.min), policy.max)
     cooling = now - memory.changed_at < policy.cooldown
     if wanted > current:
+        last = memory.last_change
+        since_down = now - memory.changed_at
+        stepped_down = last is not None and last.direction == ScaleDirection.DOWN
         if clamped == current:  # at max
             made = decision(current, ScaleDirection.HOLD, ScaleCause.AT_MAX, **inputs)
+        elif stepped_down and since_down < policy.scale_down_after:
+            # one change of direction per stabilization window: a scale-down is not undone within it
+            made = decision(current, ScaleDirection.HOLD, ScaleCause.STABILIZING, **inputs, window=since_down)
         elif cooling:
             made = decision(current, ScaleDirection.HOLD, ScaleCause.COOLDOWN, **inputs)
         else:

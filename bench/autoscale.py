@@ -301,6 +301,8 @@ def gpu_seconds(samples: list[tuple[float, dict[str, int]]], began: float, ended
 
 
 STEP = re.compile(r"^(\d+) → (\d+): ")
+#: a step that follows requests rather than a signal: a sleep (``idle_after``) or a wake (held requests)
+DEMAND_STEP = re.compile(r": (woken|idle): ")
 
 
 def changes(events: list[EventEntry]) -> dict[str, list[tuple[float, int, int, str]]]:
@@ -411,10 +413,19 @@ def print_scaling(
     steps = changes(events)
     ups = sum(1 for s in steps.values() for _, a, b, _ in s if b > a)
     downs = sum(1 for s in steps.values() for _, a, b, _ in s if b < a)
-    flaps = {m: flapping(s, args.scale_down_after) for m, s in sorted(steps.items())}
+    # sleeps and wakes follow requests (idle_after, held requests), not the engines' signals
+    on_signals = {
+        m: [step for step in s if not DEMAND_STEP.search(step[3])] for m, s in sorted(steps.items())
+    }
+    flaps = {m: flapping(s, args.scale_down_after) for m, s in on_signals.items()}
+    with_demand = {m: flapping(s, args.scale_down_after) for m, s in sorted(steps.items())}
+    def listed(counts: dict[str, int]) -> str:
+        return ", ".join(f"{m} {n}" for m, n in counts.items())
+
     print(
         f"  scale decisions: {ups} up, {downs} down; most direction changes within one "
-        f"{args.scale_down_after:g} s window: {', '.join(f'{m} {n}' for m, n in flaps.items())}"
+        f"{args.scale_down_after:g} s window, on the signals: {listed(flaps)}; "
+        f"with sleeps and wakes: {listed(with_demand)}"
     )
     for model in MODELS:
         path = " ".join(f"{b}@{at - began:.0f}" for at, _, b, _ in steps.get(model, []))

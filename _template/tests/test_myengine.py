@@ -23,14 +23,9 @@ class TestMyEngineContract(EngineContract):
     """The engine passes the conformance suite against each checked version's real help."""
 
     distribution = "llmgw-engine-myengine"
-
-    @pytest.fixture
-    def engine(self):
-        return MyEngine()
-
-    @pytest.fixture
-    def help_texts(self, version):
-        return {program: (HELP / f"{program}-{version}.txt").read_text() for program in MyEngine.programs}
+    engine_class = MyEngine
+    help_files = {program: f"{program}-{{version}}.txt" for program in MyEngine.programs}
+    help_dir = HELP
 
 
 class TestCommands:

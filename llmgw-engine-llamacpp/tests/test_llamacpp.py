@@ -35,14 +35,8 @@ class TestLlamaCppContract(EngineContract):
     """The llama.cpp engine passes the conformance suite against each checked commit's real help."""
 
     distribution = "llmgw-engine-llamacpp"
-
-    @pytest.fixture
-    def engine(self):
-        return LlamaCppEngine()
-
-    @pytest.fixture
-    def help_texts(self, real_helps):
-        return real_helps
+    engine_class = LlamaCppEngine
+    help_files = {p: f"llamacpp-{{version}}-{p}.txt" for p in ("llama-server", "rpc-server")}
 
 
 SPEC = LaunchSpec(

@@ -29,14 +29,8 @@ class TestSglangContract(EngineContract):
     """The SGLang engine passes the conformance suite against each checked version's real help."""
 
     distribution = "llmgw-engine-sglang"
-
-    @pytest.fixture
-    def engine(self):
-        return SglangEngine()
-
-    @pytest.fixture
-    def help_texts(self, real_help):
-        return {"python": real_help}
+    engine_class = SglangEngine
+    help_files = {"python": "sglang-{version}-launch_server.txt"}
 
 
 SPEC = LaunchSpec(

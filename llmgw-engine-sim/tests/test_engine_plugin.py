@@ -29,10 +29,7 @@ class TestSimContract(EngineContract):
     """The sim engine passes the conformance suite against its own real help."""
 
     distribution = "llmgw-engine-sim"
-
-    @pytest.fixture
-    def engine(self):
-        return SimEngine()
+    engine_class = SimEngine
 
     @pytest.fixture
     def help_texts(self, sim_help):

@@ -33,14 +33,8 @@ class TestVllmContract(EngineContract):
     """The vLLM engine passes the conformance suite against each checked version's real help."""
 
     distribution = "llmgw-engine-vllm"
-
-    @pytest.fixture
-    def engine(self):
-        return VllmEngine()
-
-    @pytest.fixture
-    def help_texts(self, real_help):
-        return {"vllm": real_help}
+    engine_class = VllmEngine
+    help_files = {"vllm": "vllm-{version}-serve.txt"}
 
 
 SPEC = LaunchSpec(

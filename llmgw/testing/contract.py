@@ -1,9 +1,9 @@
 """The engine conformance suite every engine distribution runs.
 
 Subclass :class:`EngineContract` in your distribution's ``tests/``, set
-``distribution`` to your distribution's name and supply two fixtures:
-``engine`` (your Engine instance) and ``help_texts`` (program name -> that
-program's real ``--help`` output). The inherited tests check what llmgw
+``distribution`` to your distribution's name, ``engine_class`` to your
+Engine and ``help_files`` to where each program's real ``--help`` output is
+kept (or override the ``engine`` and ``help_texts`` fixtures). The inherited tests check what llmgw
 relies on, your ``__version__`` and your entry point included; each failure
 message says how to fix it::
 
@@ -11,14 +11,10 @@ message says how to fix it::
 
     class TestMyEngine(EngineContract):
         distribution = "llmgw-engine-my"
+        engine_class = MyEngine
+        help_files = {"my-server": "my-server-{version}.txt"}
 
-        @pytest.fixture
-        def engine(self):
-            return MyEngine()
-
-        @pytest.fixture
-        def help_texts(self):
-            return {"my-server": Path("my-server-help.txt").read_text()}
+with a ``version`` fixture whose params are ``MyEngine.checked_versions``.
 
 The ``engine_help_dir`` fixture (from :mod:`llmgw.testing.pytest_plugin`,
 loaded by pytest wherever llmgw is installed) is the folder of real help texts
@@ -32,6 +28,7 @@ import os
 import re
 from collections.abc import Mapping
 from importlib import metadata
+from pathlib import Path
 
 import attrs
 import pytest
@@ -74,21 +71,41 @@ def command_program(engine: Engine, spec: LaunchSpec, command: Command) -> str:
 class EngineContract:
     """Tests every engine distribution inherits.
 
-    Set ``distribution``; supply the ``engine`` and ``help_texts`` fixtures.
+    Set ``distribution``, ``engine_class`` and ``help_files`` (or override the ``engine`` and
+    ``help_texts`` fixtures).
     """
 
     #: the name of the distribution that registers the engine (``llmgw-engine-foo``)
     distribution: str | None = None
+    #: the engine's class: the ``engine`` fixture makes one
+    engine_class: type[Engine] | None = None
+    #: program name -> the file of its real ``--help`` output, ``{version}`` standing for the ``version``
+    #: fixture's value (one of the engine's checked versions): the ``help_texts`` fixture reads them
+    help_files: Mapping[str, str] = {}
+    #: the folder of :attr:`help_files` (None: the ``engine_help_dir`` fixture's)
+    help_dir: Path | None = None
 
     @pytest.fixture
     def engine(self) -> Engine:
-        """Your engine instance. Override this fixture."""
-        raise NotImplementedError("override the `engine` fixture with your Engine instance")
+        """An instance of :attr:`engine_class`; override this fixture to build it another way."""
+        if self.engine_class is None:
+            raise NotImplementedError("set `engine_class = YourEngine` or override the `engine` fixture")
+        return self.engine_class()
 
     @pytest.fixture
-    def help_texts(self) -> dict[str, str]:
-        """Program name -> its real ``--help`` output. Override this fixture."""
-        raise NotImplementedError("override the `help_texts` fixture: {program: help text}")
+    def help_texts(self, request: pytest.FixtureRequest, version: str) -> dict[str, str]:
+        """Program name -> its real ``--help`` output, read from :attr:`help_files` for the module's
+        ``version`` fixture (parametrized by the checked versions); override this fixture to get them
+        another way."""
+        if not self.help_files:
+            raise NotImplementedError(
+                "set `help_files = {program: 'file-{version}.txt'}` or override the `help_texts` fixture"
+            )
+        folder = self.help_dir or request.getfixturevalue("engine_help_dir")
+        return {
+            program: (Path(folder) / name.format(version=version)).read_text()
+            for program, name in self.help_files.items()
+        }
 
     @pytest.fixture
     def widest(self, engine: Engine) -> LaunchSpec:

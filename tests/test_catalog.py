@@ -35,6 +35,10 @@ models:
 """
 
 
+#: a sidecar whose readiness check is neither tcp: nor http:
+SIDECAR = 'sidecars:\n  - name: proxy\n    argv: ["envoy"]\n    ready: "port 9000"'
+
+
 def validate(tmp_path: Path, text: str) -> tuple[int, str]:
     """Run ``llmgw ctl validate`` on ``text``; return its exit code and output."""
     path = tmp_path / "catalog.yaml"
@@ -73,11 +77,112 @@ class TestValidateCommand:
         assert code == 1
         assert "models.llama-70b.replicas: expected an integer" in output
 
-    def test_negative_replicas(self, tmp_path):
-        """A negative replica count names the field and the bound."""
-        code, output = validate(tmp_path, edit(**{"replicas: 2": "replicas: -1"}))
+    @pytest.mark.parametrize(
+        "text, messages",
+        [
+            pytest.param(
+                edit(**{"replicas: 2": "replicas: -1"}),
+                ["models.llama-70b.replicas: expected an integer >= 0, got -1"],
+                id="a negative replica count names the field and the bound",
+            ),
+            pytest.param(
+                GOOD + "#" * MAX_CATALOG_BYTES + "\n",
+                [f"bytes: a catalog is at most {MAX_CATALOG_BYTES} bytes (llmgw's limit)"],
+                id="a file over 1 MiB is refused by its size before it is parsed",
+            ),
+            pytest.param(
+                edit(**{"small:": "s" * 64 + ":"}),
+                [f"models.{'s' * 64}: invalid name; use letters, digits", "at most 63 characters"],
+                id="a model name over 63 characters is an invalid name, naming the limit",
+            ),
+            pytest.param(
+                edit(**{"nodes: 2": "nodes: 0"}),
+                ["profiles.tp2x2.nodes: expected an integer >= 1, got 0"],
+                id="a profile on zero nodes",
+            ),
+            pytest.param(
+                edit(**{"replicas: 2": "replicas: 2\nreplica: 3"}),
+                ["models.llama-70b.replica: unknown key (expected one of: source, profile, replicas"],
+                id="a misspelt key in a model names it and the keys there are",
+            ),
+            pytest.param(
+                edit(**{"nodes: 2": "nodes: 2\ntensor_parallel: 8"}),
+                ["profiles.tp2x2.tensor_parallel: unknown key"],
+                id="an unknown key in a profile",
+            ),
+            pytest.param(
+                GOOD + "defaults:\n  replicas: 1\n",
+                ["defaults: unknown key (expected one of: profiles, models)"],
+                id="a top-level key other than profiles and models",
+            ),
+            pytest.param(
+                edit(**{"source: /models/small": ""}),
+                ["models.small.source: required, missing"],
+                id="a model without a source names the missing field",
+            ),
+            pytest.param(
+                edit(**{"profile: tp2x2": "profile: tp8x2"}),
+                ["models.llama-70b.profile: no profile named 'tp8x2' (profiles: single, tp2x2)"],
+                id="a model naming a missing profile lists the profiles there are",
+            ),
+            pytest.param(
+                edit(**{"engine: sim": "engine: tgi"}),
+                ["profiles.tp2x2.engine: no plugin provides engine 'tgi' (engines there are: "],
+                id="an engine no plugin provides lists the engines there are",
+            ),
+            pytest.param(
+                edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--time-to-first-token", 0.05]'}),
+                ["profiles.tp2x2.args[1]: expected a string"],
+                id="a non-string in args names its index",
+            ),
+            pytest.param(
+                edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--port=9000"]'}),
+                ["profiles.tp2x2.args[0]: --port is set by llmgw for engine 'sim'; remove it from args"],
+                id="extra args may not set a flag llmgw sets itself",
+            ),
+            pytest.param(
+                edit(**{"replicas: 2": "replicas: 2\nreplicas: 3"}),
+                ["key 'replicas' appears twice (first at line 14)", "line 15"],
+                id="a key given twice is an error with its line, not a silent last-one-wins",
+            ),
+            pytest.param(
+                "models:" + " [" * 600 + "]" * 600 + "\n",
+                [f"nested deeper than {MAX_CATALOG_DEPTH} levels"],
+                id="600 levels of nesting name the depth limit, not a RecursionError",
+            ),
+            pytest.param(
+                "models:\n  a: [unclosed\n",
+                ["invalid YAML", "line 3"],
+                id="broken YAML is reported with its line and column",
+            ),
+            pytest.param(
+                "- a\n- b\n",
+                ["(top level): expected a mapping with the keys profiles and models"],
+                id="a list at the top is not a catalog",
+            ),
+            pytest.param(
+                GOOD + "  broken: 3\n",
+                ["models.broken: expected a mapping"],
+                id="a model given as a plain value is named",
+            ),
+            pytest.param(
+                edit(**{"source: /models/small": "source: /models/small\nserved_name: llama-70b"}),
+                ["models.small.served_name: 'llama-70b' is already served by models.llama-70b"],
+                id="two models served under one name",
+            ),
+            pytest.param(
+                edit(**{"nodes: 2": "nodes: 2\n" + SIDECAR}),
+                ["profiles.tp2x2.sidecars[0].ready: expected 'tcp:PORT' or 'http:PORT/PATH'"],
+                id="a sidecar readiness check that is neither tcp: nor http:",
+            ),
+        ],
+    )
+    def test_a_mistake_is_named_by_its_path(self, tmp_path, text, messages):
+        """Each mistake (the test's id says which) exits 1 with every one of ``messages`` in the output."""
+        code, output = validate(tmp_path, text)
         assert code == 1
-        assert "models.llama-70b.replicas: expected an integer >= 0, got -1" in output
+        for message in messages:
+            assert message in output
 
     @pytest.mark.parametrize(
         "line, new, message",
@@ -149,99 +254,12 @@ class TestValidateCommand:
         )
         assert parse_catalog(GOOD, {"sim": SimEngine()}).profiles["single"].ready_timeout is None
 
-    def test_catalog_over_the_size_limit(self, tmp_path):
-        """A catalog file over 1 MiB is refused by its size before it is parsed."""
-        code, output = validate(tmp_path, GOOD + "#" * MAX_CATALOG_BYTES + "\n")
-        assert code == 1
-        assert f"bytes: a catalog is at most {MAX_CATALOG_BYTES} bytes (llmgw's limit)" in output
-
-    def test_name_over_63_characters(self, tmp_path):
-        """A model name longer than 63 characters is an invalid name, naming the limit."""
-        code, output = validate(tmp_path, edit(**{"small:": "s" * 64 + ":"}))
-        assert code == 1
-        assert f"models.{'s' * 64}: invalid name; use letters, digits" in output
-        assert "at most 63 characters" in output
-
-    def test_zero_nodes(self, tmp_path):
-        """A profile on zero nodes is refused."""
-        code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 0"}))
-        assert code == 1
-        assert "profiles.tp2x2.nodes: expected an integer >= 1, got 0" in output
-
-    def test_unknown_key_in_a_model(self, tmp_path):
-        """A misspelt key is an error naming it and the keys there are."""
-        code, output = validate(tmp_path, edit(**{"replicas: 2": "replicas: 2\nreplica: 3"}))
-        assert code == 1
-        assert "models.llama-70b.replica: unknown key (expected one of: source, profile, replicas" in output
-
-    def test_unknown_key_in_a_profile(self, tmp_path):
-        """Unknown keys in profiles are refused too."""
-        code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 2\ntensor_parallel: 8"}))
-        assert code == 1
-        assert "profiles.tp2x2.tensor_parallel: unknown key" in output
-
-    def test_unknown_top_level_key(self, tmp_path):
-        """A top-level key other than profiles and models is refused."""
-        code, output = validate(tmp_path, GOOD + "defaults:\n  replicas: 1\n")
-        assert code == 1
-        assert "defaults: unknown key (expected one of: profiles, models)" in output
-
-    def test_missing_source(self, tmp_path):
-        """A model without a source names the missing field."""
-        code, output = validate(tmp_path, edit(**{"source: /models/small": ""}))
-        assert code == 1
-        assert "models.small.source: required, missing" in output
-
-    def test_profile_that_does_not_exist(self, tmp_path):
-        """A model naming a missing profile lists the profiles there are."""
-        code, output = validate(tmp_path, edit(**{"profile: tp2x2": "profile: tp8x2"}))
-        assert code == 1
-        assert "models.llama-70b.profile: no profile named 'tp8x2' (profiles: single, tp2x2)" in output
-
-    def test_engine_no_plugin_provides(self, tmp_path):
-        """An engine no plugin provides lists the engines there are."""
-        code, output = validate(tmp_path, edit(**{"engine: sim": "engine: tgi"}))
-        assert code == 1
-        assert "profiles.tp2x2.engine: no plugin provides engine 'tgi' (engines there are: " in output
-
-    def test_args_item_not_a_string(self, tmp_path):
-        """A non-string in args names its index."""
-        code, output = validate(
-            tmp_path,
-            edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--time-to-first-token", 0.05]'}),
-        )
-        assert code == 1
-        assert "profiles.tp2x2.args[1]: expected a string" in output
-
-    def test_args_setting_a_flag_llmgw_sets(self, tmp_path):
-        """Extra args may not set a flag llmgw sets itself, such as --port."""
-        code, output = validate(
-            tmp_path, edit(**{'args: ["--time-to-first-token", "0.05"]': 'args: ["--port=9000"]'})
-        )
-        assert code == 1
-        assert (
-            "profiles.tp2x2.args[0]: --port is set by llmgw for engine 'sim'; remove it from args" in output
-        )
-
-    def test_duplicate_key(self, tmp_path):
-        """A key given twice is an error with its line, not a silent last-one-wins."""
-        code, output = validate(tmp_path, edit(**{"replicas: 2": "replicas: 2\nreplicas: 3"}))
-        assert code == 1
-        assert "key 'replicas' appears twice (first at line 14)" in output
-        assert "line 15" in output
-
     @pytest.mark.parametrize("key, kind", [("[a, b]", "a list"), ("{a: 1}", "a mapping")])
     def test_key_that_is_not_a_name(self, tmp_path, key, kind):
         """A YAML complex key (`? [a, b]`) is an error with its line, not a crash in the duplicate check."""
         code, output = validate(tmp_path, f"models:\n  ? {key}\n  : 1\n")
         assert code == 1
         assert f"line 2, column 5: invalid YAML: a key must be a name, not {kind}" in output
-
-    def test_nesting_past_the_limit(self, tmp_path):
-        """A catalog nested 600 levels deep is refused naming the depth limit, not with a RecursionError."""
-        code, output = validate(tmp_path, "models:" + " [" * 600 + "]" * 600 + "\n")
-        assert code == 1
-        assert f"nested deeper than {MAX_CATALOG_DEPTH} levels" in output
 
     def test_apply_of_a_file_that_is_not_utf8(self, tmp_path):
         """`ctl apply` reads the file as validate does: not UTF-8 is an error before any server is asked."""
@@ -251,44 +269,11 @@ class TestValidateCommand:
         assert result.exit_code == 1
         assert f"{path}: 1 error\n  not UTF-8 text: invalid start byte at byte 8" in result.output
 
-    def test_invalid_yaml(self, tmp_path):
-        """Broken YAML is reported with its line and column."""
-        code, output = validate(tmp_path, "models:\n  a: [unclosed\n")
-        assert code == 1
-        assert "invalid YAML" in output and "line 3" in output
-
-    def test_top_level_not_a_mapping(self, tmp_path):
-        """A list at the top is not a catalog."""
-        code, output = validate(tmp_path, "- a\n- b\n")
-        assert code == 1
-        assert "(top level): expected a mapping with the keys profiles and models" in output
-
-    def test_model_not_a_mapping(self, tmp_path):
-        """A model given as a plain value is named."""
-        code, output = validate(tmp_path, GOOD + "  broken: 3\n")
-        assert code == 1
-        assert "models.broken: expected a mapping" in output
-
     def test_missing_file(self, tmp_path):
         """A catalog path that does not exist is named with the reason."""
         result = CliRunner().invoke(cli, ["ctl", "validate", str(tmp_path / "nope.yaml")])
         assert result.exit_code == 1
         assert "nope.yaml: 1 error" in result.output and "No such file or directory" in result.output
-
-    def test_served_name_used_twice(self, tmp_path):
-        """Two models served under one name are refused."""
-        code, output = validate(
-            tmp_path, edit(**{"source: /models/small": "source: /models/small\nserved_name: llama-70b"})
-        )
-        assert code == 1
-        assert "models.small.served_name: 'llama-70b' is already served by models.llama-70b" in output
-
-    def test_invalid_sidecar_readiness(self, tmp_path):
-        """A sidecar readiness check that is neither tcp: nor http: is named."""
-        sidecar = 'sidecars:\n  - name: proxy\n    argv: ["envoy"]\n    ready: "port 9000"'
-        code, output = validate(tmp_path, edit(**{"nodes: 2": "nodes: 2\n" + sidecar}))
-        assert code == 1
-        assert "profiles.tp2x2.sidecars[0].ready: expected 'tcp:PORT' or 'http:PORT/PATH'" in output
 
     def test_every_error_is_reported_at_once(self, tmp_path):
         """Several mistakes in one file are all listed, not only the first."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -49,6 +49,8 @@ __all__ = [
     "catalog_revision",
     "catalog_history",
 ]
+
+T = TypeVar("T")
 
 
 def load_cluster(
@@ -179,48 +181,8 @@ def take_changes(cluster: ClusterState, now: float) -> Changes:
     catalog = None
     if cluster.dirty_catalog:
         catalog = (cluster.catalog_revision, cluster.catalog_text, cluster.catalog_author)
-    nodes, gone_nodes = [], []
-    for node_id in sorted(cluster.dirty_nodes):
-        node = cluster.nodes.get(node_id)
-        if node is None:
-            gone_nodes.append(node_id)
-            continue
-        nodes.append(
-            (
-                node.node_id,
-                node.address,
-                json.dumps(to_json(node.facts)),
-                json.dumps(list(node.port_range)),
-                int(node.cordoned),
-                int(node.draining),
-                int(node.lost),
-                format(node.cert_serial, "x") if node.cert_serial is not None else None,
-                node.cert_not_after,
-                node.first_seen,
-                node.last_seen,
-            )
-        )
-    replicas, gone_replicas = [], []
-    for replica_id in sorted(cluster.dirty_replicas):
-        record = cluster.replicas.get(replica_id)
-        if record is None:
-            gone_replicas.append(replica_id)
-            continue
-        replicas.append(
-            (
-                record.id,
-                record.placement.model,
-                json.dumps(to_json(record.placement)),
-                record.attempt,
-                record.failures,
-                record.consecutive_failures,
-                record.sent_revision,
-                str(record.state),
-                record.reason,
-                now,
-                json.dumps(to_json(record.launch)) if record.launch is not None else None,
-            )
-        )
+    nodes, gone_nodes = _rows(cluster.dirty_nodes, cluster.nodes, _node_row)
+    replicas, gone_replicas = _rows(cluster.dirty_replicas, cluster.replicas, lambda r: _replica_row(r, now))
     settings: dict[str, object] = {
         "revision": cluster.revision,
         "next_attempt": cluster.next_attempt,
@@ -244,6 +206,54 @@ def take_changes(cluster: ClusterState, now: float) -> Changes:
     cluster.dirty_nodes.clear()
     cluster.dirty_replicas.clear()
     return changes
+
+
+def _rows(
+    dirty: set[str], records: Mapping[str, T], row: Callable[[T], tuple[object, ...]]
+) -> tuple[list[tuple[object, ...]], list[str]]:
+    """The rows (by ``row``) of the ``dirty`` ids still in ``records``, and the ids gone from it; sorted."""
+    rows, gone = [], []
+    for key in sorted(dirty):
+        record = records.get(key)
+        if record is None:
+            gone.append(key)
+        else:
+            rows.append(row(record))
+    return rows, gone
+
+
+def _node_row(node: NodeRecord) -> tuple[object, ...]:
+    """``node`` as a row of ``_NODE_COLUMNS``."""
+    return (
+        node.node_id,
+        node.address,
+        json.dumps(to_json(node.facts)),
+        json.dumps(list(node.port_range)),
+        int(node.cordoned),
+        int(node.draining),
+        int(node.lost),
+        format(node.cert_serial, "x") if node.cert_serial is not None else None,
+        node.cert_not_after,
+        node.first_seen,
+        node.last_seen,
+    )
+
+
+def _replica_row(record: ReplicaRecord, now: float) -> tuple[object, ...]:
+    """``record`` as a row of ``_REPLICA_COLUMNS``, changed at ``now``."""
+    return (
+        record.id,
+        record.placement.model,
+        json.dumps(to_json(record.placement)),
+        record.attempt,
+        record.failures,
+        record.consecutive_failures,
+        record.sent_revision,
+        str(record.state),
+        record.reason,
+        now,
+        json.dumps(to_json(record.launch)) if record.launch is not None else None,
+    )
 
 
 def restore_changes(cluster: ClusterState, changes: Changes) -> None:

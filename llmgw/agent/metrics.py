@@ -26,7 +26,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from llmgw.net.metrics import Health, register_process_collectors
+from llmgw.net.metrics import Health, ScrapeCollector, register_process_collectors
 from llmgw.wire import SHARD_STATES, ObservedShard
 from llmgw.wire.causes import SHARD_CAUSES, FailureCause
 
@@ -110,12 +110,11 @@ class AgentMetrics:
         return 200, body
 
 
-class _AgentCollector:
+class _AgentCollector(ScrapeCollector):
+    """Gauges read from the agent at scrape time."""
+
     def __init__(self, metrics: AgentMetrics) -> None:
         self._metrics = metrics
-
-    def describe(self) -> list[Metric]:
-        return []
 
     def collect(self) -> Iterator[Metric]:
         agent = self._metrics.agent

@@ -22,6 +22,7 @@ __all__ = [
     "render_registry",
     "observability_handler",
     "register_process_collectors",
+    "ScrapeCollector",
     "ProcessGroupCollector",
 ]
 
@@ -71,7 +72,18 @@ def register_process_collectors(registry: CollectorRegistry) -> None:
     PlatformCollector(registry=registry)
 
 
-class ProcessGroupCollector:
+class ScrapeCollector:
+    """A collector whose families are all read at scrape time (subclasses define ``collect``).
+
+    It describes no family, so registering it neither calls ``collect`` before
+    what it reads exists nor checks its names against the registry's.
+    """
+
+    def describe(self) -> list[Metric]:
+        return []
+
+
+class ProcessGroupCollector(ScrapeCollector):
     """``process_*`` for a parent and its children, one ``pid`` label each (``llmgw gateway --workers``).
 
     With several worker processes each scrape is answered by one of them;
@@ -96,9 +108,6 @@ class ProcessGroupCollector:
         except OSError:
             found += [pid for pid in _children_by_scan(self.proc, self.parent) if pid not in found]
         return found
-
-    def describe(self) -> list[Metric]:
-        return []
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}

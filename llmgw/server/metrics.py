@@ -40,7 +40,7 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from llmgw.net.metrics import Health, register_process_collectors
+from llmgw.net.metrics import Health, ScrapeCollector, register_process_collectors
 from llmgw.server.persist.sqlite import ping
 from llmgw.server.state.records import Event, EventKind, ReplicaState
 from llmgw.server.views.autoscale import autoscale_status
@@ -241,14 +241,11 @@ def _lease(store: Any) -> Any:
     return getattr(fence, "__self__", None)
 
 
-class _ClusterCollector:
+class _ClusterCollector(ScrapeCollector):
     """Gauges read from the leader's cluster at scrape time."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
-
-    def describe(self) -> list[Metric]:
-        return []
 
     def collect(self) -> Iterator[Metric]:
         metrics = self._metrics

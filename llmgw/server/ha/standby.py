@@ -80,6 +80,33 @@ class View:
     app: ServerApp
 
 
+class _Memo:
+    """What each stored text was read as, kept from one view to the next: a reload parses what changed.
+
+    Called from the store's thread only, one load at a time.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple, Any] = {}
+        self._used: dict[tuple, Any] = {}
+
+    def __call__(self, key: tuple, make: Callable[[], Any]) -> Any:
+        if key in self._used:
+            return self._used[key]
+        value = self._kept.pop(key) if key in self._kept else make()
+        self._used[key] = value
+        return value
+
+    def rotate(self) -> None:
+        """A load ended: keep what it used, forget the rest (rows gone or changed)."""
+        self._kept, self._used = self._used, {}
+
+
+def _no_refusal() -> Response:
+    raise AssertionError("StandbyView.refusal was not set")
+
+
+@attrs.define(eq=False)
 class StandbyView:
     """A standby's view of the store and its answers; see the module docstring.
 
@@ -91,37 +118,26 @@ class StandbyView:
     :param stale_after: seconds after the last successful look at the feed past which the view is not served.
     """
 
-    def __init__(
-        self,
-        store: PgStore,
-        engines: Mapping[str, Engine],
-        settings: Settings,
-        *,
-        revocations: RevocationList | None = None,
-        poll_timeout: float = 5.0,
-        poll: float = POLL,
-        stale_after: float = 6.0,
-    ) -> None:
-        self.store = store
-        self.engines = engines
-        self.settings = settings
-        self.revocations = revocations
-        self.poll_timeout = poll_timeout
-        self.poll = poll
-        self.stale_after = stale_after
-        self.refusal: Callable[[], Response] = _no_refusal
-        #: the leader's URL as this server last read the lease (None: none known); named in answers
-        self.leader: Callable[[], str | None] = lambda: None
-        #: the view answered from; None until the first is read (and while this server leads)
-        self.view: View | None = None
-        #: trio time of the last successful read of the feed's revision
-        self.checked_at: float | None = None
-        #: how many views were read (tests and logs)
-        self.reloads = 0
-        self._changed = trio.Event()
-        self._routes: tuple[RouteTable, int] | None = None
-        self._bad_revision: int | None = None
-        self._memo = _Memo()
+    store: PgStore
+    engines: Mapping[str, Engine]
+    settings: Settings
+    revocations: RevocationList | None = attrs.field(default=None, kw_only=True)
+    poll_timeout: float = attrs.field(default=5.0, kw_only=True)
+    poll: float = attrs.field(default=POLL, kw_only=True)
+    stale_after: float = attrs.field(default=6.0, kw_only=True)
+    refusal: Callable[[], Response] = attrs.field(default=_no_refusal, init=False)
+    #: the leader's URL as this server last read the lease (None: none known); named in answers
+    leader: Callable[[], str | None] = attrs.field(default=lambda: None, init=False)
+    #: the view answered from; None until the first is read (and while this server leads)
+    view: View | None = attrs.field(default=None, init=False)
+    #: trio time of the last successful read of the feed's revision
+    checked_at: float | None = attrs.field(default=None, init=False)
+    #: how many views were read (tests and logs)
+    reloads: int = attrs.field(default=0, init=False)
+    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _routes: tuple[RouteTable, int] | None = attrs.field(default=None, init=False)
+    _bad_revision: int | None = attrs.field(default=None, init=False)
+    _memo: _Memo = attrs.field(factory=_Memo, init=False)
 
     # -- following the feed ----------------------------------------------------
 
@@ -265,28 +281,6 @@ class StandbyView:
         return self.checked_at is not None and trio.current_time() - self.checked_at <= self.stale_after
 
 
-class _Memo:
-    """What each stored text was read as, kept from one view to the next: a reload parses what changed.
-
-    Called from the store's thread only, one load at a time.
-    """
-
-    def __init__(self) -> None:
-        self._kept: dict[tuple, Any] = {}
-        self._used: dict[tuple, Any] = {}
-
-    def __call__(self, key: tuple, make: Callable[[], Any]) -> Any:
-        if key in self._used:
-            return self._used[key]
-        value = self._kept.pop(key) if key in self._kept else make()
-        self._used[key] = value
-        return value
-
-    def rotate(self) -> None:
-        """A load ended: keep what it used, forget the rest (rows gone or changed)."""
-        self._kept, self._used = self._used, {}
-
-
 def _is_read(request: Request) -> bool:
     path = request.path
     return any(
@@ -306,7 +300,3 @@ def _from_node(request: Request) -> bool:
 def _close(listener: list[Any]) -> None:
     while listener:
         listener.pop().close()
-
-
-def _no_refusal() -> Response:
-    raise AssertionError("StandbyView.refusal was not set")

@@ -102,36 +102,27 @@ def choose_evictions(
     return Eviction(free, missing, tuple(victims), room >= missing)
 
 
+@attrs.define(eq=False, slots=False)  # not slotted: tests stand in for its _manifest
 class RoomMaker:
-    """Frees room before a copy is fetched; see the module docstring."""
+    """Frees room before a copy is fetched; see the module docstring.
 
-    def __init__(
-        self,
-        models: ModelsDir,
-        peers: PeerFiles,
-        *,
-        server: str,
-        server_context: Callable[[], Any],
-        in_use: Callable[[], tuple[set[str], set[str]]],
-        report: Callable[[str, str], Awaitable[None]],
-        copies_changed: Callable[[], Awaitable[None]],
-        node: str,
-        headroom: Callable[[], float] = lambda: DEFAULT_HEADROOM,
-    ) -> None:
-        """:param in_use: () -> (sources, local paths) this node's shards use or the server asked to stage.
-        :param report: ``async (source, message)``: an event for ``ctl events``.
-        :param copies_changed: called after evicting (the facts are refreshed).
-        :param headroom: the share of a copy's size to free beyond it (the server's ``--disk-headroom``)."""
-        self.models = models
-        self.peers = peers
-        self.servers = ServerList.parse(server)
-        self.server_context = server_context
-        self.in_use = in_use
-        self.report = report
-        self.copies_changed = copies_changed
-        self.node = node
-        self.headroom = headroom
-        self._lock = trio.Lock()
+    :param server: the ``--server`` value (its URLs are :attr:`servers`).
+    :param in_use: () -> (sources, local paths) this node's shards use or the server asked to stage.
+    :param report: ``async (source, message)``: an event for ``ctl events``.
+    :param copies_changed: called after evicting (the facts are refreshed).
+    :param headroom: the share of a copy's size to free beyond it (the server's ``--disk-headroom``).
+    """
+
+    models: ModelsDir
+    peers: PeerFiles
+    servers: ServerList = attrs.field(converter=ServerList.parse, alias="server", kw_only=True)
+    server_context: Callable[[], Any] = attrs.field(kw_only=True)
+    in_use: Callable[[], tuple[set[str], set[str]]] = attrs.field(kw_only=True)
+    report: Callable[[str, str], Awaitable[None]] = attrs.field(kw_only=True)
+    copies_changed: Callable[[], Awaitable[None]] = attrs.field(kw_only=True)
+    node: str = attrs.field(kw_only=True)
+    headroom: Callable[[], float] = attrs.field(default=lambda: DEFAULT_HEADROOM, kw_only=True)
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
     def wrap(self, stage: Stage) -> Stage:
         """``stage`` with room made first (what the agent hands its shard supervisors)."""

@@ -37,6 +37,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
 import trio
 import trio.lowlevel
 
@@ -192,6 +193,7 @@ class ClientResponse:
         self.close()
 
 
+@attrs.define(eq=False, kw_only=True)
 class ConnectionPool:
     """Keep-alive HTTP/1.1 connections to any number of upstreams.
 
@@ -205,25 +207,16 @@ class ConnectionPool:
     The pool starts no tasks.
     """
 
-    def __init__(
-        self,
-        *,
-        max_idle_per_host: int = 16,
-        connect_timeout: float = 5.0,
-        read_timeout: float | None = None,
-        idle_timeout: float = 20.0,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        self.max_idle_per_host = max_idle_per_host
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.idle_timeout = idle_timeout
-        self.ssl_context = ssl_context
-        self._idle: dict[Origin, deque[_Connection]] = {}
-        self._targets: dict[str, tuple[Origin, str, str]] = {}
-        self._closed = False
-        #: connections opened so far (for tests and metrics)
-        self.connections_opened = 0
+    max_idle_per_host: int = 16
+    connect_timeout: float = 5.0
+    read_timeout: float | None = None
+    idle_timeout: float = 20.0
+    ssl_context: ssl.SSLContext | None = None
+    _idle: dict[Origin, deque[_Connection]] = attrs.field(factory=dict, init=False)
+    _targets: dict[str, tuple[Origin, str, str]] = attrs.field(factory=dict, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    #: connections opened so far (for tests and metrics)
+    connections_opened: int = attrs.field(default=0, init=False)
 
     def idle_count(self, url: str | None = None) -> int:
         """Idle connections in the pool: for ``url``'s origin, or in all."""

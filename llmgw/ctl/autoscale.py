@@ -12,10 +12,9 @@ import time
 import click
 from tabulate import tabulate
 
-from llmgw.ctl.client import AdminClient
 from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show
-from llmgw.wire import AutoscaleList, AutoscaleSignal, AutoscaleStatus, to_json
+from llmgw.ctl.output import show_admin
+from llmgw.wire import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 
 __all__ = ["autoscale", "autoscale_lines"]
 
@@ -79,12 +78,7 @@ def autoscale(ctx: click.Context, model: str | None, output: str, watch: bool, i
     """Show each autoscaled model (or MODEL): replicas ready, desired, min..max, each signal against its
     target, when the autoscaler may change the count next, and its last decision and why."""
     params = {"model": model} if model else {}
-    client = AdminClient.for_command(ctx)
-    show(
-        output,
-        lambda: client.request("GET", "/v1/admin/autoscale", AutoscaleList, params=params),
-        to_json,
-        autoscale_lines,
-        watch=watch,
-        interval=interval,
+    show_admin(
+        ctx, "/v1/admin/autoscale", AutoscaleList, autoscale_lines, output,
+        params=params, watch=watch, interval=interval,
     )

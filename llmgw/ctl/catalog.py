@@ -20,7 +20,7 @@ from tabulate import tabulate
 from llmgw.catalog import parse_catalog, read_catalog_text
 from llmgw.ctl.client import AdminClient, CtlError
 from llmgw.ctl.options import output_option
-from llmgw.ctl.output import show
+from llmgw.ctl.output import show, show_admin
 from llmgw.engine import Engine
 from llmgw.plugins import get_plugin_manager
 from llmgw.wire import (
@@ -300,11 +300,8 @@ def catalog_history(ctx: click.Context, limit: int, output: str) -> None:
             return ["(no catalog applied yet)"]
         return [tabulate(rows, headers=["revision", "applied", "by"], tablefmt="simple")]
 
-    client = _client(ctx)
     params = {"limit": limit}
-    show(
-        output,
-        lambda: client.request("GET", "/v1/admin/catalog/history", CatalogHistory, params=params),
-        lambda data: to_json(data.revisions),
-        lines,
+    show_admin(
+        ctx, "/v1/admin/catalog/history", CatalogHistory, lines, output,
+        params=params, doc=lambda data: to_json(data.revisions),
     )

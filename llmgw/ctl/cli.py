@@ -21,9 +21,9 @@ from llmgw.ctl.catalog import apply, catalog, diff, installed_engines
 from llmgw.ctl.client import AdminClient, CtlError, segment
 from llmgw.ctl.keys import keys
 from llmgw.ctl.models import models
-from llmgw.ctl.options import output_option, watch_options
+from llmgw.ctl.options import interval_option, output_option, watch_options
 from llmgw.ctl.output import follow as follow_items
-from llmgw.ctl.output import show, structured, table
+from llmgw.ctl.output import show, show_admin, structured, table
 from llmgw.ctl.replicas import describe, replicas
 from llmgw.ctl.rollout import rollout
 from llmgw.enginecheck.cli import engine_check
@@ -103,12 +103,13 @@ def nodes(ctx: click.Context, output: str, watch: bool, interval: float) -> None
     """List nodes: GPUs free/total, fabrics, engines, state, replicas, warnings."""
     if ctx.invoked_subcommand is not None:
         return
-    client = _client(ctx)
-    show(
-        output,
-        lambda: client.request("GET", "/v1/admin/nodes", NodeList),
-        lambda data: to_json(data.nodes),
+    show_admin(
+        ctx,
+        "/v1/admin/nodes",
+        NodeList,
         node_lines,
+        output,
+        doc=lambda data: to_json(data.nodes),
         watch=watch,
         interval=interval,
     )
@@ -168,14 +169,7 @@ def event_line(event: EventEntry) -> str:
     is_flag=True,
     help="Then print new events as they come, until Ctrl-C (JSON: one per line).",
 )
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    metavar="SECONDS",
-    default=1.0,
-    show_default=True,
-    help="Seconds between two looks with --follow.",
-)
+@interval_option("--follow", 1.0)
 @output_option()
 @click.pass_context
 def events(ctx: click.Context, since: int, limit: int, follow: bool, interval: float, output: str) -> None:
@@ -231,15 +225,7 @@ def server_lines(data: ControlServers, _wide: bool) -> list[str]:
 @click.pass_context
 def servers(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """The control plane's servers: which one leads, its epoch and lease, the standbys."""
-    client = _client(ctx)
-    show(
-        output,
-        lambda: client.request("GET", "/v1/admin/servers", ControlServers),
-        to_json,
-        server_lines,
-        watch=watch,
-        interval=interval,
-    )
+    show_admin(ctx, "/v1/admin/servers", ControlServers, server_lines, output, watch=watch, interval=interval)
 
 
 def _node_action(action: str, doc: str) -> click.Command:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import click
 
-from llmgw.ctl.client import AdminClient
 from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show, table
+from llmgw.ctl.output import show_admin, table
 from llmgw.scheduler import format_bytes
-from llmgw.wire import ModelList, ModelStatus, to_json
+from llmgw.wire import ModelList, ModelStatus
 
 __all__ = ["models", "model_lines", "model_rows"]
 
@@ -57,12 +56,4 @@ def models(ctx: click.Context, output: str, watch: bool, interval: float) -> Non
     """List the catalog's models: source, pinned revision, size, digest, nodes holding a verified copy,
     copies under way (node and percent), and nodes whose seed folder differs from the manifest (no
     holders: `ctl events` names the files). Size and digest show once a holder made the manifest."""
-    client = AdminClient.for_command(ctx)
-    show(
-        output,
-        lambda: client.request("GET", "/v1/admin/models", ModelList),
-        to_json,
-        model_lines,
-        watch=watch,
-        interval=interval,
-    )
+    show_admin(ctx, "/v1/admin/models", ModelList, model_lines, output, watch=watch, interval=interval)

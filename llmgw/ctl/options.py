@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-__all__ = ["OUTPUTS", "output_option", "watch_options"]
+__all__ = ["OUTPUTS", "interval_option", "output_option", "watch_options"]
 
 #: what ``-o`` takes on every listing: ``wide`` is the table with more columns (the same where none help)
 OUTPUTS = ("table", "wide", "json", "yaml")
@@ -39,13 +39,18 @@ def watch_options(what: str = "Print the listing again") -> Callable[[Any], Any]
             help=f"{what} every --interval seconds until Ctrl-C (on a terminal the screen is redrawn; "
             "otherwise each is appended, JSON one object per line).",
         ),
-        click.option(
-            "--interval",
-            type=click.FloatRange(min=0.1),
-            metavar="SECONDS",
-            default=2.0,
-            show_default=True,
-            help="Seconds between two looks with --watch.",
-        ),
+        interval_option("--watch", 2.0),
     ]
     return lambda command: functools.reduce(lambda f, option: option(f), reversed(options), command)
+
+
+def interval_option(flag: str, default: float) -> Callable[[Any], Any]:
+    """``--interval SECONDS`` (at least 0.1): the seconds between two looks with ``flag``."""
+    return click.option(
+        "--interval",
+        type=click.FloatRange(min=0.1),
+        metavar="SECONDS",
+        default=default,
+        show_default=True,
+        help=f"Seconds between two looks with {flag}.",
+    )

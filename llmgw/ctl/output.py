@@ -2,7 +2,8 @@
 
 Every listing is three functions: ``fetch()`` asks the server, ``doc(data)``
 is what ``-o json`` and ``-o yaml`` print, ``table(data, wide)`` the lines
-for people. :func:`show` prints it once or, with ``--watch``, until Ctrl-C.
+for people. :func:`show` prints it once or, with ``--watch``, until Ctrl-C;
+:func:`show_admin` does so for what one ``GET`` of the admin API answers.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import click
 import yaml
 from tabulate import tabulate
 
-from llmgw.ctl.client import CtlError
+from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.wire import to_json
 
-__all__ = ["follow", "show", "structured", "table"]
+__all__ = ["follow", "show", "show_admin", "structured", "table"]
 
 T = TypeVar("T")
 
@@ -95,6 +97,34 @@ def show(
             return
         except BrokenPipeError:  # `... --watch | head`: the reader is gone
             _reader_gone()
+
+
+
+def show_admin(
+    ctx: click.Context,
+    path: str,
+    reply: type[T],
+    lines: Callable[[T, bool], Iterable[str]],
+    output: str,
+    *,
+    params: Mapping[str, Any] | None = None,
+    doc: Callable[[T], Any] = to_json,
+    watch: bool = False,
+    interval: float = 2.0,
+) -> None:
+    """:func:`show` of what ``GET path`` (with ``params``) of the admin API answers, read as a ``reply``.
+
+    ``doc`` is what ``-o json`` and ``-o yaml`` print (the whole answer by default).
+    """
+    client = AdminClient.for_command(ctx)
+    show(
+        output,
+        lambda: client.request("GET", path, reply, params=params),
+        doc,
+        lines,
+        watch=watch,
+        interval=interval,
+    )
 
 
 def follow(

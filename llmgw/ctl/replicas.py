@@ -13,7 +13,7 @@ import click
 
 from llmgw.ctl.client import AdminClient, CtlError
 from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show, table
+from llmgw.ctl.output import show, show_admin, table
 from llmgw.scheduler import format_bytes
 from llmgw.wire import ReplicaList, ReplicaStatus, ShardStatus, to_json
 
@@ -72,15 +72,8 @@ def replicas(ctx: click.Context, output: str, wide: bool, watch: bool, interval:
 
     -o wide: one row per shard, with its pid, engine version, log and command.
     """
-    client = AdminClient.for_command(ctx)
-    show(
-        "wide" if wide and output == "table" else output,
-        lambda: client.request("GET", "/v1/admin/replicas", ReplicaList),
-        to_json,
-        replica_lines,
-        watch=watch,
-        interval=interval,
-    )
+    output = "wide" if wide and output == "table" else output
+    show_admin(ctx, "/v1/admin/replicas", ReplicaList, replica_lines, output, watch=watch, interval=interval)
 
 
 def staging_line(replica: ReplicaStatus) -> str:

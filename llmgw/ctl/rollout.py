@@ -14,8 +14,8 @@ from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient
 from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show
-from llmgw.wire import RolloutList, RolloutStatus, RolloutUndone, to_json
+from llmgw.ctl.output import show_admin
+from llmgw.wire import RolloutList, RolloutStatus, RolloutUndone
 
 __all__ = ["rollout", "rollout_lines"]
 
@@ -61,14 +61,9 @@ def rollout_status(ctx: click.Context, model: str | None, output: str, watch: bo
     """Show each model's rollout (or MODEL's): replicas updated and outdated, and why it waits or paused
     (what failed, on which node, the shard's exit code and the last log line its agent reported)."""
     params = {"model": model} if model else {}
-    client = AdminClient.for_command(ctx)
-    show(
-        output,
-        lambda: client.request("GET", "/v1/admin/rollouts", RolloutList, params=params),
-        to_json,
-        rollout_lines,
-        watch=watch,
-        interval=interval,
+    show_admin(
+        ctx, "/v1/admin/rollouts", RolloutList, rollout_lines, output,
+        params=params, watch=watch, interval=interval,
     )
 
 

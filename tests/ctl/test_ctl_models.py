@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from llmgw.ctl import models as module
 from llmgw.ctl import replicas as replicas_module
+from llmgw.ctl.client import AdminClient
 from llmgw.wire import CopyProgress, ModelList, ModelStatus, ReplicaList, ReplicaStatus, StagingProgress
 
 DATA = ModelList(
@@ -32,7 +33,7 @@ def run(monkeypatch, module, command, data, *args: str) -> str:
         def request(self, *args, **kwargs):
             return data
 
-    monkeypatch.setattr(module.AdminClient, "for_command", staticmethod(lambda ctx: Client()))
+    monkeypatch.setattr(AdminClient, "for_command", staticmethod(lambda ctx: Client()))
     result = CliRunner().invoke(command, list(args))
     assert result.exit_code == 0, result.output
     return result.output
@@ -89,7 +90,7 @@ def test_nodes_show_their_models_disk(monkeypatch):
         def request(self, *args, **kwargs):
             return data
 
-    monkeypatch.setattr(cli, "_client", lambda ctx: Client())
+    monkeypatch.setattr(AdminClient, "for_command", staticmethod(lambda ctx: Client()))
     lines = CliRunner().invoke(cli.nodes, []).output.splitlines()
     assert "models disk" in lines[0]
     assert "16 MB free, 2 copies" in lines[2] and lines[3].split()[-2] == "-"

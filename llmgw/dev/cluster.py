@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -95,6 +95,14 @@ class LocalNode:
     def seed_root(self) -> Path:
         """What stands for this node's ``/`` when it looks for ``seed:///PATH`` sources (its own disk)."""
         return self.root / "fs"
+
+    def seed(self, path: str, files: Mapping[str, int]) -> Path:
+        """Write ``files`` (name: size) of random bytes under ``seed:///PATH``; returns that folder."""
+        folder = self.seed_root / path
+        folder.mkdir(parents=True)
+        for name, size in files.items():
+            (folder / name).write_bytes(os.urandom(size))
+        return folder
 
 
 class LocalCluster:

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.load import GatewayLoad, gateway_models
+from llmgw.testing.load import GatewayLoad, gateway_models, routed_cluster
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
@@ -42,18 +42,8 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 2 agents and a gateway; the autoscaled model at its min, ready and routed."""
-    local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
-    local.metrics_port = free_port()
-    try:
-        (tmp_path / "models" / "chat").mkdir(parents=True)
-        local.start(2)
-        local.start_gateway(free_port())
-        local.apply(CATALOG.format(models=tmp_path / "models"))
-        local.wait(local.all_ready, "the first replica to be ready")
-        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route the model")
+    with routed_cluster(tmp_path, CATALOG, metrics_port=free_port()) as local:
         yield local
-    finally:
-        local.stop_all()
 
 
 def ready_count(cluster: LocalCluster) -> int:

@@ -50,10 +50,8 @@ def cluster(tmp_path: Path):
     small.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(small)], check=True)
     try:
-        seed = local.add_node(1).seed_root / "data" / "seeded"
-        seed.mkdir(parents=True)
-        for index in range(2):
-            (seed / f"model-{index}.safetensors").write_bytes(os.urandom(12_000_000))
+        files = {f"model-{index}.safetensors": 12_000_000 for index in range(2)}
+        local.add_node(1).seed("data/seeded", files)
         local.start(3)
         yield local
     finally:
@@ -124,10 +122,9 @@ def test_rollouts_stage_the_new_weights_first_and_unused_copies_are_evicted_lru(
     small.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(small)], check=True)
     try:
-        fs = local.add_node(1).seed_root / "data"
+        node1 = local.add_node(1)
         for version in ("v1", "v2", "v3"):
-            (fs / version).mkdir(parents=True)
-            (fs / version / "model.safetensors").write_bytes(os.urandom(12_000_000))
+            node1.seed(f"data/{version}", {"model.safetensors": 12_000_000})
         local.start(2)
         local.apply(ROLLING.format(version="v1"))
         local.wait(lambda: len(local.replicas().replicas) == 2 and local.all_ready(), "2 replicas on v1", 60)

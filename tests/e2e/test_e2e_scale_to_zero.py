@@ -11,7 +11,6 @@ last request the replica stops; the next request wakes it again.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from pathlib import Path
 
 import httpx
@@ -44,9 +43,7 @@ def cluster(tmp_path: Path):
     """Server, node-1 (holding the model's files) and node-2, a gateway holding requests up to 90 s."""
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
     try:
-        seed = local.add_node(1).seed_root / "data" / "chat"
-        seed.mkdir(parents=True)
-        (seed / "weights.bin").write_bytes(os.urandom(1_000_000))
+        local.add_node(1).seed("data/chat", {"weights.bin": 1_000_000})
         local.start(2)
         local.start_gateway(free_port(), extra=["--hold-timeout", "90"])
         yield local

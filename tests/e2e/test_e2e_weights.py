@@ -33,11 +33,7 @@ def cluster(tmp_path: Path):
     """Server, gateway and 3 agents; the model's files on node-1's disk only."""
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     try:
-        node1 = local.add_node(1)
-        seed = node1.seed_root / "data" / "seeded"
-        seed.mkdir(parents=True)
-        for name, size in FILES.items():
-            (seed / name).write_bytes(os.urandom(size))
+        local.add_node(1).seed("data/seeded", FILES)
         local.start(3)
         yield local
     finally:
@@ -120,10 +116,7 @@ def test_a_holder_dying_mid_copy_leaves_the_copy_to_the_others(tmp_path: Path):
     local = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
     local.agent_args = ["--bandwidth-limit", "10"]
     try:
-        seed = local.add_node(1).seed_root / "data" / "seeded"
-        seed.mkdir(parents=True)
-        for index in range(4):
-            (seed / f"part-{index}.bin").write_bytes(os.urandom(12_000_000))
+        seed = local.add_node(1).seed("data/seeded", {f"part-{index}.bin": 12_000_000 for index in range(4)})
         local.start(3)
         local.apply(catalog_yaml({"seeded": model("seed:///data/seeded", replicas=2)}))
         local.wait(lambda: len(local.replicas().replicas) == 2 and local.all_ready(), "2 replicas ready", 120)

@@ -303,46 +303,61 @@ class TestProvisionNode:
         assert "note: a container holds it: `qm config` sees only VMs" in done.stderr
         assert [c[0] for c in qm.calls()] == ["config", "create"]
 
-    def test_a_failing_import_names_the_step_and_leaves_nothing(self, qm, home, image):
-        """A failed import names its step and qm's message, and checks that nothing was left."""
-        qm.set_mode(**{"import": True})
+    @pytest.mark.parametrize(
+        "mode, says, calls, left",
+        [
+            pytest.param(
+                "import",
+                [
+                    "error: step 1 of 3 failed: create VM 101 'gpu-01' and import {image} into fast-lvm",
+                    "importing {image} into fast-lvm failed; qm said:",
+                    "Image is not in qcow2 format",
+                    "copy failed: command '/usr/bin/qemu-img convert",
+                    "done: nothing",
+                    "left behind: nothing; `qm config 101` says VMID 101 is free",
+                ],
+                ["config", "create", "config"],
+                False,
+                id="a failing import names the step and qm's message, and checks that nothing was left",
+            ),
+            pytest.param(
+                "import_leaves",
+                [
+                    "step 1 of 3 failed",
+                    "left behind: VM 101 'gpu-01' (`qm config 101`)",
+                    "to remove it:\n  qm destroy 101 --destroy-unreferenced-disks 1 --purge 1",
+                    "qm resize 101 scsi0 200G\n  qm start 101",
+                ],
+                ["config", "create", "config"],
+                True,
+                id="a failing import that leaves the VM says so and how to remove it",
+            ),
+            pytest.param(
+                "start",
+                [
+                    "error: step 3 of 3 failed: start VM 101",
+                    "start failed: QEMU exited with code 1",
+                    "hint: PCI passthrough needs the IOMMU on",
+                    "done: create VM 101 'gpu-01' and import",
+                    "; grow its disk to 200 GiB",
+                    "left behind: VM 101 'gpu-01'",
+                    "qm destroy 101 --destroy-unreferenced-disks 1 --purge 1",
+                ],
+                ["config", "create", "resize", "start", "config"],
+                True,
+                id="a start failing after the create names the VM left, with commands to remove or finish it",
+            ),
+        ],
+    )
+    def test_a_failing_step_says_what_was_made_and_is_left(self, qm, home, image, mode, says, calls, left):
+        """A failed step names itself, qm's message, what was done and what is left, and how to remove it."""
+        qm.set_mode(**{mode: True})
         done = run(qm, home, *base_args(image))
         assert done.returncode == 1, done.stderr
-        assert f"error: step 1 of 3 failed: create VM 101 'gpu-01' and import {image} into fast-lvm" in (
-            done.stderr
-        )
-        assert f"importing {image} into fast-lvm failed; qm said:" in done.stderr
-        assert "Image is not in qcow2 format" in done.stderr
-        assert "copy failed: command '/usr/bin/qemu-img convert" in done.stderr
-        assert "done: nothing" in done.stderr
-        assert "left behind: nothing; `qm config 101` says VMID 101 is free" in done.stderr
-        assert [c[0] for c in qm.calls()] == ["config", "create", "config"]
-        assert qm.config(101) is None
-
-    def test_a_failing_import_that_leaves_the_vm_says_how_to_remove_it(self, qm, home, image):
-        """When qm leaves the VM of a failed create behind, the run says so and how to remove it."""
-        qm.set_mode(import_leaves=True)
-        done = run(qm, home, *base_args(image))
-        assert done.returncode == 1, done.stderr
-        assert "step 1 of 3 failed" in done.stderr
-        assert "left behind: VM 101 'gpu-01' (`qm config 101`)" in done.stderr
-        assert "to remove it:\n  qm destroy 101 --destroy-unreferenced-disks 1 --purge 1" in done.stderr
-        assert "qm resize 101 scsi0 200G\n  qm start 101" in done.stderr
-        assert [c[0] for c in qm.calls()] == ["config", "create", "config"]
-
-    def test_a_failing_start_says_what_was_made_and_how_to_clean_up(self, qm, home, image):
-        """A start that fails after the create leaves the VM: named, with commands to remove or finish it."""
-        qm.set_mode(start=True)
-        done = run(qm, home, *base_args(image))
-        assert done.returncode == 1, done.stderr
-        assert "error: step 3 of 3 failed: start VM 101" in done.stderr
-        assert "start failed: QEMU exited with code 1" in done.stderr
-        assert "hint: PCI passthrough needs the IOMMU on" in done.stderr
-        assert "done: create VM 101 'gpu-01' and import" in done.stderr
-        assert "; grow its disk to 200 GiB" in done.stderr
-        assert "left behind: VM 101 'gpu-01'" in done.stderr
-        assert "qm destroy 101 --destroy-unreferenced-disks 1 --purge 1" in done.stderr
-        assert [c[0] for c in qm.calls()] == ["config", "create", "resize", "start", "config"]
+        for line in says:
+            assert line.format(image=image) in done.stderr
+        assert [c[0] for c in qm.calls()] == calls
+        assert (qm.config(101) is not None) == left
 
     def test_an_interrupted_run_says_what_it_left(self, qm, home, image):
         """Ctrl-C during a step waits for qm, then says what is left and how to remove it."""

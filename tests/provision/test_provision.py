@@ -347,6 +347,20 @@ class TestProvisionNode:
                 True,
                 id="a start failing after the create names the VM left, with commands to remove or finish it",
             ),
+            pytest.param(
+                "old_pve",
+                ["does not know --ciupgrade (added in 8.0", "left behind: nothing"],
+                ["config", "create", "config"],
+                False,
+                id="a Proxmox VE without --ciupgrade (before 8.0) fails the create with that said",
+            ),
+            pytest.param(
+                "config_denied",
+                ["cannot tell whether VMID 101 is free", "Permission check failed"],
+                ["config"],
+                False,
+                id="a qm config failing for another reason is not taken for free: nothing is created",
+            ),
         ],
     )
     def test_a_failing_step_says_what_was_made_and_is_left(self, qm, home, image, mode, says, calls, left):
@@ -433,23 +447,6 @@ class TestProvisionNode:
         assert passed != str(keys)
         assert not Path(passed).exists(), "the copy is removed after the run"
         assert "2 ssh keys from" in done.stdout and "without its 2 comment lines" in done.stdout
-
-    def test_an_old_proxmox_is_named(self, qm, home, image):
-        """A Proxmox VE without --ciupgrade (before 8.0) fails the create with that said."""
-        qm.set_mode(old_pve=True)
-        done = run(qm, home, *base_args(image))
-        assert done.returncode == 1
-        assert "does not know --ciupgrade (added in 8.0" in done.stderr
-        assert "left behind: nothing" in done.stderr
-
-    def test_a_check_that_fails_otherwise_stops_the_run(self, qm, home, image):
-        """A qm config that fails for another reason is not taken for "free": nothing is created."""
-        qm.set_mode(config_denied=True)
-        done = run(qm, home, *base_args(image))
-        assert done.returncode == 1
-        assert "cannot tell whether VMID 101 is free" in done.stderr
-        assert "Permission check failed" in done.stderr
-        assert qm.calls() == [["config", "101"]]
 
     def test_no_qm_on_path_is_explained(self, qm, home, image, tmp_path):
         """Without qm on PATH the run stops before anything, saying where to run it."""

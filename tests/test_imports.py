@@ -52,7 +52,7 @@ PUBLIC = {
     "llmgw.enginecheck": [
         "ACCEPTED", "MISSING", "UNCHECKED", "PROFILE_ARGS", "CheckReport", "CollectedHelp", "FlagCheck",
         "HelpCommandError", "HelpRun", "ProgramHelp", "check_engine", "check_installed", "collect_help",
-        "completeness_warnings", "option_flags", "run_help", "widest_commands",
+        "command_program", "completeness_warnings", "option_flags", "run_help", "widest_commands",
     ],
     "llmgw.version": [
         "BuildInfo", "build_info", "distribution_version", "version_info", "version", "UNKNOWN",

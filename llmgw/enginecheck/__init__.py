@@ -44,6 +44,7 @@ __all__ = [
     "check_engine",
     "check_installed",
     "collect_help",
+    "command_program",
     "completeness_warnings",
     "option_flags",
     "run_help",
@@ -209,11 +210,15 @@ def widest_commands(
     for rank in range(widest.nnodes):
         spec = attrs.evolve(widest, rank=rank)
         command = engine.build_command(spec)
-        out.append((spec, _program_of(engine, spec, command), command))
+        out.append((spec, command_program(engine, spec, command), command))
     return out
 
 
-def _program_of(engine: Engine, spec: LaunchSpec, command: Command) -> str:
+def command_program(engine: Engine, spec: LaunchSpec, command: Command) -> str:
+    """Which of the engine's programs ``command`` runs, found from its argv[0].
+
+    :raises PluginError: argv[0] is none of them (the message says how to build it).
+    """
     for program in engine.programs:
         if command.argv[0] in (engine.program_path(spec, program), program):
             return program

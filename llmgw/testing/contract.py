@@ -41,7 +41,7 @@ from llmgw.engine import (
     help_and_version_of,
     old_api_uses,
 )
-from llmgw.enginecheck import check_engine, option_flags, widest_commands
+from llmgw.enginecheck import check_engine, command_program, option_flags, widest_commands
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
 
@@ -55,17 +55,6 @@ def flags_of(command: Command) -> list[str]:
     return [
         arg.split("=", 1)[0] for arg in command.argv[1:] if arg.startswith("-") and not _NUMBER.match(arg)
     ]
-
-
-def command_program(engine: Engine, spec: LaunchSpec, command: Command) -> str:
-    """Which of the engine's programs ``command`` runs, found from its argv[0]."""
-    for program in engine.programs:
-        if command.argv[0] in (engine.program_path(spec, program), program):
-            return program
-    raise AssertionError(
-        f"{engine.name}: argv[0] {command.argv[0]!r} is none of the engine's programs "
-        f"{engine.programs}; build argv[0] with engine.program_path(spec, PROGRAM)"
-    )
 
 
 class EngineContract:

@@ -35,14 +35,16 @@ def sim_node_sync(
     gpus: int = 4,
     address: str = "127.0.0.5",
     port_range: tuple[int, int] = (21000, 21099),
+    sources: tuple[str, ...] = ("tiny/model",),
     **fields: object,
 ) -> SyncRequest:
     """One sync of a node with :func:`sim_node_facts`, called where a test plays that node's agent.
 
+    :param sources: the model sources found on the node (as :func:`sim_node_facts`).
     :param fields: the other :class:`SyncRequest` fields (``revision``, ``wait``, ``observed``...).
     :returns: the request; the sources it checked are those its facts name.
     """
-    facts = sim_node_facts(node_id, gpus)
+    facts = sim_node_facts(node_id, gpus, sources=sources)
     return SyncRequest(
         node_id=node_id,
         address=address,

@@ -10,12 +10,12 @@ import pytest
 from llmgw_engine_sim import SimEngine
 
 from llmgw.catalog import parse_catalog
-from llmgw.models import GPU, NodeFacts
 from llmgw.server.reconciler import reconcile
 from llmgw.server.state.cluster import ClusterState, Settings
 from llmgw.server.views import cluster as views
 from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
-from llmgw.wire import ObservedShard, SyncRequest
+from llmgw.testing.nodes import sim_node_sync
+from llmgw.wire import ObservedShard
 
 LOST_AFTER = 30.0
 
@@ -36,26 +36,15 @@ class Fleet:
 
     def sync(self, node_id: str) -> None:
         """One sync of ``node_id``: every shard it should run is reported ready."""
-        facts = NodeFacts(
-            node_id=node_id,
-            agent_version="0",
-            gpus=[
-                GPU(i, f"GPU-{node_id}-{i}", "H100", 81559, 81000, f"0000:{i:02x}:00.0", "550")
-                for i in range(8)
-            ],
-            engines={"sim": "0"},
-            model_sources=["/models/small"],
-        )
         desired = views.desired_for(self.cluster, node_id)
-        observed = [ObservedShard(s.replica_id, s.attempt, s.rank, "ready") for s in desired]
-        request = SyncRequest(
-            node_id=node_id,
+        request = sim_node_sync(
+            node_id,
+            gpus=8,
             address=f"127.0.0.{self.ids.index(node_id) + 10}",
-            facts=facts,
             port_range=(20000, 20999),
-            observed=observed,
+            sources=("/models/small",),
+            observed=[ObservedShard(s.replica_id, s.attempt, s.rank, "ready") for s in desired],
             revision=self.cluster.revision,
-            checked_sources=("/models/small",),
         )
         self.cluster.sync(request, self.now)
         reconcile(self.cluster, self.now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import attrs
 import click
@@ -76,27 +77,25 @@ def _as_json(node: NodeDiscovery, reports: Reports) -> dict[str, object]:
 
 
 def _as_text(node: NodeDiscovery, reports: Reports) -> str:
-    sections = []
-    gpu_lines = ", ".join(r.describe() for r in reports.gpus) or "no GPU discovery plugin"
-    sections.append(f"GPUs ({gpu_lines})")
-    if node.gpus:
-        rows = [
-            [g.index, g.name, g.memory_total_mib, g.memory_free_mib, g.pci_bus_id, g.uuid]
-            for g in node.gpus
-        ]
-        headers = ["index", "name", "memory MiB", "free MiB", "PCI bus", "uuid"]
-        sections.append(tabulate(rows, headers=headers, tablefmt="simple"))
-    adapter_lines = ", ".join(r.describe() for r in reports.adapters) or "no adapter plugin"
-    sections.append(f"\nAdapters ({adapter_lines})")
-    if node.adapters:
-        rows = [
-            [a.name, p.number, p.state, p.rate, p.link_layer, a.node_guid]
-            for a in node.adapters
-            for p in a.ports
-        ]
-        rows += [[a.name, "-", "no ports", "", "", a.node_guid] for a in node.adapters if not a.ports]
-        headers = ["adapter", "port", "state", "rate", "link layer", "node GUID"]
-        sections.append(tabulate(rows, headers=headers, tablefmt="simple"))
+    gpus = [[g.index, g.name, g.memory_total_mib, g.memory_free_mib, g.pci_bus_id, g.uuid] for g in node.gpus]
+    adapters = [
+        [a.name, p.number, p.state, p.rate, p.link_layer, a.node_guid] for a in node.adapters for p in a.ports
+    ]
+    adapters += [[a.name, "-", "no ports", "", "", a.node_guid] for a in node.adapters if not a.ports]
+    sections = [
+        *_plugin_section(
+            "GPUs",
+            ", ".join(r.describe() for r in reports.gpus) or "no GPU discovery plugin",
+            gpus,
+            ["index", "name", "memory MiB", "free MiB", "PCI bus", "uuid"],
+        ),
+        *_plugin_section(
+            "\nAdapters",
+            ", ".join(r.describe() for r in reports.adapters) or "no adapter plugin",
+            adapters,
+            ["adapter", "port", "state", "rate", "link layer", "node GUID"],
+        ),
+    ]
     sections.append("\nFabrics")
     if node.fabrics:
         rows = [[f.name, ", ".join(f.adapters)] for f in node.fabrics]
@@ -107,3 +106,11 @@ def _as_text(node: NodeDiscovery, reports: Reports) -> str:
         sections.append("\nProblems")
         sections.extend(f"- {problem}" for problem in node.problems)
     return "\n".join(sections)
+
+
+def _plugin_section(title: str, plugins: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
+    """``title`` with the ``plugins`` that looked, then what they found as a table (none: no table)."""
+    lines = [f"{title} ({plugins})"]
+    if rows:
+        lines.append(tabulate(rows, headers=headers, tablefmt="simple"))
+    return lines

@@ -28,18 +28,38 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import attrs
 
-__all__ = ["HubStandIn", "StandInFile", "hub_downloader"]
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.processes import free_port
+
+__all__ = ["HubStandIn", "StandInFile", "hub_cluster", "hub_downloader"]
 
 #: bytes written per chunk of a response
 _CHUNK = 256 * 1024
 _LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".onnx")
+
+
+def hub_cluster(
+    root: Path, hub: HubStandIn, nodes: int, *, lost_after: float, agent_args: Sequence[str] = ()
+) -> LocalCluster:
+    """A server and ``nodes`` agents under ``root`` downloading from ``hub``, started; the caller stops them.
+
+    :param agent_args: more ``llmgw agent`` options.
+    """
+    cluster = LocalCluster(root / "cluster", server_port=free_port(), lost_after=lost_after, poll_timeout=1)
+    cluster.agent_args = ["--hub-endpoint", hub.endpoint, *agent_args]
+    try:
+        cluster.start(nodes)
+    except BaseException:
+        cluster.stop_all()
+        raise
+    return cluster
 
 
 def hub_downloader(server_log: Path, source: str) -> str | None:

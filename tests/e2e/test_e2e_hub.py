@@ -18,7 +18,7 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import catalog_yaml, model
-from llmgw.testing.hub import HubStandIn, hub_downloader
+from llmgw.testing.hub import HubStandIn, hub_cluster, hub_downloader
 from llmgw.testing.processes import free_port
 from llmgw.weights import file_sha256
 from llmgw.wire import EventList
@@ -57,10 +57,8 @@ def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path,
     """4 replicas on 4 nodes: the stand-in served each file exactly once; every copy matches; served."""
     contents = {name: os.urandom(size) for name, size in FILES.items()}
     commit = hub.add_model("acme/tiny-sim", contents)
-    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
-    cluster.agent_args = ["--hub-endpoint", hub.endpoint]
+    cluster = hub_cluster(tmp_path, hub, 4, lost_after=8)
     try:
-        cluster.start(4)
         cluster.apply(CATALOG)
         seen: set[str] = set()
 
@@ -100,9 +98,7 @@ def test_hub_serves_each_file_once_and_the_fleet_copies_the_rest(tmp_path: Path,
 
 
 def one_node(tmp_path: Path, hub: HubStandIn, *extra: str) -> LocalCluster:
-    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=8, poll_timeout=1)
-    cluster.agent_args = ["--hub-endpoint", hub.endpoint, *extra]
-    cluster.start(1)
+    cluster = hub_cluster(tmp_path, hub, 1, lost_after=8, agent_args=extra)
     cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=1)}))
     return cluster
 
@@ -174,10 +170,8 @@ def test_the_downloading_node_dying_leaves_the_download_to_another(tmp_path: Pat
     }
     hub.add_model("acme/tiny-sim", files)
     hub.rate = 5_000_000
-    cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=6, poll_timeout=1)
-    cluster.agent_args = ["--hub-endpoint", hub.endpoint]
+    cluster = hub_cluster(tmp_path, hub, 2, lost_after=6)
     try:
-        cluster.start(2)
         cluster.apply(catalog_yaml({"tiny": model("hf://acme/tiny-sim@main", replicas=2)}))
 
         log = cluster.logs / "server.log"

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
 from llmgw.testing.catalogs import catalog_yaml, model
-from llmgw.testing.hub import HubStandIn, hub_downloader
-from llmgw.testing.processes import free_port
+from llmgw.testing.hub import HubStandIn, hub_cluster, hub_downloader
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,10 +36,8 @@ def test_the_next_downloader_resumes_from_the_bytes_the_fleet_has(tmp_path: Path
     with HubStandIn() as hub:
         hub.add_model("acme/tiny-sim", files)
         hub.rate = 4_000_000
-        cluster = LocalCluster(tmp_path / "cluster", server_port=free_port(), lost_after=6, poll_timeout=1)
-        cluster.agent_args = ["--hub-endpoint", hub.endpoint]
+        cluster = hub_cluster(tmp_path, hub, 2, lost_after=6)
         try:
-            cluster.start(2)
             cluster.apply(CATALOG)
 
             log = cluster.logs / "server.log"

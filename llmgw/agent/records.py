@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ProcessRecords", "end_groups", "still_ours", "AgentLockError", "hold_agent_lock", "shard_log_path",
+    "FileClaimed", "claim_file",
 ]  # fmt: skip
 
 
@@ -203,24 +204,48 @@ def hold_agent_lock(runtime_dir: Path) -> Iterator[None]:
         directory would end each other's processes).
     """
     runtime_dir.mkdir(parents=True, exist_ok=True)
-    path = runtime_dir / "agent.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise AgentLockError(
-                f"another llmgw agent (pid {holder}) is running with state directory {runtime_dir.parent}; "
-                "stop it first, or give this one its own --state-dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        fd = claim_file(runtime_dir / "agent.lock", str(os.getpid()))
+    except FileClaimed as claimed:
+        raise AgentLockError(
+            f"another llmgw agent (pid {claimed.holder or 'unknown'}) is running with state directory"
+            f" {runtime_dir.parent}; stop it first, or give this one its own --state-dir"
+        ) from None
+    try:
         yield
     finally:
         os.close(fd)
+
+
+class FileClaimed(Exception):
+    """Another process holds the file :func:`claim_file` was asked for (:attr:`holder`: what it wrote)."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(f"{path} is claimed by {holder or 'another process'}")
+        self.holder = holder
+
+
+def claim_file(path: Path, holder: str) -> int:
+    """Lock ``path`` (made when missing) without waiting, and write ``holder`` in it for whoever is refused.
+
+    Called by the agent (its state directory) and ``llmgw dev`` (its nodes' network). The lock goes with
+    the returned descriptor: closing it, or the process ending however it ends, releases it.
+
+    :raises FileClaimed: another process holds it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        held = exc.errno in (errno.EAGAIN, errno.EACCES)
+        other = os.pread(fd, 4096, 0).decode(errors="replace").strip() if held else ""
+        os.close(fd)
+        if not held:
+            raise
+        raise FileClaimed(path, other) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{holder}\n".encode(), 0)
+    return fd
 
 
 def shard_log_path(logs_dir: Path, desired: DesiredShard, sidecar: str | None = None) -> Path:

@@ -13,11 +13,11 @@ when it is killed.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 from pathlib import Path
 
+from llmgw.agent.records import FileClaimed, claim_file
 from llmgw.errors import LlmgwError
 
 __all__ = ["NetClaim", "NetTaken", "claim_net"]
@@ -47,16 +47,12 @@ def claim_net(net: str, state_dir: Path, folder: Path | None = None) -> NetClaim
     :raises NetTaken: another process holds it, named with its state dir and what to do instead.
     """
     path = (folder or Path(tempfile.gettempdir())) / f"llmgw-dev-net-{net}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
+        fd = claim_file(path, f"pid {os.getpid()}, state in {state_dir}")
+    except FileClaimed as claimed:
+        holder = claimed.holder or "another process"
         raise NetTaken(
             f"another local cluster runs its nodes on {net}.x ({holder}); stop it, or set "
             "LLMGW_DEV_NET to another network (three numbers such as 127.0.27) to run beside it"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}, state in {state_dir}\n".encode(), 0)
     return NetClaim(fd)

@@ -51,12 +51,15 @@ def sim_profile(
     return profile | fields
 
 
-def model(source: str, profile: str = "one", replicas: int | None = None, **fields: object) -> dict:
+def model(
+    source: str, profile: str = "one", replicas: int | Mapping[str, object] | None = None, **fields: object
+) -> dict:
     """A model of a catalog, called when a test builds its catalog.
 
     :param source: where the weights are (may hold a ``{models}`` format field).
     :param profile: the profile's name.
-    :param replicas: how many replicas (None: leave it out, the catalog's default of one).
+    :param replicas: how many replicas, or an autoscaled model's ``{min, max, target...}`` (None: leave it
+        out, the catalog's default of one).
     :param fields: any other model field as it is spelled in the catalog (``rollout={"max_surge": 0}``).
     :returns: the model as the mapping YAML writes.
     """

@@ -17,23 +17,18 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.load import gateway_models
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
-CATALOG = """
-profiles:
-  one:
-    engine: sim
-    gpus_per_node: 1
-    args: ["--time-to-first-token", "0.02", "--tokens-per-second", "200"]
-models:
-  chat:
-    source: seed:///data/chat
-    profile: one
-    idle_after: 3
-    replicas: {min: 0, max: 1, target: {waiting_per_replica: 4}}
-"""
+#: chat at zero replicas until asked for, and again after 3 s without a request
+CHAT = model(
+    "seed:///data/chat", idle_after=3, replicas={"min": 0, "max": 1, "target": {"waiting_per_replica": 4}}
+)
+CATALOG = catalog_yaml(
+    {"chat": CHAT}, one=sim_profile(1, "--time-to-first-token", "0.02", "--tokens-per-second", "200")
+)
 
 pytestmark = pytest.mark.timeout(300)
 

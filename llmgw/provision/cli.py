@@ -31,7 +31,6 @@ from llmgw.provision.flags import (
     check_address,
     check_gateway,
     check_gpus,
-    check_identifier,
     check_image,
     check_interface,
     check_node_id,
@@ -39,6 +38,7 @@ from llmgw.provision.flags import (
     check_user,
     check_vm_name,
     check_vmid,
+    identifier_option,
     parse_size,
     read_ssh_keys,
 )
@@ -79,20 +79,8 @@ def _provisioner(kind: str) -> Provisioner:
 @click.option(
     "--gateway", required=True, callback=check_address, metavar="IP", help="Inside the --ip network."
 )
-@click.option(
-    "--bridge",
-    default="vmbr0",
-    show_default=True,
-    callback=check_identifier("bridge"),
-    help="The network bridge.",
-)
-@click.option(
-    "--storage",
-    default="local-lvm",
-    show_default=True,
-    callback=check_identifier("storage"),
-    help="Where the disk and the cloud-init drive go.",
-)
+@identifier_option("bridge", "vmbr0", "The network bridge.")
+@identifier_option("storage", "local-lvm", "Where the disk and the cloud-init drive go.")
 @click.option(
     "--image",
     required=True,

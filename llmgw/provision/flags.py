@@ -118,15 +118,15 @@ def check_address(ctx: click.Context, param: click.Parameter, value: str) -> Any
         raise click.BadParameter(f"{value!r} is not an IP address") from None
 
 
-def check_identifier(what: str) -> Callable[[click.Context, click.Parameter, str], str]:
-    """A callback checking a Proxmox identifier (``--bridge``, ``--storage``); ``what`` names it."""
+def identifier_option(what: str, default: str, help: str) -> Callable[[Any], Any]:
+    """``--WHAT``, a Proxmox identifier (``--bridge``, ``--storage``), checked; ``default`` shown in help."""
 
     def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
         if not _IDENT.match(value):
             raise click.BadParameter(f"{value!r} is not a {what} name (letters, digits, '-', '_', '.')")
         return value
 
-    return check
+    return click.option(f"--{what}", default=default, show_default=True, callback=check, help=help)
 
 
 def check_user(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

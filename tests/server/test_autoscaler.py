@@ -114,22 +114,17 @@ class TestNoFlapping:
         )
         assert (woke.direction, woke.cause, woke.after) == (UP, ScaleCause.WAKE, 1)
 
-    def test_one_reading_over_the_target_is_averaged_with_the_seconds_before(self):
-        """Readings 2, 2, 8 waiting within 6 s average 4 (at target); readings older than 6 s before the
-        latest drop out, and a new attempt's readings start afresh."""
-        book = ScaleBook()
-        state = ClusterState()
-        catalog = Catalog({"one": Profile(engine="sim")}, {"chat": Model("/m", "one", 1, autoscale=POLICY)})
-        state.apply_catalog(catalog, "", 0)
-        record = state.place(Replica("chat-0", "chat", 0, ()), None, 0, "placed")
-        state.mark_ready(record, 1)
-        for now, waiting in ((10, 2), (12, 2), (14, 8)):
-            book.record_loads([ShardLoad("chat-0", record.attempt, waiting=waiting)], now)
-        assert book.signals(POLICY.target, [record], 14) == (1, {"waiting_per_replica": 4})
-        book.record_loads([ShardLoad("chat-0", record.attempt, waiting=8)], 19)  # 10 and 12 drop out
-        assert book.signals(POLICY.target, [record], 19)[1] == {"waiting_per_replica": 8}
-        book.record_loads([ShardLoad("chat-0", record.attempt + 1, waiting=1)], 20)
-        assert book.signals(POLICY.target, [record], 20)[1] == {}, "a reading of another attempt"
+    def test_a_step_down_leaves_headroom_under_the_target(self):
+        """2.5 waiting on 4 replicas (target 4): 3 would carry 3.33 each, over 80% of the target: no step
+        down; 2 waiting: 3 carry 2.67, under it: down to 3."""
+        policy = Autoscale(min=1, max=5, target=ScaleTarget(4), scale_down_after=30, max_step=2)
+        run = Run(policy, desired=4)
+        run.at(100, 2.5)
+        held = run.at(130, 2.5)
+        assert (held.direction, held.cause, held.after) == (HOLD, ScaleCause.AT_TARGET, 4)
+        run.at(140, 2)
+        down = run.at(170, 2)
+        assert (down.direction, down.after) == (ScaleDirection.DOWN, 3)
 
 
 class TestDown:
@@ -158,7 +153,7 @@ class TestDown:
         run = Run(
             policy=Autoscale(min=1, max=5, target=ScaleTarget(4), scale_down_after=30, max_step=4), desired=4
         )
-        run.at(100, 2.5)  # ceil(4 * 2.5 / 4) = 3
+        run.at(100, 2)  # ceil(4 * 2 / (4 * DOWN_HEADROOM)) = 3
         run.at(115, 0)
         assert run.at(130, 0).after == 3
 

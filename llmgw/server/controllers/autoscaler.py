@@ -9,14 +9,12 @@ with every sync), turns each target's signal into the replicas it needs
 - up at once, by at most ``max_step``, unless the last change was less than
   ``cooldown`` ago, or was a step down less than ``scale_down_after`` ago (at
   most one change of direction per stabilization window); never above ``max``
-  (a hold at ``max`` while over target is said once). Each replica's signal is
-  the mean of its readings over a few seconds
-  (:data:`~llmgw.server.state.autoscale.SMOOTHING`), so one reading does not
-  scale a model up;
+  (a hold at ``max`` while over target is said once);
 - down only once every recommendation stayed below the desired count for
   ``scale_down_after`` seconds (the stabilization window), to the highest of
   them, by at most ``max_step``, after the cooldown; never below ``min``. Each
-  step down needs a window of its own.
+  step down needs a window of its own, and leaves every signal at most
+  :data:`DOWN_HEADROOM` of its target on the replicas left.
 
 A model whose ``min`` is 0 goes to zero replicas once no gateway saw a request
 for it for ``idle_after`` seconds (its signals alone never take it below one),
@@ -49,10 +47,13 @@ from llmgw.server.state.autoscale import Demand, ScaleCause, ScaleDecision, Scal
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import ReplicaRecord
 
-__all__ = ["TOLERANCE", "recommend", "decide", "give_way", "step"]
+__all__ = ["TOLERANCE", "DOWN_HEADROOM", "recommend", "decide", "give_way", "step"]
 
 #: a signal within this share of its target asks for no change
 TOLERANCE = 0.1
+#: a step down leaves each signal at most this share of its target on the replicas left (their load now,
+#: spread over fewer): what they then carry is not already at the edge of a step back up
+DOWN_HEADROOM = 1 - 2 * TOLERANCE
 
 
 def recommend(target: ScaleTarget, ready: int, values: Mapping[str, float]) -> tuple[int, str] | None:
@@ -113,6 +114,10 @@ def decide(
         return made, ScaleMemory(current, memory.changed_at, last=made)
     wanted, key = found
     inputs = {"signal": key, "value": values[key], "target": policy.target.signals()[key]}
+    if wanted < current:
+        goals = policy.target.signals()
+        kept = max(math.ceil(ready * values[k] / (goals[k] * DOWN_HEADROOM)) for k in goals if k in values)
+        wanted = max(wanted, kept)
     clamped = min(max(wanted, policy.min), policy.max)
     cooling = now - memory.changed_at < policy.cooldown
     if wanted > current:

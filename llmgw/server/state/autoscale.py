@@ -24,7 +24,7 @@ from llmgw.server.state.records import ReplicaRecord, ReplicaState
 from llmgw.wire import GatewayActivity, ShardLoad
 
 __all__ = [
-    "SIGNAL_MAX_AGE", "SMOOTHING", "SIGNAL_WORDS", "ScaleDirection", "ScaleCause", "ScaleDecision", "Demand",
+    "SIGNAL_MAX_AGE", "SIGNAL_WORDS", "ScaleDirection", "ScaleCause", "ScaleDecision", "Demand",
     "ScaleMemory", "ScaleBook",
 ]  # fmt: skip
 
@@ -69,9 +69,6 @@ class ScaleCause(enum.StrEnum):
 
 #: seconds after which a replica's last load reading no longer counts (its agent went quiet)
 SIGNAL_MAX_AGE = 15.0
-#: seconds of a replica's readings averaged into its signal (agents read every 2 s): one reading over
-#: the target does not scale a model up, a sustained one does within seconds
-SMOOTHING = 6.0
 
 #: a target key -> how an event names its signal
 SIGNAL_WORDS = {
@@ -186,9 +183,8 @@ class ScaleBook:
     def __init__(self) -> None:
         #: model name -> its memory
         self.models: dict[str, ScaleMemory] = {}
-        #: replica id -> its readings of the last :data:`SMOOTHING` seconds: (when received, the reading),
-        #: oldest first
-        self.loads: dict[str, list[tuple[float, ShardLoad]]] = {}
+        #: replica id -> (when received, the reading)
+        self.loads: dict[str, tuple[float, ShardLoad]] = {}
         #: (model, direction) -> how many changes the autoscaler made (the metric)
         self.changes: Counter[tuple[str, str]] = Counter()
         #: model name -> what the gateways said of its requests (models whose ``min`` is 0)
@@ -239,9 +235,7 @@ class ScaleBook:
     def record_loads(self, loads: Iterable[ShardLoad], now: float) -> None:
         """Keep the readings an agent sent with its sync (called for every sync)."""
         for load in loads:
-            kept = self.loads.setdefault(load.replica_id, [])
-            kept[:] = [(at, r) for at, r in kept if now - at < SMOOTHING and r.attempt == load.attempt]
-            kept.append((now, load))
+            self.loads[load.replica_id] = (now, load)
 
     def forget(self, catalog: Catalog) -> None:
         """Forget the memory of models ``catalog`` does not autoscale (gone, or fixed now); called as it
@@ -259,27 +253,20 @@ class ScaleBook:
     ) -> tuple[int, dict[str, float]]:
         """A model's ready replicas, and the value of each of ``target``'s signals over those reporting.
 
-        A replica reports when its latest reading is of its current attempt and at most
-        :data:`SIGNAL_MAX_AGE` seconds old; its value is the mean of its readings of the
-        :data:`SMOOTHING` seconds before that one, and a signal is the mean over the replicas reporting
-        it (absent when none does). ``ttft_p95`` is the highest the gateway processes of ``model``
-        reported in :data:`SIGNAL_MAX_AGE` seconds (several gateways: the worst).
+        A reading counts when it is of the replica's current attempt and at most
+        :data:`SIGNAL_MAX_AGE` seconds old. A signal no replica reports is absent. ``ttft_p95`` is the
+        highest the gateway processes of ``model`` reported in that time (several gateways: the worst).
         """
         ready = [r for r in replicas if r.state == ReplicaState.READY]
-        waiting: list[float] = []
-        usage: list[float] = []
+        readings = []
         for record in ready:
-            kept = self.loads.get(record.id)
-            if not kept or kept[-1][1].attempt != record.attempt or now - kept[-1][0] > SIGNAL_MAX_AGE:
-                continue
-            recent = [r for at, r in kept if kept[-1][0] - at < SMOOTHING]
-            waiting.append(sum(r.waiting for r in recent) / len(recent))
-            full = [r.kv_cache_usage for r in recent if r.kv_cache_usage is not None]
-            if full:
-                usage.append(sum(full) / len(full))
+            entry = self.loads.get(record.id)
+            if entry is not None and entry[1].attempt == record.attempt and now - entry[0] <= SIGNAL_MAX_AGE:
+                readings.append(entry[1])
         values: dict[str, float] = {}
-        if waiting and target.waiting_per_replica is not None:
-            values["waiting_per_replica"] = sum(waiting) / len(waiting)
+        if readings and target.waiting_per_replica is not None:
+            values["waiting_per_replica"] = sum(r.waiting for r in readings) / len(readings)
+        usage = [r.kv_cache_usage for r in readings if r.kv_cache_usage is not None]
         if usage and target.kv_cache_usage is not None:
             values["kv_cache_usage"] = sum(usage) / len(usage)
         ttft = [value for at, value in self.ttft.get(model, ()) if now - at <= SIGNAL_MAX_AGE]

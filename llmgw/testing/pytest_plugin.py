@@ -42,9 +42,14 @@ def worker_net(base: str, worker: str) -> str:
     return f"{parts[0]}.{second}.{parts[2]}"
 
 
-def pytest_configure(config: pytest.Config) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
     """In a pytest-xdist worker, set ``$LLMGW_DEV_NET`` to the worker's own network before any test module
-    is imported (``llmgw.dev.cluster`` reads it once), for this process and every process it starts."""
+    or conftest is imported (``llmgw.dev.cluster`` reads it once), for this process and every process it
+    starts. Called once per process, before the conftests of the paths on the command line (a
+    ``conftest.py`` that imports ``llmgw.dev.cluster`` there would otherwise read the base network)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         os.environ[DEV_NET_ENV] = worker_net(os.environ.get(DEV_NET_ENV, "127.0.0"), worker)

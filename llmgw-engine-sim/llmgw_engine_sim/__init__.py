@@ -33,6 +33,7 @@ LOAD = LoadMetrics(
     kv_cache_usage=("vllm:kv_cache_usage_perc",),
 )
 
+
 class SimEngine(Engine):
     """Builds ``llmgw-sim`` commands: single-node, rank 0, and workers."""
 

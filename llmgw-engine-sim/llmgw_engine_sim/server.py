@@ -9,6 +9,12 @@ see :mod:`llmgw_engine_sim.batch`) and the debug ``GET /sim/info``. Errors have 
 With ``--max-num-seqs N`` at most N generations run at once and the others
 wait for a seat, as in a real engine's batch: a request can wait long while
 the engine is busy producing tokens.
+
+Chat requests take vLLM's ``continue_final_message`` (with
+``add_generation_prompt: false``): the final assistant message is left open and
+the answer goes on from its text, token for token what the unbroken answer
+would have been (see :mod:`llmgw_engine_sim.generate`); ``ignore_eos`` makes
+an answer run to ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -242,7 +248,7 @@ class SimApp:
             raise ApiError(400, "Missing required parameter: 'messages'.", param="messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty array", param="messages")
-        prompt_parts, prompt_tokens = [], 0
+        prompt_parts, prompt_tokens, content = [], 0, ""
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
@@ -251,7 +257,12 @@ class SimApp:
             prompt_tokens += count_tokens(content)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         prompt = "\n".join(prompt_parts)
-        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages")
+        begun = False
+        if _continues_final_message(body, messages):
+            begun = bool(content)  # the final assistant message is left open: its text is the answer's start
+        elif body.get("add_generation_prompt", True):
+            prompt += "\nassistant: "
+        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages", begun=begun)
         await self.prefill.run(prompt)
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
@@ -293,7 +304,8 @@ class SimApp:
         prompts = _prompts(prompt)
         if len(prompts) != 1:
             raise ApiError(400, "this engine takes one prompt per request", param="prompt")
-        job = _Job.build(self, body, prompts[0], count_tokens(prompts[0]), body.get("max_tokens"), "prompt")
+        tokens = count_tokens(prompts[0])
+        job = _Job.build(self, body, prompts[0], tokens, body.get("max_tokens"), "prompt", begun=True)
         await self.prefill.run(prompts[0])
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
@@ -352,9 +364,18 @@ class _Job:
 
     @classmethod
     def build(
-        cls, app: SimApp, body: dict, prompt: str, prompt_tokens: int, max_tokens: Any, prompt_name: str
+        cls,
+        app: SimApp,
+        body: dict,
+        prompt: str,
+        prompt_tokens: int,
+        max_tokens: Any,
+        prompt_name: str,
+        *,
+        begun: bool,
     ) -> _Job:
-        """Validate the sampling parameters of ``body`` and generate the text."""
+        """Validate the sampling parameters of ``body`` and generate the text after ``prompt``
+        (``begun``: the prompt ends inside the answer, see :func:`~llmgw_engine_sim.generate.generate`)."""
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
         if not _is_int(max_tokens) or max_tokens < 1:
@@ -382,13 +403,19 @@ class _Job:
         stream_options = body.get("stream_options") or {}
         if not isinstance(stream_options, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+        ignore_eos = body.get("ignore_eos") or False
+        if not isinstance(ignore_eos, bool):
+            raise ApiError(400, "'ignore_eos' must be a boolean", param="ignore_eos")
         kind = "chatcmpl" if prompt_name == "messages" else "cmpl"
         return cls(
             app=app,
             id=f"{kind}-{uuid.uuid4().hex}",
             model=body["model"],
             created=int(time.time()),
-            generations=[generate(prompt, max_tokens, index=i, seed=seed) for i in range(n)],
+            generations=[
+                generate(prompt, max_tokens, index=i, seed=seed, begun=begun, ignore_eos=ignore_eos)
+                for i in range(n)
+            ],
             prompt_tokens=prompt_tokens,
             stream=stream,
             include_usage=bool(stream_options.get("include_usage")),
@@ -458,6 +485,29 @@ class _Job:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _continues_final_message(body: dict, messages: list) -> bool:
+    """Whether the request asks to continue its final (assistant) message, as vLLM's and SGLang's
+    ``continue_final_message`` with ``add_generation_prompt: false``; 400 for what vLLM refuses."""
+    continues = body.get("continue_final_message", False)
+    generation_prompt = body.get("add_generation_prompt", True)
+    for name, value in (("continue_final_message", continues), ("add_generation_prompt", generation_prompt)):
+        if not isinstance(value, bool):
+            raise ApiError(400, f"'{name}' must be a boolean", param=name)
+    if not continues:
+        return False
+    if generation_prompt:
+        raise ApiError(
+            400,
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            param="continue_final_message",
+        )
+    if messages[-1].get("role") != "assistant":
+        raise ApiError(
+            400, "`continue_final_message` needs the final message to be the assistant's", param="messages"
+        )
+    return True
 
 
 def _content_text(content: Any, param: str) -> str:

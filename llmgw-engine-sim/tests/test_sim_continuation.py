@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from llmgw_engine_sim.generate import generate
 
 MODEL = "sim-model"
@@ -51,7 +50,7 @@ class TestContinueFinalMessage:
     """``continue_final_message`` over HTTP, as vLLM takes it."""
 
     def test_chat_continued_equals_the_unbroken_answer(self, sim):
-        """An assistant message with the first words, continued, gives the rest; usage counts them as prompt."""
+        """The first words as an assistant message, continued, give the rest; usage counts them as prompt."""
         messages = [{"role": "user", "content": "tell me about fleets"}]
         whole = post(
             sim, "/v1/chat/completions", {"messages": messages, "max_tokens": 30, "ignore_eos": True}

@@ -14,8 +14,13 @@ What "nothing has gone out" means depends on the response:
   leaves the request free to go elsewhere;
 - a server-sent-events stream is passed through event by event as the
   engine writes it (the first chunk marks time to first token). Once bytes
-  went out there is no retry: if the replica breaks the stream, the client
-  gets a last ``data: {"error": {...}}`` event and a properly ended response;
+  went out there is no retry of the whole request: if the replica breaks the
+  stream, it goes on from another replica, in the same response, from the
+  text the client received (mid-stream migration, :mod:`llmgw.gateway.migration`,
+  up to ``migration_limit`` times); a stream that cannot go on gets a last
+  ``data: {"error": {...}}`` event and a properly ended response. While a
+  stream may be continued, only whole events go out (a partial one waits for
+  its end), so that what the client has is exactly what the transcript says;
 - any other body is passed through as well; if it breaks, the client's
   connection is closed without ending the body, the only honest signal left.
 
@@ -41,6 +46,15 @@ from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
+from llmgw.gateway.migration import (
+    MigrationCause,
+    NotContinued,
+    Rewriter,
+    Transcript,
+    event_boundary,
+    plan,
+)
+from llmgw.gateway.prefix import prefix_keys, prompt_text
 from llmgw.gateway.stalls import Attempt
 from llmgw.gateway.usage import StreamUsage, estimated_usage, read_usage
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
@@ -52,6 +66,10 @@ log = logging.getLogger("llmgw.gateway")
 
 #: replica statuses that mean "try another replica"
 RETRY_STATUSES = frozenset({502, 503})
+#: the endpoints whose streams can be continued on another replica
+CONTINUABLE = frozenset({"chat/completions", "completions"})
+#: bytes of a partial event held back before a stream gives up being continuable (no event boundary)
+_HELD_LIMIT = 1024 * 1024
 #: response headers passed from the replica to the client
 _PASSED_HEADERS = frozenset({"content-type", "retry-after"})
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -77,6 +95,9 @@ class ProxySettings:
     hold_timeout: float = 300.0
     #: requests held at once per model at zero replicas; more are answered 503
     hold_queue: int = 256
+    #: continuations on another replica per streamed request broken mid-way (0: none, the stream ends
+    #: with an error event)
+    migration_limit: int = 3
 
 
 @attrs.define
@@ -110,6 +131,13 @@ class Call:
     events: int = 0
     #: characters of the prompt's text, measured for keys whose tokens are charged
     prompt_chars: int = 0
+    #: times a broken stream went on from another replica (:mod:`llmgw.gateway.migration`)
+    migrations: int = 0
+    #: continuations tried (bounded by ``migration_limit``)
+    migration_attempts: int = 0
+    #: the longest gap in the stream from a migration: seconds from the broken replica's last event
+    #: to the next one's first
+    migration_gap: float | None = None
 
     def charged_usage(self) -> tuple[int, int] | None:
         """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for
@@ -209,11 +237,7 @@ class Proxy:
 
     async def _attempt(self, call: Call, replica: Upstream) -> Response | tuple[str, Response | None]:
         """One attempt: the client's response, or (why it failed, the replica's error response if any)."""
-        headers = [
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("x-request-id", call.request_id),
-        ]
+        headers = _request_headers(call)
         attempt = Attempt(trio.current_time())
         replica.begin(attempt, attempt.start)
         upstream: ClientResponse | None = None
@@ -285,19 +309,30 @@ class Proxy:
         return _named(reason, replica), response
 
     async def _relay(self, call: Call, relay: _Relay, sse: bool) -> AsyncIterator[bytes]:
-        """The replica's body, chunk by chunk as it arrives; ends the stream cleanly if the replica breaks."""
-        replica, upstream = relay.replica, relay.upstream
+        """The replica's body, chunk by chunk as it arrives.
+
+        A stream the replica breaks goes on from another replica (:meth:`_continue`) or ends with an
+        error event; any other body that breaks drops the client's connection.
+        """
         first = True
         tail = b"\n\n"
         usage = StreamUsage() if sse else None
         last = 0.0
+        continuable = sse and self.settings.migration_limit > 0 and call.endpoint in CONTINUABLE
+        # a stream that may be continued: whole events go out, kept in its transcript
+        transcript = Transcript() if continuable else None
+        held = b""
+        rewriter: Rewriter | None = None
+        broke_at: float | None = None
+        tried = [relay.replica]
         try:
             while True:
+                replica, upstream = relay.replica, relay.upstream
                 try:
                     chunk = await upstream.receive_chunk()
                 except HttpClientError as exc:
-                    reason = relay.attempt.why or str(exc)
-                    reason = self._failed(replica, "mid_stream", reason, None)[0]
+                    cause = _cause(relay.attempt, replica, exc)
+                    reason = self._failed(replica, "mid_stream", relay.attempt.why or str(exc), None)[0]
                     log.warning(
                         "request %s: replica %s broke its response mid-way: %s",
                         call.request_id,
@@ -307,12 +342,45 @@ class Proxy:
                     if not sse:
                         # The body cannot be ended honestly: have the server drop the client's connection.
                         raise trio.BrokenResourceError(f"replica {replica.name} broke the response") from None
+                    if transcript is None:
+                        why = NotContinued.DISABLED if call.endpoint in CONTINUABLE else NotContinued.REQUEST
+                    else:
+                        went_on = await self._continue(call, transcript, tried, cause, usage)
+                        if isinstance(went_on, tuple):
+                            relay.finish()
+                            relay, rewriter = went_on
+                            held, broke_at = b"", last
+                            continue
+                        if isinstance(went_on, bytes):  # nothing was left to generate
+                            yield went_on
+                            return
+                        why = went_on
+                    self.metrics.not_continued(call.model, why)
                     separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
-                    yield separator + _sse_error(f"replica {replica.name} failed mid-stream: {reason}")
+                    message = f"replica {replica.name} failed mid-stream: {reason}"
+                    if transcript is not None:
+                        message += f" (not continued elsewhere: {why.value})"
+                    yield separator + _sse_error(message)
                     return
                 if chunk is None:
+                    if held:  # the stream ended inside an event: end it
+                        yield rewriter.rewrite(held + b"\n\n") if rewriter is not None else held
                     return
                 now = replica.last_byte = trio.current_time()
+                if transcript is not None:
+                    if held:
+                        chunk, held = held + chunk, b""
+                    cut = event_boundary(chunk)
+                    if cut < len(chunk):
+                        chunk, held = chunk[:cut], chunk[cut:]
+                        if len(held) > _HELD_LIMIT:  # not events: pass it on, and give up continuing
+                            chunk, held, transcript = chunk + held, b"", None
+                    if rewriter is not None and chunk:
+                        chunk = rewriter.rewrite(chunk)
+                    if not chunk:
+                        continue
+                    if transcript is not None:
+                        transcript.add(chunk)
                 if usage is not None:
                     usage.feed(chunk)
                     call.usage = usage.usage
@@ -321,6 +389,11 @@ class Proxy:
                         call.ttft = now - call.start
                         self.metrics.first_token(call.model, call.ttft)
                         self.demand.first_token(call.model, call.ttft)
+                    elif broke_at is not None:
+                        gap = now - broke_at
+                        self.metrics.migration_gap(call.model, gap)
+                        call.migration_gap = max(gap, call.migration_gap or 0.0)
+                        broke_at = None
                     else:
                         self.metrics.inter_token_latency(call.model, now - last)
                     last = now
@@ -329,6 +402,95 @@ class Proxy:
                 yield chunk
         finally:
             relay.finish()
+
+    async def _continue(
+        self,
+        call: Call,
+        transcript: Transcript,
+        tried: list[Upstream],
+        cause: MigrationCause,
+        usage: StreamUsage | None,
+    ) -> tuple[_Relay, Rewriter] | bytes | NotContinued:
+        """Go on with a broken stream: (the new replica's response, its rewriter), the events that end
+        a stream with nothing left to generate, or why it cannot go on.
+
+        Called by :meth:`_relay` when a stream's replica broke. The replica is chosen as for a new
+        request (prefix-aware routing on the prompt with the text so far), among the replicas whose
+        engine continues a final assistant message and that this request has not tried.
+        """
+        if call.migration_attempts >= self.settings.migration_limit:
+            return NotContinued.LIMIT
+        carried = transcript.carried()
+        planned = plan(call.body, call.endpoint, carried)
+        if isinstance(planned, NotContinued):
+            return planned
+        if planned.body is None:
+            call.migrations += 1
+            self.metrics.migration(call.model, cause, 0)
+            return planned.tail
+        prefix = ()
+        if self.balancer.routing == "prefix":
+            prefix = prefix_keys(prompt_text(call.endpoint, planned.request))
+
+        def counted(prompt: int, completion: int) -> None:
+            if usage is not None:
+                usage.usage = (prompt, completion)
+
+        while call.migration_attempts < self.settings.migration_limit:
+            replica = self.balancer.choose(
+                call.model, trio.current_time(), prefix=prefix, exclude=tried, continuing=True
+            )
+            if replica is None:
+                able = any(r.continues for r in self.balancer.replicas(call.model) if r not in tried)
+                return NotContinued.NO_REPLICA if able else NotContinued.ENGINE
+            call.migration_attempts += 1
+            tried.append(replica)
+            relay = await self._open_stream(call, replica, planned.body)
+            if relay is not None:
+                call.migrations += 1
+                self.metrics.migration(call.model, cause, carried.tokens)
+                log.info(
+                    "request %s: stream continued on replica %s after %d tokens (%s)",
+                    call.request_id,
+                    replica.name,
+                    carried.tokens,
+                    cause.value,
+                )
+                return relay, Rewriter(carried, bool(carried.text), planned.wants_usage, counted)
+        return NotContinued.LIMIT
+
+    async def _open_stream(self, call: Call, replica: Upstream, body: bytes) -> _Relay | None:
+        """Send a continuation to ``replica``: its stream, or None when it did not answer with one."""
+        attempt = Attempt(trio.current_time())
+        replica.begin(attempt, attempt.start)
+        upstream: ClientResponse | None = None
+        try:
+            try:
+                upstream = await self.pool.send(
+                    "POST", replica.url + call.path, headers=_request_headers(call), body=body, watch=attempt
+                )
+            except HttpClientError as exc:
+                kind = "connect" if isinstance(exc, ConnectError) else "closed"
+                self._failed(replica, kind, str(exc), None)
+                return None
+            replica.produced(trio.current_time())
+            content_type = upstream.header("content-type") or ""
+            if upstream.status != 200 or not content_type.startswith("text/event-stream"):
+                why = f"answered {upstream.status} to a continuation"
+                self._failed(replica, f"status_{upstream.status}", why, None)
+                return None
+            replica.succeeded()
+            call.replica = replica
+            attempt.handed_over = True
+            return _Relay(replica, upstream, attempt)
+        except BaseException:
+            replica.abandoned()
+            raise
+        finally:
+            if not attempt.handed_over:
+                replica.end(attempt)
+                if upstream is not None:
+                    upstream.close()
 
 
 class _Relay:
@@ -363,6 +525,21 @@ class _Relay:
                 then()
 
         return after
+
+
+def _request_headers(call: Call) -> list[tuple[str, str]]:
+    return [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("x-request-id", call.request_id),
+    ]
+
+
+def _cause(attempt: Attempt, replica: Upstream, exc: HttpClientError) -> MigrationCause:
+    """Why a stream's upstream broke, from who ended it and how."""
+    if attempt.why is not None:  # the gateway ended it (StallWatch)
+        return MigrationCause.STALLED if replica.suspect else MigrationCause.LEFT_ROUTES
+    return MigrationCause.TIMEOUT if isinstance(exc, ReadTimeout) else MigrationCause.CLOSED
 
 
 def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> tuple[tuple[str, str], ...]:

@@ -7,10 +7,12 @@ ends with the first k words of an answer (an assistant message continued, or
 a completion's prompt with its text so far appended) is continued with the
 answer's word k+1 onwards, and the two halves equal the unbroken answer.
 
-Generation stops by itself (``finish_reason`` ``stop``) where the context's
-hash says so (one chance in :data:`STOP_ONE_IN` per word, never before the
-answer's first word unless the answer was already begun), or at ``max_tokens``
-(``length``); ``ignore_eos`` (as vLLM's) makes it go on to ``max_tokens``.
+Where an answer stops by itself (``finish_reason`` ``stop``; else ``length``
+at ``max_tokens``): a chat answer has a natural length of 4 to 63 words drawn
+from its prompt without the answer, counted from the answer's first word; a
+completion (whose prompt may already hold part of the answer) stops where the
+context's hash says so, one chance in :data:`STOP_ONE_IN` per word.
+``ignore_eos`` (as vLLM's) makes either go on to ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def _digest(*parts: object) -> bytes:
     return hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
 
 
-#: a generated word ends the answer with one chance in this many (the mean natural length)
+#: a completion's word ends it with one chance in this many (its mean natural length)
 STOP_ONE_IN = 32
 
 
@@ -64,32 +66,41 @@ def generate(
     *,
     index: int = 0,
     seed: int | None = None,
-    begun: bool = False,
+    answer: str | None = None,
     ignore_eos: bool = False,
 ) -> Generation:
     """Generate up to ``max_tokens`` tokens after ``prompt``, one word at a time from the context so far.
 
     Called by the sim's API for every choice of a chat or completion request.
 
-    :param prompt: the whole context: the rendered chat (ending with ``assistant: `` and any text of
-        the answer already begun) or a completion's prompt.
+    :param prompt: a chat's rendered messages up to the answer (ending with ``assistant: ``), or a
+        completion's prompt.
     :param index: the choice number, for requests asking ``n`` > 1 choices.
     :param seed: the request's ``seed``, if any; part of the hash.
-    :param begun: the prompt ends inside the answer (a continued assistant message, or a completion):
-        every word is preceded by a space, and the first may already be the end.
+    :param answer: for a chat, the answer's text already given (a continued assistant message, else
+        empty); None for a completion.
     :param ignore_eos: never stop before ``max_tokens``.
-    :returns: the same :class:`Generation` for the same arguments, always; generating after
-        ``prompt + text`` (with ``begun``) gives the rest of the generation after ``prompt``.
+    :returns: the same :class:`Generation` for the same arguments, always; for a chat, generating with
+        ``answer`` the first words of an answer gives its remaining words, as for a completion does
+        ``prompt`` followed by them.
     """
     context = hashlib.sha256(f"{index}\x1f{seed}\x1f".encode())
     context.update(prompt.encode())
+    chat = answer is not None
+    if chat:
+        context.update(answer.encode())
+        natural_length = 4 + _digest("length", prompt, index, seed)[0] % 60
+        position = count_tokens(answer)
     tokens: list[str] = []
-    for position in range(max_tokens):
+    while len(tokens) < max_tokens:
         digest = context.copy().digest()
-        if not ignore_eos and (begun or position > 0) and digest[4] % STOP_ONE_IN == 0:
-            return Generation(tuple(tokens), "stop")
+        if not ignore_eos:
+            if chat and position + len(tokens) >= natural_length:
+                return Generation(tuple(tokens), "stop")
+            if not chat and digest[4] % STOP_ONE_IN == 0:
+                return Generation(tuple(tokens), "stop")
         word = _WORDS[int.from_bytes(digest[:4], "big") % len(_WORDS)]
-        token = " " + word if begun or position > 0 else word
+        token = word if chat and position + len(tokens) == 0 else " " + word
         tokens.append(token)
         context.update(token.encode())
     return Generation(tuple(tokens), "length")

@@ -257,12 +257,14 @@ class SimApp:
             prompt_tokens += count_tokens(content)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         prompt = "\n".join(prompt_parts)
-        begun = False
+        answer = ""
         if _continues_final_message(body, messages):
-            begun = bool(content)  # the final assistant message is left open: its text is the answer's start
+            # the final assistant message is left open: its text is the answer's start
+            answer = content
+            prompt = prompt.removesuffix(content)
         elif body.get("add_generation_prompt", True):
             prompt += "\nassistant: "
-        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages", begun=begun)
+        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages", answer=answer)
         await self.prefill.run(prompt)
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
@@ -305,7 +307,7 @@ class SimApp:
         if len(prompts) != 1:
             raise ApiError(400, "this engine takes one prompt per request", param="prompt")
         tokens = count_tokens(prompts[0])
-        job = _Job.build(self, body, prompts[0], tokens, body.get("max_tokens"), "prompt", begun=True)
+        job = _Job.build(self, body, prompts[0], tokens, body.get("max_tokens"), "prompt", answer=None)
         await self.prefill.run(prompts[0])
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
@@ -372,10 +374,10 @@ class _Job:
         max_tokens: Any,
         prompt_name: str,
         *,
-        begun: bool,
+        answer: str | None,
     ) -> _Job:
-        """Validate the sampling parameters of ``body`` and generate the text after ``prompt``
-        (``begun``: the prompt ends inside the answer, see :func:`~llmgw_engine_sim.generate.generate`)."""
+        """Validate the sampling parameters of ``body`` and generate the text after ``prompt`` (and a
+        chat's ``answer`` begun, see :func:`~llmgw_engine_sim.generate.generate`)."""
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
         if not _is_int(max_tokens) or max_tokens < 1:
@@ -413,7 +415,7 @@ class _Job:
             model=body["model"],
             created=int(time.time()),
             generations=[
-                generate(prompt, max_tokens, index=i, seed=seed, begun=begun, ignore_eos=ignore_eos)
+                generate(prompt, max_tokens, index=i, seed=seed, answer=answer, ignore_eos=ignore_eos)
                 for i in range(n)
             ],
             prompt_tokens=prompt_tokens,

@@ -25,24 +25,29 @@ class TestGenerate:
     """The generation function itself."""
 
     @pytest.mark.parametrize("cut", [0, 1, 7, 39])
-    def test_a_prefix_continued_gives_the_rest(self, cut):
-        """Generating after the prompt plus the first ``cut`` words gives the remaining words."""
-        whole = generate("user: hi\nassistant: ", 40, ignore_eos=True)
-        text = "".join(whole.tokens[:cut])
-        rest = generate("user: hi\nassistant: " + text, 40 - cut, begun=bool(cut), ignore_eos=True)
+    def test_a_chat_answer_continued_gives_the_rest(self, cut):
+        """Generating after the first ``cut`` words of a chat answer gives the remaining words."""
+        whole = generate("user: hi\nassistant: ", 40, answer="", ignore_eos=True)
+        rest = generate(
+            "user: hi\nassistant: ", 40 - cut, answer="".join(whole.tokens[:cut]), ignore_eos=True
+        )
         assert whole.tokens[:cut] + rest.tokens == whole.tokens
         assert rest.finish_reason == whole.finish_reason == "length"
 
-    def test_a_natural_stop_is_found_again(self):
-        """An answer that stops by itself stops at the same word when continued from any point."""
-        prompt = next(
-            f"prompt {i}"
-            for i in range(200)
-            if generate(f"prompt {i}", 200, begun=True).finish_reason == "stop"
-        )
-        whole = generate(prompt, 200, begun=True)
+    def test_a_chat_answer_stops_at_the_same_word_when_continued(self):
+        """A chat answer that stops by itself stops at the same word when continued from any point."""
+        whole = generate("user: story\nassistant: ", 200, answer="")
+        assert whole.finish_reason == "stop" and 4 <= len(whole.tokens) <= 63
         for cut in range(len(whole.tokens)):
-            rest = generate(prompt + "".join(whole.tokens[:cut]), 200, begun=True)
+            rest = generate("user: story\nassistant: ", 200, answer="".join(whole.tokens[:cut]))
+            assert whole.tokens[:cut] + rest.tokens == whole.tokens and rest.finish_reason == "stop"
+
+    def test_a_completion_continued_stops_at_the_same_word(self):
+        """A completion that stops by itself stops at the same word with its text appended to the prompt."""
+        prompt = next(f"p {i}" for i in range(200) if generate(f"p {i}", 200).finish_reason == "stop")
+        whole = generate(prompt, 200)
+        for cut in range(len(whole.tokens)):
+            rest = generate(prompt + "".join(whole.tokens[:cut]), 200)
             assert whole.tokens[:cut] + rest.tokens == whole.tokens and rest.finish_reason == "stop"
 
 

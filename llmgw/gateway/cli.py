@@ -179,8 +179,11 @@ def gateway_command(settings: GatewaySettings) -> None:
     Faults: a replica that stops sending while requests wait on it
     (--stall-timeout) is taken out as an open breaker would be and reported
     to the server; its requests that sent nothing to their clients go to
-    another replica, as do those on a replica that leaves the routes. The
-    API key is checked before a body is read.
+    another replica, as do those on a replica that leaves the routes. A
+    stream that breaks mid-way (its replica died, stalled or left) goes on
+    from another replica in the same response, from the text the client has
+    (--migration-limit times at most). The API key is checked before a body
+    is read.
 
     --workers N runs N gateway processes on the one port; /metrics on any of
     them sums the counters of all. Prometheus metrics on GET /metrics;

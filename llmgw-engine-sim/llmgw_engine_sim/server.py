@@ -33,8 +33,10 @@ import trio
 
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw_engine_sim.batch import Batch, Timing
+from llmgw_engine_sim.errors import ApiError, unavailable
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 from llmgw_engine_sim.prefix_cache import Prefill, PrefillOptions
+from llmgw_engine_sim.prompt import chat_prompt, prompt_texts
 
 __all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
 
@@ -68,40 +70,6 @@ class ServeOptions:
     #: generations running at once; the others wait (None: no limit)
     max_num_seqs: int | None = None
     prefill: PrefillOptions = PrefillOptions()
-
-
-class ApiError(Exception):
-    """An error answered to the client in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | int | None = None,
-        kind: str | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.kind = kind
-
-    def response(self) -> Response:
-        """The JSON error response for this error."""
-        kind = self.kind or ("server_error" if self.status >= 500 else "invalid_request_error")
-        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        return Response.json(self.status, {"error": error})
-
-
-def unavailable(message: str) -> ApiError:
-    """llama-server's answer while it loads.
-
-    503 ``{"error": {"message", "type": "unavailable_error", "code": 503}}``.
-    """
-    return ApiError(503, message, code=503, kind="unavailable_error")
 
 
 class SimApp:
@@ -243,27 +211,9 @@ class SimApp:
 
     async def _chat(self, request: Request) -> Response:
         body, after = await self._admit(request)
-        messages = body.get("messages")
-        if messages is None:
-            raise ApiError(400, "Missing required parameter: 'messages'.", param="messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "'messages' must be a non-empty array", param="messages")
-        prompt_parts, prompt_tokens, content = [], 0, ""
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
-            content = _content_text(message.get("content"), f"messages[{i}].content")
-            prompt_parts.append(f"{message['role']}: {content}")
-            prompt_tokens += count_tokens(content)
+        chat = chat_prompt(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        prompt = "\n".join(prompt_parts)
-        answer = ""
-        if _continues_final_message(body, messages):
-            # the final assistant message is left open: its text is the answer's start
-            answer = content
-            prompt = prompt.removesuffix(content)
-        elif body.get("add_generation_prompt", True):
-            prompt += "\nassistant: "
+        prompt, prompt_tokens, answer = chat.prompt, chat.prompt_tokens, chat.answer
         job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages", answer=answer)
         await self.prefill.run(prompt)
         job.start = trio.current_time()  # the first token's clock starts after the prefill
@@ -303,7 +253,7 @@ class SimApp:
         prompt = body.get("prompt")
         if prompt is None:
             raise ApiError(400, "Missing required parameter: 'prompt'.", param="prompt")
-        prompts = _prompts(prompt)
+        prompts = prompt_texts(prompt)
         if len(prompts) != 1:
             raise ApiError(400, "this engine takes one prompt per request", param="prompt")
         tokens = count_tokens(prompts[0])
@@ -330,7 +280,7 @@ class SimApp:
         body, after = await self._admit(request)
         if "input" not in body:
             raise ApiError(400, "Missing required parameter: 'input'.", param="input")
-        texts = _prompts(body["input"], param="input")
+        texts = prompt_texts(body["input"], param="input")
         dimensions = body.get("dimensions") or EMBEDDING_DIMENSIONS
         if not _is_int(dimensions) or dimensions < 1:
             raise ApiError(400, "'dimensions' must be a positive integer", param="dimensions")
@@ -487,54 +437,3 @@ class _Job:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _continues_final_message(body: dict, messages: list) -> bool:
-    """Whether the request asks to continue its final (assistant) message, as vLLM's and SGLang's
-    ``continue_final_message`` with ``add_generation_prompt: false``; 400 for what vLLM refuses."""
-    continues = body.get("continue_final_message", False)
-    generation_prompt = body.get("add_generation_prompt", True)
-    for name, value in (("continue_final_message", continues), ("add_generation_prompt", generation_prompt)):
-        if not isinstance(value, bool):
-            raise ApiError(400, f"'{name}' must be a boolean", param=name)
-    if not continues:
-        return False
-    if generation_prompt:
-        raise ApiError(
-            400,
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-            param="continue_final_message",
-        )
-    if messages[-1].get("role") != "assistant":
-        raise ApiError(
-            400, "`continue_final_message` needs the final message to be the assistant's", param="messages"
-        )
-    return True
-
-
-def _content_text(content: Any, param: str) -> str:
-    """The text of a chat message's content: a string, a list of parts, or null."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [
-            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
-        ]
-        return " ".join(texts)
-    raise ApiError(400, f"'{param}' must be a string or an array of content parts", param=param)
-
-
-def _prompts(value: Any, param: str = "prompt") -> list[str]:
-    """A prompt or embedding input as a list of texts; token-id lists become their ids as words."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(_is_int(item) for item in value):
-            return [" ".join(map(str, value))]
-        if all(isinstance(item, str) for item in value):
-            return list(value)
-        if all(isinstance(item, list) and all(_is_int(t) for t in item) for item in value):
-            return [" ".join(map(str, item)) for item in value]
-    raise ApiError(400, f"'{param}' must be a string, an array of strings or of token ids", param=param)

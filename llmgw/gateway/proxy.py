@@ -33,30 +33,20 @@ Error messages name replicas by id, never by address.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
 
 import attrs
 import trio
 
-from llmgw.gateway.admission import Ticket
 from llmgw.gateway.balancer import Balancer, Upstream
+from llmgw.gateway.call import Call
 from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import openai_error
-from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
-from llmgw.gateway.migration import (
-    MigrationCause,
-    NotContinued,
-    Rewriter,
-    Transcript,
-    event_boundary,
-    plan,
-)
-from llmgw.gateway.prefix import prefix_keys, prompt_text
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.relay import Relay, Relaying, request_headers
 from llmgw.gateway.stalls import Attempt
-from llmgw.gateway.usage import StreamUsage, estimated_usage, read_usage
+from llmgw.gateway.usage import read_usage
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
 from llmgw.net.server import Response
 
@@ -66,10 +56,6 @@ log = logging.getLogger("llmgw.gateway")
 
 #: replica statuses that mean "try another replica"
 RETRY_STATUSES = frozenset({502, 503})
-#: the endpoints whose streams can be continued on another replica
-CONTINUABLE = frozenset({"chat/completions", "completions"})
-#: bytes of a partial event held back before a stream gives up being continuable (no event boundary)
-_HELD_LIMIT = 1024 * 1024
 #: response headers passed from the replica to the client
 _PASSED_HEADERS = frozenset({"content-type", "retry-after"})
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -100,54 +86,7 @@ class ProxySettings:
     migration_limit: int = 3
 
 
-@attrs.define
-class Call:
-    """One client request on its way to a replica."""
-
-    model: str
-    #: ``chat/completions``, ``completions`` or ``embeddings``
-    endpoint: str
-    path: str
-    body: bytes
-    request_id: str
-    session: str | None
-    #: trio time the request arrived
-    start: float
-    #: the replica that answered, once one did
-    replica: Upstream | None = None
-    #: called once the response to the client is over (:attr:`llmgw.net.server.Response.after`)
-    after: Callable[[], object] | None = None
-    #: the prompt's prefix keys, for prefix-aware routing (empty: not used)
-    prefix: tuple[bytes, ...] = ()
-    #: the API key's name (:data:`llmgw.gateway.metrics.NO_KEY` without keys)
-    key: str = NO_KEY
-    #: (prompt, completion) tokens from the engine's usage, once seen
-    usage: tuple[int, int] | None = None
-    #: seconds from arrival to the first chunk of a stream
-    ttft: float | None = None
-    #: the key's admission (:class:`llmgw.gateway.admission.Ticket`), ended with the response; None: unlimited
-    ticket: Ticket | None = None
-    #: events of a streamed answer so far
-    events: int = 0
-    #: characters of the prompt's text, measured for keys whose tokens are charged
-    prompt_chars: int = 0
-    #: times a broken stream went on from another replica (:mod:`llmgw.gateway.migration`)
-    migrations: int = 0
-    #: continuations tried (bounded by ``migration_limit``)
-    migration_attempts: int = 0
-    #: the longest gap in the stream from a migration: seconds from the broken replica's last event
-    #: to the next one's first
-    migration_gap: float | None = None
-
-    def charged_usage(self) -> tuple[int, int] | None:
-        """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for
-        a stream that carried none an estimate (:func:`llmgw.gateway.usage.estimated_usage`)."""
-        if self.usage is not None or not self.events:
-            return self.usage
-        return estimated_usage(self.prompt_chars, self.events)
-
-
-class Proxy:
+class Proxy(Relaying):
     """Sends calls to replicas chosen by the balancer, through one connection pool."""
 
     def __init__(
@@ -157,6 +96,7 @@ class Proxy:
         self.balancer = balancer
         self.metrics = metrics
         self.settings = settings
+        self.migration_limit = settings.migration_limit
         #: the models that wake on demand: their requests counted, held while they have no replica
         self.demand = Demand(settings.hold_timeout, settings.hold_queue)
 
@@ -237,7 +177,7 @@ class Proxy:
 
     async def _attempt(self, call: Call, replica: Upstream) -> Response | tuple[str, Response | None]:
         """One attempt: the client's response, or (why it failed, the replica's error response if any)."""
-        headers = _request_headers(call)
+        headers = request_headers(call)
         attempt = Attempt(trio.current_time())
         replica.begin(attempt, attempt.start)
         upstream: ClientResponse | None = None
@@ -269,7 +209,7 @@ class Proxy:
                 headers_out = _headers(upstream, replica, call)
                 if sse:
                     headers_out += (("cache-control", "no-cache"),)
-                relay = _Relay(replica, upstream, attempt)
+                relay = Relay(replica, upstream, attempt)
                 body_out = self._relay(call, relay, sse)
                 return Response(status, headers_out, body_out, relay.after(call.after))
             except HttpClientError as exc:
@@ -308,239 +248,6 @@ class Proxy:
         log.info("attempt on replica %s (%s) failed: %s", replica.name, replica.url, reason)
         return _named(reason, replica), response
 
-    async def _relay(self, call: Call, relay: _Relay, sse: bool) -> AsyncIterator[bytes]:
-        """The replica's body, chunk by chunk as it arrives.
-
-        A stream the replica breaks goes on from another replica (:meth:`_continue`) or ends with an
-        error event; any other body that breaks drops the client's connection.
-        """
-        first = True
-        tail = b"\n\n"
-        usage = StreamUsage() if sse else None
-        last = 0.0
-        continuable = sse and self.settings.migration_limit > 0 and call.endpoint in CONTINUABLE
-        # a stream that may be continued: whole events go out, kept in its transcript
-        transcript = Transcript() if continuable else None
-        held = b""
-        rewriter: Rewriter | None = None
-        broke_at: float | None = None
-        tried = [relay.replica]
-        try:
-            while True:
-                replica, upstream = relay.replica, relay.upstream
-                try:
-                    chunk = await upstream.receive_chunk()
-                except HttpClientError as exc:
-                    cause = _cause(relay.attempt, replica, exc)
-                    reason = self._failed(replica, "mid_stream", relay.attempt.why or str(exc), None)[0]
-                    log.warning(
-                        "request %s: replica %s broke its response mid-way: %s",
-                        call.request_id,
-                        replica.name,
-                        reason,
-                    )
-                    if not sse:
-                        # The body cannot be ended honestly: have the server drop the client's connection.
-                        raise trio.BrokenResourceError(f"replica {replica.name} broke the response") from None
-                    if transcript is None:
-                        why = NotContinued.DISABLED if call.endpoint in CONTINUABLE else NotContinued.REQUEST
-                    else:
-                        went_on = await self._continue(call, transcript, tried, cause, usage)
-                        if isinstance(went_on, tuple):
-                            relay.finish()
-                            relay, rewriter = went_on
-                            held, broke_at = b"", last
-                            continue
-                        if isinstance(went_on, bytes):  # nothing was left to generate
-                            yield went_on
-                            return
-                        why = went_on
-                    self.metrics.not_continued(call.model, why)
-                    separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
-                    message = f"replica {replica.name} failed mid-stream: {reason}"
-                    if transcript is not None:
-                        message += f" (not continued elsewhere: {why.value})"
-                    yield separator + _sse_error(message)
-                    return
-                if chunk is None:
-                    if held:  # the stream ended inside an event: end it
-                        yield rewriter.rewrite(held + b"\n\n") if rewriter is not None else held
-                    return
-                now = replica.last_byte = trio.current_time()
-                if transcript is not None:
-                    if held:
-                        chunk, held = held + chunk, b""
-                    cut = event_boundary(chunk)
-                    if cut < len(chunk):
-                        chunk, held = chunk[:cut], chunk[cut:]
-                        if len(held) > _HELD_LIMIT:  # not events: pass it on, and give up continuing
-                            chunk, held, transcript = chunk + held, b"", None
-                    if rewriter is not None and chunk:
-                        chunk = rewriter.rewrite(chunk)
-                    if not chunk:
-                        continue
-                    if transcript is not None:
-                        transcript.add(chunk)
-                if usage is not None:
-                    usage.feed(chunk)
-                    call.usage = usage.usage
-                    call.events = usage.events
-                    if first:
-                        call.ttft = now - call.start
-                        self.metrics.first_token(call.model, call.ttft)
-                        self.demand.first_token(call.model, call.ttft)
-                    elif broke_at is not None:
-                        gap = now - broke_at
-                        self.metrics.migration_gap(call.model, gap)
-                        call.migration_gap = max(gap, call.migration_gap or 0.0)
-                        broke_at = None
-                    else:
-                        self.metrics.inter_token_latency(call.model, now - last)
-                    last = now
-                first = False
-                tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
-                yield chunk
-        finally:
-            relay.finish()
-
-    async def _continue(
-        self,
-        call: Call,
-        transcript: Transcript,
-        tried: list[Upstream],
-        cause: MigrationCause,
-        usage: StreamUsage | None,
-    ) -> tuple[_Relay, Rewriter] | bytes | NotContinued:
-        """Go on with a broken stream: (the new replica's response, its rewriter), the events that end
-        a stream with nothing left to generate, or why it cannot go on.
-
-        Called by :meth:`_relay` when a stream's replica broke. The replica is chosen as for a new
-        request (prefix-aware routing on the prompt with the text so far), among the replicas whose
-        engine continues a final assistant message and that this request has not tried.
-        """
-        if call.migration_attempts >= self.settings.migration_limit:
-            return NotContinued.LIMIT
-        carried = transcript.carried()
-        planned = plan(call.body, call.endpoint, carried)
-        if isinstance(planned, NotContinued):
-            return planned
-        if planned.body is None:
-            call.migrations += 1
-            self.metrics.migration(call.model, cause, 0)
-            return planned.tail
-        prefix = ()
-        if self.balancer.routing == "prefix":
-            prefix = prefix_keys(prompt_text(call.endpoint, planned.request))
-
-        def counted(prompt: int, completion: int) -> None:
-            if usage is not None:
-                usage.usage = (prompt, completion)
-
-        while call.migration_attempts < self.settings.migration_limit:
-            replica = self.balancer.choose(
-                call.model, trio.current_time(), prefix=prefix, exclude=tried, continuing=True
-            )
-            if replica is None:
-                able = any(r.continues for r in self.balancer.replicas(call.model) if r not in tried)
-                return NotContinued.NO_REPLICA if able else NotContinued.ENGINE
-            call.migration_attempts += 1
-            tried.append(replica)
-            relay = await self._open_stream(call, replica, planned.body)
-            if relay is not None:
-                call.migrations += 1
-                self.metrics.migration(call.model, cause, carried.tokens)
-                log.info(
-                    "request %s: stream continued on replica %s after %d tokens (%s)",
-                    call.request_id,
-                    replica.name,
-                    carried.tokens,
-                    cause.value,
-                )
-                return relay, Rewriter(carried, bool(carried.text), planned.wants_usage, counted)
-        return NotContinued.LIMIT
-
-    async def _open_stream(self, call: Call, replica: Upstream, body: bytes) -> _Relay | None:
-        """Send a continuation to ``replica``: its stream, or None when it did not answer with one."""
-        attempt = Attempt(trio.current_time())
-        replica.begin(attempt, attempt.start)
-        upstream: ClientResponse | None = None
-        try:
-            try:
-                upstream = await self.pool.send(
-                    "POST", replica.url + call.path, headers=_request_headers(call), body=body, watch=attempt
-                )
-            except HttpClientError as exc:
-                kind = "connect" if isinstance(exc, ConnectError) else "closed"
-                self._failed(replica, kind, str(exc), None)
-                return None
-            replica.produced(trio.current_time())
-            content_type = upstream.header("content-type") or ""
-            if upstream.status != 200 or not content_type.startswith("text/event-stream"):
-                why = f"answered {upstream.status} to a continuation"
-                self._failed(replica, f"status_{upstream.status}", why, None)
-                return None
-            replica.succeeded()
-            call.replica = replica
-            attempt.handed_over = True
-            return _Relay(replica, upstream, attempt)
-        except BaseException:
-            replica.abandoned()
-            raise
-        finally:
-            if not attempt.handed_over:
-                replica.end(attempt)
-                if upstream is not None:
-                    upstream.close()
-
-
-class _Relay:
-    """A response being passed through: ended once, by its body or by the exchange's end.
-
-    The server closes the body iterator when it stops sending, but a body it
-    never started (the client left first) runs no ``finally``: :meth:`after`
-    catches that case.
-    """
-
-    __slots__ = ("replica", "upstream", "attempt", "finished")
-
-    def __init__(self, replica: Upstream, upstream: ClientResponse, attempt: Attempt) -> None:
-        self.replica = replica
-        self.upstream = upstream
-        self.attempt = attempt
-        self.finished = False
-
-    def finish(self) -> None:
-        """Release the replica and the connection (back to the pool if the body was read whole)."""
-        if not self.finished:
-            self.finished = True
-            self.replica.end(self.attempt)
-            self.upstream.close()
-
-    def after(self, then: Callable[[], object] | None) -> Callable[[], None]:
-        """The response's ``after`` callback: :meth:`finish`, then ``then``."""
-
-        def after() -> None:
-            self.finish()
-            if then is not None:
-                then()
-
-        return after
-
-
-def _request_headers(call: Call) -> list[tuple[str, str]]:
-    return [
-        ("content-type", "application/json"),
-        ("accept", "application/json, text/event-stream"),
-        ("x-request-id", call.request_id),
-    ]
-
-
-def _cause(attempt: Attempt, replica: Upstream, exc: HttpClientError) -> MigrationCause:
-    """Why a stream's upstream broke, from who ended it and how."""
-    if attempt.why is not None:  # the gateway ended it (StallWatch)
-        return MigrationCause.STALLED if replica.suspect else MigrationCause.LEFT_ROUTES
-    return MigrationCause.TIMEOUT if isinstance(exc, ReadTimeout) else MigrationCause.CLOSED
-
 
 def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> tuple[tuple[str, str], ...]:
     passed = tuple((name, value) for name, value in upstream.headers if name in _PASSED_HEADERS)
@@ -562,8 +269,3 @@ def _named(reason: str, replica: Upstream) -> str:
         reason = reason.replace(origin, f"replica {replica.name}")
     host = origin.split("//", 1)[-1]
     return reason.replace(host, replica.name) if host in reason else reason
-
-
-def _sse_error(message: str) -> bytes:
-    error = {"message": message, "type": "server_error", "param": None, "code": "upstream_error"}
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

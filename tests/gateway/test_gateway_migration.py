@@ -13,6 +13,7 @@ import trio
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import serve_feed, start_gateway
+from llmgw.testing.metrics import samples
 
 WORDS = 20
 BODY = {
@@ -109,15 +110,10 @@ def text_of(events: list) -> str:
 
 
 async def metric(url: str, name: str, **labels: str) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """The value of the sample ``name`` with ``labels`` the gateway at ``url`` exports; None without one."""
     async with httpx.AsyncClient() as http:
         text = (await http.get(f"{url}/metrics")).text
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
+    return next((v for found, v in samples(text, name) if labels.items() <= found.items()), None)
 
 
 class TestContinued:

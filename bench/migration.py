@@ -19,6 +19,20 @@ It prints streams completed (equal to the unbroken answer, usage of one
 answer) and broken, migrations by cause, tokens carried over, the gap the
 migrated streams' clients saw (p50, p99, max), and the CPU per relayed event
 of both gateways.
+
+A default run on this machine (2 cores shared with other work; 3 nodes, 4
+replicas, 16 clients, 400 tokens at 100 tokens/s, a kill every 10 s for 180 s)::
+
+    180 s, 18 engine kills (one every 10 s), 16 clients, 400 tokens per answer at 100 tokens/s
+    streams: 736 completed equal to the unbroken answer, 0 broken (100.0% complete)
+    migrations by cause {'closed': 80}; not continued none; tokens carried over 14343
+    gap in migrated streams: p50 57 ms, p99 92 ms, max 93 ms
+    gateway CPU per relayed event, before (--migration-limit 0): median 122.5 µs over 3 rounds
+    gateway CPU per relayed event, after (--migration-limit 3): median 121.0 µs over 3 rounds
+
+The CPU per event here is that of a sim sending each token as it comes (one
+read and one write per event); against ``bench/fastbackend.py``, whose events
+arrive together and are relayed in one write, it is a few µs (``bench/gateway.py``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from llmgw.gateway.call import Call
 from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import GatewayMetrics
-from llmgw.gateway.relay import Relay, Relaying, request_headers
+from llmgw.gateway.relay import Exchange, Relaying
 from llmgw.gateway.stalls import Attempt
 from llmgw.gateway.usage import read_usage
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
@@ -177,16 +177,11 @@ class Proxy(Relaying):
 
     async def _attempt(self, call: Call, replica: Upstream) -> Response | tuple[str, Response | None]:
         """One attempt: the client's response, or (why it failed, the replica's error response if any)."""
-        headers = request_headers(call)
-        attempt = Attempt(trio.current_time())
-        replica.begin(attempt, attempt.start)
-        upstream: ClientResponse | None = None
+        exchange = Exchange(replica)
+        attempt = exchange.attempt
         try:
             try:
-                upstream = await self.pool.send(
-                    "POST", replica.url + call.path, headers=headers, body=call.body, watch=attempt
-                )
-                replica.produced(trio.current_time())
+                upstream = await exchange.send(self.pool, call, call.body)
                 status = upstream.status
                 if status in RETRY_STATUSES:
                     body = await upstream.read(_ERROR_BODY_LIMIT)
@@ -205,11 +200,10 @@ class Proxy(Relaying):
                         replica.last_byte = trio.current_time()
                         call.usage = read_usage(body)
                         return Response(status, _headers(upstream, replica, call), body, call.after)
-                attempt.handed_over = True
                 headers_out = _headers(upstream, replica, call)
                 if sse:
                     headers_out += (("cache-control", "no-cache"),)
-                relay = Relay(replica, upstream, attempt)
+                relay = exchange.hand_over()
                 body_out = self._relay(call, relay, sse)
                 return Response(status, headers_out, body_out, relay.after(call.after))
             except HttpClientError as exc:
@@ -226,10 +220,7 @@ class Proxy(Relaying):
             self._client_left(replica, attempt)
             raise
         finally:
-            if not attempt.handed_over:
-                replica.end(attempt)
-                if upstream is not None:
-                    upstream.close()
+            exchange.end()
 
     def _client_left(self, replica: Upstream, attempt: Attempt) -> None:
         """The client gave up before its answer: a failure if the replica sent nothing for the stall time."""

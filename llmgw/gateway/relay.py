@@ -39,7 +39,7 @@ from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpC
 if TYPE_CHECKING:
     from llmgw.net.server import Response
 
-__all__ = ["CONTINUABLE", "Relay", "Relaying", "request_headers", "sse_error"]
+__all__ = ["CONTINUABLE", "Exchange", "Relay", "Relaying", "request_headers", "sse_error"]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -214,19 +214,14 @@ class Relaying:
 
     async def _open_stream(self, call: Call, replica: Upstream, body: bytes) -> Relay | None:
         """Send a continuation to ``replica``: its stream, or None when it did not answer with one."""
-        attempt = Attempt(trio.current_time())
-        replica.begin(attempt, attempt.start)
-        upstream: ClientResponse | None = None
+        exchange = Exchange(replica)
         try:
             try:
-                upstream = await self.pool.send(
-                    "POST", replica.url + call.path, headers=request_headers(call), body=body, watch=attempt
-                )
+                upstream = await exchange.send(self.pool, call, body)
             except HttpClientError as exc:
                 kind = "connect" if isinstance(exc, ConnectError) else "closed"
                 self._failed(replica, kind, str(exc), None)
                 return None
-            replica.produced(trio.current_time())
             content_type = upstream.header("content-type") or ""
             if upstream.status != 200 or not content_type.startswith("text/event-stream"):
                 why = f"answered {upstream.status} to a continuation"
@@ -234,16 +229,50 @@ class Relaying:
                 return None
             replica.succeeded()
             call.replica = replica
-            attempt.handed_over = True
-            return Relay(replica, upstream, attempt)
+            return exchange.hand_over()
         except BaseException:
             replica.abandoned()
             raise
         finally:
-            if not attempt.handed_over:
-                replica.end(attempt)
-                if upstream is not None:
-                    upstream.close()
+            exchange.end()
+
+
+class Exchange:
+    """One attempt's request to a replica, from its start to its end: ended (the replica released, the
+    connection closed) by :meth:`end` unless its response was handed over to the client."""
+
+    __slots__ = ("replica", "attempt", "upstream")
+
+    def __init__(self, replica: Upstream) -> None:
+        self.replica = replica
+        self.attempt = Attempt(trio.current_time())
+        replica.begin(self.attempt, self.attempt.start)
+        #: the replica's response, once its head came
+        self.upstream: ClientResponse | None = None
+
+    async def send(self, pool: ConnectionPool, call: Call, body: bytes) -> ClientResponse:
+        """POST ``body`` to the replica at ``call``'s path; the response once its head came.
+
+        :raises HttpClientError: it could not be sent or no head came (the gateway may end the attempt).
+        """
+        self.upstream = await pool.send(
+            "POST", self.replica.url + call.path, headers=request_headers(call), body=body, watch=self.attempt
+        )
+        self.replica.produced(trio.current_time())
+        return self.upstream
+
+    def hand_over(self) -> Relay:
+        """The response goes to the client: it is the relay's to end now."""
+        assert self.upstream is not None
+        self.attempt.handed_over = True
+        return Relay(self.replica, self.upstream, self.attempt)
+
+    def end(self) -> None:
+        """Called once the attempt is decided: release the replica, close the response, unless handed over."""
+        if not self.attempt.handed_over:
+            self.replica.end(self.attempt)
+            if self.upstream is not None:
+                self.upstream.close()
 
 
 class Relay:

@@ -20,6 +20,7 @@ import pytest
 from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
 from llmgw.testing.load import routed_cluster
 from llmgw.testing.metrics import samples
+from llmgw.testing.processes import resume
 from llmgw.testing.streams import StreamingClients
 
 pytestmark = pytest.mark.timeout(300)
@@ -73,8 +74,4 @@ def test_streams_survive_a_kill_a_stop_and_a_drain(tmp_path: Path):
             assert not refused, refused
             assert by_cause.get("closed", 0) >= 1 and by_cause.get("stalled", 0) >= 1, by_cause
         finally:
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            resume(stopped)

@@ -114,6 +114,8 @@ class Carried:
     finished: bool
     #: the answer so far holds tool calls (not text that can be continued)
     tool_calls: bool
+    #: the ``role`` delta went out (a chat's first event): the continuing replica's is not sent again
+    role_sent: bool = False
 
 
 class Transcript:
@@ -132,7 +134,7 @@ class Transcript:
         """Read what the client received so far."""
         first: dict[str, Any] = {}
         text: list[str] = []
-        tokens, finished, tool_calls = 0, False, False
+        tokens, finished, tool_calls, role_sent = 0, False, False, False
         for payload in _events(b"".join(self._chunks)):
             if payload == b"[DONE]":
                 continue
@@ -147,13 +149,15 @@ class Transcript:
             for choice in event.get("choices") or ():
                 delta = choice.get("delta")
                 piece = (delta.get("content") if isinstance(delta, dict) else None) or choice.get("text")
-                if isinstance(delta, dict) and delta.get("tool_calls"):
-                    tool_calls = True
+                if isinstance(delta, dict):
+                    tool_calls = tool_calls or bool(delta.get("tool_calls"))
+                    role_sent = role_sent or "role" in delta
                 if isinstance(piece, str) and piece:
                     text.append(piece)
                     tokens += 1
                 finished = finished or choice.get("finish_reason") is not None
-        return Carried(first.get("id"), first.get("created"), "".join(text), tokens, finished, tool_calls)
+        joined = "".join(text)
+        return Carried(first.get("id"), first.get("created"), joined, tokens, finished, tool_calls, role_sent)
 
 
 @attrs.frozen
@@ -279,7 +283,7 @@ class Rewriter:
         if carried.created is not None:
             event["created"] = carried.created
         choices = event.get("choices")
-        if isinstance(choices, list) and choices:
+        if isinstance(choices, list) and choices and carried.role_sent:
             kept = [choice for choice in choices if not _only_role(choice)]
             for choice in kept:
                 delta = choice.get("delta")

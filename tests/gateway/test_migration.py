@@ -60,7 +60,7 @@ class TestTranscript:
     def test_reads_text_tokens_and_id(self):
         """The text is the deltas joined; a token is an event with text; the id is the first event's."""
         carried = received("The", " fleet", " serves").carried()
-        assert carried == Carried("chatcmpl-a", 100, "The fleet serves", 3, False, False)
+        assert carried == Carried("chatcmpl-a", 100, "The fleet serves", 3, False, False, role_sent=True)
 
     def test_completion_text(self):
         """A completion's events carry ``text``."""
@@ -204,6 +204,12 @@ class TestRewriter:
         events, seen = self.continued(wants_usage=False)
         assert all("usage" not in e for e in events[:-1]) and len(events) == 3
         assert seen == [(5, 3)]
+
+    def test_the_role_goes_out_once(self):
+        """A stream broken before its first event gets the continuing replica's role delta: once in all."""
+        rewriter = Rewriter(Transcript().carried(), False, True, lambda p, c: None)
+        upstream = sse(chat_chunk("chatcmpl-b", {"role": "assistant", "content": ""}), "[DONE]")
+        assert payloads(rewriter.rewrite(upstream))[0]["choices"][0]["delta"]["role"] == "assistant"
 
     def test_text_not_in_prompt_is_not_taken_out(self):
         """A resent request (no text carried in the prompt) keeps its prompt tokens."""

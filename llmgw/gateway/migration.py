@@ -38,6 +38,7 @@ __all__ = [
     "MigrationCause",
     "NotContinued",
     "Carried",
+    "FOLD_BYTES",
     "Plan",
     "Transcript",
     "Rewriter",
@@ -118,23 +119,37 @@ class Carried:
     role_sent: bool = False
 
 
-class Transcript:
-    """The whole events a stream sent its client, kept as bytes and read only when it breaks."""
+#: bytes of events a transcript keeps before it reads them into what they carried (bounding its memory)
+FOLD_BYTES = 256 * 1024
+_NOTHING = Carried(None, None, "", 0, False, False)
 
-    __slots__ = ("_chunks",)
+
+class Transcript:
+    """The whole events a stream sent its client, kept as bytes and read when it breaks (or, to bound
+    its memory, each time :data:`FOLD_BYTES` of them piled up: then only what they carried is kept)."""
+
+    __slots__ = ("_chunks", "_size", "_read")
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []
+        self._size = 0
+        #: what the events read so far carried
+        self._read = _NOTHING
 
     def add(self, events: bytes) -> None:
         """Keep ``events`` (whole events), as they go to the client."""
         self._chunks.append(events)
+        self._size += len(events)
+        if self._size > FOLD_BYTES:
+            self._read = self.carried()
+            self._chunks, self._size = [], 0
 
     def carried(self) -> Carried:
         """Read what the client received so far."""
-        first: dict[str, Any] = {}
-        text: list[str] = []
-        tokens, finished, tool_calls, role_sent = 0, False, False, False
+        read = self._read
+        id_, created = read.id, read.created
+        text = [read.text]
+        tokens, finished, tool_calls, role_sent = read.tokens, read.finished, read.tool_calls, read.role_sent
         for payload in _events(b"".join(self._chunks)):
             if payload == b"[DONE]":
                 continue
@@ -144,8 +159,8 @@ class Transcript:
                 continue
             if not isinstance(event, dict):
                 continue
-            if not first and "id" in event:
-                first = event
+            if id_ is None and "id" in event:
+                id_, created = event["id"], event.get("created")
             for choice in event.get("choices") or ():
                 delta = choice.get("delta")
                 piece = (delta.get("content") if isinstance(delta, dict) else None) or choice.get("text")
@@ -156,8 +171,7 @@ class Transcript:
                     text.append(piece)
                     tokens += 1
                 finished = finished or choice.get("finish_reason") is not None
-        joined = "".join(text)
-        return Carried(first.get("id"), first.get("created"), joined, tokens, finished, tool_calls, role_sent)
+        return Carried(id_, created, "".join(text), tokens, finished, tool_calls, role_sent)
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ import pytest
 
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.migration import (
+    FOLD_BYTES,
     Carried,
     NotContinued,
     Plan,
@@ -61,6 +62,13 @@ class TestTranscript:
         """The text is the deltas joined; a token is an event with text; the id is the first event's."""
         carried = received("The", " fleet", " serves").carried()
         assert carried == Carried("chatcmpl-a", 100, "The fleet serves", 3, False, False, role_sent=True)
+
+    def test_a_long_stream_is_read_as_it_goes(self):
+        """Past FOLD_BYTES the events are read into text and counts: the same as reading them at the end."""
+        words = [f" w{i}" for i in range(2 * FOLD_BYTES // 100)]
+        carried = received(*words).carried()
+        assert carried.text == "".join(words) and carried.tokens == len(words)
+        assert carried.id == "chatcmpl-a" and carried.role_sent
 
     def test_completion_text(self):
         """A completion's events carry ``text``."""

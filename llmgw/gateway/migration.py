@@ -93,11 +93,24 @@ def event_boundary(data: bytes) -> int:
 
 def _events(data: bytes) -> list[bytes]:
     """The ``data:`` payloads of the whole events in ``data``."""
-    payloads = []
-    for line in data.replace(b"\r\n", b"\n").split(b"\n"):
-        if line.startswith(b"data:"):
-            payloads.append(line[5:].strip())
-    return payloads
+    lines = data.replace(b"\r\n", b"\n").split(b"\n")
+    return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+
+def _parsed(payloads: list[bytes]) -> list[dict[str, Any]]:
+    """The JSON objects among ``payloads`` (``[DONE]`` and anything else left out): read as one array,
+    one C call for them all, or one by one when the array does not parse."""
+    payloads = [p for p in payloads if p.startswith(b"{")]
+    try:
+        events = json.loads(b"[" + b",".join(payloads) + b"]")
+    except ValueError:
+        events = []
+        for payload in payloads:
+            try:
+                events.append(json.loads(payload))
+            except ValueError:
+                continue
+    return [event for event in events if isinstance(event, dict)]
 
 
 @attrs.frozen
@@ -119,8 +132,9 @@ class Carried:
     role_sent: bool = False
 
 
-#: bytes of events a transcript keeps before it reads them into what they carried (bounding its memory)
-FOLD_BYTES = 256 * 1024
+#: bytes of events a transcript keeps before it reads them into what they carried (bounding its memory:
+#: a stream longer than this, some 2,500 events, pays about 2.5 µs of CPU per event for the reading)
+FOLD_BYTES = 512 * 1024
 _NOTHING = Carried(None, None, "", 0, False, False)
 
 
@@ -150,15 +164,7 @@ class Transcript:
         id_, created = read.id, read.created
         text = [read.text]
         tokens, finished, tool_calls, role_sent = read.tokens, read.finished, read.tool_calls, read.role_sent
-        for payload in _events(b"".join(self._chunks)):
-            if payload == b"[DONE]":
-                continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
+        for event in _parsed(_events(b"".join(self._chunks))):
             if id_ is None and "id" in event:
                 id_, created = event["id"], event.get("created")
             for choice in event.get("choices") or ():

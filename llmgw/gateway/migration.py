@@ -133,7 +133,7 @@ class Carried:
 
 
 #: bytes of events a transcript keeps before it reads them into what they carried (bounding its memory:
-#: a stream longer than this, some 2,500 events, pays about 2.5 µs of CPU per event for the reading)
+#: a stream longer than this, some 2,500 events, pays about 3.5 µs of CPU per event for the reading)
 FOLD_BYTES = 512 * 1024
 _NOTHING = Carried(None, None, "", 0, False, False)
 

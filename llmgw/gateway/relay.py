@@ -110,10 +110,9 @@ class Relaying:
                         why = went_on
                     self.metrics.not_continued(call.model, why)
                     separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
-                    message = f"replica {replica.name} failed mid-stream: {reason}"
-                    if transcript is not None:
-                        message += f" (not continued elsewhere: {why.value})"
-                    yield separator + sse_error(message)
+                    # as before migration existed: the reason it did not go on is in the metric and the log
+                    log.info("request %s: stream not continued elsewhere: %s", call.request_id, why.value)
+                    yield separator + sse_error(f"replica {replica.name} failed mid-stream: {reason}")
                     return
                 if chunk is None:
                     if held:  # the stream ended inside an event: end it

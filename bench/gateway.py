@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -196,15 +197,25 @@ async def run_h11(url: str, concurrency: int, stream: bool, seconds: float) -> t
                 else:
                     errors += 1
 
-        began = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(worker)
-            await trio.sleep(seconds)
-            nursery.cancel_scope.cancel()
-    ordered = sorted(latencies) or [0.0]
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return len(latencies), errors, pick(0.5), pick(0.99), time.perf_counter() - began
+        elapsed = await _for_seconds(concurrency, seconds, worker)
+    return len(latencies), errors, _ms(latencies, 0.5), _ms(latencies, 0.99), elapsed
+
+
+async def _for_seconds(concurrency: int, seconds: float, worker: Callable[[], Awaitable[None]]) -> float:
+    """Run ``concurrency`` copies of ``worker`` for ``seconds``; returns the seconds they ran."""
+    began = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
+    return time.perf_counter() - began
+
+
+def _ms(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (seconds), in milliseconds."""
+    ordered = sorted(values) or [0.0]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
 TOKEN_CONCURRENCY = 64
@@ -232,26 +243,15 @@ async def token_client(url: str, concurrency: int, events: int, seconds: float) 
                         received += chunk.count(b"data:")
                 wholes.append(time.perf_counter() - started)
 
-        began = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(worker)
-            await trio.sleep(seconds)
-            nursery.cancel_scope.cancel()
-    elapsed = time.perf_counter() - began
-
-    def pick(values: list[float], q: float) -> float:
-        ordered = sorted(values) or [0.0]
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
+        elapsed = await _for_seconds(concurrency, seconds, worker)
     return {
         "events_per_second": received / elapsed,
         "streams": len(wholes),
-        "whole_p50": pick(wholes, 0.5),
-        "whole_p99": pick(wholes, 0.99),
-        "gap_p50": pick(gaps, 0.5),
-        "gap_p99": pick(gaps, 0.99),
-        "gap_max": pick(gaps, 1.0),
+        "whole_p50": _ms(wholes, 0.5),
+        "whole_p99": _ms(wholes, 0.99),
+        "gap_p50": _ms(gaps, 0.5),
+        "gap_p99": _ms(gaps, 0.99),
+        "gap_max": _ms(gaps, 1.0),
     }
 
 

@@ -122,8 +122,8 @@ class Relaying:
                 if transcript is not None:
                     if held:
                         chunk, held = held + chunk, b""
-                    cut = event_boundary(chunk)
-                    if cut < len(chunk):
+                    if not chunk.endswith(b"\n\n"):  # the common case, whole events, costs one test
+                        cut = event_boundary(chunk)
                         chunk, held = chunk[:cut], chunk[cut:]
                         if len(held) > _HELD_LIMIT:  # not events: pass it on, and give up continuing
                             chunk, held, transcript = chunk + held, b"", None

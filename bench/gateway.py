@@ -29,17 +29,22 @@ streaming answers of ``--events`` token events (256), each event its own
 write from the backend, direct and through the gateway in interleaved rounds;
 the client is a process of its own (``--token-client``) that notes when each
 chunk arrives. It prints events per second, whole-stream p50/p99 and the
-inter-token gap each client sees (p50, p99, max). Two rounds of 3 s on this
-machine (2 cores shared with other work, gateway at ``--migration-limit 3``)::
+inter-token gap each client sees (p50, p99, max). Three rounds of 3 s on this
+machine (2 cores shared with other work), with ``--before`` the gateway of the
+commit before mid-stream migration (its relay passed each chunk on as read)::
 
     target    events/s whole p50 ms whole p99 ms gap p50 ms gap p99 ms gap max ms
-    direct      162707        104.0        153.7       1.90      12.79       42.3
-    gateway     145211        118.8        190.2       4.64      39.12      204.1
+    direct      209957         77.8        108.6       1.29       9.74       30.7
+    gateway     130989        131.6        200.4       6.80      48.81      223.3
+    before      132975        127.6        230.3       6.78      52.90      264.0
 
 With this client (a process of its own, 64 trio tasks on h11) the whole-stream
-p99 through the gateway is 1.24x direct's, not the 1.0-1.7 s of issue 28's
-measurement; events/s are 0.89x direct's and the gap p99 3x: the tail of the
-gaps, not of whole streams, is what remains to bound.
+p99 through the gateway is 1.8-2x direct's here (1.2x in a quieter run), not
+the 1.0-1.7 s of issue 28's measurement; events/s are 0.6-0.9x direct's and
+the gap p99 about 5x: the gateway is CPU-bound at this load (one core), and
+the tail of the gaps is what remains to bound. Gen-2 garbage collections pause
+it 18-38 ms (every ~130 collections); ``gc.freeze()`` after the imports brings
+the longest pause to 5.5 ms but did not move the gap p99: not the main cause.
 
 ``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
 (an older commit), measured interleaved with the current one: on a machine

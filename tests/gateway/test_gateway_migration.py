@@ -40,6 +40,8 @@ class FakeEngine:
     every_request: bool = False
     requests: list[dict] = attrs.field(factory=list)
     released: trio.Event = attrs.field(factory=trio.Event)
+    #: set when a stream goes silent (``hang_after``)
+    hung: trio.Event = attrs.field(factory=trio.Event)
 
     async def handle(self, request: Request) -> Response:
         if request.path == "/health":
@@ -66,6 +68,7 @@ class FakeEngine:
             if fault and i - start == self.break_after:
                 raise trio.BrokenResourceError("the engine died")
             if fault and i - start == self.hang_after:
+                self.hung.set()
                 await self.released.wait()
             await trio.sleep(0.001)
             yield event({"content": f" t{i}" if i else "t0"})
@@ -81,10 +84,18 @@ async def serve_engine(nursery: trio.Nursery, engine: FakeEngine) -> str:
 
 
 async def gateway_over(nursery: trio.Nursery, engines: list[FakeEngine], *, continues: bool = True, **proxy):
-    """A gateway whose model m is served by ``engines`` (replicas m-0, m-1, ...)."""
+    """A gateway whose model m is served by ``engines`` (replicas m-0, m-1, ...): (the gateway, its URL)."""
+    return (await gateway_and_feed(nursery, engines, continues=continues, **proxy))[:2]
+
+
+async def gateway_and_feed(
+    nursery: trio.Nursery, engines: list[FakeEngine], *, continues: bool = True, **proxy
+):
+    """:func:`gateway_over`, and the routes feed it reads (tests change the routes)."""
     routes = [(f"m-{i}", await serve_engine(nursery, e), continues) for i, e in enumerate(engines)]
     feed = await serve_feed(nursery, m=routes)
-    return await start_gateway(nursery, feed.url, require_keys=False, proxy=ProxySettings(**proxy))
+    gateway, url = await start_gateway(nursery, feed.url, require_keys=False, proxy=ProxySettings(**proxy))
+    return gateway, url, feed
 
 
 async def stream(url: str, body: dict = BODY) -> list[dict | str]:
@@ -156,6 +167,32 @@ class TestContinued:
                 engine.released.set()
         assert text_of(events) == REFERENCE
         assert await metric(url, "llmgw_gateway_stream_migrations_total", model="m", cause="stalled") == 1
+
+    async def test_replica_that_left_the_routes_and_fell_silent(self, nursery):
+        """A replica that leaves the routes mid-stream and sends nothing more: the stream goes on elsewhere
+        once it was silent for the stall timeout, cause ``left_routes``."""
+        hung = trio.Event()
+        engines = [FakeEngine("a", hang_after=4, hung=hung), FakeEngine("b", hang_after=4, hung=hung)]
+        gateway, url, feed = await gateway_and_feed(nursery, engines, stall_timeout=0.5)
+        try:
+            async with trio.open_nursery() as clients:
+                events: list = []
+
+                async def read() -> None:
+                    events.extend(await stream(url))
+
+                clients.start_soon(read)
+                with trio.fail_after(10):
+                    await hung.wait()
+                first = next(i for i, e in enumerate(engines) if e.requests)
+                # its stream is under way and silent: the replica leaves the routes (a drain, a removal)
+                routes = [(f"m-{i}", r[1], True) for i, r in enumerate(feed.routes["m"]) if i != first]
+                feed.set(routes={"m": routes})
+        finally:
+            for engine in engines:
+                engine.released.set()
+        assert text_of(events) == REFERENCE
+        assert await metric(url, "llmgw_gateway_stream_migrations_total", model="m", cause="left_routes") == 1
 
 
 class TestNotContinued:

@@ -4,7 +4,9 @@ Run as ``python bench/fastbackend.py --port N``. An asyncio server with the
 ``httptools`` parser (llhttp, as in uvicorn) that answers every
 ``POST /v1/chat/completions`` with the same small completion (or, when the
 body says ``"stream": true``, the same four server-sent events, one chunk
-each), and ``GET /health`` with 200. Keep-alive, no logging. It exists so that
+each; a body with ``"bench_events": N`` gets N token events, each its own
+write, as an engine streams tokens), and ``GET /health`` with 200. Keep-alive,
+no logging. It exists so that
 the gateway's own cost shows: a backend slower than the gateway (the sim)
 hides it.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 
 import httptools
 
@@ -44,6 +47,11 @@ _EVENTS = [
         (b"{}", b'"stop"'),
     )
 ] + [b"data: [DONE]\n\n"]
+#: one token event of a ``bench_events`` stream
+_TOKEN = (
+    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+    b'{"content":" tok"},"finish_reason":null}]}\n\n'
+)
 _STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 _HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
 
@@ -78,7 +86,10 @@ class _Protocol(asyncio.Protocol):
             self.transport.write(_HEALTH)
             return
         body = b"".join(self.body)
-        if b'"stream":true' in body or b'"stream": true' in body:
+        events = re.search(rb'"bench_events":\s*(\d{1,6})', body)
+        if events is not None:
+            asyncio.get_running_loop().create_task(self._tokens(int(events.group(1))))
+        elif b'"stream":true' in body or b'"stream": true' in body:
             asyncio.get_running_loop().create_task(self._stream())
         else:
             self.transport.write(_PLAIN)
@@ -92,6 +103,17 @@ class _Protocol(asyncio.Protocol):
                 return
             transport.write(_chunk(event))
         transport.write(b"0\r\n\r\n")
+
+    async def _tokens(self, count: int) -> None:
+        """A stream of ``count`` token events, each its own write, between the role and the end."""
+        transport = self.transport
+        transport.write(_STREAM_HEAD + _chunk(_EVENTS[0]))
+        for _ in range(count):
+            await asyncio.sleep(0)  # each token in its own write, as an engine sends them
+            if transport.is_closing():
+                return
+            transport.write(_chunk(_TOKEN))
+        transport.write(_chunk(_EVENTS[2] + _EVENTS[3]) + b"0\r\n\r\n")
 
 
 async def asgi_app(scope: dict, receive, send) -> None:

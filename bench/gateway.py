@@ -24,6 +24,28 @@ counts until its last byte) and CPU use, then the gateway's added p50/p99, its
 throughput as a fraction of direct and its CPU microseconds per proxied
 request (all its processes, from ``/proc/<pid>/stat``).
 
+With the ``fast`` backend it also runs the token-stream case: 64 clients
+streaming answers of ``--events`` token events (256), each event its own
+write from the backend, direct and through the gateway in interleaved rounds;
+the client is a process of its own (``--token-client``) that notes when each
+chunk arrives. It prints events per second, whole-stream p50/p99 and the
+inter-token gap each client sees (p50, p99, max). Three rounds of 3 s on this
+machine (2 cores shared with other work), with ``--before`` the gateway of the
+commit before mid-stream migration (its relay passed each chunk on as read)::
+
+    target    events/s whole p50 ms whole p99 ms gap p50 ms gap p99 ms gap max ms
+    direct      209957         77.8        108.6       1.29       9.74       30.7
+    gateway     130989        131.6        200.4       6.80      48.81      223.3
+    before      132975        127.6        230.3       6.78      52.90      264.0
+
+With this client (a process of its own, 64 trio tasks on h11) the whole-stream
+p99 through the gateway is 1.8-2x direct's here (1.2x in a quieter run), not
+the 1.0-1.7 s of issue 28's measurement; events/s are 0.6-0.9x direct's and
+the gap p99 about 5x: the gateway is CPU-bound at this load (one core), and
+the tail of the gaps is what remains to bound. Gen-2 garbage collections pause
+it 18-38 ms (every ~130 collections); ``gc.freeze()`` after the imports brings
+the longest pause to 5.5 ms but did not move the gap p99: not the main cause.
+
 ``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
 (an older commit), measured interleaved with the current one: on a machine
 shared with other work, only figures taken side by side compare.
@@ -40,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -179,15 +202,85 @@ async def run_h11(url: str, concurrency: int, stream: bool, seconds: float) -> t
                 else:
                     errors += 1
 
-        began = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(worker)
-            await trio.sleep(seconds)
-            nursery.cancel_scope.cancel()
-    ordered = sorted(latencies) or [0.0]
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return len(latencies), errors, pick(0.5), pick(0.99), time.perf_counter() - began
+        elapsed = await _for_seconds(concurrency, seconds, worker)
+    return len(latencies), errors, _ms(latencies, 0.5), _ms(latencies, 0.99), elapsed
+
+
+async def _for_seconds(concurrency: int, seconds: float, worker: Callable[[], Awaitable[None]]) -> float:
+    """Run ``concurrency`` copies of ``worker`` for ``seconds``; returns the seconds they ran."""
+    began = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
+    return time.perf_counter() - began
+
+
+def _ms(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (seconds), in milliseconds."""
+    ordered = sorted(values) or [0.0]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+TOKEN_CONCURRENCY = 64
+
+
+async def token_client(url: str, concurrency: int, events: int, seconds: float) -> dict:
+    """``concurrency`` clients streaming ``events``-token answers from ``url`` for ``seconds``: events per
+    second, whole-stream p50/p99 (ms) and the inter-token gap p50/p99/max (ms) each client saw."""
+    body = json.dumps({**BODY, "stream": True, "bench_events": events}).encode()
+    headers = [("content-type", "application/json")]
+    wholes: list[float] = []
+    gaps: list[float] = []
+    received = 0
+    async with ConnectionPool(max_idle_per_host=concurrency) as pool:
+
+        async def worker() -> None:
+            nonlocal received
+            while True:
+                started = last = time.perf_counter()
+                async with pool.stream("POST", url, headers=headers, body=body) as response:
+                    async for chunk in response:
+                        now = time.perf_counter()
+                        gaps.append(now - last)
+                        last = now
+                        received += chunk.count(b"data:")
+                wholes.append(time.perf_counter() - started)
+
+        elapsed = await _for_seconds(concurrency, seconds, worker)
+    return {
+        "events_per_second": received / elapsed,
+        "streams": len(wholes),
+        "whole_p50": _ms(wholes, 0.5),
+        "whole_p99": _ms(wholes, 0.99),
+        "gap_p50": _ms(gaps, 0.5),
+        "gap_p99": _ms(gaps, 0.99),
+        "gap_max": _ms(gaps, 1.0),
+    }
+
+
+def run_token_client(url: str, events: int, seconds: float) -> dict:
+    """:func:`token_client` in a process of its own (so that it does not share the bench's CPU)."""
+    argv = [sys.executable, __file__, "--token-client", url, "--events", str(events)]
+    argv += ["--seconds", str(seconds)]
+    output = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def token_report(measured: dict[str, list[dict]], events: int) -> None:
+    """The token-stream case: medians over rounds, per target."""
+    print(f"\ntoken streams: {TOKEN_CONCURRENCY} clients, {events} events per answer, each its own write:")
+    print(
+        f"{'target':8} {'events/s':>9} {'whole p50 ms':>12} {'whole p99 ms':>12} "
+        f"{'gap p50 ms':>10} {'gap p99 ms':>10} {'gap max ms':>10}"
+    )
+    for target, rounds in measured.items():
+        m = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+        print(
+            f"{target:8} {m['events_per_second']:>9.0f} {m['whole_p50']:>12.1f} {m['whole_p99']:>12.1f} "
+            f"{m['gap_p50']:>10.2f} {m['gap_p99']:>10.2f} {m['gap_max']:>10.1f}"
+        )
 
 
 async def run_case(
@@ -248,7 +341,7 @@ def backend_argv(backend: str, port: int) -> list[str]:
 
 
 async def main(
-    backends: list[str], seconds: float, rounds: int, workers: int, before: str | None
+    backends: list[str], seconds: float, rounds: int, workers: int, before: str | None, events: int = 256
 ) -> list[Result]:
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     started: list[ManagedProcess] = []
@@ -310,6 +403,15 @@ async def main(
                             file=sys.stderr,
                         )
                 results += [Result.pooled(rounds) for rounds in measured.values()]
+                if backend == "fast" and events:
+                    tokens: dict[str, list[dict]] = {target: [] for target in targets}
+                    for _ in range(rounds):
+                        for target, base in targets.items():
+                            url = f"{base}/v1/chat/completions"
+                            tokens[target].append(
+                                await trio.to_thread.run_sync(run_token_client, url, events, seconds)
+                            )
+                    token_report(tokens, events)
                 gateway.kill_group()
                 server.kill_group()
             nursery.cancel_scope.cancel()
@@ -335,10 +437,17 @@ if __name__ == "__main__":
         help="also measure, interleaved, the gateway of the llmgw package in DIR (e.g. an older commit's "
         "`git archive COMMIT llmgw | tar -x -C DIR`), as target 'before'",
     )
+    parser.add_argument("--events", type=int, default=256, help="token events per answer (0: no token case)")
+    parser.add_argument("--token-client", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.token_client:
+        result = trio.run(token_client, args.token_client, TOKEN_CONCURRENCY, args.events, args.seconds)
+        print(json.dumps(result))
+        sys.exit(0)
     began = time.monotonic()
     chosen = args.backend.split(",")
-    report(trio.run(main, chosen, args.seconds, args.rounds, args.workers, args.before), args.workers)
+    results = trio.run(main, chosen, args.seconds, args.rounds, args.workers, args.before, args.events)
+    report(results, args.workers)
     print(
         f"\n{args.rounds} rounds of {args.seconds:g}s per case, interleaved; "
         f"{time.monotonic() - began:.0f}s in all"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import attrs
@@ -27,6 +27,7 @@ __all__ = [
     "old_api_uses",
     "openai_canary",
     "parse_argparse_flags",
+    "version_at_least",
 ]
 
 
@@ -302,8 +303,38 @@ class Engine(abc.ABC):
         """
         return []
 
+    def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
+        """Whether a replica of this engine continues a chat's final assistant message.
+
+        That is: given ``continue_final_message: true`` and ``add_generation_prompt: false``
+        (vLLM's and SGLang's names, from Hugging Face's chat templates) or its own way of
+        reading a last assistant message as the start of the answer (llama.cpp's assistant
+        prefill), it goes on from that text instead of starting a new message. Called by the
+        server for every ready replica as it answers the routes feed; the gateway continues a
+        stream broken mid-way on another replica only when this is true for that replica.
+
+        :param version: the engine's version as the replica's node reported it (None: unknown).
+        :param args: the profile's extra arguments (a flag may turn the mechanism off).
+        :returns: True when that version with those arguments has the mechanism; the default,
+            for engines that have not said, is False.
+        """
+        return False
+
     def __repr__(self) -> str:
         return f"<Engine {self.name}>"
+
+
+def version_at_least(version: str | None, minimum: str) -> bool:
+    """Whether the dotted release ``version`` (``0.6.3``, ``0.6.3.post1``, ``0.34.0rc1``) is at least
+    ``minimum``; False for None or a version without a leading number."""
+    if version is None:
+        return False
+    found = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    if found is None:
+        return False
+    have = tuple(int(part) for part in found.group(1).split("."))
+    need = tuple(int(part) for part in minimum.split("."))
+    return have + (0,) * (len(need) - len(have)) >= need
 
 
 # An option's own definition line: indented, then one or more comma-separated

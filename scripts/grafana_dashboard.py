@@ -291,6 +291,34 @@ panel(
     unit="ops",
 )
 panel(
+    "Streams continued elsewhere (mid-stream migration)",
+    [
+        (f"sum by (cause) (rate(llmgw_gateway_stream_migrations_total{{{M}}}[{R}]))", "continued: {{cause}}"),
+        (
+            f"sum by (reason) (rate(llmgw_gateway_streams_not_continued_total{{{M}}}[{R}]))",
+            "ended: {{reason}}",
+        ),
+        (f"sum(rate(llmgw_gateway_migrated_tokens_total{{{M}}}[{R}]))", "tokens carried over"),
+    ],
+    unit="ops",
+    desc="Streams whose replica broke mid-way: continued on another replica (by cause), or ended with an error event (by reason); tokens sent again as the start of the answer.",
+)
+panel(
+    "Gap in a migrated stream (p50, p99)",
+    [
+        (
+            f"histogram_quantile(0.5, sum by (le, model) (rate(llmgw_gateway_migration_gap_seconds_bucket{{{M}}}[{R}])))",
+            "{{model}} p50",
+        ),
+        (
+            f"histogram_quantile(0.99, sum by (le, model) (rate(llmgw_gateway_migration_gap_seconds_bucket{{{M}}}[{R}])))",
+            "{{model}} p99",
+        ),
+    ],
+    unit="s",
+    desc="What a client waited between the broken replica's last event and the next replica's first.",
+)
+panel(
     "Routes feed",
     [
         ("min by (instance) (llmgw_gateway_routes_feed_up)", "up {{instance}}"),

@@ -30,7 +30,7 @@ PUBLIC = {
     ],
     "llmgw.engine": [
         "Engine", "HelpAndVersion", "LivenessProbe", "LoadMetrics", "ProgressMetrics", "help_and_version_of",
-        "old_api_uses", "openai_canary", "parse_argparse_flags",
+        "old_api_uses", "openai_canary", "parse_argparse_flags", "version_at_least",
     ],
     "llmgw.errors": [
         "LlmgwError",

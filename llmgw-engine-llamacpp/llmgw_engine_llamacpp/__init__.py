@@ -21,6 +21,7 @@ answer, and either way the replica is torn down and rebuilt.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import llmgw
 from llmgw.engine import Engine, LivenessProbe
@@ -29,8 +30,10 @@ from llmgw.version import distribution_version
 from llmgw_engine_llamacpp.helptext import parse_llamacpp_help
 
 __all__ = [
+    "CONTINUES_AT",
     "LIVENESS_PROBE",
     "LlamaCppEngine",
+    "NO_PREFILL",
     "__version__",
     "parse_llamacpp_help",
     "worker_addresses",
@@ -89,6 +92,16 @@ def worker_addresses(spec: LaunchSpec) -> list[str]:
     )
 
 
+#: llama.cpp commits known to continue a last assistant message (its "assistant prefill":
+#: ggml-org/llama.cpp#13174, merged 2025-04-30; on by default, ``--no-prefill-assistant`` turns it off,
+#: ggml-org/llama.cpp#13608); both checked commits have it (4227c9b's help documents the flag). Versions
+#: are commits, which do not order: another commit counts as without it until listed here.
+#: (#23012, 2026-05, also reads ``continue_final_message``; older builds ignore that field.)
+CONTINUES_AT = frozenset({"4227c9b", "0c1e570"})
+#: the flags that turn the assistant prefill off
+NO_PREFILL = frozenset({"--no-prefill-assistant"})
+
+
 class LlamaCppEngine(Engine):
     """Builds ``llama-server`` commands, and the RPC worker's on the other ranks."""
 
@@ -120,6 +133,11 @@ class LlamaCppEngine(Engine):
     #: turns it into an immediate abort (the shard exits); a hung one into a
     #: probe that times out.
     liveness_probe = LIVENESS_PROBE
+
+    def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
+        """llama-server at a commit of :data:`CONTINUES_AT` continues a last assistant message, unless
+        the profile turns its assistant prefill off."""
+        return version in CONTINUES_AT and not NO_PREFILL.intersection(args)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the command of one shard.

@@ -289,3 +289,21 @@ class TestFailureDetection:
     def test_version_of_old_and_new_builds(self, text, version):
         """Both --version formats give the commit; a build without git gives none."""
         assert LlamaCppEngine().parse_version(text) == version
+
+
+class TestContinuation:
+    """Which llama-server builds continue a last assistant message (the assistant prefill)."""
+
+    @pytest.mark.parametrize("commit", ["4227c9b", "0c1e570"])
+    def test_checked_commits_continue(self, commit):
+        """Both checked commits prefill a last assistant message by default."""
+        assert LlamaCppEngine().continues_final_message(commit, ("-c", "4096")) is True
+
+    def test_no_prefill_flag_turns_it_off(self):
+        """With ``--no-prefill-assistant`` a last assistant message is read as whole: no continuation."""
+        assert LlamaCppEngine().continues_final_message("0c1e570", ("--no-prefill-assistant",)) is False
+
+    @pytest.mark.parametrize("commit", ["abcdef1", None])
+    def test_unknown_commits_do_not(self, commit):
+        """A commit not known to have the prefill does not count (commits do not order)."""
+        assert LlamaCppEngine().continues_final_message(commit, ()) is False

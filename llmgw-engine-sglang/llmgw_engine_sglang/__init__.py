@@ -9,18 +9,31 @@ command on each node with ``--nnodes``, ``--node-rank`` and rank 0's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import llmgw
-from llmgw.engine import Engine, HelpAndVersion, LoadMetrics, ProgressMetrics, openai_canary
+from llmgw.engine import (
+    Engine,
+    HelpAndVersion,
+    LoadMetrics,
+    ProgressMetrics,
+    openai_canary,
+    version_at_least,
+)
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["LOAD", "PROGRESS", "SglangEngine", "__version__"]
+__all__ = ["CONTINUES_SINCE", "LOAD", "PROGRESS", "SglangEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sglang")
 
 #: the interpreter's arguments before SGLang's own: the entry point of every checked
 #: version (0.5.23 recommends ``sglang serve`` and warns about this one, which still works)
 MODULE = ("-m", "sglang.launch_server")
+
+#: the first SGLang release whose chat completions take ``continue_final_message`` (with
+#: ``add_generation_prompt: false``): sgl-project/sglang#4226, merged 2025-03-11, released in v0.4.4
+CONTINUES_SINCE = "0.4.4"
 
 _FEATURES = {
     "--model-path": "model source",
@@ -49,6 +62,7 @@ LOAD = LoadMetrics(
     kv_cache_usage=("sglang:token_usage",),
 )
 
+
 class SglangEngine(Engine):
     """Builds ``python -m sglang.launch_server`` commands: single-node, rank 0, and workers."""
 
@@ -71,6 +85,10 @@ class SglangEngine(Engine):
     #: /health can stay 200 with a hung scheduler: a one-token completion, judged by SGLang's counters
     liveness_probe = openai_canary(PROGRESS)
     load_metrics = LOAD
+
+    def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
+        """SGLang from :data:`CONTINUES_SINCE` continues a final assistant message (any arguments)."""
+        return version_at_least(version, CONTINUES_SINCE)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``sglang.launch_server`` command of one shard.

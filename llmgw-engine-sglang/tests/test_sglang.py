@@ -188,3 +188,15 @@ def test_version_asks_the_package_not_python():
     """The agent asks the sglang package for its version: python --version would be Python's."""
     argv = help_and_version_of(SglangEngine(), "python").version_args
     assert argv[0] == "-c" and "sglang.__version__" in argv[1]
+
+
+class TestContinuation:
+    """Which SGLang versions continue a final assistant message (``continue_final_message``)."""
+
+    @pytest.mark.parametrize(
+        ("version", "continues"),
+        [("0.4.3.post4", False), ("0.4.4", True), ("0.5.3", True), ("0.5.23", True), (None, False)],
+    )
+    def test_from_0_4_4(self, version, continues):
+        """SGLang has ``continue_final_message`` from 0.4.4 (sgl-project/sglang#4226)."""
+        assert SglangEngine().continues_final_message(version, ()) is continues

@@ -8,6 +8,8 @@ which builds ``llmgw-sim`` command lines from launch specs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 import llmgw
@@ -33,6 +35,7 @@ LOAD = LoadMetrics(
     kv_cache_usage=("vllm:kv_cache_usage_perc",),
 )
 
+
 class SimEngine(Engine):
     """Builds ``llmgw-sim`` commands: single-node, rank 0, and workers."""
 
@@ -46,6 +49,11 @@ class SimEngine(Engine):
     #: (``--max-num-seqs``) or hung (``--hang-after-requests``), which its counters tell apart
     liveness_probe = openai_canary(PROGRESS, timeout=5.0, interval=2.0)
     load_metrics = LOAD
+
+    def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
+        """The sim always continues a final assistant message (``continue_final_message``), token for
+        token as the unbroken answer would have gone on."""
+        return True
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``llmgw-sim`` command of one shard.

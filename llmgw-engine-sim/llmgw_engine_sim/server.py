@@ -9,6 +9,12 @@ see :mod:`llmgw_engine_sim.batch`) and the debug ``GET /sim/info``. Errors have 
 With ``--max-num-seqs N`` at most N generations run at once and the others
 wait for a seat, as in a real engine's batch: a request can wait long while
 the engine is busy producing tokens.
+
+Chat requests take vLLM's ``continue_final_message`` (with
+``add_generation_prompt: false``): the final assistant message is left open and
+the answer goes on from its text, token for token what the unbroken answer
+would have been (see :mod:`llmgw_engine_sim.generate`); ``ignore_eos`` makes
+an answer run to ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ import trio
 
 from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw_engine_sim.batch import Batch, Timing
+from llmgw_engine_sim.errors import ApiError, unavailable
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
 from llmgw_engine_sim.prefix_cache import Prefill, PrefillOptions
+from llmgw_engine_sim.prompt import chat_prompt, prompt_texts
 
 __all__ = ["ApiError", "ServeOptions", "SimApp", "unavailable"]
 
@@ -62,40 +70,6 @@ class ServeOptions:
     #: generations running at once; the others wait (None: no limit)
     max_num_seqs: int | None = None
     prefill: PrefillOptions = PrefillOptions()
-
-
-class ApiError(Exception):
-    """An error answered to the client in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | int | None = None,
-        kind: str | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.kind = kind
-
-    def response(self) -> Response:
-        """The JSON error response for this error."""
-        kind = self.kind or ("server_error" if self.status >= 500 else "invalid_request_error")
-        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        return Response.json(self.status, {"error": error})
-
-
-def unavailable(message: str) -> ApiError:
-    """llama-server's answer while it loads.
-
-    503 ``{"error": {"message", "type": "unavailable_error", "code": 503}}``.
-    """
-    return ApiError(503, message, code=503, kind="unavailable_error")
 
 
 class SimApp:
@@ -237,21 +211,10 @@ class SimApp:
 
     async def _chat(self, request: Request) -> Response:
         body, after = await self._admit(request)
-        messages = body.get("messages")
-        if messages is None:
-            raise ApiError(400, "Missing required parameter: 'messages'.", param="messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "'messages' must be a non-empty array", param="messages")
-        prompt_parts, prompt_tokens = [], 0
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
-            content = _content_text(message.get("content"), f"messages[{i}].content")
-            prompt_parts.append(f"{message['role']}: {content}")
-            prompt_tokens += count_tokens(content)
+        chat = chat_prompt(body)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        prompt = "\n".join(prompt_parts)
-        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages")
+        prompt, prompt_tokens, answer = chat.prompt, chat.prompt_tokens, chat.answer
+        job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages", answer=answer)
         await self.prefill.run(prompt)
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
@@ -290,10 +253,11 @@ class SimApp:
         prompt = body.get("prompt")
         if prompt is None:
             raise ApiError(400, "Missing required parameter: 'prompt'.", param="prompt")
-        prompts = _prompts(prompt)
+        prompts = prompt_texts(prompt)
         if len(prompts) != 1:
             raise ApiError(400, "this engine takes one prompt per request", param="prompt")
-        job = _Job.build(self, body, prompts[0], count_tokens(prompts[0]), body.get("max_tokens"), "prompt")
+        tokens = count_tokens(prompts[0])
+        job = _Job.build(self, body, prompts[0], tokens, body.get("max_tokens"), "prompt", answer=None)
         await self.prefill.run(prompts[0])
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
@@ -316,7 +280,7 @@ class SimApp:
         body, after = await self._admit(request)
         if "input" not in body:
             raise ApiError(400, "Missing required parameter: 'input'.", param="input")
-        texts = _prompts(body["input"], param="input")
+        texts = prompt_texts(body["input"], param="input")
         dimensions = body.get("dimensions") or EMBEDDING_DIMENSIONS
         if not _is_int(dimensions) or dimensions < 1:
             raise ApiError(400, "'dimensions' must be a positive integer", param="dimensions")
@@ -352,9 +316,18 @@ class _Job:
 
     @classmethod
     def build(
-        cls, app: SimApp, body: dict, prompt: str, prompt_tokens: int, max_tokens: Any, prompt_name: str
+        cls,
+        app: SimApp,
+        body: dict,
+        prompt: str,
+        prompt_tokens: int,
+        max_tokens: Any,
+        prompt_name: str,
+        *,
+        answer: str | None,
     ) -> _Job:
-        """Validate the sampling parameters of ``body`` and generate the text."""
+        """Validate the sampling parameters of ``body`` and generate the text after ``prompt`` (and a
+        chat's ``answer`` begun, see :func:`~llmgw_engine_sim.generate.generate`)."""
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
         if not _is_int(max_tokens) or max_tokens < 1:
@@ -382,13 +355,19 @@ class _Job:
         stream_options = body.get("stream_options") or {}
         if not isinstance(stream_options, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+        ignore_eos = body.get("ignore_eos") or False
+        if not isinstance(ignore_eos, bool):
+            raise ApiError(400, "'ignore_eos' must be a boolean", param="ignore_eos")
         kind = "chatcmpl" if prompt_name == "messages" else "cmpl"
         return cls(
             app=app,
             id=f"{kind}-{uuid.uuid4().hex}",
             model=body["model"],
             created=int(time.time()),
-            generations=[generate(prompt, max_tokens, index=i, seed=seed) for i in range(n)],
+            generations=[
+                generate(prompt, max_tokens, index=i, seed=seed, answer=answer, ignore_eos=ignore_eos)
+                for i in range(n)
+            ],
             prompt_tokens=prompt_tokens,
             stream=stream,
             include_usage=bool(stream_options.get("include_usage")),
@@ -458,31 +437,3 @@ class _Job:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _content_text(content: Any, param: str) -> str:
-    """The text of a chat message's content: a string, a list of parts, or null."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [
-            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
-        ]
-        return " ".join(texts)
-    raise ApiError(400, f"'{param}' must be a string or an array of content parts", param=param)
-
-
-def _prompts(value: Any, param: str = "prompt") -> list[str]:
-    """A prompt or embedding input as a list of texts; token-id lists become their ids as words."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value:
-        if all(_is_int(item) for item in value):
-            return [" ".join(map(str, value))]
-        if all(isinstance(item, str) for item in value):
-            return list(value)
-        if all(isinstance(item, list) and all(_is_int(t) for t in item) for item in value):
-            return [" ".join(map(str, item)) for item in value]
-    raise ApiError(400, f"'{param}' must be a string, an array of strings or of token ids", param=param)

@@ -38,7 +38,7 @@ async def read_sim_load(sim) -> ShardLoad:
 
 
 def complete(sim, max_tokens: int, results: list | None = None) -> None:
-    body = {"model": "test/model", "prompt": "count these", "max_tokens": max_tokens}
+    body = {"model": "test/model", "prompt": "count these", "max_tokens": max_tokens, "ignore_eos": True}
     response = httpx.post(f"{sim.url}/v1/completions", json=body, timeout=30)
     if results is not None:
         results.append(response.json()["usage"])

@@ -10,6 +10,7 @@ parallelism spans the GPUs of one node and each node is a pipeline stage.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import llmgw
 from llmgw.engine import (
@@ -19,11 +20,20 @@ from llmgw.engine import (
     ProgressMetrics,
     openai_canary,
     parse_argparse_flags,
+    version_at_least,
 )
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
-__all__ = ["LOAD", "PROGRESS", "VllmEngine", "__version__", "parse_vllm_help", "split_host_port"]
+__all__ = [
+    "CONTINUES_SINCE",
+    "LOAD",
+    "PROGRESS",
+    "VllmEngine",
+    "__version__",
+    "parse_vllm_help",
+    "split_host_port",
+]
 
 __version__ = distribution_version("llmgw-engine-vllm")
 
@@ -81,6 +91,11 @@ LOAD = LoadMetrics(
     kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 )
 
+#: the first vLLM release whose chat completions take ``continue_final_message`` (with
+#: ``add_generation_prompt: false``): vllm-project/vllm#8942, merged 2024-09-30, released in v0.6.3
+CONTINUES_SINCE = "0.6.3"
+
+
 class VllmEngine(Engine):
     """Builds ``vllm serve`` commands: single-node, rank 0, and headless workers."""
 
@@ -101,6 +116,10 @@ class VllmEngine(Engine):
     #: completion every few seconds, judged by vLLM's token counters when it gets no answer
     liveness_probe = openai_canary(PROGRESS)
     load_metrics = LOAD
+
+    def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
+        """vLLM from :data:`CONTINUES_SINCE` continues a final assistant message (any arguments)."""
+        return version_at_least(version, CONTINUES_SINCE)
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the ``vllm serve`` command of one shard.

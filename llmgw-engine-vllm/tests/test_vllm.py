@@ -237,3 +237,22 @@ class TestEngineCheck:
         assert all(f.possibly_truncated for f in report.missing)
         if half == "second":
             assert {"--served-model-name", "--host", "--port"} <= {f.flag for f in report.missing}
+
+
+class TestContinuation:
+    """Which vLLM versions continue a final assistant message (``continue_final_message``)."""
+
+    @pytest.mark.parametrize(
+        ("version", "continues"),
+        [
+            ("0.6.2", False),
+            ("0.6.3", True),
+            ("0.6.3.post1", True),
+            ("0.33.0", True),
+            ("0.34.0", True),
+            (None, False),
+        ],
+    )
+    def test_from_0_6_3(self, version, continues):
+        """vLLM has ``continue_final_message`` from 0.6.3 (vllm-project/vllm#8942); unknown: no."""
+        assert VllmEngine().continues_final_message(version, ()) is continues

@@ -12,7 +12,9 @@
 
 Every request answered is one INFO line on the ``llmgw.gateway.access`` logger:
 request id, endpoint, model, replica, status, time to first token, duration,
-tokens and the API key's name (never the key), also as ``extra`` fields.
+tokens, the API key's name (never the key) and the stream's migrations (times
+it went on from another replica, :mod:`llmgw.gateway.migration`; the replica
+named is the last), also as ``extra`` fields.
 
 Every ``/v1`` request needs ``Authorization: Bearer <key>`` unless the
 gateway runs without keys; a key is valid when its sha256 is in the routes
@@ -376,9 +378,11 @@ def _access(
         "prompt_tokens": usage[0] if usage is not None else None,
         "completion_tokens": usage[1] if usage is not None else None,
         "key_name": key,
+        "migrations": call.migrations if call is not None else 0,
+        "migration_gap": round(call.migration_gap, 4) if call is not None and call.migration_gap else None,
     }
     access_log.info(
-        "%s %s %s model=%s replica=%s status=%d ttft=%s duration=%.3fs tokens=%s key=%s",
+        "%s %s %s model=%s replica=%s status=%d ttft=%s duration=%.3fs tokens=%s key=%s migrations=%d",
         request_id,
         client or "-",
         endpoint,
@@ -389,6 +393,7 @@ def _access(
         seconds,
         f"{usage[0]}+{usage[1]}" if usage is not None else "-",
         key or "-",
+        fields["migrations"],
         extra=fields,
     )
 

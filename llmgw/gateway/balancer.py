@@ -160,6 +160,11 @@ class Upstream:
         """The base URL of the replica's rank 0."""
         return self.route.url
 
+    @property
+    def continues(self) -> bool:
+        """Whether its engine continues a final assistant message (a broken stream may go on here)."""
+        return self.route.continues
+
     def begin(self, attempt: object = None, now: float = 0.0) -> None:
         """A request to this replica starts (``attempt``, at trio time ``now``, tracked when given)."""
         if not self.in_flight:
@@ -271,6 +276,7 @@ class Balancer:
         session: str | None = None,
         prefix: Sequence[bytes] = (),
         exclude: Collection[Upstream] = (),
+        continuing: bool = False,
     ) -> Upstream | None:
         """The replica for the next attempt of a request for ``model``; None when none is available.
 
@@ -278,8 +284,14 @@ class Balancer:
         :param prefix: the prompt's prefix keys (:func:`llmgw.gateway.prefix.prefix_keys`), used by the
             ``prefix`` routing policy.
         :param exclude: replicas this request already tried.
+        :param continuing: the request continues a broken stream: only replicas whose engine
+            continues a final assistant message (:attr:`Upstream.continues`) are candidates.
         """
-        candidates = [r for r in self._models.get(model, ()) if r not in exclude and r.breaker.allows(now)]
+        candidates = [
+            r
+            for r in self._models.get(model, ())
+            if r not in exclude and r.breaker.allows(now) and (r.route.continues or not continuing)
+        ]
         if not candidates:
             return None
         if session is not None:

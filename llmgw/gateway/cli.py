@@ -72,6 +72,14 @@ class GatewaySettings(LogSettings):
         "this long (and does not answer GET /health within 1 s) is taken out like an open breaker, "
         "reported to the server, and its requests that sent nothing to their clients go elsewhere.",
     )
+    migration_limit: int = setting(
+        3,
+        min=0,
+        max=10,
+        help="Times a stream broken mid-way (its replica died, stalled or left) goes on from another "
+        "replica, in the same response, from the text the client already has; 0: it ends with an error "
+        "event.",
+    )
     hold_timeout: float = setting(
         300.0,
         min=0,
@@ -131,6 +139,7 @@ class GatewaySettings(LogSettings):
                 stall_timeout=self.stall_timeout,
                 hold_timeout=self.hold_timeout,
                 hold_queue=self.hold_queue,
+                migration_limit=self.migration_limit,
             ),
             breaker_failures=self.breaker_failures,
             breaker_open_for=self.breaker_open_seconds,
@@ -170,8 +179,11 @@ def gateway_command(settings: GatewaySettings) -> None:
     Faults: a replica that stops sending while requests wait on it
     (--stall-timeout) is taken out as an open breaker would be and reported
     to the server; its requests that sent nothing to their clients go to
-    another replica, as do those on a replica that leaves the routes. The
-    API key is checked before a body is read.
+    another replica, as do those on a replica that leaves the routes. A
+    stream that breaks mid-way (its replica died, stalled or left) goes on
+    from another replica in the same response, from the text the client has
+    (--migration-limit times at most). The API key is checked before a body
+    is read.
 
     --workers N runs N gateway processes on the one port; /metrics on any of
     them sums the counters of all. Prometheus metrics on GET /metrics;

@@ -14,7 +14,14 @@ byte of the response) and ``llmgw_gateway_time_to_first_token_seconds{model}``
 ``llmgw_gateway_key_requests_total{key,model,status}`` (``key`` is the key's
 name, ``(none)`` without keys; never the key), and
 ``llmgw_gateway_inter_token_latency_seconds{model}`` (streams: between two
-consecutive chunks from the engine).
+consecutive chunks from the engine). Mid-stream migration
+(:mod:`llmgw.gateway.migration`): ``llmgw_gateway_stream_migrations_total{model,cause}``
+(streams that went on from another replica, by why the first broke),
+``llmgw_gateway_streams_not_continued_total{model,reason}`` (broken streams
+that ended with an error event, by why), ``llmgw_gateway_migrated_tokens_total{model}``
+(tokens carried over: sent again as the continuation's prompt) and
+``llmgw_gateway_migration_gap_seconds{model}`` (the gap a client saw: from
+the broken replica's last event to the next replica's first).
 
 Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{model,replica}``,
 ``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
@@ -46,6 +53,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.demand import Demand
+from llmgw.gateway.migration import MigrationCause, NotContinued
 from llmgw.gateway.routes import RoutesWatcher
 from llmgw.gateway.workers import MULTIPROC_ENV, PARENT_ENV
 from llmgw.net.metrics import ProcessGroupCollector, register_process_collectors
@@ -58,6 +66,7 @@ UNKNOWN_MODEL = "(unknown)"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_GAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 #: the ``key`` label of requests served without API keys (``--no-keys``)
 NO_KEY = "(none)"
 
@@ -143,6 +152,34 @@ class GatewayMetrics:
             buckets=_ITL_BUCKETS,
             registry=registry,
         )
+        self.migrations = Counter(
+            "llmgw_gateway_stream_migrations",
+            "Streams that went on from another replica after theirs broke mid-way, by model and cause: "
+            + ", ".join(c.value for c in MigrationCause)
+            + ".",
+            ["model", "cause"],
+            registry=registry,
+        )
+        self.not_continued_total = Counter(
+            "llmgw_gateway_streams_not_continued",
+            "Streams broken mid-way that ended with an error event instead of going on elsewhere, by model "
+            "and reason: " + ", ".join(r.value for r in NotContinued) + ".",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.migrated_tokens = Counter(
+            "llmgw_gateway_migrated_tokens",
+            "Tokens a continuing replica was sent as the start of the answer (prefilled again).",
+            ["model"],
+            registry=registry,
+        )
+        self.gap = Histogram(
+            "llmgw_gateway_migration_gap_seconds",
+            "Seconds a client waited between the broken replica's last event and the next replica's first.",
+            ["model"],
+            buckets=_GAP_BUCKETS,
+            registry=registry,
+        )
         self._live = _LiveCollector(balancer, watcher)
         self.registry.register(self._live)
         self._itl_children: dict[str, Histogram] = {}
@@ -206,6 +243,21 @@ class GatewayMetrics:
     def retry(self, model: str) -> None:
         """Count a retry on another replica."""
         self.retries.labels(model).inc()
+
+    def migration(self, model: str, cause: MigrationCause, carried: int) -> None:
+        """Count a stream that went on from another replica after ``cause``, with ``carried`` tokens
+        sent again as the start of its answer."""
+        self.migrations.labels(model, cause.value).inc()
+        if carried:
+            self.migrated_tokens.labels(model).inc(carried)
+
+    def not_continued(self, model: str, reason: NotContinued) -> None:
+        """Count a broken stream that ended with an error event, and why it did not go on elsewhere."""
+        self.not_continued_total.labels(model, reason.value).inc()
+
+    def migration_gap(self, model: str, seconds: float) -> None:
+        """Record the gap a migrated stream's client saw."""
+        self.gap.labels(model).observe(seconds)
 
     def certificate(self, path: Path | None) -> None:
         """Export when the certificate at ``path`` (the gateway's, for the routes feed) expires."""

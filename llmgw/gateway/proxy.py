@@ -14,8 +14,13 @@ What "nothing has gone out" means depends on the response:
   leaves the request free to go elsewhere;
 - a server-sent-events stream is passed through event by event as the
   engine writes it (the first chunk marks time to first token). Once bytes
-  went out there is no retry: if the replica breaks the stream, the client
-  gets a last ``data: {"error": {...}}`` event and a properly ended response;
+  went out there is no retry of the whole request: if the replica breaks the
+  stream, it goes on from another replica, in the same response, from the
+  text the client received (mid-stream migration, :mod:`llmgw.gateway.migration`,
+  up to ``migration_limit`` times); a stream that cannot go on gets a last
+  ``data: {"error": {...}}`` event and a properly ended response. While a
+  stream may be continued, only whole events go out (a partial one waits for
+  its end), so that what the client has is exactly what the transcript says;
 - any other body is passed through as well; if it breaks, the client's
   connection is closed without ending the body, the only honest signal left.
 
@@ -28,21 +33,20 @@ Error messages name replicas by id, never by address.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
 
 import attrs
 import trio
 
-from llmgw.gateway.admission import Ticket
 from llmgw.gateway.balancer import Balancer, Upstream
+from llmgw.gateway.call import Call
 from llmgw.gateway.demand import Demand
 from llmgw.gateway.errors import openai_error
-from llmgw.gateway.metrics import NO_KEY, GatewayMetrics
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.relay import Exchange, Relaying
 from llmgw.gateway.stalls import Attempt
-from llmgw.gateway.usage import StreamUsage, estimated_usage, read_usage
+from llmgw.gateway.usage import read_usage
 from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
 from llmgw.net.server import Response
 
@@ -77,49 +81,12 @@ class ProxySettings:
     hold_timeout: float = 300.0
     #: requests held at once per model at zero replicas; more are answered 503
     hold_queue: int = 256
+    #: continuations on another replica per streamed request broken mid-way (0: none, the stream ends
+    #: with an error event)
+    migration_limit: int = 3
 
 
-@attrs.define
-class Call:
-    """One client request on its way to a replica."""
-
-    model: str
-    #: ``chat/completions``, ``completions`` or ``embeddings``
-    endpoint: str
-    path: str
-    body: bytes
-    request_id: str
-    session: str | None
-    #: trio time the request arrived
-    start: float
-    #: the replica that answered, once one did
-    replica: Upstream | None = None
-    #: called once the response to the client is over (:attr:`llmgw.net.server.Response.after`)
-    after: Callable[[], object] | None = None
-    #: the prompt's prefix keys, for prefix-aware routing (empty: not used)
-    prefix: tuple[bytes, ...] = ()
-    #: the API key's name (:data:`llmgw.gateway.metrics.NO_KEY` without keys)
-    key: str = NO_KEY
-    #: (prompt, completion) tokens from the engine's usage, once seen
-    usage: tuple[int, int] | None = None
-    #: seconds from arrival to the first chunk of a stream
-    ttft: float | None = None
-    #: the key's admission (:class:`llmgw.gateway.admission.Ticket`), ended with the response; None: unlimited
-    ticket: Ticket | None = None
-    #: events of a streamed answer so far
-    events: int = 0
-    #: characters of the prompt's text, measured for keys whose tokens are charged
-    prompt_chars: int = 0
-
-    def charged_usage(self) -> tuple[int, int] | None:
-        """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for
-        a stream that carried none an estimate (:func:`llmgw.gateway.usage.estimated_usage`)."""
-        if self.usage is not None or not self.events:
-            return self.usage
-        return estimated_usage(self.prompt_chars, self.events)
-
-
-class Proxy:
+class Proxy(Relaying):
     """Sends calls to replicas chosen by the balancer, through one connection pool."""
 
     def __init__(
@@ -129,6 +96,7 @@ class Proxy:
         self.balancer = balancer
         self.metrics = metrics
         self.settings = settings
+        self.migration_limit = settings.migration_limit
         #: the models that wake on demand: their requests counted, held while they have no replica
         self.demand = Demand(settings.hold_timeout, settings.hold_queue)
 
@@ -209,20 +177,11 @@ class Proxy:
 
     async def _attempt(self, call: Call, replica: Upstream) -> Response | tuple[str, Response | None]:
         """One attempt: the client's response, or (why it failed, the replica's error response if any)."""
-        headers = [
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("x-request-id", call.request_id),
-        ]
-        attempt = Attempt(trio.current_time())
-        replica.begin(attempt, attempt.start)
-        upstream: ClientResponse | None = None
+        exchange = Exchange(replica)
+        attempt = exchange.attempt
         try:
             try:
-                upstream = await self.pool.send(
-                    "POST", replica.url + call.path, headers=headers, body=call.body, watch=attempt
-                )
-                replica.produced(trio.current_time())
+                upstream = await exchange.send(self.pool, call, call.body)
                 status = upstream.status
                 if status in RETRY_STATUSES:
                     body = await upstream.read(_ERROR_BODY_LIMIT)
@@ -241,11 +200,10 @@ class Proxy:
                         replica.last_byte = trio.current_time()
                         call.usage = read_usage(body)
                         return Response(status, _headers(upstream, replica, call), body, call.after)
-                attempt.handed_over = True
                 headers_out = _headers(upstream, replica, call)
                 if sse:
                     headers_out += (("cache-control", "no-cache"),)
-                relay = _Relay(replica, upstream, attempt)
+                relay = exchange.hand_over()
                 body_out = self._relay(call, relay, sse)
                 return Response(status, headers_out, body_out, relay.after(call.after))
             except HttpClientError as exc:
@@ -262,10 +220,7 @@ class Proxy:
             self._client_left(replica, attempt)
             raise
         finally:
-            if not attempt.handed_over:
-                replica.end(attempt)
-                if upstream is not None:
-                    upstream.close()
+            exchange.end()
 
     def _client_left(self, replica: Upstream, attempt: Attempt) -> None:
         """The client gave up before its answer: a failure if the replica sent nothing for the stall time."""
@@ -283,86 +238,6 @@ class Proxy:
         self.metrics.upstream_error(replica.name, kind)
         log.info("attempt on replica %s (%s) failed: %s", replica.name, replica.url, reason)
         return _named(reason, replica), response
-
-    async def _relay(self, call: Call, relay: _Relay, sse: bool) -> AsyncIterator[bytes]:
-        """The replica's body, chunk by chunk as it arrives; ends the stream cleanly if the replica breaks."""
-        replica, upstream = relay.replica, relay.upstream
-        first = True
-        tail = b"\n\n"
-        usage = StreamUsage() if sse else None
-        last = 0.0
-        try:
-            while True:
-                try:
-                    chunk = await upstream.receive_chunk()
-                except HttpClientError as exc:
-                    reason = relay.attempt.why or str(exc)
-                    reason = self._failed(replica, "mid_stream", reason, None)[0]
-                    log.warning(
-                        "request %s: replica %s broke its response mid-way: %s",
-                        call.request_id,
-                        replica.name,
-                        reason,
-                    )
-                    if not sse:
-                        # The body cannot be ended honestly: have the server drop the client's connection.
-                        raise trio.BrokenResourceError(f"replica {replica.name} broke the response") from None
-                    separator = b"" if tail.endswith(b"\n\n") else b"\n\n"
-                    yield separator + _sse_error(f"replica {replica.name} failed mid-stream: {reason}")
-                    return
-                if chunk is None:
-                    return
-                now = replica.last_byte = trio.current_time()
-                if usage is not None:
-                    usage.feed(chunk)
-                    call.usage = usage.usage
-                    call.events = usage.events
-                    if first:
-                        call.ttft = now - call.start
-                        self.metrics.first_token(call.model, call.ttft)
-                        self.demand.first_token(call.model, call.ttft)
-                    else:
-                        self.metrics.inter_token_latency(call.model, now - last)
-                    last = now
-                first = False
-                tail = chunk[-2:] if len(chunk) >= 2 else tail[-1:] + chunk
-                yield chunk
-        finally:
-            relay.finish()
-
-
-class _Relay:
-    """A response being passed through: ended once, by its body or by the exchange's end.
-
-    The server closes the body iterator when it stops sending, but a body it
-    never started (the client left first) runs no ``finally``: :meth:`after`
-    catches that case.
-    """
-
-    __slots__ = ("replica", "upstream", "attempt", "finished")
-
-    def __init__(self, replica: Upstream, upstream: ClientResponse, attempt: Attempt) -> None:
-        self.replica = replica
-        self.upstream = upstream
-        self.attempt = attempt
-        self.finished = False
-
-    def finish(self) -> None:
-        """Release the replica and the connection (back to the pool if the body was read whole)."""
-        if not self.finished:
-            self.finished = True
-            self.replica.end(self.attempt)
-            self.upstream.close()
-
-    def after(self, then: Callable[[], object] | None) -> Callable[[], None]:
-        """The response's ``after`` callback: :meth:`finish`, then ``then``."""
-
-        def after() -> None:
-            self.finish()
-            if then is not None:
-                then()
-
-        return after
 
 
 def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> tuple[tuple[str, str], ...]:
@@ -385,8 +260,3 @@ def _named(reason: str, replica: Upstream) -> str:
         reason = reason.replace(origin, f"replica {replica.name}")
     host = origin.split("//", 1)[-1]
     return reason.replace(host, replica.name) if host in reason else reason
-
-
-def _sse_error(message: str) -> bytes:
-    error = {"message": message, "type": "server_error", "param": None, "code": "upstream_error"}
-    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

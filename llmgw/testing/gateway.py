@@ -158,7 +158,7 @@ class FakeRoutesFeed:
 
     def __init__(self, *, models: Iterable[str] = (), poll_timeout: float = 5.0) -> None:
         self.models: list[str] = sorted(models)
-        self.routes: dict[str, list[tuple[str, str]]] = {}
+        self.routes: dict[str, list[tuple]] = {}
         #: plain API key -> name; None leaves "keys" out of the document
         self.keys: dict[str, str] | None = None
         #: API key name -> its limits (keys not named are unlimited)
@@ -183,13 +183,14 @@ class FakeRoutesFeed:
     def set(
         self,
         *,
-        routes: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+        routes: Mapping[str, Sequence[tuple]] | None = None,
         models: Iterable[str] | None = None,
         keys: Mapping[str, str] | None = None,
         wake_on_demand: Iterable[str] | None = None,
         limits: Mapping[str, KeyLimits] | None = None,
     ) -> int:
-        """Replace what is given (routes as model -> [(replica id, url)]; keys as secret -> name; the
+        """Replace what is given (routes as model -> [(replica id, url)], or [(replica id, url, whether it
+        continues a final assistant message)]; keys as secret -> name; the
         models that wake on demand; limits as key name -> :class:`~llmgw.wire.KeyLimits`).
 
         Every model with routes is added to the models. Wakes the pollers; returns the new revision.
@@ -218,7 +219,7 @@ class FakeRoutesFeed:
         table = RouteTable(
             revision=self.revision,
             models=self.models,
-            routes={model: [Route(r, url) for r, url in entries] for model, entries in self.routes.items()},
+            routes={model: [Route(*entry) for entry in entries] for model, entries in self.routes.items()},
             keys=keys,
             wake_on_demand=self.wake_on_demand,
             limits=self.limits,
@@ -263,7 +264,7 @@ async def serve_feed(
     *,
     keys: Mapping[str, str] | None = None,
     models: Iterable[str] = (),
-    **routes: Sequence[tuple[str, str]],
+    **routes: Sequence[tuple],
 ) -> FakeRoutesFeed:
     """A :class:`FakeRoutesFeed` serving in ``nursery`` (127.0.0.1, port 0), for a gateway under test to read.
 

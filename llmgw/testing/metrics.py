@@ -26,6 +26,7 @@ __all__ = [
     "exported_names",
     "require_tool",
     "promtool_check_metrics",
+    "samples",
 ]
 
 #: the repository's ``deploy/`` folder
@@ -105,6 +106,19 @@ def exported_names(text: str) -> set[str]:
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{\s]", line, maxsplit=1)[0])
     return names
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample named ``name`` in the exposition ``text``; called by tests that
+    check what a process counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        (dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
 
 
 def require_tool(name: str, package: str) -> str:

@@ -52,6 +52,7 @@ __all__ = [
     "group_alive",
     "pid_alive",
     "processes",
+    "resume",
     "run_pytest",
     "running",
     "sigint_default",
@@ -144,6 +145,16 @@ class ManagedProcess:
 
     def __repr__(self) -> str:
         return f"<ManagedProcess {self.name} pid={self.pid}>"
+
+
+def resume(pids: Iterable[int]) -> None:
+    """SIGCONT each of ``pids`` still running: called (in a ``finally``) by tests that SIGSTOP engines, so
+    that none is left stopped for the cleanup to wait on."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
 
 def group_alive(pgid: int) -> bool:

@@ -22,10 +22,14 @@ def _http_url(_: Any, attribute: attrs.Attribute, value: str) -> None:
 
 @attrs.frozen
 class Route:
-    """One ready replica of a served model: its id and the base URL of its rank 0."""
+    """One ready replica of a served model: its id, the base URL of its rank 0, and what its engine can do."""
 
     replica: str
     url: str = attrs.field(converter=lambda url: url.rstrip("/"), validator=_http_url)
+    #: its engine (at the version its node runs, with its profile's arguments) continues a chat's final
+    #: assistant message (:meth:`llmgw.engine.Engine.continues_final_message`): the gateway may continue
+    #: a stream broken elsewhere on it
+    continues: bool = False
 
 
 def _routes(routes: Mapping[str, Any]) -> dict[str, tuple[Route, ...]]:

@@ -18,6 +18,7 @@ import pytest
 
 from llmgw.testing.catalogs import CHAT_CATALOG
 from llmgw.testing.load import routed_cluster
+from llmgw.testing.processes import resume
 from llmgw.wire import EventList
 
 pytestmark = pytest.mark.timeout(240)
@@ -77,8 +78,4 @@ def test_sigstopped_engine_under_load_its_requests_go_elsewhere(tmp_path: Path):
             found = "gateway dev-gateway found it stalled: nothing arrived"
             assert reports()[0].startswith(found), reports()
         finally:
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            resume(stopped)

@@ -224,7 +224,7 @@ class StandbyView:
             read_only=True,
         )
         app.keys = keys
-        table = attrs.evolve(route_table(cluster, *active_keys(keys)), revision=0)
+        table = attrs.evolve(route_table(cluster, *active_keys(keys), self.engines), revision=0)
         if self._routes is None or self._routes[0] != table:
             # as the leader numbers them: milliseconds, so a gateway moving between servers sees a change
             previous = self._routes[1] if self._routes else 0

@@ -9,10 +9,11 @@ Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/rout
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import trio
 
+from llmgw.engine import Engine
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.http.keys import active_keys
@@ -47,13 +48,15 @@ class RoutesEndpoints:
     _suspects: dict[str, list]
     #: the fleet's buckets of the rate-limited keys
     lender: Lender
+    #: engine name -> engine (which replicas continue a final assistant message)
+    engines: Mapping[str, Engine]
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = query_int(request.query.get("revision", "0"), "revision")
         if request.query.get("wait") == "1":
             await self.reconciler.wait_routes(known, self.poll_timeout)
         keys, limits = active_keys(self.keys)
-        return answer(views.route_table(self.cluster, keys, limits))
+        return answer(views.route_table(self.cluster, keys, limits, self.engines))
 
     async def _gateway_allowances(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway process's demand per limited key: what the fleet's buckets lend it (leader only)."""

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
+from llmgw.engine import Engine
 from llmgw.models import DEFAULT_STOP_GRACE, LaunchSpec
 from llmgw.scheduler import node_warnings
 from llmgw.server.state.cluster import ClusterState
@@ -144,7 +145,10 @@ def _desired_shards(state: ClusterState, record: ReplicaRecord) -> Iterable[_Nod
 
 
 def route_table(
-    state: ClusterState, keys: Mapping[str, str] | None = None, limits: Mapping[str, KeyLimits] | None = None
+    state: ClusterState,
+    keys: Mapping[str, str] | None = None,
+    limits: Mapping[str, KeyLimits] | None = None,
+    engines: Mapping[str, Engine] | None = None,
 ) -> RouteTable:
     """The routes feed's answer: every served model, the ready replicas of each, those that wake on demand,
     ``keys`` and their ``limits``.
@@ -152,6 +156,8 @@ def route_table(
     Called for every ``GET /v1/routes``. ``keys`` maps the sha256 hex of
     each API key in force to its name (None: the feed says nothing of keys);
     ``limits`` maps a key's name to its limits (keys not named are unlimited).
+    A replica's route says whether it ``continues`` a final assistant message, as its engine
+    (among ``engines``) answers for the version its rank 0's node reported and its profile's args.
     """
     routes: dict[str, list[Route]] = {}
     for record in sorted(state.replicas.values(), key=lambda r: r.id):
@@ -162,8 +168,12 @@ def route_table(
         if launch is None or node is None:
             continue
         name = launch.model.served_name or record.placement.model
+        engine = (engines or {}).get(launch.profile.engine)
+        continues = engine is not None and engine.continues_final_message(
+            node.facts.engines.get(launch.profile.engine), launch.profile.args
+        )
         routes.setdefault(name, []).append(
-            Route(record.id, f"http://{node.address}:{record.placement.rank0.port}")
+            Route(record.id, f"http://{node.address}:{record.placement.rank0.port}", continues)
         )
     models = {state.catalog.served_name(m) for m in state.catalog.models}
     wake = {

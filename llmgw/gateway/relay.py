@@ -34,7 +34,14 @@ from llmgw.gateway.migration import (
 from llmgw.gateway.prefix import prefix_keys, prompt_text
 from llmgw.gateway.stalls import Attempt
 from llmgw.gateway.usage import StreamUsage
-from llmgw.net.client import ClientResponse, ConnectError, ConnectionPool, HttpClientError, ReadTimeout
+from llmgw.net.client import (
+    ClientResponse,
+    ConnectError,
+    ConnectionPool,
+    HttpClientError,
+    ReadTimeout,
+    RemoteProtocolError,
+)
 
 if TYPE_CHECKING:
     from llmgw.net.server import Response
@@ -258,6 +265,10 @@ class Exchange:
             "POST", self.replica.url + call.path, headers=request_headers(call), body=body, watch=self.attempt
         )
         self.replica.produced(trio.current_time())
+        if self.attempt.why is not None:
+            # the gateway ended the attempt (its replica left the routes, or stalled) as the head came,
+            # before this task ran again: nothing went to the client, so it is retried elsewhere
+            raise RemoteProtocolError(self.attempt.why, response_started=True)
         return self.upstream
 
     def hand_over(self) -> Relay:

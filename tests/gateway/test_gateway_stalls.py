@@ -6,12 +6,18 @@ import signal
 import time
 
 import httpx
+import pytest
 import trio
 
 from llmgw.gateway import ProxySettings
+from llmgw.gateway.balancer import Breaker, Upstream
+from llmgw.gateway.call import Call
+from llmgw.gateway.relay import Exchange
+from llmgw.net.client import HttpClientError
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import serve_feed, start_gateway, start_sim, wait_healthy
 from llmgw.testing.processes import processes, wait_for  # noqa: F401
+from llmgw.wire import Route
 
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 4}
 
@@ -199,3 +205,33 @@ class TestRoutesChange:
         # the gateway's stall clock started at the event's last byte, a little before this client read it
         assert 0.5 <= trio.current_time() - left_at < 3
         assert "replica quiet left the routes and sent nothing" in lines[-2], lines
+
+
+class _HeadThenGone:
+    """A pool whose response head arrives in the same instant as a routes update that removes the replica
+    (the stall watch ends the attempt before the proxy's task runs again)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def send(self, method, url, *, headers, body, watch):
+        watch.abort("replica a left the routes")
+        return self
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_an_attempt_ended_as_its_head_came_is_retried_elsewhere_not_relayed():
+    """Seen in a nemesis run: a stream whose replica left the routes as its head came was relayed, then cut
+    (the client saw an error mid-stream). The exchange now fails before anything reaches the client."""
+    replica = Upstream(Route("a", "http://127.0.0.1:9"), Breaker())
+    call = Call("m", "completions", "/v1/completions", b"{}", "req-1", None, 0.0)
+    pool = _HeadThenGone()
+    exchange = Exchange(replica)
+    try:
+        with pytest.raises(HttpClientError, match="left the routes"):
+            await exchange.send(pool, call, call.body)
+    finally:
+        exchange.end()
+    assert pool.closed and not exchange.attempt.handed_over and not replica.attempts

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from llmgw.tenancy.bucket import KeyBuckets
-from llmgw.wire import KeyLimits
+from llmgw.wire import KeyLimits, Priority
 
 if TYPE_CHECKING:
     from llmgw.gateway.leases import Leases
@@ -204,6 +204,11 @@ class Admission:
             state.requests.take(1.0, now)
         state.in_flight += 1
         return Ticket(state, self.clock, key, leases)
+
+    def priority(self, key: str) -> Priority:
+        """Key ``key``'s priority class in the model queues (``standard`` for a key without limits)."""
+        state = self._keys.get(key)
+        return state.limits.priority if state is not None else Priority.STANDARD
 
     def charges_tokens(self, key: str) -> bool:
         """Whether key ``key`` has a ``tpm`` limit (its answers' tokens are charged)."""

@@ -14,7 +14,10 @@ byte of the response) and ``llmgw_gateway_time_to_first_token_seconds{model}``
 ``llmgw_gateway_key_requests_total{key,model,status}`` (``key`` is the key's
 name, ``(none)`` without keys; never the key), and
 ``llmgw_gateway_inter_token_latency_seconds{model}`` (streams: between two
-consecutive chunks from the engine).
+consecutive chunks from the engine), ``llmgw_gateway_queue_seconds{key}``
+(requests that waited for a seat, :mod:`llmgw.gateway.queue`) and
+``llmgw_gateway_queue_overflows_total{model,cause}`` (503s of a full queue or a
+wait too long).
 
 Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{model,replica}``,
 ``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
@@ -23,7 +26,8 @@ Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{mode
 ``llmgw_gateway_routes_revision``,
 ``llmgw_gateway_certificate_expiry_timestamp_seconds`` (the certificate it reads
 routes with, when it has one) and ``llmgw_gateway_held_requests{model}`` (requests
-held for a model at zero replicas, for the models that wake on demand).
+held for a model at zero replicas, for the models that wake on demand), and
+``llmgw_gateway_queued_requests{model,priority}`` (requests waiting for a seat).
 
 With ``--workers N`` the counted metrics are summed over every worker (see
 :mod:`llmgw.gateway.workers`); the live ones are the answering worker's.
@@ -46,6 +50,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.demand import Demand
+from llmgw.gateway.queue import Queues
 from llmgw.gateway.routes import RoutesWatcher
 from llmgw.gateway.workers import MULTIPROC_ENV, PARENT_ENV
 from llmgw.net.metrics import ProcessGroupCollector, register_process_collectors
@@ -136,6 +141,20 @@ class GatewayMetrics:
             ["key", "limit"],
             registry=registry,
         )
+        self.queue_seconds = Histogram(
+            "llmgw_gateway_queue_seconds",
+            "Seconds a request waited in its model's queue for a seat (requests that waited), by API key "
+            "name (never the key).",
+            ["key"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_overflows = Counter(
+            "llmgw_gateway_queue_overflows",
+            "Requests answered 503 by a model's queue, by model and cause (queue_full, queue_timeout).",
+            ["model", "cause"],
+            registry=registry,
+        )
         self.inter_token = Histogram(
             "llmgw_gateway_inter_token_latency_seconds",
             "Seconds between two consecutive chunks of a streamed response from the engine.",
@@ -192,6 +211,14 @@ class GatewayMetrics:
             tokens[0].inc(usage[0])
             tokens[1].inc(usage[1])
 
+    def queued(self, key: str, seconds: float) -> None:
+        """Record that a request of API key ``key`` (its name) waited ``seconds`` for a seat."""
+        self.queue_seconds.labels(key).observe(seconds)
+
+    def queue_overflow(self, model: str, cause: str) -> None:
+        """Count a request for ``model`` turned away by its queue (a ``QueueCause`` value)."""
+        self.queue_overflows.labels(model, cause).inc()
+
     def inter_token_latency(self, model: str, seconds: float) -> None:
         """Record the gap between two chunks of a stream."""
         histogram = self._itl_children.get(model)
@@ -217,6 +244,10 @@ class GatewayMetrics:
         """Report the held requests of ``demand`` (``llmgw_gateway_held_requests``); called once, at start."""
         self._live.demand = demand
 
+    def queued_from(self, queues: Queues) -> None:
+        """Report the requests waiting in ``queues`` (``llmgw_gateway_queued_requests``); called at start."""
+        self._live.queues = queues
+
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scraper sending ``Accept: accept``: (body, content type)."""
         encoder, content_type = choose_encoder(accept or "")
@@ -233,6 +264,8 @@ class _LiveCollector:
         self.cert_not_after: float | None = None
         #: the proxy's requests held for models at zero replicas (:mod:`llmgw.gateway.demand`), once set
         self.demand: Demand | None = None
+        #: the model queues (:mod:`llmgw.gateway.queue`), once set
+        self.queues: Queues | None = None
 
     def describe(self) -> list[Metric]:
         return []
@@ -271,6 +304,15 @@ class _LiveCollector:
             for model in sorted(self.demand.wake_on_demand):
                 held.add_metric([model], self.demand.held[model])
             yield held
+        if self.queues is not None:
+            queued = GaugeMetricFamily(
+                "llmgw_gateway_queued_requests",
+                "Requests waiting for a seat in a model's queue, by model and priority class.",
+                labels=["model", "priority"],
+            )
+            for (model, priority), waiting in sorted(self.queues.depth().items()):
+                queued.add_metric([model, priority], waiting)
+            yield queued
         if self.cert_not_after is not None:
             yield GaugeMetricFamily(
                 "llmgw_gateway_certificate_expiry_timestamp_seconds",

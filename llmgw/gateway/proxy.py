@@ -110,6 +110,8 @@ class Call:
     events: int = 0
     #: characters of the prompt's text, measured for keys whose tokens are charged
     prompt_chars: int = 0
+    #: it holds a seat in its model's queue (:mod:`llmgw.gateway.queue`), freed when its answer ends
+    seated: bool = False
 
     def charged_usage(self) -> tuple[int, int] | None:
         """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for

@@ -186,6 +186,7 @@ class GatewayApp:
             return Response(response.status, headers, response.body, after=refused)
         answered: Response | None = None
         ticket = call.ticket
+        leases = self.admission.leases if self.require_keys else None
 
         def done() -> None:
             nonlocal answered
@@ -194,6 +195,8 @@ class GatewayApp:
             usage = call.charged_usage()
             if ticket is not None:
                 ticket.done(usage)
+            if usage is not None and leases is not None:
+                leases.used(call.key, call.model, usage)
             if call.seated:
                 self.queues.leave(call.model, call.key, sum(usage) if usage is not None else None)
             seconds = trio.current_time() - start

@@ -160,8 +160,7 @@ class Gateway:
             metrics.certificate(self.config.cert)
             proxy = Proxy(upstreams, balancer, metrics, config.proxy)
             metrics.held_from(proxy.demand)
-            if self.queues.enabled:
-                metrics.queued_from(self.queues)
+            metrics.queued_from(self.queues)
 
             def routes_changed(table: RouteTable) -> None:
                 self.admission.update(table.limits)

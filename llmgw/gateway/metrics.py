@@ -304,7 +304,7 @@ class _LiveCollector:
             for model in sorted(self.demand.wake_on_demand):
                 held.add_metric([model], self.demand.held[model])
             yield held
-        if self.queues is not None:
+        if self.queues is not None:  # declared always: a dashboard reads it
             queued = GaugeMetricFamily(
                 "llmgw_gateway_queued_requests",
                 "Requests waiting for a seat in a model's queue, by model and priority class.",

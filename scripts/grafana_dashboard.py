@@ -270,7 +270,7 @@ panel(
     "Refused by key limits",
     [("sum by (key, limit) (rate(llmgw_gateway_key_refusals_total[" + R + "]))", "{{key}} {{limit}}")],
     unit="reqps",
-    desc="403 (models) and 429 (rpm, tpm, concurrency) answers by API key name and the limit hit.",
+    desc="403 (models) and 429 (rpm, tpm, concurrency, budget) answers by API key name and the limit hit.",
 )
 panel(
     "In flight per replica", [(f"sum by (replica) (llmgw_gateway_in_flight_requests{{{M}}})", "{{replica}}")]

@@ -160,7 +160,10 @@ class Leases:
 
     def used(self, key: str, model: str, usage: tuple[int, int]) -> None:
         """Count an answer of ``key`` (any key) for ``model`` that ended having used (prompt, completion)
-        tokens; reported at the next exchange, counted against its budget and shown by ``ctl keys usage``."""
+        tokens; reported at the next exchange, counted against its budget and shown by ``ctl keys usage``
+        (nothing is kept for a server without the endpoint)."""
+        if self.supported is False:
+            return
         counts = self._usage.get((key, model))
         if counts is None:
             counts = self._usage[(key, model)] = [0, 0, 0]

@@ -137,7 +137,7 @@ class GatewayMetrics:
         self.key_refusals = Counter(
             "llmgw_gateway_key_refusals",
             "Requests refused by their API key's limits, by key name and the limit hit (rpm, tpm, "
-            "concurrency, models).",
+            "concurrency, models, budget).",
             ["key", "limit"],
             registry=registry,
         )

@@ -21,7 +21,8 @@ Which waiting request goes when a seat frees:
    the last request started in it), so an idle spell earns no credit;
 3. within a tenant, the order the requests came.
 
-Everything here is plain dicts and deques, O(tenants waiting) per dispatch;
+A request waiting counts against its key's ``concurrency`` (it was admitted
+before it queued). Everything here is plain dicts and deques, O(tenants waiting) per dispatch;
 waits run on trio's clock (an autojump clock in tests). Seats are counted per process:
 with ``--workers N`` or several gateways, give each ``seats / processes``.
 """

@@ -177,6 +177,8 @@ async def test_a_server_without_leases_leaves_counting_to_each_process(nursery, 
     answers = [await admit(admission) for _ in range(4)]
     assert [isinstance(a, Ticket) for a in answers] == [True, True, True, False]
     assert admission.leases.supported is False
+    admission.leases.used("k", "m", (1, 2))  # no usage kept for a server that takes none
+    assert not admission.leases._usage
 
 
 async def test_a_gateway_that_loses_the_server_admits_what_it_holds_then_refuses(nursery, clock):

@@ -31,7 +31,9 @@ shared with other work, only figures taken side by side compare.
 ``--keys`` runs the gateways with API keys: the feed hands out one key with
 every rate limit (rpm, tpm, concurrency, far above what the load reaches),
 and every request sends it, so that admission's cost shows (against a
-``--before`` from before limits, which only checks the key).
+``--before`` from before limits, which only checks the key); it also prints
+admission's and the model queue's CPU per request timed in-process, which a
+machine shared with other work does not blur.
 ``--gateway-args "..."`` passes more flags to the current gateway only (e.g.
 ``--replica-concurrency 64``, the model queue's seats).
 """
@@ -53,10 +55,12 @@ from pathlib import Path
 import attrs
 import trio
 
+from llmgw.gateway.admission import Admission
+from llmgw.gateway.queue import Queues, QueueSettings
 from llmgw.net.client import ConnectionPool
 from llmgw.testing.gateway import FakeRoutesFeed, sim_argv, wait_healthy
 from llmgw.testing.processes import ManagedProcess, free_port, start
-from llmgw.wire import KeyLimits
+from llmgw.wire import KeyLimits, Priority
 
 TICKS = os.sysconf("SC_CLK_TCK")
 WARM_UP = 1
@@ -252,6 +256,35 @@ def report(results: list[Result], workers: int) -> None:
         )
 
 
+def admission_cost(count: int = 200_000) -> tuple[float, float]:
+    """CPU microseconds per request of admission (a key with every rate limit: its checks, its ticket and
+    the charge of its tokens) and of the model queue's way in and out with a free seat, in this process
+    alone: what the gateway adds per request for them, without the noise of a shared machine."""
+    admission = Admission(time.monotonic)
+    admission.update({"bench": LIMITS})
+
+    def admit() -> None:
+        admission.forbidden("bench", "m")
+        ticket = admission.admit("bench", "m")
+        admission.priority("bench")
+        ticket.done((10, 16))
+
+    began = time.process_time()
+    for _ in range(count):
+        admit()
+    admitted = (time.process_time() - began) / count * 1e6
+    queues = Queues(QueueSettings(replica_concurrency=64), lambda _model: 1)
+
+    async def seat() -> float:
+        began = time.process_time()
+        for _ in range(count):
+            await queues.enter("m", "bench", Priority.STANDARD)
+            queues.leave("m", "bench", 26)
+        return (time.process_time() - began) / count * 1e6
+
+    return admitted, trio.run(seat)
+
+
 def backend_argv(backend: str, port: int) -> list[str]:
     if backend == "fast":
         return [sys.executable, str(HERE / "fastbackend.py"), "--port", str(port)]
@@ -366,6 +399,10 @@ if __name__ == "__main__":
     extra = tuple(shlex.split(args.gateway_args))
     measured = trio.run(main, chosen, args.seconds, args.rounds, args.workers, args.before, args.keys, extra)
     report(measured, args.workers)
+    if args.keys:
+        admitted, seated = admission_cost()
+        print(f"\nin this process alone: admission {admitted:.1f} us CPU per request, the model queue's "
+              f"way in and out (a free seat) {seated:.1f} us")  # fmt: skip
     print(
         f"\n{args.rounds} rounds of {args.seconds:g}s per case, interleaved; "
         f"{time.monotonic() - began:.0f}s in all"

@@ -49,6 +49,15 @@ the longest pause to 5.5 ms but did not move the gap p99: not the main cause.
 ``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
 (an older commit), measured interleaved with the current one: on a machine
 shared with other work, only figures taken side by side compare.
+
+``--keys`` runs the gateways with API keys: the feed hands out one key with
+every rate limit (rpm, tpm, concurrency, far above what the load reaches),
+and every request sends it, so that admission's cost shows (against a
+``--before`` from before limits, which only checks the key); it also prints
+admission's and the model queue's CPU per request timed in-process, which a
+machine shared with other work does not blur.
+``--gateway-args "..."`` passes more flags to the current gateway only (e.g.
+``--replica-concurrency 64``, the model queue's seats).
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -68,18 +78,25 @@ from pathlib import Path
 import attrs
 import trio
 
+from llmgw.gateway.admission import Admission
+from llmgw.gateway.queue import Queues, QueueSettings
 from llmgw.net.client import ConnectionPool
 from llmgw.testing.gateway import FakeRoutesFeed, sim_argv, wait_healthy
 from llmgw.testing.processes import ManagedProcess, free_port, start
+from llmgw.wire import KeyLimits, Priority
 
 TICKS = os.sysconf("SC_CLK_TCK")
 WARM_UP = 1
 HERE = Path(__file__).resolve().parent
 BODY = {"model": "m", "messages": [{"role": "user", "content": "benchmark the gateway"}], "max_tokens": 16}
+#: the API key sent with --keys, and its limits (far above what the load reaches: admission runs, admits all)
+SECRET = "sk-bench-0123456789abcdef"
+LIMITS = KeyLimits(rpm=10**11, tpm=10**12, concurrency=10**6)
 WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.body = [[%s]]
 wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format('\\nRESULT {"requests":%%d,"errors":%%d,"p50":%%d,"p99":%%d,"us":%%d}\\n',
@@ -161,7 +178,7 @@ def run_wrk(url: str, concurrency: int, stream: bool, seconds: float) -> tuple[i
     """One wrk run: (requests, errors, p50 ms, p99 ms, seconds)."""
     body = json.dumps({**BODY, "stream": stream})
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT % body)
+        script.write(WRK_SCRIPT % (body, SECRET))
     try:
         argv = [
             "wrk",
@@ -185,7 +202,7 @@ def run_wrk(url: str, concurrency: int, stream: bool, seconds: float) -> tuple[i
 async def run_h11(url: str, concurrency: int, stream: bool, seconds: float) -> tuple:
     """The in-process fallback load client: (requests, errors, p50 ms, p99 ms, seconds)."""
     body = json.dumps({**BODY, "stream": stream}).encode()
-    headers = [("content-type", "application/json")]
+    headers = [("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")]
     latencies: list[float] = []
     errors = 0
     async with ConnectionPool(max_idle_per_host=concurrency) as pool:
@@ -332,6 +349,35 @@ def report(results: list[Result], workers: int) -> None:
         )
 
 
+def admission_cost(count: int = 200_000) -> tuple[float, float]:
+    """CPU microseconds per request of admission (a key with every rate limit: its checks, its ticket and
+    the charge of its tokens) and of the model queue's way in and out with a free seat, in this process
+    alone: what the gateway adds per request for them, without the noise of a shared machine."""
+    admission = Admission(time.monotonic)
+    admission.update({"bench": LIMITS})
+
+    def admit() -> None:
+        admission.forbidden("bench", "m")
+        ticket = admission.admit("bench", "m")
+        admission.priority("bench")
+        ticket.done((10, 16))
+
+    began = time.process_time()
+    for _ in range(count):
+        admit()
+    admitted = (time.process_time() - began) / count * 1e6
+    queues = Queues(QueueSettings(replica_concurrency=64), lambda _model: 1)
+
+    async def seat() -> float:
+        began = time.process_time()
+        for _ in range(count):
+            await queues.enter("m", "bench", Priority.STANDARD)
+            queues.leave("m", "bench", 26)
+        return (time.process_time() - began) / count * 1e6
+
+    return admitted, trio.run(seat)
+
+
 def backend_argv(backend: str, port: int) -> list[str]:
     if backend == "fast":
         return [sys.executable, str(HERE / "fastbackend.py"), "--port", str(port)]
@@ -341,7 +387,14 @@ def backend_argv(backend: str, port: int) -> list[str]:
 
 
 async def main(
-    backends: list[str], seconds: float, rounds: int, workers: int, before: str | None, events: int = 256
+    backends: list[str],
+    seconds: float,
+    rounds: int,
+    workers: int,
+    before: str | None,
+    events: int = 256,
+    keys: bool = False,
+    gateway_args: tuple[str, ...] = (),
 ) -> list[Result]:
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     started: list[ManagedProcess] = []
@@ -350,17 +403,21 @@ async def main(
         async with trio.open_nursery() as nursery:
             feed = FakeRoutesFeed()
             feed_url = await nursery.start(feed.serve)
+            if keys:
+                feed.set(keys={SECRET: "bench"}, limits={"bench": LIMITS})
+            open_door = [] if keys else ["--no-keys"]
             for backend in backends:
                 backend_port, gateway_port = free_port(), free_port()
                 server = start(backend_argv(backend, backend_port), name=backend, log_dir=logs)
                 started.append(server)
                 backend_url = f"http://127.0.0.1:{backend_port}"
                 feed.set(routes={"m": [("m-0", backend_url)]})
-                argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
+                argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, *open_door]
                 argv += [
                     "--listen",
                     f"127.0.0.1:{gateway_port}",
                     *([] if workers == 1 else ["--workers", str(workers)]),
+                    *gateway_args,
                 ]
                 gateway = start(argv, name=f"gateway-{backend}", log_dir=logs)
                 started.append(gateway)
@@ -368,7 +425,7 @@ async def main(
                 processes = {"backend": server.pid, "gateway": gateway.pid, "all": "all"}
                 if before is not None:  # the same gateway command from older sources, interleaved
                     before_port = free_port()
-                    argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
+                    argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, *open_door]
                     argv += ["--listen", f"127.0.0.1:{before_port}"]
                     older = start(
                         argv,
@@ -439,6 +496,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--events", type=int, default=256, help="token events per answer (0: no token case)")
     parser.add_argument("--token-client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--keys", action="store_true", help="API keys on, one key with every rate limit")
+    parser.add_argument("--gateway-args", default="", help="more flags for the current gateway only")
     args = parser.parse_args()
     if args.token_client:
         result = trio.run(token_client, args.token_client, TOKEN_CONCURRENCY, args.events, args.seconds)
@@ -446,8 +505,15 @@ if __name__ == "__main__":
         sys.exit(0)
     began = time.monotonic()
     chosen = args.backend.split(",")
-    results = trio.run(main, chosen, args.seconds, args.rounds, args.workers, args.before, args.events)
-    report(results, args.workers)
+    extra = tuple(shlex.split(args.gateway_args))
+    measured = trio.run(
+        main, chosen, args.seconds, args.rounds, args.workers, args.before, args.events, args.keys, extra
+    )
+    report(measured, args.workers)
+    if args.keys:
+        admitted, seated = admission_cost()
+        print(f"\nin this process alone: admission {admitted:.1f} us CPU per request, the model queue's "
+              f"way in and out (a free seat) {seated:.1f} us")  # fmt: skip
     print(
         f"\n{args.rounds} rounds of {args.seconds:g}s per case, interleaved; "
         f"{time.monotonic() - began:.0f}s in all"

@@ -1,8 +1,8 @@
 """Write deploy/grafana/llmgw.json, llmgw's Grafana dashboard, from the panels listed here.
 
 Run it after changing a panel: ``.venv/bin/python scripts/grafana_dashboard.py``
-(tests/deploy checks the JSON is what this writes). Four rows: Fleet, Models
-(engines), Gateway, Control plane; every query reads metrics the processes
+(tests/deploy checks the JSON is what this writes). Five rows: Fleet, Models
+(engines), Gateway, Tenants, Control plane; every query reads metrics the processes
 export (tests/e2e/test_e2e_metrics.py scrapes them).
 """
 
@@ -270,7 +270,7 @@ panel(
     "Refused by key limits",
     [("sum by (key, limit) (rate(llmgw_gateway_key_refusals_total[" + R + "]))", "{{key}} {{limit}}")],
     unit="reqps",
-    desc="403 (models) and 429 (rpm, tpm, concurrency) answers by API key name and the limit hit.",
+    desc="403 (models) and 429 (rpm, tpm, concurrency, budget) answers by API key name and the limit hit.",
 )
 panel(
     "In flight per replica", [(f"sum by (replica) (llmgw_gateway_in_flight_requests{{{M}}})", "{{replica}}")]
@@ -330,6 +330,33 @@ panel(
     "Requests held for models at zero",
     [(f"sum by (model) (llmgw_gateway_held_requests{{{M}}})", "{{model}}")],
     desc="Requests a gateway holds while a model at zero replicas (replicas.min: 0) wakes (--hold-timeout).",
+)
+newrow("Tenants")
+panel(
+    "Tokens by key",
+    [
+        (
+            f"sum by (key) (rate(llmgw_gateway_prompt_tokens_total{{{M}}}[{R}]) + rate(llmgw_gateway_completion_tokens_total{{{M}}}[{R}]))",
+            "{{key}}",
+        )
+    ],
+    unit="short",
+    desc="Prompt + completion tokens per second by API key name (never the key).",
+)
+panel(
+    "Budget used by key",
+    [("max by (key, period) (llmgw_server_key_budget_used_ratio)", "{{key}} ({{period}})")],
+    unit="percentunit",
+    desc="Each budgeted key's tokens this period over its budget (alert LlmgwKeyAtBudget at 100%: 429 until the period ends).",
+)
+panel(
+    "Queue wait p95 by key, requests waiting",
+    [
+        (f"histogram_quantile(0.95, sum by (key, le) (rate(llmgw_gateway_queue_seconds_bucket[{R}])))", "p95 {{key}}"),
+        (f"sum by (model, priority) (llmgw_gateway_queued_requests{{{M}}})", "waiting {{model}} {{priority}}"),
+    ],
+    unit="s",
+    desc="Requests waiting for a seat (--replica-concurrency), by priority class; queue_full and queue_timeout 503s are in llmgw_gateway_queue_overflows_total.",
 )
 newrow("Control plane")
 panel(

@@ -2,6 +2,7 @@
 
 ``create NAME [limits]`` prints the secret once; ``update NAME [limits]`` changes
 some limits and leaves the others; ``list`` shows names, dates and limits;
+``usage [NAME]`` what keys used this period, per model, against their budget;
 ``revoke NAME``. A limit given a bad value is refused before anything is sent,
 naming its flag; the server checks again and changes nothing on a refusal.
 """
@@ -19,6 +20,7 @@ from llmgw.ctl.output import show, table
 from llmgw.wire import (
     MAX_LIMIT,
     ApiKey,
+    BudgetPeriod,
     CreatedKey,
     CreateKey,
     KeyLimits,
@@ -26,10 +28,11 @@ from llmgw.wire import (
     Priority,
     RevokedKey,
     UpdateKey,
+    UsageList,
     to_json,
 )
 
-__all__ = ["keys", "LIFT", "key_lines"]
+__all__ = ["keys", "LIFT", "key_lines", "usage_lines"]
 
 #: what ``update --rpm`` (and ``--tpm``, ``--concurrency``) takes to lift a limit
 LIFT = "unlimited"
@@ -95,6 +98,17 @@ def _limit_options(liftable: bool) -> Any:
             type=click.Choice([p.value for p in Priority]),
             help="Its priority class" + ("." if liftable else " (default: standard)."),
         ),
+        click.option(
+            "--budget",
+            type=count,
+            metavar="N",
+            help=f"Prompt + completion tokens per --budget-period, for the whole fleet{lift}.",
+        ),
+        click.option(
+            "--budget-period",
+            type=click.Choice([p.value for p in BudgetPeriod]),
+            help="The UTC period the budget is counted over" + ("." if liftable else " (default: day)."),
+        ),
     ]
 
     def decorate(command: Any) -> Any:
@@ -118,14 +132,17 @@ def _client(ctx: click.Context) -> AdminClient:
 @click.argument("name")
 @_limit_options(liftable=False)
 @click.pass_context
-def keys_create(ctx: click.Context, name: str, priority: str | None, **limits: Any) -> None:
+def keys_create(
+    ctx: click.Context, name: str, priority: str | None, budget_period: str | None, **limits: Any
+) -> None:
     """Create API key NAME and print its secret: it is shown this once, only a hash is stored.
 
     NAME is 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit. Without limits the key
     is unlimited; a gateway answers a request over a limit with 429 and Retry-After, and one for a
     model not allowed with 403.
     """
-    chosen = KeyLimits(**limits, priority=Priority(priority or Priority.STANDARD))
+    period = BudgetPeriod(budget_period or BudgetPeriod.DAY)
+    chosen = KeyLimits(**limits, priority=Priority(priority or Priority.STANDARD), budget_period=period)
     result = _client(ctx).request("POST", "/v1/admin/keys", CreatedKey, body=CreateKey(name, chosen))
     click.echo(result.secret)
     if result.limits != chosen:  # a server from before limits ignores them
@@ -145,16 +162,24 @@ def keys_create(ctx: click.Context, name: str, priority: str | None, **limits: A
 @click.argument("name")
 @_limit_options(liftable=True)
 @click.pass_context
-def keys_update(ctx: click.Context, name: str, priority: str | None, **given: Any) -> None:
+def keys_update(
+    ctx: click.Context, name: str, priority: str | None, budget_period: str | None, **given: Any
+) -> None:
     """Change the limits of API key NAME; the ones not given stay as they are.
 
     All or nothing: a refused value changes none of them. Gateways apply the new limits within a second.
     """
-    if priority is None and all(value is None for value in given.values()):
-        raise click.UsageError("give at least one of --rpm, --tpm, --concurrency, --models, --priority")
+    if priority is None and budget_period is None and all(value is None for value in given.values()):
+        flags = "--rpm, --tpm, --concurrency, --models, --priority, --budget, --budget-period"
+        raise click.UsageError(f"give at least one of {flags}")
     lifted = tuple(field for field, value in given.items() if value in (LIFT, ALL_MODELS))
     values = {field: value for field, value in given.items() if value not in (LIFT, ALL_MODELS)}
-    update = UpdateKey(**values, priority=Priority(priority) if priority else None, unlimited=lifted)
+    update = UpdateKey(
+        **values,
+        priority=Priority(priority) if priority else None,
+        budget_period=BudgetPeriod(budget_period) if budget_period else None,
+        unlimited=lifted,
+    )
     result = _client(ctx).request("PATCH", f"/v1/admin/keys/{segment(name)}", ApiKey, body=update)
     click.echo(f"API key {name!r}: {result.limits.summary()}")
 
@@ -174,9 +199,29 @@ def key_lines(data: KeyList, _wide: bool) -> list[str]:
         row = [k.name if k.name.isprintable() else repr(k.name), when(k.created_at), when(k.revoked_at)]
         limits = k.limits
         models = ",".join(limits.models) if limits.models is not None else ALL_MODELS
-        row += [count(limits.rpm), count(limits.tpm), count(limits.concurrency), models, limits.priority]
-        rows.append(row)
-    headers = ["name", "created", "revoked", "rpm", "tpm", "concurrency", "models", "priority"]
+        row += [count(limits.rpm), count(limits.tpm), count(limits.concurrency), limits.budget_shown()]
+        rows.append([*row, models, limits.priority])
+    headers = ["name", "created", "revoked", "rpm", "tpm", "concurrency", "budget", "models", "priority"]
+    return [table(rows, headers)]
+
+
+def usage_lines(data: UsageList, _wide: bool) -> list[str]:
+    """What ``ctl keys usage`` prints: a row per key and model this period, then the key's total against its
+    budget (model ``*``)."""
+    rows = []
+    for k in data.keys:
+        name = k.name if k.name.isprintable() else repr(k.name)
+        since = f"{k.period} from {k.since}"
+        for m in k.models:
+            tokens = m.prompt_tokens + m.completion_tokens
+            rows.append([name, m.model, since, m.requests, m.prompt_tokens, m.completion_tokens, tokens, ""])
+        budget = k.limits.budget
+        share = "-" if budget is None else f"{k.tokens}/{budget} ({100 * k.tokens / budget:.0f}%)"
+        requests = sum(m.requests for m in k.models)
+        prompt = sum(m.prompt_tokens for m in k.models)
+        completion = sum(m.completion_tokens for m in k.models)
+        rows.append([name, ALL_MODELS, since, requests, prompt, completion, k.tokens, share])
+    headers = ["name", "model", "period", "requests", "prompt", "completion", "tokens", "budget"]
     return [table(rows, headers)]
 
 
@@ -188,6 +233,26 @@ def keys_list(ctx: click.Context, output: str) -> None:
     client = _client(ctx)
     show(
         output, lambda: client.request("GET", "/v1/admin/keys", KeyList), lambda d: to_json(d.keys), key_lines
+    )
+
+
+@keys.command("usage")
+@click.argument("name", required=False)
+@output_option()
+@click.pass_context
+def keys_usage(ctx: click.Context, name: str | None, output: str) -> None:
+    """Show what API key NAME (or every key) used this period, per model, against its budget.
+
+    The period is the key's budget period (a UTC day or month; a day for a key without budget). Gateways
+    report usage every second; the server stores it every few seconds.
+    """
+    client = _client(ctx)
+    params = {"name": name} if name else {}
+    show(
+        output,
+        lambda: client.request("GET", "/v1/admin/keys/usage", UsageList, params=params),
+        lambda d: to_json(d.keys),
+        usage_lines,
     )
 
 

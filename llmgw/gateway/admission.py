@@ -13,7 +13,10 @@ per inference request, before it is routed, and answers a :class:`Ticket` or a
   a request's prompt + completion tokens are known only once its answer ends
   (the engine's ``usage``), so they are charged then, and the bucket may go
   negative: requests are refused while it is not positive (429);
-- ``concurrency``: requests of the key in flight at once (429).
+- ``concurrency``: requests of the key in flight at once (429);
+- ``budget``: tokens per UTC day or month for the whole fleet, counted by the
+  server from every gateway's reports (:mod:`llmgw.gateway.leases`): a key the
+  server says is spent is refused (429, ``Retry-After`` until the period ends).
 
 A request admitted is never cut afterwards: limits act at admission only, and
 a running stream's tokens are charged when it ends. Buckets start full, so a
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from llmgw.tenancy.bucket import KeyBuckets
-from llmgw.wire import KeyLimits
+from llmgw.wire import KeyLimits, Priority
 
 if TYPE_CHECKING:
     from llmgw.gateway.leases import Leases
@@ -51,6 +54,7 @@ class Cause(enum.StrEnum):
     RPM = "rpm"
     TPM = "tpm"
     CONCURRENCY = "concurrency"
+    BUDGET = "budget"
 
 
 @attrs.frozen
@@ -65,6 +69,9 @@ class Refused:
     retry_after: float | None = None
     #: the gateway holds no lease for it, but the fleet had requests left: worth asking the server now
     renewable: bool = False
+    #: for ``budget``: its period (``day``, ``month``) and when it resets (UNIX time)
+    period: str = ""
+    resets_at: float = 0.0
 
     @property
     def status(self) -> int:
@@ -75,6 +82,12 @@ class Refused:
         """The error message for people: which key, which limit, what to do."""
         if self.cause is Cause.MODELS:
             return f"API key '{self.key}' may not use the model `{model}`; ask an operator to allow it."
+        if self.cause is Cause.BUDGET:
+            resets = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.resets_at))
+            return (
+                f"API key '{self.key}' has used its budget of {self.limit} tokens per {self.period} "
+                f"(budget); it resets at {resets}, in {self.retry_seconds()} s."
+            )
         what = {
             Cause.RPM: f"{self.limit} requests per minute (rpm)",
             Cause.TPM: f"{self.limit} tokens per minute (tpm)",
@@ -155,6 +168,7 @@ class Admission:
         self._keys = kept
         if self.leases is not None:
             self.leases.forget({name for name, wanted in limits.items() if wanted.rpm or wanted.tpm})
+            self.leases.budgeted = any(wanted.budget is not None for wanted in limits.values())
 
     def forbidden(self, key: str, model: str) -> Refused | None:
         """A :class:`Refused` (``models``) when key ``key`` may not use ``model``, else None; nothing counted.
@@ -182,6 +196,12 @@ class Admission:
         limits = state.limits
         if limits.models is not None and model not in limits.models:
             return Refused(Cause.MODELS, key, 0)
+        if limits.budget is not None and self.leases is not None and key in self.leases.spent:
+            spent = self.leases.spent[key]
+            wait = spent.resets_at - time.time()
+            return Refused(
+                Cause.BUDGET, key, spent.budget, wait, period=spent.period, resets_at=spent.resets_at
+            )
         if limits.concurrency is not None and state.in_flight >= limits.concurrency:
             # a place frees when a request ends: no way to know when; one second is a fair guess
             return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
@@ -204,6 +224,11 @@ class Admission:
             state.requests.take(1.0, now)
         state.in_flight += 1
         return Ticket(state, self.clock, key, leases)
+
+    def priority(self, key: str) -> Priority:
+        """Key ``key``'s priority class in the model queues (``standard`` for a key without limits)."""
+        state = self._keys.get(key)
+        return state.limits.priority if state is not None else Priority.STANDARD
 
     def charges_tokens(self, key: str) -> bool:
         """Whether key ``key`` has a ``tpm`` limit (its answers' tokens are charged)."""

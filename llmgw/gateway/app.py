@@ -20,7 +20,10 @@ Every ``/v1`` request needs ``Authorization: Bearer <key>`` unless the
 gateway runs without keys; a key is valid when its sha256 is in the routes
 feed's ``keys``. A key with limits is admitted by :mod:`llmgw.gateway.admission`:
 403 for a model it may not use, 429 with ``Retry-After`` over a rate or its
-concurrency, the error naming the key and the limit.
+concurrency, the error naming the key and the limit. An admitted request then
+waits for a seat in its model's queue (:mod:`llmgw.gateway.queue`, with
+``--replica-concurrency``): 503 with ``Retry-After`` when the queue is full or
+the wait too long, the error naming the flag.
 
 Every error has OpenAI's shape, and every answer carries an ``X-Request-Id``
 (the client's, or a new one; it is passed to the replica too); an answer from
@@ -43,6 +46,7 @@ from llmgw.gateway.errors import openai_error
 from llmgw.gateway.metrics import NO_KEY, UNKNOWN_MODEL, GatewayMetrics
 from llmgw.gateway.prefix import prefix_keys, prompt_text
 from llmgw.gateway.proxy import Call, Proxy
+from llmgw.gateway.queue import Queues, QueueSettings
 from llmgw.gateway.routes import RoutesWatcher
 from llmgw.net.server import InvalidJSON, ParsedRequest, Request, Response
 
@@ -85,8 +89,11 @@ class GatewayApp:
         *,
         require_keys: bool = True,
         admission: Admission | None = None,
+        queues: Queues | None = None,
     ) -> None:
         self.proxy = proxy
+        #: every model's seats and waiting requests (disabled unless --replica-concurrency)
+        self.queues = queues if queues is not None else Queues(QueueSettings(), lambda _model: 0)
         #: limited keys' buckets; the gateway updates them from each routes table
         self.admission = admission if admission is not None else Admission(trio.current_time)
         self.balancer = balancer
@@ -164,6 +171,10 @@ class GatewayApp:
                 response, call = _over_limit(admitted, call.model), None
             else:
                 call.ticket = admitted
+        if call is not None and self.queues.enabled:
+            overflow = await self._seat(call)
+            if overflow is not None:
+                response, call = overflow, None
         if call is None:
 
             def refused() -> None:
@@ -177,13 +188,19 @@ class GatewayApp:
             return Response(response.status, headers, response.body, after=refused)
         answered: Response | None = None
         ticket = call.ticket
+        leases = self.admission.leases if self.require_keys else None
 
         def done() -> None:
             nonlocal answered
             status = answered.status if answered is not None else 499
             answered = None  # the response holds this callback: no reference cycle left for the GC
+            usage = call.charged_usage()
             if ticket is not None:
-                ticket.done(call.charged_usage())
+                ticket.done(usage)
+            if usage is not None and leases is not None:
+                leases.used(call.key, call.model, usage)
+            if call.seated:
+                self.queues.leave(call.model, call.key, sum(usage) if usage is not None else None)
             seconds = trio.current_time() - start
             self.metrics.request_done(label, endpoint, status, seconds)
             self.metrics.by_key(call.key, label, status, call.usage)
@@ -196,6 +213,28 @@ class GatewayApp:
             done()
             raise
         return answered
+
+    async def _seat(self, call: Call) -> Response | None:
+        """Wait in the model's queue (:mod:`llmgw.gateway.queue`) for a seat: None once seated, else the 503
+        to answer (the key's admission is released then, and when the client leaves while waiting)."""
+        start = trio.current_time()
+        try:
+            overflow = await self.queues.enter(call.model, call.key, self.admission.priority(call.key))
+        except BaseException:
+            if call.ticket is not None:
+                call.ticket.done(None)
+            raise
+        waited = trio.current_time() - start
+        if overflow is None:
+            call.seated = True
+            if waited > 0:
+                self.metrics.queued(call.key, waited)
+            return None
+        if call.ticket is not None:
+            call.ticket.done(None)
+        self.metrics.queue_overflow(call.model, overflow.cause)
+        retry = (("retry-after", str(overflow.retry_seconds())),)
+        return openai_error(503, overflow.message(), param="model", code=overflow.cause, headers=retry)
 
     async def _rate_admission(self, key: str, model: str) -> Ticket | Refused | None:
         """The key's admission (:mod:`llmgw.gateway.admission`); a refusal the fleet may lift waits (up to
@@ -259,7 +298,7 @@ class GatewayApp:
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))
-        if self.require_keys and self.admission.charges_tokens(key):
+        if self.queues.enabled or (self.require_keys and self.admission.charges_tokens(key)):
             call.prompt_chars = len(prompt_text(endpoint, body))
         return _NO_RESPONSE, model, call
 

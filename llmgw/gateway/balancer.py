@@ -216,6 +216,8 @@ class Balancer:
     :param breaker_open_for: seconds a breaker stays open before its probe.
     :param routing: ``least-outstanding``, ``prefix`` (:mod:`llmgw.gateway.prefix`) or ``random``.
     :param prefix_load_factor: with ``prefix``, the bound on a replica's load relative to the mean.
+    :param seats: ``--replica-concurrency``: a request without a session goes to a replica with fewer
+        requests in flight than this when there is one (0: any replica).
     """
 
     def __init__(
@@ -226,12 +228,15 @@ class Balancer:
         routing: str = "prefix",
         prefix_load_factor: float = 1.5,
         rng: random.Random | None = None,
+        seats: int = 0,
     ) -> None:
         if routing not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {routing!r}")
         self.breaker_failures = breaker_failures
         self.breaker_open_for = breaker_open_for
         self.routing = routing
+        #: requests this process sends a replica at once before preferring another (0: no preference)
+        self.seats = seats
         self.prefixes = PrefixTable(load_factor=prefix_load_factor)
         self._rng = rng or random.Random()
         self._models: dict[str, tuple[Upstream, ...]] = {}
@@ -297,6 +302,9 @@ class Balancer:
         if session is not None:
             key = session.encode()
             return max(candidates, key=lambda r: _weight(key, r.affinity_key))
+        if self.seats and len(candidates) > 1:  # a replica with a free seat first (llmgw.gateway.queue)
+            free = [r for r in candidates if r.in_flight < self.seats]
+            candidates = free or candidates
         if len(candidates) == 1:
             return candidates[0]
         if prefix and self.routing == "prefix":

@@ -52,6 +52,8 @@ class Call:
     #: the longest gap in the stream from a migration: seconds from the broken replica's last event
     #: to the next one's first
     migration_gap: float | None = None
+    #: it holds a seat in its model's queue (:mod:`llmgw.gateway.queue`), freed when its answer ends
+    seated: bool = False
 
     def charged_usage(self) -> tuple[int, int] | None:
         """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for

@@ -14,6 +14,7 @@ from llmgw.errors import LlmgwError
 from llmgw.gateway.balancer import ROUTING_POLICIES
 from llmgw.gateway.main import Gateway, GatewayConfig
 from llmgw.gateway.proxy import ProxySettings
+from llmgw.gateway.queue import QueueSettings
 from llmgw.gateway.workers import run_workers
 from llmgw.net.server import Limits, parse_listen
 from llmgw.settings import LogSettings, setting, settings_options
@@ -90,6 +91,23 @@ class GatewaySettings(LogSettings):
     hold_queue: int = setting(
         256, min=1, help="Requests held at once per model at zero replicas; more are answered 503 at once."
     )
+    replica_concurrency: int = setting(
+        0,
+        min=0,
+        help="Requests this gateway process sends one replica at once (its seats; with --workers or several "
+        "gateways, the engine's seats divided by the processes); more wait in the model's queue, critical "
+        "before standard before batch keys, and within a class by fair share of tokens among keys. "
+        "0: no queue, every request goes at once.",
+    )
+    queue_size: int = setting(
+        1024, min=1, help="Requests waiting per model for a seat (--replica-concurrency); more get 503."
+    )
+    queue_timeout: float = setting(
+        30.0,
+        min=0,
+        min_open=True,
+        help="Seconds a request may wait in its model's queue for a seat; past it, 503 with Retry-After.",
+    )
     max_body_bytes: int = setting(
         32 * 1024 * 1024, min=1, help="Largest request body accepted (larger: 413)."
     )
@@ -151,6 +169,7 @@ class GatewaySettings(LogSettings):
             ),
             routing=self.routing,
             prefix_load_factor=self.prefix_load_factor,
+            queue=QueueSettings(self.replica_concurrency, self.queue_size, self.queue_timeout),
         )
 
 

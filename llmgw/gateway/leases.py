@@ -20,6 +20,12 @@ within a period: the fleet may go over ``tpm`` by what its requests in flight
 and one period's answers use, as one process does. A new leader starts its
 buckets full.
 
+Every answer's tokens, of any key, are reported per key and model with the
+next exchange (:meth:`Leases.used`): the server counts them against budgets
+(:mod:`llmgw.server.state.budgets`) and answers the keys spent, whose requests
+the gateway then refuses until their period ends. A report the server did not
+take goes with the next exchange.
+
 A gateway that loses the server keeps admitting from what it holds, and
 refuses the rest (429) until the server answers again. A server without the
 endpoint (an older llmgw) answers 404: the gateway then counts per process.
@@ -38,7 +44,15 @@ import trio
 from llmgw.gateway.reports import post_to_leader
 from llmgw.net.client import ConnectionPool
 from llmgw.serverlist import ServerList
-from llmgw.wire import AllowanceReply, AllowanceRequest, KeyDemand, WireError, from_json
+from llmgw.wire import (
+    AllowanceReply,
+    AllowanceRequest,
+    KeyDemand,
+    SpentKey,
+    UsageReport,
+    WireError,
+    from_json,
+)
 
 __all__ = ["ALLOWANCES_PATH", "Leases"]
 
@@ -97,6 +111,12 @@ class Leases:
         #: exchanges done (for tests)
         self.exchanges = 0
         self._leases: dict[str, _Lease] = {}
+        #: (key name, model) -> [requests, prompt tokens, completion tokens] not reported yet
+        self._usage: dict[tuple[str, str], list[int]] = {}
+        #: whether some key has a budget: exchanges go on even with nothing to report, to learn who is spent
+        self.budgeted = False
+        #: key name -> its budget spent this period, as the server said last
+        self.spent: dict[str, SpentKey] = {}
         self._wake = trio.Event()
         self._answered = trio.Event()
 
@@ -138,6 +158,19 @@ class Leases:
         """Count ``tokens`` of an answer of ``key`` that ended; reported at the next exchange."""
         self._lease(key).tokens += tokens
 
+    def used(self, key: str, model: str, usage: tuple[int, int]) -> None:
+        """Count an answer of ``key`` (any key) for ``model`` that ended having used (prompt, completion)
+        tokens; reported at the next exchange, counted against its budget and shown by ``ctl keys usage``
+        (nothing is kept for a server without the endpoint)."""
+        if self.supported is False:
+            return
+        counts = self._usage.get((key, model))
+        if counts is None:
+            counts = self._usage[(key, model)] = [0, 0, 0]
+        counts[0] += 1
+        counts[1] += usage[0]
+        counts[2] += usage[1]
+
     def forget(self, keep: set[str]) -> None:
         """Drop the leases of keys no longer limited by a rate (a new routes table)."""
         for key in [k for k in self._leases if k not in keep]:
@@ -171,7 +204,7 @@ class Leases:
             self._wake = trio.Event()
             answered, self._answered = self._answered, trio.Event()
             try:
-                if self._leases:
+                if self._leases or self._usage or self.budgeted:
                     await self.exchange()
             finally:
                 answered.set()
@@ -190,14 +223,20 @@ class Leases:
                 continue
             demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
             sent[key] = (lease.asked, lease.tokens)
-        if not demands:
+        usage, self._usage = self._usage, {}
+        if not demands and not usage and not self.budgeted:
             return
-        reply = await self._post(AllowanceRequest(self.gateway, tuple(demands)))
+        reports = tuple(UsageReport(key, model, *counts) for (key, model), counts in usage.items())
+        reply = await self._post(AllowanceRequest(self.gateway, tuple(demands), reports))
         if reply is None:
             for key, count in returned.items():  # not given back: still this gateway's
                 if key in self._leases:
                     self._leases[key].held += count
+            for (key, model), counts in usage.items():  # reported with the next exchange
+                for index, count in enumerate(counts):
+                    self._usage.setdefault((key, model), [0, 0, 0])[index] += count
             return
+        self.spent = {spent.key: spent for spent in reply.spent}
         now = self.clock()
         for key, (asked, tokens) in sent.items():  # what came in meanwhile stays for the next exchange
             lease = self._leases.get(key)

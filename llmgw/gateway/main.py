@@ -19,6 +19,7 @@ from llmgw.gateway.demand import ACTIVITY_PATH
 from llmgw.gateway.leases import Leases
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
+from llmgw.gateway.queue import Queues, QueueSettings
 from llmgw.gateway.reports import SuspectReporter
 from llmgw.gateway.routes import RoutesWatcher, RouteTable
 from llmgw.gateway.stalls import StallWatch
@@ -72,6 +73,8 @@ class GatewayConfig:
     routing: str = "prefix"
     #: with ``prefix`` routing, no replica gets more than this times the mean requests in flight
     prefix_load_factor: float = 1.5
+    #: seats per replica and the model queues' bounds (:mod:`llmgw.gateway.queue`)
+    queue: QueueSettings = QueueSettings()
     #: share the port with other gateway processes (``SO_REUSEPORT``; ``--workers``)
     reuse_port: bool = False
 
@@ -104,7 +107,10 @@ class Gateway:
             breaker_open_for=config.breaker_open_for,
             routing=config.routing,
             prefix_load_factor=config.prefix_load_factor,
+            seats=config.queue.replica_concurrency,
         )
+        #: every model's seats and queue (:mod:`llmgw.gateway.queue`)
+        self.queues = Queues(config.queue, lambda model: len(self.balancer.replicas(model)))
         self.watcher: RoutesWatcher | None = None
         self.metrics: GatewayMetrics | None = None
         self.upstreams: ConnectionPool | None = None
@@ -154,12 +160,14 @@ class Gateway:
             metrics.certificate(self.config.cert)
             proxy = Proxy(upstreams, balancer, metrics, config.proxy)
             metrics.held_from(proxy.demand)
+            metrics.queued_from(self.queues)
 
             def routes_changed(table: RouteTable) -> None:
                 self.admission.update(table.limits)
                 stalls.left(balancer.update(table.routes))
                 upstreams.retain_only(replica.url for replica in balancer)
                 proxy.demand.routes_changed(table)
+                self.queues.routes_changed()
 
             self.watcher = watcher = RoutesWatcher(
                 feed,
@@ -169,7 +177,13 @@ class Gateway:
                 retry_interval=config.routes_retry_interval,
             )
             self.app = GatewayApp(
-                proxy, balancer, metrics, watcher, require_keys=config.require_keys, admission=self.admission
+                proxy,
+                balancer,
+                metrics,
+                watcher,
+                require_keys=config.require_keys,
+                admission=self.admission,
+                queues=self.queues,
             )
             try:
                 async with trio.open_nursery() as nursery:

@@ -21,7 +21,11 @@ consecutive chunks from the engine). Mid-stream migration
 that ended with an error event, by why), ``llmgw_gateway_migrated_tokens_total{model}``
 (tokens carried over: sent again as the continuation's prompt) and
 ``llmgw_gateway_migration_gap_seconds{model}`` (the gap a client saw: from
-the broken replica's last event to the next replica's first).
+the broken replica's last event to the next replica's first); the queue:
+``llmgw_gateway_queue_seconds{key}``
+(requests that waited for a seat, :mod:`llmgw.gateway.queue`) and
+``llmgw_gateway_queue_overflows_total{model,cause}`` (503s of a full queue or a
+wait too long).
 
 Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{model,replica}``,
 ``llmgw_gateway_breaker_state{model,replica}`` (0 closed, 1 half-open, 2 open),
@@ -30,7 +34,8 @@ Read at scrape time from the live state: ``llmgw_gateway_in_flight_requests{mode
 ``llmgw_gateway_routes_revision``,
 ``llmgw_gateway_certificate_expiry_timestamp_seconds`` (the certificate it reads
 routes with, when it has one) and ``llmgw_gateway_held_requests{model}`` (requests
-held for a model at zero replicas, for the models that wake on demand).
+held for a model at zero replicas, for the models that wake on demand), and
+``llmgw_gateway_queued_requests{model,priority}`` (requests waiting for a seat).
 
 With ``--workers N`` the counted metrics are summed over every worker (see
 :mod:`llmgw.gateway.workers`); the live ones are the answering worker's.
@@ -54,6 +59,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.demand import Demand
 from llmgw.gateway.migration import MigrationCause, NotContinued
+from llmgw.gateway.queue import Queues
 from llmgw.gateway.routes import RoutesWatcher
 from llmgw.gateway.workers import MULTIPROC_ENV, PARENT_ENV
 from llmgw.net.metrics import ProcessGroupCollector, register_process_collectors
@@ -141,8 +147,22 @@ class GatewayMetrics:
         self.key_refusals = Counter(
             "llmgw_gateway_key_refusals",
             "Requests refused by their API key's limits, by key name and the limit hit (rpm, tpm, "
-            "concurrency, models).",
+            "concurrency, models, budget).",
             ["key", "limit"],
+            registry=registry,
+        )
+        self.queue_seconds = Histogram(
+            "llmgw_gateway_queue_seconds",
+            "Seconds a request waited in its model's queue for a seat (requests that waited), by API key "
+            "name (never the key).",
+            ["key"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_overflows = Counter(
+            "llmgw_gateway_queue_overflows",
+            "Requests answered 503 by a model's queue, by model and cause (queue_full, queue_timeout).",
+            ["model", "cause"],
             registry=registry,
         )
         self.inter_token = Histogram(
@@ -229,6 +249,14 @@ class GatewayMetrics:
             tokens[0].inc(usage[0])
             tokens[1].inc(usage[1])
 
+    def queued(self, key: str, seconds: float) -> None:
+        """Record that a request of API key ``key`` (its name) waited ``seconds`` for a seat."""
+        self.queue_seconds.labels(key).observe(seconds)
+
+    def queue_overflow(self, model: str, cause: str) -> None:
+        """Count a request for ``model`` turned away by its queue (a ``QueueCause`` value)."""
+        self.queue_overflows.labels(model, cause).inc()
+
     def inter_token_latency(self, model: str, seconds: float) -> None:
         """Record the gap between two chunks of a stream."""
         histogram = self._itl_children.get(model)
@@ -269,6 +297,10 @@ class GatewayMetrics:
         """Report the held requests of ``demand`` (``llmgw_gateway_held_requests``); called once, at start."""
         self._live.demand = demand
 
+    def queued_from(self, queues: Queues) -> None:
+        """Report the requests waiting in ``queues`` (``llmgw_gateway_queued_requests``); called at start."""
+        self._live.queues = queues
+
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition for a scraper sending ``Accept: accept``: (body, content type)."""
         encoder, content_type = choose_encoder(accept or "")
@@ -285,6 +317,8 @@ class _LiveCollector:
         self.cert_not_after: float | None = None
         #: the proxy's requests held for models at zero replicas (:mod:`llmgw.gateway.demand`), once set
         self.demand: Demand | None = None
+        #: the model queues (:mod:`llmgw.gateway.queue`), once set
+        self.queues: Queues | None = None
 
     def describe(self) -> list[Metric]:
         return []
@@ -323,6 +357,15 @@ class _LiveCollector:
             for model in sorted(self.demand.wake_on_demand):
                 held.add_metric([model], self.demand.held[model])
             yield held
+        if self.queues is not None:  # declared always: a dashboard reads it
+            queued = GaugeMetricFamily(
+                "llmgw_gateway_queued_requests",
+                "Requests waiting for a seat in a model's queue, by model and priority class.",
+                labels=["model", "priority"],
+            )
+            for (model, priority), waiting in sorted(self.queues.depth().items()):
+                queued.add_metric([model, priority], waiting)
+            yield queued
         if self.cert_not_after is not None:
             yield GaugeMetricFamily(
                 "llmgw_gateway_certificate_expiry_timestamp_seconds",

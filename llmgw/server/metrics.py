@@ -21,7 +21,8 @@ the server's own as ``node="(server)"``), ``llmgw_server_replicas{model,state}``
 ``llmgw_server_rollout_state{model,state}`` (1 for the state it is in),
 ``llmgw_server_autoscale_signal{model,signal}`` and ``llmgw_server_autoscale_target{model,signal}``
 (each autoscaled model's signals against their targets), ``llmgw_server_autoscale_at_max{model}``,
-``llmgw_server_autoscale_decisions_total{model,direction}`` (the autoscaler's changes, up and down) and
+``llmgw_server_autoscale_decisions_total{model,direction}`` (the autoscaler's changes, up and down),
+``llmgw_server_key_budget_used_ratio{key,period}`` (each budgeted key's use this period over its budget) and
 ``llmgw_server_catalog_revision``.
 
 Prometheus scrapes them on ``--metrics-listen`` (plain HTTP, ``/metrics`` and
@@ -41,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmgw.net.metrics import Health, ScrapeCollector, register_process_collectors
+from llmgw.server.http.keys import active_keys
 from llmgw.server.persist.sqlite import ping
 from llmgw.server.state.records import Event, EventKind, ReplicaState
 from llmgw.server.views.autoscale import autoscale_status
@@ -280,9 +282,26 @@ class _ClusterCollector(ScrapeCollector):
         yield from _node_families(cluster, expiry)
         yield from _replica_families(cluster)
         yield from _autoscale_families(cluster)
+        yield _budget_family(app)
         yield GaugeMetricFamily(
             "llmgw_server_catalog_revision", "The catalog revision in force.", value=cluster.catalog_revision
         )
+
+
+def _budget_family(app: Any) -> Metric:
+    """Each live key with a budget: the share of it used this period (declared always: an alert reads it)."""
+    used = GaugeMetricFamily(
+        "llmgw_server_key_budget_used_ratio",
+        "Tokens an API key used this period over its budget (1: spent, its requests refused), by key name "
+        "and period (day, month); counted from the gateways' reports since this server began to lead.",
+        labels=["key", "period"],
+    )
+    now = time.time()
+    for name, limits in sorted(active_keys(app.keys)[1].items()):
+        if limits.budget is not None:
+            share = app.budgets.used(name, limits.budget_period, now) / limits.budget
+            used.add_metric([name, limits.budget_period], share)
+    return used
 
 
 def _autoscale_families(cluster: Any) -> Iterator[Metric]:

@@ -31,7 +31,14 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
-from llmgw.wire._allowances import AllowanceReply, AllowanceRequest, KeyAllowance, KeyDemand
+from llmgw.wire._allowances import (
+    AllowanceReply,
+    AllowanceRequest,
+    KeyAllowance,
+    KeyDemand,
+    SpentKey,
+    UsageReport,
+)
 from llmgw.wire._autoscale import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 from llmgw.wire._catalog import (
     ApplyCatalog,
@@ -54,14 +61,18 @@ from llmgw.wire._keys import (
     LIMIT_FIELDS,
     MAX_LIMIT,
     ApiKey,
+    BudgetPeriod,
     CreatedKey,
     CreateKey,
     KeyLimits,
     KeyList,
+    KeyUsage,
+    ModelUsage,
     Priority,
     RevokedKey,
     UpdateKey,
-    structure_priority,
+    UsageList,
+    structure_choice,
 )
 from llmgw.wire._load import ShardLoad
 from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
@@ -91,7 +102,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
     "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
-    "AutoscaleStatus", "AutoscaleList", "GatewayActivity", "ModelActivity",
+    "AutoscaleStatus", "AutoscaleList", "GatewayActivity", "ModelActivity", "BudgetPeriod", "ModelUsage",
+    "KeyUsage", "UsageList", "UsageReport", "SpentKey",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -421,8 +433,9 @@ def _make_converter() -> cattrs.Converter:
     )
     made.register_unstructure_hook(FailureCause, str)
     made.register_structure_hook(FailureCause, structure_cause)
-    made.register_unstructure_hook(Priority, str)
-    made.register_structure_hook(Priority, structure_priority)
+    for choice in (Priority, BudgetPeriod):
+        made.register_unstructure_hook(choice, str)
+        made.register_structure_hook(choice, structure_choice)
     return made
 
 

@@ -12,7 +12,7 @@ import attrs
 
 from llmgw.models import bounded
 
-__all__ = ["AllowanceReply", "AllowanceRequest", "KeyAllowance", "KeyDemand"]
+__all__ = ["AllowanceReply", "AllowanceRequest", "KeyAllowance", "KeyDemand", "UsageReport", "SpentKey"]
 
 
 def _not_negative(_: object, attribute: attrs.Attribute, value: float) -> None:
@@ -34,12 +34,25 @@ class KeyDemand:
 
 
 @attrs.frozen
+class UsageReport:
+    """What one key's answers of one model used since the gateway process last reported (any key)."""
+
+    key: str = attrs.field(validator=bounded(text=253))
+    model: str = attrs.field(validator=bounded(text=253))
+    requests: int = attrs.field(default=0, validator=_not_negative)
+    prompt_tokens: int = attrs.field(default=0, validator=_not_negative)
+    completion_tokens: int = attrs.field(default=0, validator=_not_negative)
+
+
+@attrs.frozen
 class AllowanceRequest:
-    """``POST /v1/gateway/allowances``: a gateway process's demand, per limited key."""
+    """``POST /v1/gateway/allowances``: a gateway process's demand, per limited key, and its keys' usage."""
 
     #: the gateway process (host, pid and a random part): for the server's log only
     gateway: str = attrs.field(validator=bounded(text=253))
     keys: tuple[KeyDemand, ...] = attrs.field(default=(), validator=bounded(items=100_000))
+    #: the tokens answers used, per key and model, since the last report (counted against budgets)
+    usage: tuple[UsageReport, ...] = attrs.field(default=(), validator=bounded(items=100_000))
 
 
 @attrs.frozen
@@ -56,9 +69,23 @@ class KeyAllowance:
 
 
 @attrs.frozen
+class SpentKey:
+    """A key that used its whole token budget this period: refused until the period ends."""
+
+    key: str
+    #: the budget (tokens) and its period (``day`` or ``month``)
+    budget: int
+    period: str
+    #: when the period ends and the budget is whole again (UNIX time)
+    resets_at: float
+
+
+@attrs.frozen
 class AllowanceReply:
-    """The server's answer: an allowance per key asked about that has a rate limit."""
+    """The server's answer: an allowance per key asked about that has a rate limit, and the keys spent."""
 
     keys: tuple[KeyAllowance, ...] = ()
     #: seconds until the gateway should ask again
     period: float = 1.0
+    #: every key at or over its budget now
+    spent: tuple[SpentKey, ...] = ()

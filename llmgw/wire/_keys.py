@@ -16,14 +16,14 @@ from llmgw.models import bounded
 from llmgw.wire._hooks import shown
 
 __all__ = [
-    "LIMIT_FIELDS", "MAX_LIMIT", "Priority", "KeyLimits", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
-    "UpdateKey", "RevokedKey", "structure_priority",
+    "LIMIT_FIELDS", "MAX_LIMIT", "Priority", "BudgetPeriod", "KeyLimits", "ApiKey", "KeyList", "CreateKey",
+    "CreatedKey", "UpdateKey", "RevokedKey", "structure_choice", "ModelUsage", "KeyUsage", "UsageList",
 ]  # fmt: skip
 
 #: the largest rpm, tpm or concurrency a key may be given (more is a typo, not a limit)
 MAX_LIMIT = 10**12
 #: the limits :attr:`UpdateKey.unlimited` may lift, by field name (``ctl keys update --rpm unlimited``)
-LIMIT_FIELDS = ("rpm", "tpm", "concurrency", "models")
+LIMIT_FIELDS = ("rpm", "tpm", "concurrency", "models", "budget")
 
 
 class Priority(enum.StrEnum):
@@ -32,6 +32,13 @@ class Priority(enum.StrEnum):
     CRITICAL = "critical"
     STANDARD = "standard"
     BATCH = "batch"
+
+
+class BudgetPeriod(enum.StrEnum):
+    """The period a key's token budget is counted over: a UTC calendar day or month."""
+
+    DAY = "day"
+    MONTH = "month"
 
 
 def _count(_: Any, attribute: attrs.Attribute, value: int | None) -> None:
@@ -52,12 +59,13 @@ def _models(_: Any, attribute: attrs.Attribute, value: tuple[str, ...] | None) -
         raise ValueError(f"{attribute.name}: a model is named twice in {list(value)}")
 
 
-def structure_priority(value: Any, _: type) -> Priority:
-    """The converter's hook for :class:`Priority`: an error listing the choices for anything else."""
+def structure_choice(value: Any, kind: type[enum.StrEnum]) -> Any:
+    """The converter's hook for a key's enums (:class:`Priority`, :class:`BudgetPeriod`): an error listing
+    the choices for anything else."""
     try:
-        return Priority(value)
+        return kind(value)
     except ValueError:
-        choices = ", ".join(p.value for p in Priority)
+        choices = ", ".join(p.value for p in kind)
         raise ValueError(f"expected one of {choices}, got {shown(value)}") from None
 
 
@@ -80,6 +88,10 @@ class KeyLimits:
         default=None, converter=lambda m: None if m is None else tuple(m), validator=[bounded(), _models]
     )
     priority: Priority = Priority.STANDARD
+    #: prompt + completion tokens per :attr:`budget_period`, for the whole fleet
+    budget: int | None = attrs.field(default=None, validator=_count)
+    #: the period the budget is counted over (UTC)
+    budget_period: BudgetPeriod = BudgetPeriod.DAY
 
     def is_default(self) -> bool:
         """Whether the key is unlimited with the standard priority (as every key made before limits)."""
@@ -92,8 +104,13 @@ class KeyLimits:
             f"rpm {_shown(self.rpm)}",
             f"tpm {_shown(self.tpm)}",
             f"concurrency {_shown(self.concurrency)}",
+            f"budget {self.budget_shown()}",
         ]
         return ", ".join([*parts, f"models {models}", f"priority {self.priority}"])
+
+    def budget_shown(self) -> str:
+        """The budget for people: ``1000000/day``, or ``-`` without one."""
+        return "-" if self.budget is None else f"{self.budget}/{self.budget_period}"
 
 
 _DEFAULT = KeyLimits()
@@ -155,6 +172,8 @@ class UpdateKey:
     concurrency: int | None = None
     models: tuple[str, ...] | None = None
     priority: Priority | None = None
+    budget: int | None = None
+    budget_period: BudgetPeriod | None = None
     #: limits to lift (some of :data:`LIMIT_FIELDS`)
     unlimited: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_lifted)
 
@@ -164,7 +183,7 @@ class UpdateKey:
         :raises ValueError: naming the field: a bad value, or a limit both given and lifted.
         """
         changes: dict[str, Any] = {name: None for name in self.unlimited}
-        for name in (*LIMIT_FIELDS, "priority"):
+        for name in (*LIMIT_FIELDS, "priority", "budget_period"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -180,3 +199,35 @@ class RevokedKey:
 
     name: str
     revoked_at: float | None
+
+
+@attrs.frozen
+class ModelUsage:
+    """One key's use of one model in a period: requests and tokens (from the engines' ``usage``)."""
+
+    model: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@attrs.frozen
+class KeyUsage:
+    """One key's use this period (its budget's period; a day for a key without budget), against its limits."""
+
+    name: str
+    limits: KeyLimits
+    period: BudgetPeriod
+    #: UTC day the period began (``2026-12-01``) and when it ends (UNIX time): the budget resets then
+    since: str
+    resets_at: float
+    #: prompt + completion tokens of every model this period
+    tokens: int = 0
+    models: tuple[ModelUsage, ...] = ()
+
+
+@attrs.frozen
+class UsageList:
+    """``GET /v1/admin/keys/usage[?name=NAME]``: each key's use this period."""
+
+    keys: tuple[KeyUsage, ...] = ()

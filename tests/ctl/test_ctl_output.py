@@ -33,6 +33,7 @@ LISTINGS = [
     ["events"],
     ["servers"],
     ["keys", "list"],
+    ["keys", "usage"],
     ["catalog", "history"],
     ["rollout", "status"],
 ]

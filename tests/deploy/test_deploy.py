@@ -40,7 +40,7 @@ class TestPrometheus:
         for alert in (
             "LlmgwReplicaNotReady", "LlmgwRolloutPaused", "LlmgwNodeLost", "LlmgwHungEngineEjected",
             "LlmgwRoutesFeedDown", "LlmgwCertificateExpiring", "LlmgwGatewayErrorRate",
-            "LlmgwTimeToFirstTokenSlow", "LlmgwModelDown", "LlmgwNoLeader",
+            "LlmgwTimeToFirstTokenSlow", "LlmgwModelDown", "LlmgwNoLeader", "LlmgwKeyAtBudget",
         ):  # fmt: skip
             assert f"alertname: {alert}\n" in tests, f"{alert} has no case in alerts_test.yml"
 
@@ -61,11 +61,12 @@ class TestPrometheus:
 class TestDashboard:
     """deploy/grafana/llmgw.json."""
 
-    def test_dashboard_is_grafana_json_with_the_four_sections(self):
-        """Valid JSON; rows Fleet, Models, Gateway, Control plane; unique panel ids; queries name metrics."""
+    def test_dashboard_is_grafana_json_with_the_five_sections(self):
+        """Valid JSON; rows Fleet, Models, Gateway, Tenants, Control plane; unique panel ids; queries name
+        metrics."""
         dashboard = json.loads((DEPLOY / "grafana" / "llmgw.json").read_text())
         rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-        assert rows == ["Fleet", "Models (engines)", "Gateway", "Control plane"]
+        assert rows == ["Fleet", "Models (engines)", "Gateway", "Tenants", "Control plane"]
         ids = [p["id"] for p in dashboard["panels"]]
         assert len(ids) == len(set(ids))
         for panel in dashboard["panels"]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import attrs
 import pytest
 import trio
 
@@ -10,6 +13,7 @@ from llmgw.gateway.leases import ALLOWANCES_PATH, Leases
 from llmgw.net.client import ConnectionPool
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.server.state.allowances import Lender
+from llmgw.server.state.budgets import Budgets
 from llmgw.wire import (
     AllowanceReply,
     AllowanceRequest,
@@ -85,6 +89,7 @@ class FleetServer:
 
     def __init__(self, limits: dict[str, KeyLimits], clock: FakeClock) -> None:
         self.lender = Lender()
+        self.budgets = Budgets()
         self.limits = limits
         self.clock = clock
         self.missing = False
@@ -95,7 +100,10 @@ class FleetServer:
             return Response.json(404, {"error": {"message": f"no such endpoint: {request.path}"}})
         asked = from_json(request.json(), AllowanceRequest)
         self.asked.append(asked)
-        return Response.json(200, to_json(self.lender.lend(self.limits, asked, self.clock())))
+        self.budgets.add(asked.usage, time.time())
+        reply = self.lender.lend(self.limits, asked, self.clock())
+        reply = attrs.evolve(reply, spent=self.budgets.spent(self.limits, time.time()))
+        return Response.json(200, to_json(reply))
 
 
 @pytest.fixture
@@ -169,6 +177,8 @@ async def test_a_server_without_leases_leaves_counting_to_each_process(nursery, 
     answers = [await admit(admission) for _ in range(4)]
     assert [isinstance(a, Ticket) for a in answers] == [True, True, True, False]
     assert admission.leases.supported is False
+    admission.leases.used("k", "m", (1, 2))  # no usage kept for a server that takes none
+    assert not admission.leases._usage
 
 
 async def test_a_gateway_that_loses_the_server_admits_what_it_holds_then_refuses(nursery, clock):
@@ -207,3 +217,33 @@ async def test_requests_held_unused_for_a_period_go_back_to_the_fleet(nursery, c
     assert a.leases._leases["k"].held == 0 and server.asked[-1].keys[0].returned == 3
     later = [await admit(c) for _ in range(4)]
     assert [isinstance(x, Ticket) for x in later] == [True, True, True, False]
+
+
+async def test_every_keys_usage_is_reported_and_a_spent_key_refused_until_its_period_ends(nursery, clock):
+    """Answers of any key are reported per key and model; a key with a budget of 100 tokens a day is
+    refused by every gateway (429 naming the budget, Retry-After until UTC midnight) once the server
+    counted 100, and another key is not."""
+    limits = {"k": KeyLimits(budget=100)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    a, b = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(2)]
+    assert a.admit("k", "m") is not None  # a ticket: the budget is not spent yet
+    a.leases.used("k", "m", (60, 40))
+    a.leases.used("free", "m", (1, 2))
+    with trio.fail_after(5):
+        await a.leases.refresh("k")
+        while "k" not in b.leases.spent:
+            await b.leases.refresh("k")
+    reported = [u for asked in server.asked for u in asked.usage]
+    assert {(u.key, u.model, u.requests, u.prompt_tokens, u.completion_tokens) for u in reported} == {
+        ("k", "m", 1, 60, 40),
+        ("free", "m", 1, 1, 2),
+    }
+    refused = b.admit("k", "m")
+    assert isinstance(refused, Refused) and refused.cause is Cause.BUDGET and refused.status == 429
+    midnight = (int(time.time()) // 86400 + 1) * 86400
+    assert abs(refused.retry_seconds() - (midnight - time.time())) <= 2
+    assert refused.message("m").startswith(
+        "API key 'k' has used its budget of 100 tokens per day (budget); it resets at "
+    )
+    assert b.admit("free", "m") is None

@@ -50,7 +50,10 @@ async def listed(test_pki, server: str) -> dict[str, dict]:
     return {k["name"]: k["limits"] for k in json.loads(result.stdout)}
 
 
-UNLIMITED = {"rpm": None, "tpm": None, "concurrency": None, "models": None, "priority": "standard"}
+UNLIMITED = {
+    "rpm": None, "tpm": None, "concurrency": None, "models": None, "priority": "standard", "budget": None,
+    "budget_period": "day",
+}  # fmt: skip
 
 
 async def test_ctl_creates_a_key_with_limits_and_lists_them(server, test_pki):
@@ -61,15 +64,17 @@ async def test_ctl_creates_a_key_with_limits_and_lists_them(server, test_pki):
     )  # fmt: skip
     assert created.exit_code == 0, created.output
     assert created.stdout.startswith("llmgw-")
-    assert "rpm 3, tpm 1000, concurrency 2, models llama,embed, priority batch" in created.stderr
+    assert "rpm 3, tpm 1000, concurrency 2, budget -, models llama,embed, priority batch" in created.stderr
     keys = await listed(test_pki, server)
     expected = {"rpm": 3, "tpm": 1000, "concurrency": 2, "models": ["llama", "embed"], "priority": "batch"}
-    assert keys == {"old": UNLIMITED, "team-a": expected}
+    assert keys == {"old": UNLIMITED, "team-a": {**UNLIMITED, **expected}}
     table = await run_ctl(test_pki, server, "keys", "list")
     header, _, old, team = table.stdout.splitlines()
-    assert header.split() == ["name", "created", "revoked", "rpm", "tpm", "concurrency", "models", "priority"]
-    assert old.split()[-5:] == ["-", "-", "-", "*", "standard"]
-    assert team.split()[-5:] == ["3", "1000", "2", "llama,embed", "batch"]
+    assert header.split() == [
+        "name", "created", "revoked", "rpm", "tpm", "concurrency", "budget", "models", "priority",
+    ]  # fmt: skip
+    assert old.split()[-6:] == ["-", "-", "-", "-", "*", "standard"]
+    assert team.split()[-6:] == ["3", "1000", "2", "-", "llama,embed", "batch"]
 
 
 async def test_routes_feed_carries_the_limits_of_live_keys_only(server, test_pki):
@@ -91,7 +96,7 @@ async def test_update_changes_the_limits_given_and_keeps_the_others(server, test
     await run_ctl(test_pki, server, "keys", "create", "k", "--rpm", "3", "--tpm", "50", "--models", "a")
     result = await run_ctl(test_pki, server, "keys", "update", "k", "--rpm", "10", "--priority", "critical")
     assert result.exit_code == 0, result.output
-    assert "rpm 10, tpm 50, concurrency -, models a, priority critical" in result.output
+    assert "rpm 10, tpm 50, concurrency -, budget -, models a, priority critical" in result.output
     result = await run_ctl(test_pki, server, "keys", "update", "k", "--tpm", "unlimited", "--models", "*")
     assert result.exit_code == 0, result.output
     assert (await listed(test_pki, server))["k"] == {**UNLIMITED, "rpm": 10, "priority": "critical"}
@@ -134,7 +139,7 @@ async def test_a_bad_update_changes_nothing(server, test_pki):
             ({"tpm": 100, "rpm": 0}, "rpm: expected a positive integer"),
             ({"tpm": 100, "unlimited": ["tpm"]}, "tpm: given a value and lifted"),
             (
-                {"tpm": 100, "unlimited": ["budget"]},
+                {"tpm": 100, "unlimited": ["priority"]},
                 "unlimited: expected some of rpm, tpm, concurrency, models",
             ),
             ({"tpm": "100"}, "expected an integer, got '100'"),

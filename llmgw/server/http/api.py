@@ -38,6 +38,7 @@ from llmgw.server.persist.cluster import recent_events
 from llmgw.server.persist.sqlite import Store, StoreError
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.allowances import Lender
+from llmgw.server.state.budgets import Budgets
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import KeyRecord
 from llmgw.server.views import cluster as views
@@ -109,6 +110,7 @@ class ServerApp(
         self._route("GET", r"/v1/admin/servers", admin, self._get_servers)
         self._route("GET", r"/v1/admin/engines", admin, self._get_engines)
         self._route("GET", r"/v1/admin/keys", admin, self._list_keys)
+        self._route("GET", r"/v1/admin/keys/usage", admin, self._keys_usage)
         self._route("POST", r"/v1/admin/keys", admin, self._create_key)
         self._route("PATCH", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._update_key)
         self._route("DELETE", r"/v1/admin/keys/(?P<name>[^/]+)", admin, self._revoke_key)
@@ -124,6 +126,9 @@ class ServerApp(
         self.keys: dict[str, KeyRecord] = {}
         #: the fleet's buckets of the rate-limited keys (in memory: a new leader starts them full)
         self.lender = Lender()
+        #: every key's usage this month, read from the store when this server first lends
+        self.budgets = Budgets()
+        self._usage_lock = trio.Lock()
         #: the server's metrics (:class:`llmgw.server.metrics.ServerMetrics`), set by the server
         self.metrics: Any = None
 

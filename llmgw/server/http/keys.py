@@ -1,5 +1,5 @@
-"""The admin API's API keys: list, create (the secret shown once), change limits, revoke; the routes feed
-hands them out.
+"""The admin API's API keys: list, create (the secret shown once), change limits, revoke, their usage
+this period; the routes feed hands them out.
 
 Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``/v1/admin/keys*`` to it.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 import trio
@@ -17,12 +18,32 @@ import trio
 from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.http.replies import Refused, answer
-from llmgw.server.persist.cluster import add_api_key, load_api_keys, revoke_api_key, set_api_key_limits
+from llmgw.server.persist.cluster import (
+    add_api_key,
+    key_usage_by_model,
+    load_api_keys,
+    revoke_api_key,
+    set_api_key_limits,
+)
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import KeyRecord
-from llmgw.wire import ApiKey, CreatedKey, CreateKey, KeyLimits, KeyList, RevokedKey, UpdateKey, from_json
+from llmgw.tenancy.periods import period_bounds
+from llmgw.wire import (
+    ApiKey,
+    BudgetPeriod,
+    CreatedKey,
+    CreateKey,
+    KeyLimits,
+    KeyList,
+    KeyUsage,
+    ModelUsage,
+    RevokedKey,
+    UpdateKey,
+    UsageList,
+    from_json,
+)
 
 __all__ = ["KEY_NAME_RULE", "KeysEndpoints", "active_keys"]
 
@@ -52,6 +73,10 @@ class KeysEndpoints:
     _lock: trio.Lock
     #: API key name -> its record
     keys: dict[str, KeyRecord]
+    read_only: bool
+    _usage_lock: trio.Lock
+    #: write the usage the gateways reported (:class:`llmgw.server.http.routes.RoutesEndpoints`)
+    flush_usage: Callable[[float], Awaitable[None]]
 
     async def load_keys(self) -> None:
         """Read the API keys from the store; called once at start."""
@@ -112,6 +137,32 @@ class KeysEndpoints:
                 self.keys[name] = attrs.evolve(record, revoked_at=now)
                 self._routes_changed()
         return answer(RevokedKey(name, self.keys[name].revoked_at))
+
+    async def _keys_usage(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """``GET /v1/admin/keys/usage[?name=NAME]``: each key's use this period (its budget's UTC day or
+        month; a day without budget) against its limits, per model, from the store after the leader wrote
+        what the gateways reported."""
+        name = request.query.get("name")
+        names = [name] if name else sorted(self.keys)
+        if name:
+            self._known(name)
+        now = self.clock()
+        if not self.read_only:
+            async with self._usage_lock:
+                await self.flush_usage(now)
+        limits = {n: self.keys[n].limits for n in names}
+
+        def read(conn: Any) -> list[KeyUsage]:
+            found = []
+            for n, wanted in limits.items():
+                period = wanted.budget_period if wanted.budget is not None else BudgetPeriod.DAY
+                since, resets_at = period_bounds(period, now)
+                models = tuple(ModelUsage(*row) for row in key_usage_by_model(conn, n, since))
+                tokens = sum(m.prompt_tokens + m.completion_tokens for m in models)
+                found.append(KeyUsage(n, wanted, period, since, resets_at, tokens, models))
+            return found
+
+        return answer(UsageList(tuple(await self.store.run(read))))
 
     def _known(self, name: str) -> KeyRecord:
         if name not in self.keys:

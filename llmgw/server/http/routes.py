@@ -1,5 +1,5 @@
 """The gateways' side: the routes feed (long-polled), their reports (stalled replicas, activity), and
-the leases of their limited keys' rates.
+the leases of their limited keys' rates with the usage counted against budgets.
 
 Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes``,
 ``POST /v1/gateway/suspect``, ``POST /v1/gateway/activity`` and ``POST /v1/gateway/allowances`` to it
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+import attrs
 import trio
 
 from llmgw.engine import Engine
@@ -18,8 +19,11 @@ from llmgw.net.server import Request, Response
 from llmgw.pki import Identity
 from llmgw.server.http.keys import active_keys
 from llmgw.server.http.replies import answer, query_int
+from llmgw.server.persist.cluster import add_key_usage, key_usage_days
+from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.allowances import Lender
+from llmgw.server.state.budgets import FLUSH_INTERVAL, Budgets
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind, KeyRecord
 from llmgw.server.views import cluster as views
@@ -50,6 +54,10 @@ class RoutesEndpoints:
     lender: Lender
     #: engine name -> engine (which replicas continue a final assistant message)
     engines: Mapping[str, Engine]
+    #: the keys' usage this month and the reports not stored yet, behind their lock
+    budgets: Budgets
+    _usage_lock: trio.Lock
+    store: Store
 
     async def _get_routes(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         known = query_int(request.query.get("revision", "0"), "revision")
@@ -59,9 +67,38 @@ class RoutesEndpoints:
         return answer(views.route_table(self.cluster, keys, limits, self.engines))
 
     async def _gateway_allowances(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        """A gateway process's demand per limited key: what the fleet's buckets lend it (leader only)."""
+        """A gateway process's demand per limited key and its keys' usage: what the fleet's buckets lend
+        it, and the keys spent (leader only). The usage is counted at once and stored every
+        :data:`~llmgw.server.state.budgets.FLUSH_INTERVAL` seconds."""
         asked = from_json(request.json(), AllowanceRequest)
-        return answer(self.lender.lend(active_keys(self.keys)[1], asked, self.clock()))
+        limits = active_keys(self.keys)[1]
+        now = self.clock()
+        async with self._usage_lock:
+            await self._load_budgets(now)
+            self.budgets.add(asked.usage, now)
+            if now - self.budgets.flushed >= FLUSH_INTERVAL:
+                await self.flush_usage(now)
+        reply = self.lender.lend(limits, asked, now)
+        return answer(attrs.evolve(reply, spent=self.budgets.spent(limits, now)))
+
+    async def _load_budgets(self, now: float) -> None:
+        """Read this month's usage from the store when this server has not yet (it just began to lead, or
+        the month turned). Called with the usage lock held."""
+        month = self.budgets.stale(now)
+        if month is not None:
+            self.budgets.load(month, await self.store.run(lambda conn: key_usage_days(conn, month)))
+
+    async def flush_usage(self, now: float) -> None:
+        """Write the usage reported since the last write to the store (nothing when there is none). Called
+        with the usage lock held; a failed write keeps the rows for the next one."""
+        rows = self.budgets.pending(now)
+        if not rows:
+            return
+        try:
+            await self.store.write(lambda conn: add_key_usage(conn, rows))
+        except BaseException:
+            self.budgets.restore(rows)
+            raise
 
     async def _gateway_suspect(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway found a replica stalled: an event for the operator, nothing torn down.

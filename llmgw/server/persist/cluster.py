@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -45,6 +45,9 @@ __all__ = [
     "add_api_key",
     "revoke_api_key",
     "set_api_key_limits",
+    "add_key_usage",
+    "key_usage_days",
+    "key_usage_by_model",
     "recent_events",
     "catalog_revision",
     "catalog_history",
@@ -381,6 +384,44 @@ def revoke_api_key(conn: sqlite3.Connection, name: str, now: float, by: str) -> 
     """Mark an API key revoked at ``now`` and say who did it (inside a ``Store.write``)."""
     conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ?", (now, name))
     Store.add_event(conn, EventKind.KEY, name, f"API key revoked by {by}", at=now)
+
+
+# -- what API keys used ------------------------------------------------------
+
+
+def add_key_usage(conn: sqlite3.Connection, rows: Iterable[tuple[str, str, str, int, int, int]]) -> None:
+    """Add (key name, UTC day, model, requests, prompt tokens, completion tokens) to what is stored
+    (inside a ``Store.write``; the leader's, from the gateways' reports)."""
+    conn.executemany(
+        "INSERT INTO key_usage (key_name, day, model, requests, prompt_tokens, completion_tokens) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key_name, day, model) DO UPDATE SET "
+        "requests = key_usage.requests + excluded.requests, "
+        "prompt_tokens = key_usage.prompt_tokens + excluded.prompt_tokens, "
+        "completion_tokens = key_usage.completion_tokens + excluded.completion_tokens",
+        list(rows),
+    )
+
+
+def key_usage_days(conn: sqlite3.Connection, since: str) -> list[tuple[str, str, int]]:
+    """(key name, UTC day, prompt + completion tokens) of every day from ``since`` (``YYYY-MM-DD``) on."""
+    rows = conn.execute(
+        "SELECT key_name, day, SUM(prompt_tokens + completion_tokens) FROM key_usage WHERE day >= ? "
+        "GROUP BY key_name, day",
+        (since,),
+    ).fetchall()
+    return [(name, day, int(tokens)) for name, day, tokens in rows]
+
+
+def key_usage_by_model(conn: sqlite3.Connection, name: str, since: str) -> list[tuple[str, int, int, int]]:
+    """(model, requests, prompt tokens, completion tokens) of key ``name`` from UTC day ``since`` on."""
+    rows = conn.execute(
+        "SELECT model, SUM(requests), SUM(prompt_tokens), SUM(completion_tokens) FROM key_usage "
+        "WHERE key_name = ? AND day >= ? GROUP BY model ORDER BY model",
+        (name, since),
+    ).fetchall()
+    return [
+        (model, int(requests), int(prompt), int(completion)) for model, requests, prompt, completion in rows
+    ]
 
 
 # -- events ------------------------------------------------------------------

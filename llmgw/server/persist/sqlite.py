@@ -145,6 +145,18 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE api_keys ADD COLUMN limits TEXT;
     """,
+    # What each API key used per UTC day and model, as the gateways report it (budgets, ctl keys usage).
+    """
+    CREATE TABLE key_usage (
+        key_name TEXT NOT NULL,
+        day TEXT NOT NULL,
+        model TEXT NOT NULL,
+        requests BIGINT NOT NULL,
+        prompt_tokens BIGINT NOT NULL,
+        completion_tokens BIGINT NOT NULL,
+        PRIMARY KEY (key_name, day, model)
+    );
+    """,
 )
 
 

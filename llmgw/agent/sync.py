@@ -370,6 +370,8 @@ class Agent:
                         self.fence(f"the server refuses its certificate as revoked ({exc})")
                     await trio.sleep(settings.refused_retry)
                     continue
+                if reply is None:  # a local change cut the call short: no server answered, nothing learned
+                    continue
                 if outage_since is not None:
                     log.info(
                         "server %s reachable again after %.1f s (%d failed tries)",
@@ -387,8 +389,6 @@ class Agent:
                     log.info("synced with server %s as node %s", self.config.server, self.config.node)
                 self.connected.set()
                 self.last_sync = trio.current_time()
-                if reply is None:
-                    continue
                 if reply.revision != self.revision:
                     self.apply(reply)
                 self.note_sources(reply)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import httpx
 import llmgw_engine_sim
@@ -11,6 +12,8 @@ from llmgw_engine_sim import SimEngine
 
 import llmgw
 from llmgw.agent import serve_agent
+from llmgw.net.server import HttpServer, Request, Response
+from llmgw.pki import server_ssl_context
 from llmgw.plugins import get_plugin_manager
 from llmgw.testing.agent import (
     ADDRESS,
@@ -122,3 +125,28 @@ class TestSync:
         assert "node certificate for 'node-x' cannot sync as node 'node-1'" in record.message
         assert "HTTP 403" in record.message
         assert (await server.get("/v1/admin/nodes"))["nodes"] == []
+
+
+async def test_a_sync_cut_short_by_a_local_change_is_not_a_sync(nursery, tmp_path, test_pki, caplog):
+    """A server takes each sync and never answers; local changes cut the calls short. The agent never says
+    it synced, and its last sync stays unknown (a nemesis run: a restarted agent logged "synced" for a call
+    a standby never answered, and the node was rightly declared lost 0.1 s later)."""
+    received: list[float] = []
+
+    async def never_answers(request: Request) -> Response:
+        received.append(trio.current_time())
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    tls = test_pki.server
+    context = server_ssl_context(tls.cert_path, tls.key_path, test_pki.ca.cert_path)
+    _, port = await nursery.start(HttpServer(never_answers, ssl_context=context).serve, "127.0.0.1", 0)
+    config = make_config(tmp_path, test_pki, SimpleNamespace(url=f"https://127.0.0.1:{port}"))
+    with caplog.at_level(logging.INFO, logger="llmgw.agent"):
+        agent = await nursery.start(serve_agent, config, sim_plugins())
+        for calls in range(1, 4):
+            with trio.fail_after(10):
+                await wait_for(lambda n=calls: len(received) >= n, f"sync call {calls} to reach the server")
+            agent.notify()  # a local change: the call in flight is cut short and sent again
+    assert not agent.connected.is_set() and agent.last_sync is None
+    assert "synced with server" not in caplog.text

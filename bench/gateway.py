@@ -247,7 +247,7 @@ async def token_client(url: str, concurrency: int, events: int, seconds: float) 
     """``concurrency`` clients streaming ``events``-token answers from ``url`` for ``seconds``: events per
     second, whole-stream p50/p99 (ms) and the inter-token gap p50/p99/max (ms) each client saw."""
     body = json.dumps({**BODY, "stream": True, "bench_events": events}).encode()
-    headers = [("content-type", "application/json")]
+    headers = [("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")]  # for --keys
     wholes: list[float] = []
     gaps: list[float] = []
     received = 0

@@ -76,7 +76,8 @@ class NotContinued(enum.Enum):
     REQUEST = "request"
     #: no other replica of the model runs an engine version that continues a final assistant message
     ENGINE = "engine"
-    #: replicas that could continue it were all tried, out (open breaker), or failed
+    #: no other replica of the model, or those that could continue it were all tried, out (open
+    #: breaker), or failed
     NO_REPLICA = "no_replica"
 
 

@@ -200,8 +200,10 @@ class Relaying:
                 call.model, trio.current_time(), prefix=prefix, exclude=tried, continuing=True
             )
             if replica is None:
-                able = any(r.continues for r in self.balancer.replicas(call.model) if r not in tried)
-                return NotContinued.NO_REPLICA if able else NotContinued.ENGINE
+                others = [r for r in self.balancer.replicas(call.model) if r not in tried]
+                if others and not any(r.continues for r in others):
+                    return NotContinued.ENGINE
+                return NotContinued.NO_REPLICA
             call.migration_attempts += 1
             tried.append(replica)
             relay = await self._open_stream(call, replica, planned.body)

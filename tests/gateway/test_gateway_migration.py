@@ -208,6 +208,14 @@ class TestNotContinued:
         assert "failed mid-stream" in events[-1]["error"]["message"]
         assert await metric(url, "llmgw_gateway_streams_not_continued_total", model="m", reason="engine") == 1
 
+    async def test_the_only_replica(self, nursery):
+        """One replica: nowhere to go on, reason ``no_replica`` (not ``engine``: its engine continues)."""
+        _, url = await gateway_over(nursery, [FakeEngine("a", break_after=3)])
+        events = await stream(url)
+        assert "failed mid-stream" in events[-1]["error"]["message"]
+        name = "llmgw_gateway_streams_not_continued_total"
+        assert await metric(url, name, model="m", reason="no_replica") == 1
+
     async def test_several_choices(self, nursery):
         """``n: 2`` is not continued: reason ``choices``."""
         _, url = await gateway_over(nursery, [FakeEngine("a", break_after=3), FakeEngine("b", break_after=3)])

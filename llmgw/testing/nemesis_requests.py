@@ -98,15 +98,17 @@ def _effect_end(
 ) -> float:
     """Until when a fault may explain a failed request for ``model``.
 
-    A gateway's: until the gateway served again. One that hit replicas of ``model``: until ``model``
-    had a ready replica again (however long the rebuild took) and the gateway could know of it. Any
-    other: :data:`AFTERMATH` seconds.
+    A gateway's: until the gateway served again and its routes could be current (:data:`ROUTES_LAG`
+    after its healing). One that hit replicas of ``model``: until ``model`` had a ready replica again
+    (however long the rebuild took) and the gateway could know of it. Any other: :data:`AFTERMATH`
+    seconds.
     """
     if fault.end is None:
         return float("inf")
     if fault.kind in DATA_PATH:
+        # a gateway back from a pause serves on its old routes until the feed's next answer reaches it
         again = bisect.bisect_left(served, fault.end)
-        return served[again] + SLACK if again < len(served) else float("inf")
+        return max(served[again] + SLACK, fault.end + ROUTES_LAG) if again < len(served) else float("inf")
     if any(r.rpartition("-")[0] == model for r in fault.replicas):
         back = next((at for at, models in ready if at >= fault.end and models.get(model)), float("inf"))
         return max(back + ROUTES_LAG, fault.end + AFTERMATH)

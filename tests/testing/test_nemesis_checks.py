@@ -188,6 +188,14 @@ def test_a_failed_request_with_another_ready_replica_is_caught():
     assert len(found) == 1 and found[0].at == T + 150
     found, explained = check_requests(later, [gateway], ready, served=[T + 99, T + 151])
     assert found == [] and len(explained) == 2, "it had not served again: both are its fault"
+    # a request another model's success came before: the routes the paused gateway holds are still old
+    resumed = [FailedRequest("chat", "", T + 102.8, T + 102.8, "503: no ready replica")]
+    found, explained = check_requests(resumed, [gateway], ready, served=[T + 102.05])
+    assert found == [] and "kill-gateway gateway" in explained[0]
+    found, _ = check_requests(
+        [FailedRequest("chat", "", T + 103.5, T + 103.5, "503")], [gateway], ready, served=[T + 102.05]
+    )
+    assert len(found) == 1, "served again and ROUTES_LAG past its healing: no longer its fault"
     # a slow rebuild: the model had no ready replica for 40 s after its only replica's engine was killed
     slow = [(T - 1, {"chat": frozenset({"chat-0"})}), (T + 1, {}), (T + 40, {"chat": frozenset({"chat-0"})})]
     late = [

@@ -20,6 +20,7 @@ from llmgw.models import Command, LaunchSpec
 __all__ = [
     "Engine",
     "HelpAndVersion",
+    "HttpCall",
     "LivenessProbe",
     "LoadMetrics",
     "ProgressMetrics",
@@ -113,6 +114,21 @@ def openai_canary(
         model_field="model",
         progress=progress,
     )
+
+
+@attrs.frozen
+class HttpCall:
+    """One HTTP request the agent sends to a replica's rank 0 on an engine's behalf (an adapter load, say).
+
+    Any 2xx answer is success; any other answer fails, and its body is what the operator is shown.
+    """
+
+    method: str
+    path: str
+    #: sent as JSON; None sends no body
+    body: object = None
+    #: seconds the call may take before it counts as failed (a load reads the adapter from disk)
+    timeout: float = 60.0
 
 
 @attrs.frozen
@@ -302,6 +318,46 @@ class Engine(abc.ABC):
             help with warnings are marked as possibly caused by them.
         """
         return []
+
+    #: whether this engine serves LoRA adapters on top of its base model; a catalog that gives adapters to
+    #: a model whose profile runs an engine without them is refused, naming the engine
+    serves_lora: ClassVar[bool] = False
+    #: the engine loads adapters only at start (llama.cpp's ``--lora``): the agent puts every adapter of
+    #: the model in :attr:`llmgw.models.LoraSpec.at_start`, and a load only makes one usable
+    lora_at_start: ClassVar[bool] = False
+
+    def lora_load(self, name: str, path: str) -> HttpCall | None:
+        """The call that loads adapter ``name`` from directory ``path`` on a running replica.
+
+        Called by the agent when the server asks a replica to load an adapter, once the adapter's
+        files are complete on the node. The agent sends it to rank 0 and reports the outcome.
+
+        :returns: the call; None when loading needs no call (an engine that loaded every adapter at
+            start). The default, for an engine that does not serve adapters, raises NotImplementedError.
+        """
+        raise NotImplementedError(f"engine {self.name} does not serve LoRA adapters")
+
+    def lora_unload(self, name: str) -> HttpCall | None:
+        """The call that unloads adapter ``name`` from a running replica, freeing its slot.
+
+        Called by the agent when the server asks a replica to unload an adapter (to make room).
+
+        :returns: the call; None when unloading needs no call. The default raises NotImplementedError.
+        """
+        raise NotImplementedError(f"engine {self.name} does not serve LoRA adapters")
+
+    def lora_request_fields(self, name: str, served_name: str, known: Sequence[str]) -> Mapping[str, object]:
+        """The fields the gateway sets in an OpenAI request body so that this engine answers with adapter
+        ``name``.
+
+        Called by the server as it builds the routes feed, once per adapter loaded on a replica; the
+        gateway merges the fields into the client's body (replacing keys it names) before relaying.
+
+        :param served_name: the base model's served name on the replica.
+        :param known: every adapter name of the model, in the order of :attr:`LoraSpec.at_start`.
+        :returns: the fields; the default, vLLM's and the sim's way, is ``{"model": name}``.
+        """
+        return {"model": name}
 
     def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
         """Whether a replica of this engine continues a chat's final assistant message.

@@ -29,6 +29,7 @@ __all__ = [
     "Autoscale",
     "Model",
     "Catalog",
+    "LoraSpec",
     "LaunchSpec",
     "Command",
 ]
@@ -398,6 +399,25 @@ class Catalog:
 
 
 @attrs.frozen
+class LoraSpec:
+    """What one shard needs to serve its model's LoRA adapters: how many at once, how big, which at start.
+
+    Set on :attr:`LaunchSpec.lora` when the replica's model has ``adapters:`` in the catalog; engines turn it
+    into their flags (vLLM's ``--enable-lora --max-loras --max-lora-rank``). Adapters are then loaded and
+    unloaded on the running engine (:meth:`llmgw.engine.Engine.lora_load`), except by an engine that loads
+    adapters only at start (llama.cpp's ``--lora``), which gets every one in :attr:`at_start`.
+    """
+
+    #: how many adapters the replica keeps loaded at once (the profile's ``max_adapters``)
+    max_loaded: int = attrs.field(validator=_positive)
+    #: the largest LoRA rank among the model's adapters (vLLM and SGLang size their buffers by it)
+    max_rank: int = attrs.field(default=16, validator=_positive)
+    #: (adapter name, its directory on this node), in the order the engine numbers them, for an engine
+    #: whose :attr:`llmgw.engine.Engine.lora_at_start` is True; empty otherwise
+    at_start: tuple[tuple[str, str], ...] = attrs.field(converter=tuple, default=())
+
+
+@attrs.frozen
 class LaunchSpec:
     """Everything an engine needs to build the command of one shard.
 
@@ -420,6 +440,8 @@ class LaunchSpec:
     #: adapter names of the fabric the replica runs on (``NCCL_IB_HCA``)
     adapters: tuple[str, ...] = attrs.field(converter=tuple, default=())
     extra_args: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: the LoRA adapters the shard serves (None: the model has none, the engine is started without LoRA)
+    lora: LoraSpec | None = None
     #: program name -> path on this node, from the agent's configuration;
     #: a program missing here is looked up on PATH by its own name
     executables: Mapping[str, str] = attrs.field(converter=_frozen_mapping, factory=dict)

@@ -49,6 +49,9 @@ def _positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
 MAX_REPLICAS = 10_000
 MAX_NODES_PER_REPLICA = 64
 MAX_GPUS_PER_NODE = 64
+#: the most adapters one replica may keep loaded, and the largest LoRA rank (vLLM's largest choice)
+MAX_ADAPTERS_LOADED = 256
+MAX_ADAPTER_RANK = 512
 #: ... and on the size of what catalogs and agents send: one string (a source, an argument, a line)
 MAX_TEXT = 4096
 #: one list (a profile's args, a node's model sources, a node's GPUs...)
@@ -287,6 +290,10 @@ class Profile:
     progress_deadline: float | None = attrs.field(
         default=None, validator=_seconds(0, MAX_READY_TIMEOUT, above=True)
     )
+    #: how many LoRA adapters one replica of a model with ``adapters:`` keeps loaded at once
+    max_adapters: int = attrs.field(default=4, validator=[_positive, _at_most(MAX_ADAPTERS_LOADED)])
+    #: the largest LoRA rank an adapter of this profile's models may have (engines size buffers by it)
+    max_adapter_rank: int = attrs.field(default=16, validator=[_positive, _at_most(MAX_ADAPTER_RANK)])
 
 
 def _some_progress(instance: Rollout, attribute: attrs.Attribute, value: int) -> None:
@@ -384,6 +391,11 @@ class Model:
     priority: int = attrs.field(default=0, validator=[_non_negative, _at_most(MAX_PRIORITY)])
     #: seconds without a request after which a model whose ``replicas.min`` is 0 goes to zero replicas
     idle_after: float | None = attrs.field(default=None, validator=_seconds(0, MAX_READY_TIMEOUT, above=True))
+    #: LoRA adapters served on top of this model: adapter name (what clients send as ``model``, or
+    #: ``SERVED:ADAPTER``) -> its source (``hf://``, ``seed:///`` or a path, as for ``source``)
+    adapters: Mapping[str, str] = attrs.field(
+        converter=_frozen_mapping, factory=dict, validator=bounded(10_000), hash=False
+    )
 
 
 @attrs.frozen

@@ -56,7 +56,7 @@ class TestIntegerReplicas:
         found = problems(engines, "autoscale: {min: 1, max: 2}")
         assert found == [
             "models.chat.autoscale: unknown key (expected one of: source, profile, replicas, served_name, "
-            "rollout, priority, idle_after)"
+            "rollout, priority, idle_after, adapters)"
         ]
 
 

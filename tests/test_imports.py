@@ -25,12 +25,13 @@ PUBLIC = {
         "Autoscale",
         "Model",
         "Catalog",
+        "LoraSpec",
         "LaunchSpec",
         "Command",
     ],
     "llmgw.engine": [
-        "Engine", "HelpAndVersion", "LivenessProbe", "LoadMetrics", "ProgressMetrics", "help_and_version_of",
-        "old_api_uses", "openai_canary", "parse_argparse_flags", "version_at_least",
+        "Engine", "HelpAndVersion", "HttpCall", "LivenessProbe", "LoadMetrics", "ProgressMetrics",
+        "help_and_version_of", "old_api_uses", "openai_canary", "parse_argparse_flags", "version_at_least",
     ],
     "llmgw.errors": [
         "LlmgwError",

@@ -228,7 +228,10 @@ class Launch:
         """The fields that make the shards' commands: launches that differ here run different commands.
 
         The rest (ready timeout, stop grace, minimum GPU memory) is timing
-        or placement; a replica differing only there is not outdated.
+        or placement; a replica differing only there is not outdated. A
+        model's adapters are loaded on the running engine, so which adapters
+        it has is not here; whether it has any, and the profile's
+        ``max_adapters`` and ``max_adapter_rank``, are (the engine's LoRA flags).
         """
         model, profile = self.model, self.profile
         return (
@@ -240,6 +243,7 @@ class Launch:
             profile.gpus_per_node,
             profile.args,
             profile.sidecars,
+            (profile.max_adapters, profile.max_adapter_rank) if model.adapters else None,
         )
 
 

@@ -12,7 +12,9 @@ its size, deleting copies in this order: never used first, then least
 recently used. It never deletes:
 
 - a copy a shard of this node uses (desired, running, or still stopping),
-  or of a source the server asked this node to stage ahead of a rollout;
+  or of a source the server asked this node to stage ahead (a rollout's, or
+  the LoRA adapters of a model running here), or an adapter a running
+  replica has loaded (held, :meth:`llmgw.agent.prestage.PreStager.hold`);
 - a copy whose files a peer is downloading now;
 - a seed (not in the models directory at all), or the copy being made.
 
@@ -214,8 +216,9 @@ class RoomMaker:
 
 
 def weights_in_use(agent: Any) -> tuple[set[str], set[str]]:
-    """(sources, local paths) the shards of ``agent`` (:class:`~llmgw.agent.sync.Agent`) use, and the
-    sources the server asked it to stage ahead: copies of these are never evicted.
+    """(sources, local paths) the shards of ``agent`` (:class:`~llmgw.agent.sync.Agent`) use, the
+    sources the server asked it to stage ahead and the adapters held loaded
+    (:attr:`llmgw.agent.prestage.PreStager.sources`): copies of these are never evicted.
 
     A shard's source becomes the local path of its copy once staged; a shard
     stays listed until its processes are gone (stopping included).

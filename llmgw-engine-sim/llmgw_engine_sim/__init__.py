@@ -43,6 +43,8 @@ class SimEngine(Engine):
     #: the sim engine ships with its plugin: it is checked against itself
     checked_versions = (__version__,)
     multi_node = True
+    #: the catalog accepts ``adapters:`` on sim models (the sim's LoRA API is its own distribution's)
+    serves_lora = True
     health_path = "/health"
     programs = ("llmgw-sim",)
     #: the canary vLLM and SGLang get, quicker: the sim answers in milliseconds unless busy

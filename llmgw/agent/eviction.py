@@ -42,7 +42,7 @@ from llmgw.agent.peer_files import PeerFiles
 from llmgw.models import ModelCopy
 from llmgw.scheduler import DEFAULT_HEADROOM, format_bytes
 from llmgw.serverlist import ServerList, send_to_leader
-from llmgw.weights import Manifest, seed_path
+from llmgw.weights import Manifest, is_distributable, seed_path
 from llmgw.wire import WeightsInfo, from_json
 
 __all__ = ["RoomMaker", "Eviction", "choose_evictions", "weights_in_use"]
@@ -127,9 +127,16 @@ class RoomMaker:
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
     def wrap(self, stage: Stage) -> Stage:
-        """``stage`` with room made first (what the agent hands its shard supervisors)."""
+        """``stage`` with room made first (what the agent hands its shard supervisors, its
+        :class:`~llmgw.agent.prestage.PreStager`, and whoever loads adapters).
+
+        A source llmgw does not copy (a path on the node, a hub name the engine
+        resolves) is returned as it is, at once: the engine is given it.
+        """
 
         async def staged(source: str, progress: Progress) -> str:
+            if not is_distributable(source):
+                return source
             await self.make_room(source, progress)
             return await stage(source, progress)
 

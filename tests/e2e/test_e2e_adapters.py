@@ -111,5 +111,20 @@ def test_an_adapter_is_fetched_from_the_hub_once_for_four_nodes(tmp_path: Path, 
         assert [(m["name"], m["adapter_of"]) for m in listed] == [
             ("chat", None), ("legal", "chat"), ("sql", "chat"),
         ]  # fmt: skip
+
+        # adapters are loaded on running engines: removing one and adding one restarts no replica
+        attempts = {r.id: r.attempt for r in cluster.replicas().replicas}
+        changed = CATALOG.replace("      legal: seed:///data/legal-lora\n", "      py: hf://acme/sql-lora@main\n")
+        assert changed != CATALOG
+        (tmp_path / "changed.yaml").write_text(changed)
+        diff = cluster.ctl("diff", str(tmp_path / "changed.yaml")).stdout
+        assert "adapters.legal: seed:///data/legal-lora -> (none)" in diff, diff
+        assert "adapters.py: (none) -> hf://acme/sql-lora@main" in diff, diff
+        assert "outdated" not in diff, diff
+        applied = cluster.ctl("apply", "--wait", "--timeout", "60", str(tmp_path / "changed.yaml"))
+        assert applied.returncode == 0 and "1 models, 4 replicas, 2 adapters" in applied.stdout, applied
+        replicas = cluster.replicas().replicas
+        assert {r.id: r.attempt for r in replicas} == attempts
+        assert not any(r.outdated for r in replicas) and cluster.all_ready()
     finally:
         cluster.stop_all()

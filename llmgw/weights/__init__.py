@@ -19,6 +19,7 @@ The first node holding (or downloading) a distributable source computes its :cla
 verified against it, file by file.
 """
 
+from llmgw.weights._adapter import ADAPTER_CONFIG, adapter_problem, adapter_rank
 from llmgw.weights._catalog import adapter_sources, catalog_sources
 from llmgw.weights._holding import agreeing_facts, differing_files, differs, holds
 from llmgw.weights._manifest import (
@@ -40,6 +41,9 @@ from llmgw.weights._sources import (
 )
 
 __all__ = [
+    "ADAPTER_CONFIG",
+    "adapter_problem",
+    "adapter_rank",
     "adapter_sources",
     "catalog_sources",
     "MANIFEST_LIMIT",

@@ -21,8 +21,7 @@ from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind
 from llmgw.server.views import cluster as views
-from llmgw.weights import adapter_sources
-from llmgw.wire import DesiredShard, SyncReply, SyncRequest, from_json
+from llmgw.wire import SyncReply, SyncRequest, from_json
 
 __all__ = ["SyncEndpoints"]
 
@@ -92,7 +91,7 @@ class SyncEndpoints:
     def _sync_reply(self, node_id: str) -> Response:
         """The sync answer for ``node_id``, encoded once per revision of what it says."""
         shards = views.desired_for(self.cluster, node_id)
-        stage = _with_adapters(self.cluster, shards, self.cluster.rollouts.stage_sources().get(node_id, ()))
+        stage = self.cluster.rollouts.stage_sources().get(node_id, ())
         key = (self.cluster.revision, self.cluster.sources_revision, shards, stage)
         cached = self._replies.get(node_id)
         if cached is not None and cached[0] == key:
@@ -101,20 +100,10 @@ class SyncEndpoints:
             revision=self.cluster.revision,
             shards=shards,
             check_sources=self.cluster.sources_to_check(),
-            stage_sources=stage,
+            stage_sources=self.cluster.stage_with_adapters(stage, shards),
             lost_after=self.cluster.settings.lost_after,
             disk_headroom=self.cluster.settings.disk_headroom,
         )
         response = answer(reply)
         self._replies[node_id] = (key, response)
         return response
-
-
-def _with_adapters(
-    cluster: ClusterState, shards: tuple[DesiredShard, ...], stage: tuple[str, ...]
-) -> tuple[str, ...]:
-    """``stage`` (a rollout's sources) and the adapters of the models whose shards the node runs (staged
-    there ahead of their loads, :func:`llmgw.weights.adapter_sources`)."""
-    adapters = adapter_sources(cluster.catalog, (s.model for s in shards if not s.stop_after_rank0))
-    return tuple(sorted({*stage, *adapters})) if adapters else stage
-

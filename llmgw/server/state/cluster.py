@@ -31,7 +31,7 @@ from llmgw.server.state.records import (
 from llmgw.server.state.rollouts import RolloutBook
 from llmgw.server.state.silence import SilenceWatch
 from llmgw.server.state.stopping import HeldWorkers, StopOrder
-from llmgw.weights import Manifest, adapter_sources, catalog_sources
+from llmgw.weights import Manifest, catalog_sources
 from llmgw.wire import DesiredShard, GatewayActivity, ObservedShard, SyncRequest
 from llmgw.wire.causes import FailureCause
 
@@ -127,16 +127,6 @@ class ClusterState:
     def sources_to_check(self) -> tuple[str, ...]:
         """Every source in the catalog, models' and adapters', for agents to report on (and publish)."""
         return catalog_sources(self.catalog)
-
-    def stage_with_adapters(
-        self, stage: tuple[str, ...], shards: tuple[DesiredShard, ...]
-    ) -> tuple[str, ...]:
-        """``stage`` (what a node copies ahead of a rollout) and the distributable LoRA adapters of the models
-        of ``shards`` (the shards it runs), for its sync answer's ``stage_sources``: adapters are staged where
-        their model runs, ahead of any load (:func:`llmgw.weights.adapter_sources`). Depends only on the
-        catalog and the shards, so the sync answer's cache needs no key of its own for it."""
-        adapters = adapter_sources(self.catalog, (s.model for s in shards if not s.stop_after_rank0))
-        return tuple(sorted({*stage, *adapters})) if adapters else stage
 
     def node_revision(self, node_id: str) -> int:
         """The revision at which what ``node_id`` should run (or check) last changed."""

@@ -234,7 +234,7 @@ class Launch:
         ``max_adapters`` and ``max_adapter_rank``, are (the engine's LoRA flags).
         """
         model, profile = self.model, self.profile
-        return (
+        command = (
             model.source,
             model.profile,
             model.served_name,
@@ -243,8 +243,10 @@ class Launch:
             profile.gpus_per_node,
             profile.args,
             profile.sidecars,
-            (profile.max_adapters, profile.max_adapter_rank) if model.adapters else None,
         )
+        # only for a model with adapters: a model without keeps the command (and a paused rollout's digest
+        # of it) it had before adapters existed
+        return (*command, (profile.max_adapters, profile.max_adapter_rank)) if model.adapters else command
 
 
 @attrs.define

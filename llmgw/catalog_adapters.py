@@ -26,7 +26,8 @@ BAD_NAME = "invalid name; use letters, digits, '.', '_' and '-', at most 63 char
 
 def check_adapters(models: Mapping[str, Model], served: Mapping[str, str]) -> list[str]:
     """Each adapter's name (a served name: unique among models' served names and other adapters, no ':',
-    which ``SERVED:ADAPTER`` reserves) and its source, one line per problem.
+    which ``SERVED:ADAPTER`` reserves) and its source, and no model served as another's ``SERVED:ADAPTER``;
+    one line per problem.
 
     :param served: every model's served name -> the model's key.
     """
@@ -57,6 +58,14 @@ def check_adapters(models: Mapping[str, Model], served: Mapping[str, str]) -> li
             source_problem = check_source(source) if isinstance(source, str) else "expected a string"
             if source_problem is not None:
                 problems.append(f"{where}: {source_problem}")
+    for served_name, key in served.items():  # a served name spelled as another model's SERVED:ADAPTER
+        base, colon, adapter = served_name.rpartition(":")
+        owner = served.get(base)
+        if colon and owner is not None and adapter in models[owner].adapters:
+            problems.append(
+                f"models.{key}.served_name: {served_name!r} is how clients ask for adapter {adapter} of "
+                f"models.{owner} (SERVED:ADAPTER); serve this model under another name"
+            )
     return problems
 
 

@@ -160,6 +160,15 @@ class TestAdapters:
             "an adapter's name is unique across every model"
         ]
 
+    def test_a_served_name_spelled_as_another_models_adapter_is_refused(self, engines):
+        """A model served as ``chat:sql`` would take the requests for adapter sql of chat."""
+        found = problems(engines, HEAD.replace("served_name: coder", 'served_name: "chat:sql"'))
+        assert found == [
+            "models.code.served_name: 'chat:sql' is how clients ask for adapter sql of models.chat "
+            "(SERVED:ADAPTER); serve this model under another name"
+        ]
+        parse(engines, head=HEAD.replace("served_name: coder", 'served_name: "chat:other"'))
+
     def test_adapters_on_an_engine_without_lora_name_model_profile_and_engine(self, engines):
         """A model with adapters whose profile runs an engine serving none is refused, saying which do."""
         found = problems(

@@ -26,6 +26,7 @@ Errors in vLLM's shape, ``{"error": {"message", "type", "param", "code"}}`` with
   ones kept in CPU memory, least recently used evicted and read from disk again on next use. The sim makes
   ``--max-loras`` a hard slot limit so that what llmgw must manage (a replica's ``max_adapters``) shows.
 - 400 ``BadRequestError`` when the sim runs without ``--enable-lora``.
+- 503 before the sim is ready (``--startup-delay``) and while it shuts down, as every inference endpoint.
 
 A request whose ``model`` is a loaded adapter is answered by that adapter: text generated as the base
 model's is (deterministic and continuation-safe) with the adapter's name in the hash, so it differs from

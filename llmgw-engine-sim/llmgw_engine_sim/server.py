@@ -204,10 +204,17 @@ class SimApp:
         except InvalidJSON as exc:
             raise ApiError(400, str(exc), code="invalid_json") from None
 
+    def _require_serving(self) -> None:
+        # vLLM serves its API (these endpoints too) only once the engine is up
+        if not self.ready or self.shutting_down:
+            raise unavailable("Shutting down" if self.shutting_down else "Loading model")
+
     async def _load_lora(self, request: Request) -> Response:
+        self._require_serving()
         return Response.text(200, await self.loras.load(self._json_body(request)))
 
     async def _unload_lora(self, request: Request) -> Response:
+        self._require_serving()
         return Response.text(200, self.loras.unload(self._json_body(request)))
 
     # --- inference --------------------------------------------------------------------------

@@ -269,6 +269,12 @@ class TestLoadFailures:
         assert text(complete(sim, BASE))
         assert load(sim, "sql", adapters["sql"]).status_code == 200, "a failed load must free its slot"
 
+    def test_not_before_ready(self, start_sim, adapters):
+        """While the model loads (/health 503), a load is a 503 too, as the engine's API is not up yet."""
+        sim = start_sim("--enable-lora", "--startup-delay", "30")
+        wait_until(lambda: sim.health() == 503, 10, "the sim to answer 503", sim.process)
+        assert load(sim, "sql", adapters["sql"]).status_code == 503
+
     def test_lora_not_enabled(self, start_sim, adapters):
         """Without --enable-lora a load is refused, saying how to enable it."""
         sim = start_sim()

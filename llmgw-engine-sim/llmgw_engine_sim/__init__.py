@@ -76,7 +76,9 @@ class SimEngine(Engine):
 
         Rank 0 gets ``--host``/``--port`` and binds ``--dist-init-addr``;
         workers get their node's ``--host`` (to join from) but no port: they
-        serve nothing.
+        serve nothing. With ``spec.lora`` every rank also gets ``--enable-lora
+        --max-loras N --max-lora-rank R``; the profile's args come last (a
+        ``--lora-load-time`` there sets the sim's load time).
         """
         argv = [
             self.program_path(spec, "llmgw-sim"),

@@ -488,6 +488,8 @@ class TestCliOnRealEngines:
         row = r"missing +--max-loaded-loras +python +0-2 +LoRA adapters \(max_adapters\)\n"
         assert re.search(row, result.output)
         assert "result: without them llmgw cannot use: LoRA adapters (max_adapters)" in result.output
+        report = check_engine(get_plugin_manager().engines()["sglang"].engine, {"python": lacking})
+        assert report.missing_features == ("LoRA adapters (max_adapters)",)
 
     @needs("llmgw_engine_vllm")
     def test_vllm_plain_help(self):

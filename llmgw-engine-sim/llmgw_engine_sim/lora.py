@@ -329,6 +329,22 @@ class Loras:
             self.hits[name] += 1
         return adapter
 
+    def model_cards(self, parent: str) -> list[dict[str, Any]]:
+        """The loaded adapters as ``/v1/models`` lists them after the base model, as vLLM does: ``root`` the
+        adapter's path, ``parent`` the base model's served name."""
+        return [
+            {
+                "id": adapter.name,
+                "object": "model",
+                "created": int(adapter.loaded_at),
+                "owned_by": "llmgw-sim",
+                "root": adapter.path,
+                "parent": parent,
+                "max_model_len": None,
+            }
+            for adapter in self.loaded.values()
+        ]
+
     def info(self) -> dict[str, Any]:
         """The adapters as ``/sim/info`` shows them."""
         return {

@@ -173,18 +173,7 @@ class SimApp:
             }
             for name in self.options.served_model_names
         ]
-        data += [
-            {
-                "id": adapter.name,
-                "object": "model",
-                "created": int(adapter.loaded_at),
-                "owned_by": "llmgw-sim",
-                "root": adapter.path,
-                "parent": self.options.served_model_names[0],
-                "max_model_len": None,
-            }
-            for adapter in self.loras.loaded.values()
-        ]
+        data += self.loras.model_cards(parent=self.options.served_model_names[0])
         return Response.json(200, {"object": "list", "data": data})
 
     async def _metrics(self, request: Request) -> Response:

@@ -58,6 +58,18 @@ admission's and the model queue's CPU per request timed in-process, which a
 machine shared with other work does not blur.
 ``--gateway-args "..."`` passes more flags to the current gateway only (e.g.
 ``--replica-concurrency 64``, the model queue's seats).
+
+``--admission`` measures what admission adds, in one run against the ``fast``
+backend: one gateway with API keys, fed by an in-process feed that also lends
+the limited keys' rates as the server does (:class:`~llmgw.server.state.allowances.Lender`),
+loaded in interleaved rounds with two keys: ``plain``, a key without limits
+(admission's look-up finds nothing: the baseline), and ``limited``, a key with
+rpm, tpm (far above what the load reaches: never refused), concurrency and
+priority ``critical``, whose requests take leased requests and whose tokens
+are charged. Same process, same rounds: only the key differs. It prints, per
+case, the gateway's CPU microseconds per request with each key and the
+median over rounds of their difference (each round's pair measured back to
+back), and req/s at c=64 with each.
 """
 
 from __future__ import annotations
@@ -79,11 +91,14 @@ import attrs
 import trio
 
 from llmgw.gateway.admission import Admission
+from llmgw.gateway.leases import ALLOWANCES_PATH
 from llmgw.gateway.queue import Queues, QueueSettings
 from llmgw.net.client import ConnectionPool
+from llmgw.net.server import Request, Response
+from llmgw.server.state.allowances import Lender
 from llmgw.testing.gateway import FakeRoutesFeed, sim_argv, wait_healthy
 from llmgw.testing.processes import ManagedProcess, free_port, start
-from llmgw.wire import KeyLimits, Priority
+from llmgw.wire import AllowanceRequest, KeyLimits, Priority, from_json, to_json
 
 TICKS = os.sysconf("SC_CLK_TCK")
 WARM_UP = 1
@@ -92,6 +107,11 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "benchmark the ga
 #: the API key sent with --keys, and its limits (far above what the load reaches: admission runs, admits all)
 SECRET = "sk-bench-0123456789abcdef"
 LIMITS = KeyLimits(rpm=10**11, tpm=10**12, concurrency=10**6)
+#: --admission: the key without limits, and the limited key's limits (never refused; priority critical)
+PLAIN_SECRET = "sk-bench-plain-0123456789abcdef"
+ADMISSION_LIMITS = attrs.evolve(LIMITS, priority=Priority.CRITICAL)
+#: the API key each target of a run sends (any other: SECRET)
+TARGET_SECRETS = {"plain": PLAIN_SECRET}
 WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.body = [[%s]]
@@ -174,11 +194,13 @@ class Result:
         return self.cpu[name] * self.seconds / max(1, self.requests) * 1e6
 
 
-def run_wrk(url: str, concurrency: int, stream: bool, seconds: float) -> tuple[int, int, float, float, float]:
+def run_wrk(
+    url: str, concurrency: int, stream: bool, seconds: float, secret: str = SECRET
+) -> tuple[int, int, float, float, float]:
     """One wrk run: (requests, errors, p50 ms, p99 ms, seconds)."""
     body = json.dumps({**BODY, "stream": stream})
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT % (body, SECRET))
+        script.write(WRK_SCRIPT % (body, secret))
     try:
         argv = [
             "wrk",
@@ -199,10 +221,10 @@ def run_wrk(url: str, concurrency: int, stream: bool, seconds: float) -> tuple[i
     return data["requests"], data["errors"], data["p50"] / 1000, data["p99"] / 1000, data["us"] / 1e6
 
 
-async def run_h11(url: str, concurrency: int, stream: bool, seconds: float) -> tuple:
+async def run_h11(url: str, concurrency: int, stream: bool, seconds: float, secret: str = SECRET) -> tuple:
     """The in-process fallback load client: (requests, errors, p50 ms, p99 ms, seconds)."""
     body = json.dumps({**BODY, "stream": stream}).encode()
-    headers = [("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")]
+    headers = [("content-type", "application/json"), ("authorization", f"Bearer {secret}")]
     latencies: list[float] = []
     errors = 0
     async with ConnectionPool(max_idle_per_host=concurrency) as pool:
@@ -305,13 +327,14 @@ async def run_case(
 ) -> Result:
     """Load ``url`` for ``seconds`` and measure the processes' CPU meanwhile."""
     cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    secret = TARGET_SECRETS.get(target, SECRET)
     began = time.perf_counter()
     if shutil.which("wrk"):
         requests, errors, p50, p99, elapsed = await trio.to_thread.run_sync(
-            run_wrk, url, concurrency, stream, seconds
+            run_wrk, url, concurrency, stream, seconds, secret
         )
     else:
-        requests, errors, p50, p99, elapsed = await run_h11(url, concurrency, stream, seconds)
+        requests, errors, p50, p99, elapsed = await run_h11(url, concurrency, stream, seconds, secret)
     wall = time.perf_counter() - began
     cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in processes.items()}
     return Result(backend, target, concurrency, stream, requests, errors, elapsed, p50, p99, cpu)
@@ -347,6 +370,47 @@ def report(results: list[Result], workers: int) -> None:
             f"{gateway.p50 - direct.p50:>+12.2f} {gateway.p99 - direct.p99:>+12.2f} "
             f"{gateway.rate / direct.rate:>9.0%} {gateway.per_request(target):>9.0f}"
         )
+
+
+def admission_report(measured: dict[tuple, list[Result]]) -> None:
+    """--admission: the gateway's CPU per request with the plain and the limited key, their difference
+    (the median over rounds of each round's pair), and the throughput with each."""
+    print("\nadmission (one gateway, key 'plain' without limits vs 'limited' with rpm, tpm, concurrency,")
+    print("priority critical; interleaved rounds):")
+    print(
+        f"{'conc':>4} {'stream':>6} {'plain us/req':>12} {'limited us/req':>14} {'added us/req':>12} "
+        f"{'(rounds: min..max)':>20} {'plain req/s':>11} {'limited req/s':>13}"
+    )
+    for (target, _base, concurrency, stream), rounds in measured.items():
+        if target != "limited":
+            continue
+        plain_rounds = next(
+            found for (t, _, c, s), found in measured.items() if (t, c, s) == ("plain", concurrency, stream)
+        )
+        added = [
+            limited.per_request("limited") - plain.per_request("plain")
+            for plain, limited in zip(plain_rounds, rounds, strict=True)
+        ]
+        plain, limited = Result.pooled(plain_rounds), Result.pooled(rounds)
+        print(
+            f"{concurrency:>4} {'yes' if stream else 'no':>6} {plain.per_request('plain'):>12.1f} "
+            f"{limited.per_request('limited'):>14.1f} {statistics.median(added):>+12.1f} "
+            f"{f'{min(added):+.1f}..{max(added):+.1f}':>20} {plain.rate:>11.0f} {limited.rate:>13.0f}"
+        )
+
+
+class LendingFeed(FakeRoutesFeed):
+    """The fake routes feed, also lending the limited keys' rates as the leading server does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lender = Lender()
+
+    async def handle(self, request: Request) -> Response:
+        if request.path == ALLOWANCES_PATH and request.method == "POST":
+            asked = from_json(request.json(), AllowanceRequest)
+            return Response.json(200, to_json(self.lender.lend(self.limits, asked, trio.current_time())))
+        return await super().handle(request)
 
 
 def admission_cost(count: int = 200_000) -> tuple[float, float]:
@@ -395,15 +459,19 @@ async def main(
     events: int = 256,
     keys: bool = False,
     gateway_args: tuple[str, ...] = (),
+    admission: bool = False,
 ) -> list[Result]:
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     started: list[ManagedProcess] = []
     results: list[Result] = []
     try:
         async with trio.open_nursery() as nursery:
-            feed = FakeRoutesFeed()
+            feed = LendingFeed() if admission else FakeRoutesFeed()
             feed_url = await nursery.start(feed.serve)
-            if keys:
+            if admission:
+                keys_of = {SECRET: "limited", PLAIN_SECRET: "plain"}
+                feed.set(keys=keys_of, limits={"limited": ADMISSION_LIMITS})
+            elif keys:
                 feed.set(keys={SECRET: "bench"}, limits={"bench": LIMITS})
             open_door = [] if keys else ["--no-keys"]
             for backend in backends:
@@ -423,6 +491,11 @@ async def main(
                 started.append(gateway)
                 targets = {"direct": backend_url, "gateway": f"http://127.0.0.1:{gateway_port}"}
                 processes = {"backend": server.pid, "gateway": gateway.pid, "all": "all"}
+                if admission:  # one gateway, two keys
+                    through = targets["gateway"]
+                    targets = {"direct": backend_url, "plain": through, "limited": through}
+                    processes = {**processes, "plain": gateway.pid, "limited": gateway.pid}
+                    del processes["gateway"]
                 if before is not None:  # the same gateway command from older sources, interleaved
                     before_port = free_port()
                     argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, *open_door]
@@ -460,6 +533,8 @@ async def main(
                             file=sys.stderr,
                         )
                 results += [Result.pooled(rounds) for rounds in measured.values()]
+                if admission:
+                    admission_report(measured)
                 if backend == "fast" and events:
                     tokens: dict[str, list[dict]] = {target: [] for target in targets}
                     for _ in range(rounds):
@@ -498,19 +573,34 @@ if __name__ == "__main__":
     parser.add_argument("--token-client", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--keys", action="store_true", help="API keys on, one key with every rate limit")
     parser.add_argument("--gateway-args", default="", help="more flags for the current gateway only")
+    parser.add_argument(
+        "--admission",
+        action="store_true",
+        help="admission's cost in one run: a key without limits vs a limited one, one gateway (fast backend)",
+    )
     args = parser.parse_args()
     if args.token_client:
         result = trio.run(token_client, args.token_client, TOKEN_CONCURRENCY, args.events, args.seconds)
         print(json.dumps(result))
         sys.exit(0)
     began = time.monotonic()
-    chosen = args.backend.split(",")
+    chosen = ["fast"] if args.admission else args.backend.split(",")
     extra = tuple(shlex.split(args.gateway_args))
+    events = 0 if args.admission else args.events
     measured = trio.run(
-        main, chosen, args.seconds, args.rounds, args.workers, args.before, args.events, args.keys, extra
+        main,
+        chosen,
+        args.seconds,
+        args.rounds,
+        args.workers,
+        args.before,
+        events,
+        args.keys or args.admission,
+        extra,
+        args.admission,
     )
     report(measured, args.workers)
-    if args.keys:
+    if args.keys or args.admission:
         admitted, seated = admission_cost()
         print(f"\nin this process alone: admission {admitted:.1f} us CPU per request, the model queue's "
               f"way in and out (a free seat) {seated:.1f} us")  # fmt: skip

@@ -10,7 +10,10 @@ while the fleet's token bucket is positive. The gateway asks
 (one second, the server says) for the keys it saw requests of, reporting the
 tokens their answers used; and at once, while the request waits, when a key
 it holds nothing for is asked for and the fleet had some left at the last
-answer. Requests it holds unused for a whole period go back to the server.
+answer. It asks for what the key's requests took in the last period (or the
+current one, when more): a steady key holds a period's requests and does not
+wait for an exchange per request. Requests it holds unused for a whole period
+go back to the server.
 
 Accuracy: the fleet never admits more requests than the server's bucket
 lent (the limit per minute, refilled evenly); it may admit fewer while a
@@ -65,13 +68,26 @@ ALLOWANCES_PATH = "/v1/gateway/allowances"
 class _Lease:
     """What the gateway holds of one key and what it saw since its last exchange."""
 
-    __slots__ = ("held", "asked", "waiting", "tokens", "last_seen", "requests_until", "tokens_until")
+    __slots__ = (
+        "held",
+        "asked",
+        "before",
+        "window_start",
+        "waiting",
+        "tokens",
+        "last_seen",
+        "requests_until",
+        "tokens_until",
+    )
 
     def __init__(self) -> None:
         #: requests granted and not used yet
         self.held = 0
-        #: requests of the key since the last exchange (admitted or not)
+        #: requests of the key (admitted or not) since ``window_start``, and in the period before it
         self.asked = 0
+        self.before = 0
+        #: the clock's time the current window of one period began
+        self.window_start = 0.0
         #: requests waiting now for an exchange to end
         self.waiting = 0
         #: tokens used by answers that ended since the last exchange (not reported yet)
@@ -180,6 +196,7 @@ class Leases:
         lease = self._leases.get(key)
         if lease is None:
             lease = self._leases[key] = _Lease()
+            lease.window_start = self.clock()
         return lease
 
     # -- exchanges ---------------------------------------------------------------------------------
@@ -212,17 +229,20 @@ class Leases:
     async def exchange(self) -> None:
         """One request and its answer: report the keys' demand and tokens, take what is lent."""
         demands = []
-        sent: dict[str, tuple[int, int]] = {}
+        sent: dict[str, int] = {}
         returned: dict[str, int] = {}
         now = self.clock()
         for key, lease in self._leases.items():
-            wanted = max(lease.waiting, lease.asked) - lease.held
+            if now - lease.window_start >= self.period:  # a new window: the last one's count is the demand
+                lease.before = lease.asked if now - lease.window_start < 2 * self.period else 0
+                lease.asked, lease.window_start = 0, now
+            wanted = max(lease.waiting, lease.before, lease.asked) - lease.held
             if lease.held and now - lease.last_seen >= self.period:  # unused for a period: back to the fleet
-                returned[key], lease.held = lease.held, 0
+                returned[key], lease.held, wanted = lease.held, 0, 0
             elif wanted <= 0 and not lease.tokens:
                 continue
             demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
-            sent[key] = (lease.asked, lease.tokens)
+            sent[key] = lease.tokens
         usage, self._usage = self._usage, {}
         if not demands and not usage and not self.budgeted:
             return
@@ -238,10 +258,9 @@ class Leases:
             return
         self.spent = {spent.key: spent for spent in reply.spent}
         now = self.clock()
-        for key, (asked, tokens) in sent.items():  # what came in meanwhile stays for the next exchange
+        for key, tokens in sent.items():  # what came in meanwhile stays for the next exchange
             lease = self._leases.get(key)
             if lease is not None:
-                lease.asked -= min(asked, lease.asked)
                 lease.tokens -= min(tokens, lease.tokens)
         for allowance in reply.keys:
             lease = self._leases.get(allowance.key)

@@ -247,3 +247,21 @@ async def test_every_keys_usage_is_reported_and_a_spent_key_refused_until_its_pe
         "API key 'k' has used its budget of 100 tokens per day (budget); it resets at "
     )
     assert b.admit("free", "m") is None
+
+
+async def test_a_steady_key_is_lent_a_period_of_requests_not_one_per_exchange(nursery, clock):
+    """A key far below its rpm, sent 20 requests per period one at a time: after its first period the
+    gateway holds enough for the next, so the 20 requests of the second period take at most 2 exchanges
+    (not one each), and none is refused."""
+    limits = {"k": KeyLimits(rpm=10**6)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    admission = await gateway(nursery, f"http://{host}:{port}", clock, limits)
+    first = [await admit(admission) for _ in range(20)]
+    clock.now += 1.0
+    before = admission.leases.exchanges
+    with trio.fail_after(5):
+        await admission.leases.exchange()  # the periodic exchange at the period's end
+    second = [await admit(admission) for _ in range(20)]
+    assert all(isinstance(a, Ticket) for a in first + second)
+    assert admission.leases.exchanges - before <= 2

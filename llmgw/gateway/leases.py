@@ -20,8 +20,9 @@ lent (the limit per minute, refilled evenly); it may admit fewer while a
 gateway holds requests it does not use (at most what it asked for in one
 period) or died holding them. Tokens are charged once answers end, reported
 within a period: the fleet may go over ``tpm`` by what its requests in flight
-and one period's answers use, as one process does. A new leader starts its
-buckets full.
+and one period's answers use, as one process does. A new leader starts the
+buckets of the keys it found empty: a failover lends no fresh minute
+(:mod:`llmgw.server.state.allowances`).
 
 Every answer's tokens, of any key, are reported per key and model with the
 next exchange (:meth:`Leases.used`): the server counts them against budgets

@@ -83,6 +83,18 @@ class TestLender:
         reply = lender.lend(faster, ask("a", KeyDemand("k", wanted=5)), 1.5)
         assert reply.keys[0].granted == 5  # the bucket kept what was used, and refills at the new rate
 
+    def test_a_new_leader_lends_the_keys_it_found_from_an_empty_bucket(self):
+        """A leader that began at 100 s with key k (rpm 60) made before: k is lent its rate from then (10 at
+        110 s), never a fresh minute; from 90 s to 150 s the two leaders lent 110, within what one leader
+        may (rpm * (1 + 60/60)); a key made after the leader began is lent its whole minute."""
+        old, new = Lender(), Lender()
+        limits = {"k": KeyLimits(rpm=60), "later": KeyLimits(rpm=60)}
+        assert old.lend(limits, ask("a", KeyDemand("k", wanted=60)), 90.0).keys[0].granted == 60
+        new.carry(["k"], 100.0)  # the old leader dies; the new one loads the keys at 100 s
+        reply = new.lend(limits, ask("a", KeyDemand("k", wanted=60), KeyDemand("later", wanted=60)), 110.0)
+        assert [(a.key, a.granted) for a in reply.keys] == [("k", 10), ("later", 60)]
+        assert new.lend(limits, ask("a", KeyDemand("k", wanted=60)), 150.0).keys[0].granted == 40
+
 
 class FleetServer:
     """``POST /v1/gateway/allowances`` over plain HTTP from a Lender on a fake clock (or 404, or down)."""

@@ -227,8 +227,18 @@ class Leases:
             finally:
                 answered.set()
 
-    async def exchange(self) -> None:
-        """One request and its answer: report the keys' demand and tokens, take what is lent."""
+    async def close(self) -> None:
+        """The last exchange of a gateway that stops: report the usage not reported yet and give back every
+        request held, asking for none. Called once no request is in flight; callers own the deadline.
+
+        A gateway killed (SIGKILL) loses what it had not reported: at most one period of its answers."""
+        if self.supported is not True:  # never answered, or no such endpoint
+            return
+        await self.exchange(last=True)
+
+    async def exchange(self, *, last: bool = False) -> None:
+        """One request and its answer: report the keys' demand and tokens, take what is lent (``last``:
+        give back everything held and ask for nothing: the gateway stops)."""
         demands = []
         sent: dict[str, int] = {}
         returned: dict[str, int] = {}
@@ -238,10 +248,12 @@ class Leases:
                 lease.before = lease.asked if now - lease.window_start < 2 * self.period else 0
                 lease.asked, lease.window_start = 0, now
             wanted = max(lease.waiting, lease.before, lease.asked) - lease.held
-            if lease.held and now - lease.last_seen >= self.period:  # unused for a period: back to the fleet
+            if lease.held and (last or now - lease.last_seen >= self.period):  # unused: back to the fleet
                 returned[key], lease.held, wanted = lease.held, 0, 0
-            elif wanted <= 0 and not lease.tokens:
+            elif (wanted <= 0 or last) and not lease.tokens:
                 continue
+            if last:
+                wanted = 0
             demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
             sent[key] = lease.tokens
         usage, self._usage = self._usage, {}

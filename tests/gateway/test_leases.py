@@ -277,3 +277,23 @@ async def test_a_steady_key_is_lent_a_period_of_requests_not_one_per_exchange(nu
     second = [await admit(admission) for _ in range(20)]
     assert all(isinstance(a, Ticket) for a in first + second)
     assert admission.leases.exchanges - before <= 2
+
+
+async def test_a_stopping_gateway_reports_its_last_usage_and_gives_back_what_it_holds(nursery, clock):
+    """close(): the tokens of answers not reported yet reach the server (they count against budgets), and
+    the requests held unused go back to the fleet, where another gateway is lent them at once."""
+    limits = {"k": KeyLimits(rpm=4, budget=10**6)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    a, c = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(2)]
+    for _ in range(3):
+        a.admit("k", "m")  # demand seen: the next exchange asks for 4
+    assert isinstance(await admit(a), Ticket) and a.leases._leases["k"].held == 3
+    a.leases.used("k", "m", (7, 5))
+    with trio.fail_after(5):
+        await a.leases.close()
+    assert server.asked[-1].keys[0].returned == 3 and server.asked[-1].keys[0].wanted == 0
+    assert ("k", "m", 1, 7, 5) in {(u.key, u.model, u.requests, u.prompt_tokens, u.completion_tokens)
+                                   for u in server.asked[-1].usage}  # fmt: skip
+    later = [await admit(c) for _ in range(4)]
+    assert [isinstance(x, Ticket) for x in later] == [True, True, True, False]

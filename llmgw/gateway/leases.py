@@ -151,9 +151,13 @@ class Leases:
         lease.last_seen = self.clock()
 
     def take(self, key: str) -> bool:
-        """Spend one held request of ``key``; False when none is held (nothing spent)."""
+        """Spend one held request of ``key``; False when none is held (nothing spent).
+
+        What is held goes first to the requests waiting for an exchange (:meth:`refresh`): a request that
+        arrives just after the answer, before they ask again, takes only what they leave.
+        """
         lease = self._lease(key)
-        if lease.held >= 1:
+        if lease.held > lease.waiting:
             lease.held -= 1
             return True
         return False

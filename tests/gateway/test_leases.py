@@ -7,6 +7,7 @@ import time
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
 from llmgw.gateway.leases import ALLOWANCES_PATH, Leases
@@ -297,3 +298,33 @@ async def test_a_stopping_gateway_reports_its_last_usage_and_gives_back_what_it_
                                    for u in server.asked[-1].usage}  # fmt: skip
     later = [await admit(c) for _ in range(4)]
     assert [isinstance(x, Ticket) for x in later] == [True, True, True, False]
+
+
+async def test_requests_waiting_for_an_exchange_get_what_it_lent_before_newcomers(nursery, clock):
+    """Ten requests of an idle key wait for an exchange, which lends ten; a request arriving after the answer
+    but before they ask again is refused (it waits for the next exchange), and all ten are admitted."""
+    limits = {"k": KeyLimits(rpm=10**6)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
+    admission = Admission(clock, leases)
+    admission.update(limits)  # no exchange task: the test makes the one exchange and wakes the waiters
+    answered = leases._answered
+    answers: list = []
+
+    async def waiting() -> None:
+        await leases.refresh("k")
+        answers.append(admission.admit("k", "m", again=True))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as inner:
+            for _ in range(10):
+                assert isinstance(admission.admit("k", "m"), Refused)  # nothing held yet
+                inner.start_soon(waiting)
+            await trio.testing.wait_all_tasks_blocked()
+            await leases.exchange()
+            assert leases._leases["k"].held == 10
+            newcomer = admission.admit("k", "m")
+            answered.set()
+    assert isinstance(newcomer, Refused) and newcomer.renewable
+    assert len(answers) == 10 and all(isinstance(a, Ticket) for a in answers)

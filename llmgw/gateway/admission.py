@@ -213,7 +213,7 @@ class Admission:
             wait = state.requests.wait(1.0, now)
             if wait > 0:
                 return Refused(Cause.RPM, key, limits.rpm or 0, wait)
-            if leases is not None and not leases.take(key):
+            if leases is not None and not leases.take(key, again=again):
                 fleet = leases.requests_wait(key)
                 retry = fleet if fleet is not None else leases.period
                 return Refused(Cause.RPM, key, limits.rpm or 0, retry, renewable=fleet is None)

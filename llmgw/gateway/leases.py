@@ -75,6 +75,7 @@ class _Lease:
         "before",
         "window_start",
         "waiting",
+        "reserved",
         "tokens",
         "last_seen",
         "requests_until",
@@ -91,6 +92,8 @@ class _Lease:
         self.window_start = 0.0
         #: requests waiting now for an exchange to end
         self.waiting = 0
+        #: of ``held``, what the last exchange lent for the requests that waited for it and did not take yet
+        self.reserved = 0
         #: tokens used by answers that ended since the last exchange (not reported yet)
         self.tokens = 0
         #: the clock's time of the key's last request
@@ -150,14 +153,19 @@ class Leases:
         lease.asked += 1
         lease.last_seen = self.clock()
 
-    def take(self, key: str) -> bool:
+    def take(self, key: str, *, again: bool = False) -> bool:
         """Spend one held request of ``key``; False when none is held (nothing spent).
 
-        What is held goes first to the requests waiting for an exchange (:meth:`refresh`): a request that
-        arrives just after the answer, before they ask again, takes only what they leave.
+        What an exchange lent goes first to the requests that waited for it (``again``: one of them asks
+        again, :meth:`refresh`): a request that arrives just after the answer, before they ask, takes only
+        what they leave.
         """
         lease = self._lease(key)
-        if lease.held > lease.waiting:
+        if again and lease.held >= 1:
+            lease.reserved = max(0, lease.reserved - 1)
+            lease.held -= 1
+            return True
+        if lease.held > lease.reserved:
             lease.held -= 1
             return True
         return False
@@ -244,7 +252,7 @@ class Leases:
         """One request and its answer: report the keys' demand and tokens, take what is lent (``last``:
         give back everything held and ask for nothing: the gateway stops)."""
         demands = []
-        sent: dict[str, int] = {}
+        sent: dict[str, tuple[int, int]] = {}
         returned: dict[str, int] = {}
         now = self.clock()
         for key, lease in self._leases.items():
@@ -259,7 +267,7 @@ class Leases:
             if last:
                 wanted = 0
             demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
-            sent[key] = lease.tokens
+            sent[key] = (lease.tokens, lease.waiting)
         usage, self._usage = self._usage, {}
         if not demands and not usage and not self.budgeted:
             return
@@ -275,7 +283,7 @@ class Leases:
             return
         self.spent = {spent.key: spent for spent in reply.spent}
         now = self.clock()
-        for key, tokens in sent.items():  # what came in meanwhile stays for the next exchange
+        for key, (tokens, _) in sent.items():  # what came in meanwhile stays for the next exchange
             lease = self._leases.get(key)
             if lease is not None:
                 lease.tokens -= min(tokens, lease.tokens)
@@ -284,6 +292,7 @@ class Leases:
             if lease is None:
                 continue
             lease.held += allowance.granted
+            lease.reserved = min(lease.held, sent[allowance.key][1]) if allowance.key in sent else 0
             lease.requests_until = now + allowance.requests_wait
             lease.tokens_until = now + allowance.tokens_wait
         self.period = min(max(reply.period, 0.05), 60.0)

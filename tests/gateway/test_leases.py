@@ -302,7 +302,7 @@ async def test_a_stopping_gateway_reports_its_last_usage_and_gives_back_what_it_
 
 async def test_requests_waiting_for_an_exchange_get_what_it_lent_before_newcomers(nursery, clock):
     """Ten requests of an idle key wait for an exchange, which lends ten; a request arriving after the answer
-    but before they ask again is refused (it waits for the next exchange), and all ten are admitted."""
+    but before they ask again is refused and waits for the next exchange, and all ten are admitted."""
     limits = {"k": KeyLimits(rpm=10**6)}
     server = FleetServer(limits, clock)
     host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
@@ -325,6 +325,11 @@ async def test_requests_waiting_for_an_exchange_get_what_it_lent_before_newcomer
             await leases.exchange()
             assert leases._leases["k"].held == 10
             newcomer = admission.admit("k", "m")
-            answered.set()
+            leases._answered = trio.Event()  # the next exchange's, as the exchange task swaps them
+            inner.start_soon(leases.refresh, "k")  # the newcomer waits for the next exchange...
+            await trio.testing.wait_all_tasks_blocked()
+            answered.set()  # ...and takes nothing from those that waited for this one
+            await trio.testing.wait_all_tasks_blocked()
+            inner.cancel_scope.cancel()
     assert isinstance(newcomer, Refused) and newcomer.renewable
     assert len(answers) == 10 and all(isinstance(a, Ticket) for a in answers)

@@ -18,7 +18,8 @@ The load generator is ``wrk`` (one thread, keep-alive) when it is on PATH, else
 an in-process h11 client (which then competes with the gateway for CPU: the
 report says which ran). Every case runs ``--rounds`` times, interleaved, so
 that other work on the machine weighs on direct and gateway cases alike; the
-rounds of a case are pooled (their p50/p99 are the medians over rounds). It
+rounds of a case are pooled (their p50/p99 are the medians over rounds; every
+other round runs the cases in the reverse order). It
 prints per case requests per second, p50/p99 latency (a streamed request
 counts until its last byte) and CPU use, then the gateway's added p50/p99, its
 throughput as a fraction of direct and its CPU microseconds per proxied
@@ -522,7 +523,9 @@ async def main(
                     await run_case(backend, "", f"{base}/v1/chat/completions", 64, stream, WARM_UP, processes)
                 measured: dict[tuple, list[Result]] = {case: [] for case in cases}
                 for round_number in range(1, rounds + 1):
-                    for case in cases:
+                    # every other round in the reverse order: a drift of the machine's load weighs on both
+                    # sides of a comparison alike
+                    for case in cases if round_number % 2 else cases[::-1]:
                         target, base, concurrency, stream = case
                         url = f"{base}/v1/chat/completions"
                         result = await run_case(backend, target, url, concurrency, stream, seconds, processes)

@@ -80,7 +80,7 @@ class KeyBuckets:
         self.tokens = _resized(self.tokens, limits.tpm, now)
 
     def drain(self, since: float) -> None:
-        """Empty both buckets as of ``since``: a key may not have used less than that (see
+        """Empty both buckets as of ``since``: for a key whose earlier use is not known (a new leader, see
         :class:`~llmgw.server.state.allowances.Lender`)."""
         for bucket in (self.requests, self.tokens):
             if bucket is not None:

@@ -19,8 +19,8 @@ more than one leader alone would have: at most ``rpm * (1 + T / 60)``
 requests lent in any T seconds (admitted: plus one period's refill, as the
 gateways use what they hold up to a period after it was lent). What it costs
 a key: the burst it had saved, which comes back within a minute (its steady
-rate is lent from the first second).
-Keys made after the leader began start full, as they do on any leader.
+rate is lent from the first second). Keys made after the leader began start
+full, as they do on any leader.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Lender:
 
     def _follow(self, limits: Mapping[str, KeyLimits], now: float) -> None:
         """Keep the buckets of the keys limited by a rate, following changed limits."""
-        rated = {name: wanted for name, wanted in limits.items() if wanted.rpm or wanted.tpm}
+        rated = {n: w for n, w in limits.items() if w.rpm is not None or w.tpm is not None}
         self._keys = follow_keys(self._keys, rated, now, self._new)
 
     def _new(self, name: str, limits: KeyLimits, now: float) -> KeyBuckets:

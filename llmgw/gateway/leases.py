@@ -244,7 +244,7 @@ class Leases:
         request held, asking for none. Called once no request is in flight; callers own the deadline.
 
         A gateway killed (SIGKILL) loses what it had not reported: at most one period of its answers."""
-        if self.supported is not True:  # never answered, or no such endpoint
+        if self.supported is not True or not self.up:  # never answered, no such endpoint, or unreachable now
             return
         await self.exchange(last=True)
 

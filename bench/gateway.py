@@ -408,10 +408,13 @@ class LendingFeed(FakeRoutesFeed):
     def __init__(self) -> None:
         super().__init__()
         self.lender = Lender()
+        #: lease exchanges answered
+        self.exchanges = 0
 
     async def handle(self, request: Request) -> Response:
         if request.path == ALLOWANCES_PATH and request.method == "POST":
             asked = from_json(request.json(), AllowanceRequest)
+            self.exchanges += 1
             return Response.json(200, to_json(self.lender.lend(self.limits, asked, trio.current_time())))
         return await super().handle(request)
 
@@ -524,14 +527,22 @@ async def main(
                 for _, base, _, stream in cases:  # warm up: connections, caches
                     await run_case(backend, "", f"{base}/v1/chat/completions", 64, stream, WARM_UP, processes)
                 measured: dict[tuple, list[Result]] = {case: [] for case in cases}
+                #: --admission: target -> (lease exchanges during its rounds, their seconds)
+                lent: dict[str, tuple[int, float]] = {}
                 for round_number in range(1, rounds + 1):
                     # every other round in the reverse order: a drift of the machine's load weighs on both
                     # sides of a comparison alike
                     for case in cases if round_number % 2 else cases[::-1]:
                         target, base, concurrency, stream = case
                         url = f"{base}/v1/chat/completions"
+                        exchanges = getattr(feed, "exchanges", 0)
                         result = await run_case(backend, target, url, concurrency, stream, seconds, processes)
                         measured[case].append(result)
+                        if admission:
+                            lent[target] = (
+                                lent.get(target, (0, 0.0))[0] + feed.exchanges - exchanges,
+                                lent.get(target, (0, 0.0))[1] + result.seconds,
+                            )
                         print(
                             f"  {backend} round {round_number}: {target} c={concurrency} stream={stream}: "
                             f"{result.rate:.0f} req/s",
@@ -540,6 +551,9 @@ async def main(
                 results += [Result.pooled(rounds) for rounds in measured.values()]
                 if admission:
                     admission_report(measured)
+                    print("lease exchanges per second: " + ", ".join(
+                        f"{target} rounds {count / elapsed:.1f}" for target, (count, elapsed) in lent.items()
+                    ))  # fmt: skip
                 if backend == "fast" and events:
                     tokens: dict[str, list[dict]] = {target: [] for target in targets}
                     for _ in range(rounds):

@@ -95,7 +95,11 @@ the ticket, the charge, the usage report) costs 3.5 µs against 0.5 µs for a
 key without limits; the extra lease exchanges (4 a second instead of 1) are
 the key's ramp after each idle gap between its rounds (the gateway asks for
 what the key took in the last period: after an idle one, for the requests
-waiting, doubling per exchange).
+waiting, doubling per exchange). A second run (20 rounds of 3 s) read +20.6
+and +10.0 µs, 2064 vs 1861 and 1777 vs 1716 req/s. Sampling the gateway with
+py-spy (200 Hz, 6 s of c=64 per key, twice) put 2.75% of its samples in
+admission and leases with the limited key against 0.83% with the plain one:
+some 6 µs of its 320 µs per request.
 """
 
 from __future__ import annotations

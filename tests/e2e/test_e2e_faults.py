@@ -142,8 +142,10 @@ def test_two_of_four_agents_silent_lose_nothing_one_of_four_is_lost(tmp_path):
         for node_id in ("node-1", "node-2"):
             stopped.append(cluster.nodes[node_id].process.pid)
             os.kill(stopped[-1], signal.SIGSTOP)
-        # a non-event: 4 times lost_after with half the fleet silent
-        time.sleep(16)
+        # a non-event: the server sees them silent past lost_after (its event says so), then twice
+        # lost_after more with half the fleet silent: no node is lost
+        cluster.wait(lambda: _cluster_events(cluster), "the event that 2 of 4 nodes stopped syncing", 30)
+        time.sleep(8)
         nodes = {n.node_id: n.state for n in cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes}
         assert "lost" not in nodes.values(), nodes
         after = {r.id: (r.attempt, tuple(s.node for s in r.shards)) for r in cluster.replicas().replicas}
@@ -178,6 +180,12 @@ def test_two_of_four_agents_silent_lose_nothing_one_of_four_is_lost(tmp_path):
 def _state(cluster: LocalCluster, node_id: str) -> str:
     nodes = cluster.client.request("GET", "/v1/admin/nodes", NodeList).nodes
     return next(n.state for n in nodes if n.node_id == node_id)
+
+
+def _cluster_events(cluster: LocalCluster) -> list[str]:
+    """The messages of the cluster's ``cluster`` events (a mass silence, syncs back)."""
+    events = cluster.client.request("GET", "/v1/admin/events", EventList).events
+    return [e.message for e in events if e.kind == "cluster"]
 
 
 def _syncs_back(cluster: LocalCluster) -> bool:

@@ -64,7 +64,8 @@ def test_max_num_seqs_makes_requests_wait_while_tokens_keep_coming(start_sim):
     sim = start_sim("--max-num-seqs", "1", "--tokens-per-second", "5")  # a wait of 1 s or more
     sim.wait_ready()
     usages: list = []
-    threads = [threading.Thread(target=complete, args=(sim, 40, usages)) for _ in range(2)]
+    # 15 tokens each: the first holds the seat 3 s, ample for the checks below (each a few ms)
+    threads = [threading.Thread(target=complete, args=(sim, 15, usages)) for _ in range(2)]
     started = time.monotonic()
     for thread in threads:
         thread.start()

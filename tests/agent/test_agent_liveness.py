@@ -58,12 +58,12 @@ def start(nursery, tmp_path):
 async def test_sim_hung_with_health_200_is_unhealthy_and_killed_fast(start):
     """A sim that stops answering (health still 200) is `unhealthy` naming the hang; its stop is quick."""
     port = free_port("127.0.0.1")
-    supervisor, states = start(desired("sim", port, extra_args=["--hang-after-requests", "2"]), stop_grace=30)
+    supervisor, states = start(desired("sim", port, extra_args=["--hang-after-requests", "1"]), stop_grace=30)
     with trio.fail_after(15):
         await wait_state(states, {"ready"})
     url = f"http://127.0.0.1:{port}"
-    # the canary's first two completions are answered, the third hangs
-    with trio.fail_after(3 * CANARY.interval + CANARY.timeout + 5):
+    # the canary's first completion is answered, the second hangs
+    with trio.fail_after(2 * CANARY.interval + CANARY.timeout + 5):
         unhealthy = await wait_state(states, {"unhealthy", "exited"})
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"{url}/health")).status_code == 200, "the hang should not show on /health"

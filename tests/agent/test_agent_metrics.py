@@ -18,7 +18,7 @@ CANARY = SimEngine.liveness_probe
 
 
 async def test_a_hung_sim_counts_canaries_and_a_hung_failure(nursery, tmp_path):
-    """A sim hanging after 2 requests: 1 start, 2 canaries ``ok``, 1 ``hung``, 1 failure caused ``hung``."""
+    """A sim hanging after 1 request: 1 start, 1 canary ``ok``, 1 ``hung``, 1 failure caused ``hung``."""
     metrics = AgentMetrics()
     states: list = []
     last: list = [None]
@@ -28,7 +28,7 @@ async def test_a_hung_sim_counts_canaries_and_a_hung_failure(nursery, tmp_path):
         last[0] = observed
         states.append(observed)
 
-    shard = desired("sim", free_port("127.0.0.1"), extra_args=["--hang-after-requests", "2"])
+    shard = desired("sim", free_port("127.0.0.1"), extra_args=["--hang-after-requests", "1"])
     supervisor = ShardSupervisor(shard, SimEngine(), agent_config(tmp_path), report)
     supervisor.on_canary = partial(metrics.canary, supervisor)
     metrics.started(supervisor)
@@ -46,7 +46,7 @@ async def test_a_hung_sim_counts_canaries_and_a_hung_failure(nursery, tmp_path):
         return metrics.registry.get_sample_value(name, {"model": "m", **labels})
 
     assert value("llmgw_agent_shard_starts_total") == 1
-    assert value("llmgw_agent_canary_results_total", result="ok") == 2
+    assert value("llmgw_agent_canary_results_total", result="ok") == 1
     assert value("llmgw_agent_canary_results_total", result="hung") == 1
     assert value("llmgw_agent_canary_results_total", result="failed") == 0
     assert value("llmgw_agent_shard_failures_total", cause="hung") == 1

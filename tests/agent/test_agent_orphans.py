@@ -15,20 +15,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 from llmgw.agent.launcher import group_members
 from llmgw.testing import make_gpus, write_fake_nvidia_smi
 from llmgw.testing.agent import ADDRESS, SIM, Server, group_alive, kill_group, port_free
+from llmgw.testing.metrics import samples
 from llmgw.testing.processes import ProcessSet, free_port, wait_for
 
-#: seconds a launcher keeps its engine with no agent attached, in these tests
-ORPHAN_GRACE = 25
+#: seconds a launcher keeps its engine with no agent attached, in these tests: the next agent starts and
+#: adopts it within about 2 s (several on a loaded machine), and the first test waits this out once
+ORPHAN_GRACE = 12
 #: seconds an agent may take to start and get a replica ready (discovery runs programs: slow under load)
 STARTUP = 90
 
@@ -53,6 +57,7 @@ def agent_files(tmp_path, test_pki, server):
     smi = write_fake_nvidia_smi(tmp_path / "nvidia-smi", make_gpus(8, seed="node-1"))
     state = tmp_path / "agent-state"
     low = free_port(ADDRESS)
+    metrics = next(p for p in iter(lambda: free_port(ADDRESS), None) if not low <= p <= low + 50)
     config = tmp_path / "agent.toml"
     config.write_text(
         f"""
@@ -70,6 +75,7 @@ ib_root = "{tmp_path / 'no-ib'}"
 port_range = [{low}, {min(low + 50, 65535)}]
 stop_grace = 3
 orphan_grace = {ORPHAN_GRACE}
+metrics_listen = "{ADDRESS}:{metrics}"
 
 [engines.sim]
 "llmgw-sim" = "{SIM}"
@@ -105,6 +111,24 @@ async def ready_replica(server: Server, procs: ProcessSet, *, not_attempt: int |
         return replica if fresh and replica["state"] == "ready" and shard_ready else None
 
     return await wait_for(ready, "the replica to be ready", procs)
+
+
+def metrics_port(config: Path) -> int:
+    """The port of the agent's ``metrics_listen`` in ``config``."""
+    return int(re.search(r'metrics_listen = ".*:(\d+)"', config.read_text())[1])
+
+
+async def canary_results(url: str) -> dict[str, float]:
+    """The agent's ``llmgw_agent_canary_results_total`` by result."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        text = (await client.get(url)).text
+    return {labels["result"]: v for labels, v in samples(text, "llmgw_agent_canary_results_total")}
+
+
+async def _more(url: str, before: dict[str, float]) -> dict[str, float] | None:
+    """The canary results once more canaries were judged than in ``before`` (None until then)."""
+    now = await canary_results(url)
+    return now if sum(now.values()) > sum(before.values()) else None
 
 
 def pgid_of(pid: int) -> int:
@@ -187,7 +211,7 @@ async def test_new_agent_ends_groups_its_launchers_did_not(server, procs, agent_
 
 
 async def test_an_agent_paused_past_its_canary_limit_fails_no_healthy_engine(server, procs, agent_files):
-    """SIGSTOP of the agent for 12 s (the sim's canary gives up after 2 s + 5 s), then SIGCONT: the agent
+    """SIGSTOP of the agent for 9 s (the sim's canary gives up after 2 s + 5 s), then SIGCONT: the agent
     re-arms its canary, and the engine keeps its pid, the replica its attempt, no failure counted."""
     config, state = agent_files
     agent = start_agent(procs, config)
@@ -195,11 +219,17 @@ async def test_an_agent_paused_past_its_canary_limit_fails_no_healthy_engine(ser
     with trio.fail_after(STARTUP):
         first = await ready_replica(server, procs)
     agent.signal(signal.SIGSTOP)
-    await trio.sleep(12)  # the pause itself is what is tested: nothing to wait for
+    await trio.sleep(9)  # the pause itself is what is tested: nothing to wait for
     agent.signal(signal.SIGCONT)
     with trio.fail_after(30):
         await agent.wait_for_stderr_trio("the liveness canary starts again")
-    await trio.sleep(8)  # a canary judged after the pause would fail within interval + timeout (7 s)
+    # the next canary is judged 2 s later if answered, 7 s (interval + timeout) if it were taken for a hang
+    url = f"http://{ADDRESS}:{metrics_port(config)}/metrics"
+    judged = await canary_results(url)
+    with trio.fail_after(30):
+        now = await wait_for(lambda: _more(url, judged), "the next canary's verdict", procs)
+    verdicts = {result: n - judged.get(result, 0) for result, n in now.items() if n != judged.get(result, 0)}
+    assert verdicts == {"ok": 1}, f"the first canary after the pause: {verdicts}"
     with trio.fail_after(30):
         after = await ready_replica(server, procs)
     assert (after["attempt"], after["shards"][0]["pid"], after["failures"]) == (

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.catalogs import LOAD_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.load import GatewayLoad, routed_cluster
 from llmgw.wire import EventList
 
 CATALOG = catalog_yaml(
     {"big": model("{models}/big", "tp2"), "chat": model("{models}/chat", replicas=2)},
-    tp2=sim_profile(2, nodes=2, stop_grace=5),
-    one=sim_profile(1, stop_grace=5),
+    tp2=sim_profile(2, *LOAD_SIM, nodes=2, stop_grace=5),
+    one=sim_profile(1, *LOAD_SIM, stop_grace=5),
 )
 
 

@@ -12,14 +12,14 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
-from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.catalogs import LOAD_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.load import GatewayLoad
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
 CATALOG = catalog_yaml(
     {"chat": model("{models}/chat", replicas=2), "big": model("{models}/big", "tp4x2", replicas=1)},
-    one=sim_profile(1, *FAST_SIM),
+    one=sim_profile(1, *LOAD_SIM),
     tp4x2=sim_profile(4, nodes=2),
 )
 

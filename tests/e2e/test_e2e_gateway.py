@@ -6,16 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.testing.catalogs import CHAT_CATALOG
+from llmgw.testing.catalogs import LOAD_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.load import GatewayLoad, routed_cluster
 
 pytestmark = pytest.mark.timeout(240)
+
+#: two replicas of ``chat`` on sims paced for a load (``LOAD_SIM``)
+CATALOG = catalog_yaml({"chat": model("{models}/chat", replicas=2)}, one=sim_profile(1, *LOAD_SIM))
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 3 agents and a gateway; a two-replica model ready and routed."""
-    with routed_cluster(tmp_path, CHAT_CATALOG, nodes=3) as local:
+    with routed_cluster(tmp_path, CATALOG, nodes=3) as local:
         yield local
 
 

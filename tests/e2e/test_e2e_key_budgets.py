@@ -85,7 +85,8 @@ def test_a_full_queue_is_503_naming_the_flag(tmp_path: Path):
         url = cluster.gateway_url
         cluster.wait(lambda: _status(url, secret) == 200, "the gateway to serve", 60)
         answers: dict[str, object] = {}
-        long = threading.Thread(target=lambda: answers.update(long=stream(url, secret, 60)))
+        # 12 tokens at 2 a second hold the seat 6 s; the queueing and the refusal below take well under one
+        long = threading.Thread(target=lambda: answers.update(long=stream(url, secret, 12)))
         long.start()
         started = "llmgw_gateway_in_flight_requests{"
         cluster.wait(lambda: _waiting(url, started) >= 1, "the stream to start", 30)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.catalogs import LOAD_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.load import GatewayLoad, routed_cluster
 from llmgw.wire import RolloutList
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(300)
 def with_args(*more_args: str) -> str:
     """Two replicas of ``chat`` on fast sims given ``more_args`` too."""
     return catalog_yaml(
-        {"chat": model("{models}/chat", replicas=2)}, one=sim_profile(1, *FAST_SIM, *more_args)
+        {"chat": model("{models}/chat", replicas=2)}, one=sim_profile(1, *LOAD_SIM, *more_args)
     )
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.catalogs import LOAD_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.load import GatewayLoad, gateway_models, routed_cluster
 from llmgw.testing.processes import pid_alive
 from llmgw.wire import ReplicaStatus
 
-NEW_ARGS = (*FAST_SIM, "--max-model-len", "4096")
+NEW_ARGS = (*LOAD_SIM, "--max-model-len", "4096")
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,7 +34,7 @@ def catalog(*args: str, chat: bool = True) -> str:
 @pytest.fixture
 def cluster(tmp_path: Path):
     """Server, 4 agents on one fabric and a gateway; a two-node replica and two single-node ones routed."""
-    with routed_cluster(tmp_path, catalog(*FAST_SIM), nodes=4, fabric="ib-a") as local:
+    with routed_cluster(tmp_path, catalog(*LOAD_SIM), nodes=4, fabric="ib-a") as local:
         yield local
 
 

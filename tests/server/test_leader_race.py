@@ -9,6 +9,7 @@ say afterwards who held which epoch and whose writes landed.
 from __future__ import annotations
 
 import re
+import signal
 import threading
 from collections import Counter
 from functools import partial
@@ -153,10 +154,11 @@ def servers_let_go_together(root: Path, url: str) -> tuple[tuple[str, int], list
     local = LocalCluster(root, server_port=free_port(), store=url)
     ports = [local.server_port, free_port(), free_port()]
     gate = psycopg.connect(url)
+    servers = []
     try:
         gate.execute("LOCK TABLE servers IN ACCESS EXCLUSIVE MODE")
         for i, port in enumerate(ports):
-            local.start_server(port=port, name=f"server-{i}")
+            servers.append(local.start_server(port=port, name=f"server-{i}"))
         local.wait(lambda: waiting_on(url, "servers") == len(ports), "every server to reach its check-in", 60)
         gate.commit()
         local.wait(lambda: all(answers(local, p) for p in ports), "every server to answer", 60)
@@ -165,6 +167,8 @@ def servers_let_go_together(root: Path, url: str) -> tuple[tuple[str, int], list
             events = conn.execute("SELECT message FROM events WHERE kind = 'leader'").fetchall()
     finally:
         gate.close()
+        for server in servers:  # how they stop is not under test: SIGKILL, not a second per graceful stop
+            local.stop(server, signal.SIGKILL)
         local.stop_all()
     logged = Counter(
         int(m.group(1))

@@ -1,0 +1,183 @@
+"""The adapter controller: which ready replica loads a LoRA adapter a gateway asked for, and which it unloads.
+
+Each pass (:func:`step`) looks at the adapters' book
+(:class:`~llmgw.server.state.adapters.AdapterBook`) and the ready replicas, and returns intents the
+reconciler applies:
+
+- :class:`Forget` a replica that is no longer ready or runs a new attempt (a restarted engine holds no
+  adapter: it loads them again on demand);
+- :class:`Ended` a load its agent reports loaded or failed (counted once; a failure leaves the desired set,
+  and the gateways answer the requests held for it with its cause);
+- :class:`Routed` a replica whose loaded adapters differ from what the routes feed says;
+- :class:`Load` an adapter a gateway holds requests for and no replica loads: on the ready replica of its
+  model where it costs least, a free slot first (the fewest adapters), else the replica whose least
+  recently used loaded adapter is the oldest, that adapter unloaded in the same intent. An adapter being
+  loaded is never unloaded for another; when every slot is loading, the want waits for the next pass.
+
+The controller writes nothing; :func:`step` is a pure function of the state and ``now``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import ReplicaRecord, ReplicaState
+from llmgw.wire import AdapterState, ObservedAdapter
+
+__all__ = ["Forget", "Ended", "Routed", "Load", "Satisfied", "Intent", "step"]
+
+
+@attrs.frozen
+class Forget:
+    """``replica`` holds nothing any more (not ready, or a new attempt)."""
+
+    replica: str
+
+
+@attrs.frozen
+class Ended:
+    """A load on ``replica`` ended, as its agent reports it (``observed`` is loaded or failed)."""
+
+    replica: str
+    model: str
+    observed: ObservedAdapter
+
+
+@attrs.frozen
+class Routed:
+    """The routes feed should say ``replica`` has ``loaded`` (``added`` and ``removed`` since it last did)."""
+
+    replica: str
+    model: str
+    loaded: frozenset[str]
+    added: frozenset[str]
+    removed: frozenset[str]
+
+
+@attrs.frozen
+class Load:
+    """``replica`` (at ``attempt``) loads ``adapter`` of ``model`` from ``source``, ``evict`` first."""
+
+    replica: str
+    attempt: int
+    model: str
+    adapter: str
+    source: str
+    evict: str | None = None
+
+
+@attrs.frozen
+class Satisfied:
+    """A wanted adapter is loaded or loading somewhere already, or cannot be (not in the catalog)."""
+
+    model: str
+    adapter: str
+
+
+Intent = Forget | Ended | Routed | Load | Satisfied
+
+
+def step(state: ClusterState, now: float) -> list[Intent]:
+    """The adapter intents for this pass, in the order to apply them; called once per reconcile pass.
+
+    :returns: the intents (empty when nothing is to change).
+    """
+    book = state.adapters
+    ready = {r.id: r for r in state.replicas.values() if r.state == ReplicaState.READY}
+    intents: list[Intent] = []
+    desired: dict[str, dict[str, str]] = {}
+    for replica in sorted(book.desired.keys() | book.routed.keys() | book.observed.keys()):
+        record = ready.get(replica)
+        held = book.desired.get(replica)
+        if record is None or (held is not None and held[0] != record.attempt):
+            intents.append(Forget(replica))
+    forgotten = {i.replica for i in intents if isinstance(i, Forget)}
+    for replica, record in sorted(ready.items()):
+        held = book.desired.get(replica)
+        desired[replica] = dict(held[1]) if held is not None and replica not in forgotten else {}
+        observed = {
+            name: seen
+            for name, seen in book.observed.get(replica, {}).items()
+            if seen.attempt == record.attempt and replica not in forgotten
+        }
+        for seen in observed.values():
+            ended = seen.state in (AdapterState.LOADED, AdapterState.FAILED)
+            if (
+                ended
+                and (replica, seen.attempt, seen.name) not in book.counted
+                and seen.name in desired[replica]
+            ):
+                intents.append(Ended(replica, record.placement.model, seen))
+                if seen.state == AdapterState.FAILED:
+                    desired[replica].pop(seen.name, None)
+        loaded = frozenset(
+            name
+            for name, seen in observed.items()
+            if seen.state == AdapterState.LOADED and name in desired[replica]
+        )
+        before = book.routed.get(replica, frozenset()) if replica not in forgotten else frozenset()
+        if loaded != before:
+            intents.append(Routed(replica, record.placement.model, loaded, loaded - before, before - loaded))
+    intents.extend(_loads(state, ready, desired, now))
+    return intents
+
+
+def _loads(
+    state: ClusterState, ready: dict[str, ReplicaRecord], desired: dict[str, dict[str, str]], now: float
+) -> list[Intent]:
+    """A :class:`Load` (or :class:`Satisfied`) for each wanted adapter, oldest want first."""
+    book = state.adapters
+    intents: list[Intent] = []
+    for (model, adapter), _since in sorted(book.wanted.items(), key=lambda item: item[1]):
+        catalog_model = state.catalog.models.get(model)
+        source = catalog_model.adapters.get(adapter) if catalog_model is not None else None
+        replicas = [r for r in ready.values() if r.placement.model == model]
+        if source is None or any(adapter in desired[r.id] for r in replicas):
+            intents.append(Satisfied(model, adapter))
+            continue
+        best: tuple[tuple, ReplicaRecord, str | None] | None = None
+        for record in replicas:
+            launch = state.launch_of(record)
+            slots = launch.profile.max_adapters if launch is not None else 0
+            held = desired[record.id]
+            if len(held) < slots:
+                cost: tuple = (0, len(held), record.id)
+                evict = None
+            else:
+                evict = _least_recent(state, record, held, model)
+                if evict is None:
+                    continue
+                last = book.use(model, evict).last_use
+                cost = (1, last if last is not None else float("-inf"), record.id)
+            if best is None or cost < best[0]:
+                best = (cost, record, evict)
+        if best is None:
+            continue  # no ready replica, or every slot is loading: the next pass tries again
+        _, record, evict = best
+        if evict is not None:
+            desired[record.id].pop(evict, None)
+        desired[record.id][adapter] = source
+        intents.append(Load(record.id, record.attempt, model, adapter, source, evict))
+    return intents
+
+
+def _least_recent(state: ClusterState, record: ReplicaRecord, held: dict[str, str], model: str) -> str | None:
+    """The loaded adapter of ``record`` used longest ago (None: every one is still loading)."""
+    book = state.adapters
+    observed = book.observed.get(record.id, {})
+    loaded = [
+        name
+        for name in held
+        if (seen := observed.get(name)) is not None
+        and seen.attempt == record.attempt
+        and seen.state == AdapterState.LOADED
+    ]
+    if not loaded:
+        return None
+
+    def last(name: str) -> float:
+        use = book.uses.get((model, name))
+        return use.last_use if use is not None and use.last_use is not None else float("-inf")
+
+    return min(loaded, key=last)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import random
+from functools import partial
 
 import attrs
 import trio
@@ -108,6 +109,8 @@ class Proxy(Relaying):
         """
         model = call.model
         demand = self.demand
+        if call.adapter is not None:
+            return await self._forward_adapter(call)
         if model not in demand.wake_on_demand:
             return await self._forward(call)
         demand.began(model)
@@ -139,6 +142,30 @@ class Proxy(Relaying):
 
         return attrs.evolve(response, after=ended)
 
+    async def _forward_adapter(self, call: Call) -> Response:
+        """Answer a request for a LoRA adapter: among the replicas that have it loaded, or once one has
+        (held meanwhile, :meth:`~llmgw.gateway.adapters.AdapterDemand.hold`); an OpenAI-shaped error naming
+        the adapter and why when its load failed or the hold ended."""
+        adapter = call.adapter
+        assert adapter is not None
+        call.fields_of = partial(self.balancer.adapter_fields, adapter)
+        adapters = self.demand.adapters
+        if self.balancer.replicas(adapter):
+            adapters.hit(call.model, adapter)
+            self.metrics.adapter_request(call.model, "hit")
+            return await self._forward(call)
+        self.metrics.adapter_request(call.model, "miss")
+        why, failure = await adapters.hold(call.model, adapter, lambda: bool(self.balancer.replicas(adapter)))
+        if not why:
+            return await self._forward(call)
+        if failure is not None:
+            error = openai_error(503, why, param="model", code=f"adapter_{failure.cause.value}")
+        else:
+            wait = max(1, round(min(30.0, self.settings.hold_timeout / 4)))
+            error = openai_error(503, why, code="adapter_loading", headers=(("retry-after", str(wait)),))
+        headers = (*error.headers, ("x-request-id", call.request_id))
+        return Response(error.status, headers, error.body, call.after)
+
     async def _forward(self, call: Call) -> Response:
         tried: list[Upstream] = []
         failure: Response | None = None
@@ -147,7 +174,7 @@ class Proxy(Relaying):
             if attempt > 1:
                 await trio.sleep(random.uniform(0, self.settings.retry_backoff * 2 ** (attempt - 2)))
             replica = self.balancer.choose(
-                call.model, trio.current_time(), session=call.session, prefix=call.prefix, exclude=tried
+                call.routed_as, trio.current_time(), session=call.session, prefix=call.prefix, exclude=tried
             )
             if replica is None:
                 break
@@ -165,7 +192,7 @@ class Proxy(Relaying):
             message = f"no replica of model `{call.model}` could answer: " + "; ".join(reasons)
             error = openai_error(502, message, code="upstream_error")
         else:
-            wait = self.balancer.retry_after(call.model, trio.current_time())
+            wait = self.balancer.retry_after(call.routed_as, trio.current_time())
             error = openai_error(
                 503,
                 f"every replica of model `{call.model}` is failing and taken out for a while; retry later",

@@ -256,6 +256,9 @@ class Reconciler:
                     (time.perf_counter() - started) * 1000,
                 )
             changed = finish(self.cluster, now, before, result)
+            ended, self.cluster.adapters.finished = self.cluster.adapters.finished, []
+            if self.metrics is not None and ended:
+                self.metrics.adapters_ended(ended)
             # Routes name what agents reported ready (observations, not decisions): gateways may have
             # them before the store does, so a slow write does not keep them on a dead replica.
             if self.cluster.routes_revision != self._routes_seen:

@@ -12,7 +12,8 @@ reconciler applies:
 - :class:`Load` an adapter a gateway holds requests for and no replica loads: on the ready replica of its
   model where it costs least, a free slot first (the fewest adapters), else the replica whose least
   recently used loaded adapter is the oldest, that adapter unloaded in the same intent. An adapter being
-  loaded is never unloaded for another; when every slot is loading, the want waits for the next pass.
+  loaded is never unloaded for another; when every slot is loading, the want waits for the next pass, as
+  it does on a replica whose agent still reports the adapter's last failed load.
 
 The controller writes nothing; :func:`step` is a pure function of the state and ``now``.
 """
@@ -138,6 +139,9 @@ def _loads(
             continue
         best: tuple[tuple, ReplicaRecord, str | None] | None = None
         for record in replicas:
+            seen = book.observed.get(record.id, {}).get(adapter)
+            if seen is not None and seen.attempt == record.attempt and seen.state == AdapterState.FAILED:
+                continue  # its agent still reports the last failure: once it lets go, a new load is clear
             launch = state.launch_of(record)
             slots = launch.profile.max_adapters if launch is not None else 0
             held = desired[record.id]

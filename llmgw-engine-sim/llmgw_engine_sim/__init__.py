@@ -4,6 +4,11 @@ The engine itself is the ``llmgw-sim`` program (see :mod:`llmgw_engine_sim.cli`)
 a real OpenAI-compatible HTTP server with real multi-node rendezvous, that
 needs no GPU. This module is the plugin: it registers :class:`SimEngine`,
 which builds ``llmgw-sim`` command lines from launch specs.
+
+LoRA adapters: the sim serves them as vLLM does (see :mod:`llmgw_engine_sim.lora`):
+``--enable-lora --max-loras N --max-lora-rank R`` from ``spec.lora``, loaded and unloaded
+on the running replica with ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``,
+and asked for by name in a request's ``model``.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ from collections.abc import Sequence
 import attrs
 
 import llmgw
-from llmgw.engine import Engine, LoadMetrics, ProgressMetrics, openai_canary
-from llmgw.models import Command, LaunchSpec
+from llmgw.engine import Engine, HttpCall, LoadMetrics, ProgressMetrics, openai_canary
+from llmgw.models import Command, LaunchSpec, LoraSpec
 from llmgw.version import distribution_version
 
-__all__ = ["LOAD", "PROGRESS", "SimEngine", "__version__"]
+__all__ = ["LOAD", "LORA_LOAD_TIMEOUT", "PROGRESS", "SimEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sim")
 
@@ -36,6 +41,11 @@ LOAD = LoadMetrics(
 )
 
 
+#: seconds an adapter load may take before the agent counts it failed (the sim's ``--lora-load-time`` is
+#: 0.5 s by default; a load waits for another of the same name first)
+LORA_LOAD_TIMEOUT = 60.0
+
+
 class SimEngine(Engine):
     """Builds ``llmgw-sim`` commands: single-node, rank 0, and workers."""
 
@@ -49,6 +59,12 @@ class SimEngine(Engine):
     #: (``--max-num-seqs``) or hung (``--hang-after-requests``), which its counters tell apart
     liveness_probe = openai_canary(PROGRESS, timeout=5.0, interval=2.0)
     load_metrics = LOAD
+    serves_lora = True
+    flag_features = {
+        "--enable-lora": "LoRA adapters",
+        "--max-loras": "LoRA adapters (max_adapters)",
+        "--max-lora-rank": "LoRA adapters (max_adapter_rank)",
+    }
 
     def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
         """The sim always continues a final assistant message (``continue_final_message``), token for
@@ -81,12 +97,43 @@ class SimEngine(Engine):
                 "--dist-init-addr",
                 str(spec.dist_init_addr),
             ]
+        if spec.lora is not None:
+            argv += [
+                "--enable-lora",
+                "--max-loras",
+                str(spec.lora.max_loaded),
+                "--max-lora-rank",
+                str(spec.lora.max_rank),
+            ]
         argv += list(spec.extra_args)
         return Command(argv=argv, env=self.device_env(spec))
 
     def widest_spec(self) -> LaunchSpec:
-        """The default multi-node widest spec, with profile args: every flag llmgw emits."""
-        return attrs.evolve(super().widest_spec(), extra_args=("--time-to-first-token", "0.01"))
+        """The default multi-node widest spec, with profile args and LoRA adapters: every flag llmgw emits."""
+        return attrs.evolve(
+            super().widest_spec(),
+            extra_args=("--time-to-first-token", "0.01"),
+            lora=LoraSpec(max_loaded=4, max_rank=16),
+        )
+
+    def lora_load(self, name: str, path: str) -> HttpCall:
+        """vLLM's ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``, which the sim serves.
+
+        Called by the agent when the server asks a replica to load adapter ``name`` from the directory
+        ``path``. :returns: the call; the sim answers 200 once loaded (``--lora-load-time`` later), 400/404
+        naming the adapter and the reason when it cannot load it, 409 when its ``--max-loras`` slots are full.
+        """
+        return HttpCall(
+            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout=LORA_LOAD_TIMEOUT
+        )
+
+    def lora_unload(self, name: str) -> HttpCall:
+        """vLLM's ``POST /v1/unload_lora_adapter {"lora_name"}``, which the sim serves.
+
+        Called by the agent when the server asks a replica to unload adapter ``name``. :returns: the call;
+        the sim answers 200, or 404 when no adapter of that name is loaded.
+        """
+        return HttpCall("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=10.0)
 
 
 @llmgw.hookimpl

@@ -21,6 +21,7 @@ import trio
 from llmgw.logs import JsonFormatter
 from llmgw.net.server import HttpServer
 from llmgw_engine_sim import __version__
+from llmgw_engine_sim.lora import LoraOptions, add_lora_flags
 from llmgw_engine_sim.prefix_cache import PrefillOptions, add_prefix_cache_flags
 from llmgw_engine_sim.rendezvous import Coordinator, join_replica
 from llmgw_engine_sim.server import ServeOptions, SimApp, reported_env
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="generation speed after the first token; 0 means no delay (default 0)",
     )
     add_prefix_cache_flags(parser, _non_negative, _positive_int)
+    add_lora_flags(parser, _non_negative, _positive_int)
     add(
         "--max-num-seqs",
         type=_positive_int,
@@ -287,6 +289,7 @@ async def _rank_zero(args: argparse.Namespace, life: _Lifecycle, nursery: trio.N
         oom_after_requests=args.oom_after_requests,
         log_requests=not args.disable_log_requests,
         prefill=PrefillOptions.from_args(args),
+        lora=LoraOptions.from_args(args),
     )
     app = SimApp(options, exit=life.exit, info=info)
     server = HttpServer(app.handle)

@@ -68,6 +68,7 @@ def generate(
     seed: int | None = None,
     answer: str | None = None,
     ignore_eos: bool = False,
+    adapter: str | None = None,
 ) -> Generation:
     """Generate up to ``max_tokens`` tokens after ``prompt``, one word at a time from the context so far.
 
@@ -80,16 +81,19 @@ def generate(
     :param answer: for a chat, the answer's text already given (a continued assistant message, else
         empty); None for a completion.
     :param ignore_eos: never stop before ``max_tokens``.
+    :param adapter: the LoRA adapter answering (None: the base model); part of the hash, so each
+        adapter says something else, as continuation-safe as the base model.
     :returns: the same :class:`Generation` for the same arguments, always; for a chat, generating with
         ``answer`` the first words of an answer gives its remaining words, as for a completion does
         ``prompt`` followed by them.
     """
-    context = hashlib.sha256(f"{index}\x1f{seed}\x1f".encode())
+    salt = () if adapter is None else ("lora", adapter)
+    context = hashlib.sha256("".join(f"{part}\x1f" for part in (index, seed, *salt)).encode())
     context.update(prompt.encode())
     chat = answer is not None
     if chat:
         context.update(answer.encode())
-        natural_length = 4 + _digest("length", prompt, index, seed)[0] % 60
+        natural_length = 4 + _digest("length", prompt, index, seed, *salt)[0] % 60
         position = count_tokens(answer)
     tokens: list[str] = []
     while len(tokens) < max_tokens:

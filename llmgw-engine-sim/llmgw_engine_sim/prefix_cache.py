@@ -84,16 +84,18 @@ class PrefixCache:
         self.tokens_seen = 0
         self.tokens_hit = 0
 
-    def admit(self, tokens: Sequence[str]) -> int:
+    def admit(self, tokens: Sequence[str], salt: str = "") -> int:
         """Look ``tokens`` up and cache their whole blocks; returns how many leading tokens were cached.
 
         The prompt's blocks become the most recently used, its first block most of all (as in
-        vLLM, a prefix's tail is evicted before its head).
+        vLLM, a prefix's tail is evicted before its head). A ``salt`` (a LoRA adapter's name) starts the
+        hash chain, so the same prompt under another adapter shares no block, as vLLM's block hashes
+        include the LoRA id.
         """
         size = self.block_tokens
         blocks = self._blocks
         digests = []
-        digest = b""
+        digest = hashlib.blake2b(f"lora\x1f{salt}".encode(), digest_size=16).digest() if salt else b""
         for start in range(0, len(tokens) - size + 1, size):
             block = "\x1f".join(tokens[start : start + size]).encode()
             digest = hashlib.blake2b(digest + block, digest_size=16).digest()
@@ -124,13 +126,14 @@ class Prefill:
         self.cache = PrefixCache(options.cache_tokens, options.block_tokens)
         self._lane = trio.Lock()
 
-    async def run(self, prompt: str) -> int:
+    async def run(self, prompt: str, adapter: str | None = None) -> int:
         """Called before a request's first token: waits out the prefill of what the cache lacks.
 
-        Returns the number of prompt tokens found in the cache.
+        ``adapter``: the LoRA adapter answering (its blocks are its own). Returns the number of prompt
+        tokens found in the cache.
         """
         tokens = prompt.split()
-        cached = self.cache.admit(tokens)
+        cached = self.cache.admit(tokens, adapter or "")
         seconds = (len(tokens) - cached) * self.options.seconds_per_token
         if seconds > 0:
             async with self._lane:

@@ -1,7 +1,9 @@
 """The simulated engine's OpenAI-compatible HTTP API, served by rank 0.
 
 Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /metrics`` (token
+``POST /v1/completions``, ``POST /v1/embeddings``, with ``--enable-lora``
+``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (see
+:mod:`llmgw_engine_sim.lora`), ``GET /metrics`` (token
 counters, request gauges and latency histograms, named and labelled as vLLM's:
 see :mod:`llmgw_engine_sim.batch`) and the debug ``GET /sim/info``. Errors have OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -35,6 +37,7 @@ from llmgw.net.server import InvalidJSON, Request, Response
 from llmgw_engine_sim.batch import Batch, Timing
 from llmgw_engine_sim.errors import ApiError, unavailable
 from llmgw_engine_sim.generate import Generation, count_tokens, embed, generate
+from llmgw_engine_sim.lora import LoraOptions, Loras
 from llmgw_engine_sim.prefix_cache import Prefill, PrefillOptions
 from llmgw_engine_sim.prompt import chat_prompt, prompt_texts
 
@@ -70,6 +73,7 @@ class ServeOptions:
     #: generations running at once; the others wait (None: no limit)
     max_num_seqs: int | None = None
     prefill: PrefillOptions = PrefillOptions()
+    lora: LoraOptions = LoraOptions()
 
 
 class SimApp:
@@ -99,6 +103,9 @@ class SimApp:
         self.created = int(time.time())
         self._exit = exit
         self.prefill = Prefill(options.prefill)
+        #: the LoRA adapters (loaded at run time, with --enable-lora)
+        self.loras = Loras(options.lora, self.options.served_model_names)
+        self.batch.registry.register(self.loras)
         self._info = info
         self._routes = {
             "/health": {"GET": self._health},
@@ -106,6 +113,8 @@ class SimApp:
             "/v1/chat/completions": {"POST": self._chat},
             "/v1/completions": {"POST": self._completions},
             "/v1/embeddings": {"POST": self._embeddings},
+            "/v1/load_lora_adapter": {"POST": self._load_lora},
+            "/v1/unload_lora_adapter": {"POST": self._unload_lora},
             "/metrics": {"GET": self._metrics},
             "/sim/info": {"GET": self._sim_info},
         }
@@ -164,6 +173,18 @@ class SimApp:
             }
             for name in self.options.served_model_names
         ]
+        data += [
+            {
+                "id": adapter.name,
+                "object": "model",
+                "created": int(adapter.loaded_at),
+                "owned_by": "llmgw-sim",
+                "root": adapter.path,
+                "parent": self.options.served_model_names[0],
+                "max_model_len": None,
+            }
+            for adapter in self.loras.loaded.values()
+        ]
         return Response.json(200, {"object": "list", "data": data})
 
     async def _metrics(self, request: Request) -> Response:
@@ -172,7 +193,22 @@ class SimApp:
         )
 
     async def _sim_info(self, request: Request) -> Response:
-        return Response.json(200, {**self._info(), "ready": self.ready, "requests": self.inference_requests})
+        info = {**self._info(), "ready": self.ready, "requests": self.inference_requests}
+        return Response.json(200, {**info, "lora": self.loras.info()})
+
+    # --- LoRA adapters (vLLM's runtime endpoints) -------------------------------------------
+
+    def _json_body(self, request: Request) -> Any:
+        try:
+            return request.json()
+        except InvalidJSON as exc:
+            raise ApiError(400, str(exc), code="invalid_json") from None
+
+    async def _load_lora(self, request: Request) -> Response:
+        return Response.text(200, await self.loras.load(self._json_body(request)))
+
+    async def _unload_lora(self, request: Request) -> Response:
+        return Response.text(200, self.loras.unload(self._json_body(request)))
 
     # --- inference --------------------------------------------------------------------------
 
@@ -205,7 +241,7 @@ class SimApp:
         model = body.get("model")
         if model is None:
             raise ApiError(400, "you must provide a model parameter", param="model")
-        if model not in self.options.served_model_names:
+        if model not in self.options.served_model_names and self.loras.hit(model) is None:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
         return body, after
 
@@ -215,7 +251,7 @@ class SimApp:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         prompt, prompt_tokens, answer = chat.prompt, chat.prompt_tokens, chat.answer
         job = _Job.build(self, body, prompt, prompt_tokens, max_tokens, "messages", answer=answer)
-        await self.prefill.run(prompt)
+        await self.prefill.run(prompt, job.adapter)
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
             return Response.stream(200, self._chat_chunks(job), after=after)
@@ -258,7 +294,7 @@ class SimApp:
             raise ApiError(400, "this engine takes one prompt per request", param="prompt")
         tokens = count_tokens(prompts[0])
         job = _Job.build(self, body, prompts[0], tokens, body.get("max_tokens"), "prompt", answer=None)
-        await self.prefill.run(prompts[0])
+        await self.prefill.run(prompts[0], job.adapter)
         job.start = trio.current_time()  # the first token's clock starts after the prefill
         if job.stream:
             return Response.stream(200, self._completion_chunks(job), after=after)
@@ -313,6 +349,8 @@ class _Job:
     include_usage: bool
     start: float
     timing: Timing
+    #: the LoRA adapter answering (None: the base model)
+    adapter: str | None = None
 
     @classmethod
     def build(
@@ -359,13 +397,22 @@ class _Job:
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be a boolean", param="ignore_eos")
         kind = "chatcmpl" if prompt_name == "messages" else "cmpl"
+        adapter = None if body["model"] in app.options.served_model_names else body["model"]
         return cls(
             app=app,
             id=f"{kind}-{uuid.uuid4().hex}",
             model=body["model"],
             created=int(time.time()),
             generations=[
-                generate(prompt, max_tokens, index=i, seed=seed, answer=answer, ignore_eos=ignore_eos)
+                generate(
+                    prompt,
+                    max_tokens,
+                    index=i,
+                    seed=seed,
+                    answer=answer,
+                    ignore_eos=ignore_eos,
+                    adapter=adapter,
+                )
                 for i in range(n)
             ],
             prompt_tokens=prompt_tokens,
@@ -373,6 +420,7 @@ class _Job:
             include_usage=bool(stream_options.get("include_usage")),
             start=trio.current_time(),
             timing=Timing(trio.current_time()),
+            adapter=adapter,
         )
 
     def due(self, position: int) -> float:
@@ -389,21 +437,33 @@ class _Job:
         """Yield (choice, token, finish_reason or None) on schedule, position by position.
 
         The schedule starts once the job has a seat (``--max-num-seqs``); every
-        token counts in ``/metrics`` as it is produced.
+        token counts in ``/metrics`` as it is produced, and a LoRA adapter's
+        requests in its running and waiting counts.
         """
         batch = self.app.batch
         longest = max(len(gen.tokens) for gen in self.generations)
-        async with batch.seat(self.timing):
-            self.start = trio.current_time()
-            batch.prompt(self.prompt_tokens)
-            for position in range(longest):
-                await trio.sleep_until(self.due(position))
-                for i, gen in enumerate(self.generations):
-                    if position < len(gen.tokens):
-                        last = position == len(gen.tokens) - 1
-                        batch.token(self.timing)
-                        yield i, gen.tokens[position], gen.finish_reason if last else None
-            batch.finished(self.timing, self.generations[-1].finish_reason)
+        counts = self.app.loras.waiting if self.adapter else None
+        if counts is not None:
+            counts[self.adapter] += 1
+        try:
+            async with batch.seat(self.timing):
+                if counts is not None:
+                    counts[self.adapter] -= 1
+                    counts = self.app.loras.running
+                    counts[self.adapter] += 1
+                self.start = trio.current_time()
+                batch.prompt(self.prompt_tokens)
+                for position in range(longest):
+                    await trio.sleep_until(self.due(position))
+                    for i, gen in enumerate(self.generations):
+                        if position < len(gen.tokens):
+                            last = position == len(gen.tokens) - 1
+                            batch.token(self.timing)
+                            yield i, gen.tokens[position], gen.finish_reason if last else None
+                batch.finished(self.timing, self.generations[-1].finish_reason)
+        finally:
+            if counts is not None:
+                counts[self.adapter] -= 1
 
     def usage(self) -> dict[str, int]:
         """OpenAI's usage counts for this job."""

@@ -66,6 +66,8 @@ class AdapterLoader:
         self.observed: dict[tuple[str, str], ObservedAdapter] = {}
         self._tasks: dict[tuple[str, str], trio.CancelScope] = {}
         self._locks: dict[str, trio.Lock] = {}
+        #: replica id -> the unloads under way on it (each load started after one waits for it)
+        self._unloading: dict[str, set[trio.Event]] = {}
         self._poked = trio.Event()
 
     def report(self) -> tuple[ObservedAdapter, ...]:
@@ -106,7 +108,9 @@ class AdapterLoader:
             self.notify()
             target = self.rank0(replica, seen.attempt)
             if seen.state == AdapterState.LOADED and target is not None and target.engine is not None:
-                nursery.start_soon(self._unload, client, replica, name, target)
+                done = trio.Event()
+                self._unloading.setdefault(replica, set()).add(done)
+                nursery.start_soon(self._unload, client, replica, name, target, done)
         for replica, want in self.desired.items():
             target = self.rank0(replica, want.attempt)
             if target is None or not target.ready:
@@ -119,9 +123,21 @@ class AdapterLoader:
                 self.notify()
                 scope = trio.CancelScope()
                 self._tasks[key] = scope
-                nursery.start_soon(self._load, client, replica, want.attempt, name, source, target, scope)
+                after = tuple(self._unloading.get(replica, ()))  # a full engine frees its slot first
+                nursery.start_soon(
+                    self._load, client, replica, want.attempt, name, source, target, scope, after
+                )
 
-    async def _unload(self, client: httpx.AsyncClient, replica: str, name: str, target: Rank0) -> None:
+    async def _unload(
+        self, client: httpx.AsyncClient, replica: str, name: str, target: Rank0, done: trio.Event
+    ) -> None:
+        try:
+            await self._unload_now(client, replica, name, target)
+        finally:
+            done.set()
+            self._unloading.get(replica, set()).discard(done)
+
+    async def _unload_now(self, client: httpx.AsyncClient, replica: str, name: str, target: Rank0) -> None:
         assert target.engine is not None
         async with self._lock(replica):
             try:
@@ -145,9 +161,12 @@ class AdapterLoader:
         source: str,
         target: Rank0,
         scope: trio.CancelScope,
+        after: tuple[trio.Event, ...] = (),
     ) -> None:
         key = (replica, name)
         with scope:
+            for unloaded in after:
+                await unloaded.wait()
             async with self._lock(replica):
                 began = trio.current_time()
                 outcome = await self._loaded(client, name, source, target)

@@ -153,11 +153,11 @@ class Proxy(Relaying):
         if self.balancer.replicas(adapter):
             adapters.hit(call.model, adapter)
             self.metrics.adapter_request(call.model, "hit")
-            return await self._forward(call)
+            return _adapter_said(await self._forward(call), "hit")
         self.metrics.adapter_request(call.model, "miss")
         why, failure = await adapters.hold(call.model, adapter, lambda: bool(self.balancer.replicas(adapter)))
         if not why:
-            return await self._forward(call)
+            return _adapter_said(await self._forward(call), "miss")
         if failure is not None:
             error = openai_error(503, why, param="model", code=f"adapter_{failure.cause.value}")
         else:
@@ -265,6 +265,11 @@ class Proxy(Relaying):
         self.metrics.upstream_error(replica.name, kind)
         log.info("attempt on replica %s (%s) failed: %s", replica.name, replica.url, reason)
         return _named(reason, replica), response
+
+
+def _adapter_said(response: Response, outcome: str) -> Response:
+    """``response`` saying in ``X-Llmgw-Adapter`` whether its adapter was loaded (hit) or waited (miss)."""
+    return attrs.evolve(response, headers=(*response.headers, ("x-llmgw-adapter", outcome)))
 
 
 def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> tuple[tuple[str, str], ...]:

@@ -1,12 +1,18 @@
 """LoRA adapters on a fleet: hit rate, cold time to first token, throughput against the base model alone.
 
 ``bench/adapters.py``. One real local cluster (``llmgw server``, one agent of 8 fake GPUs, 4 replicas of
-``chat`` on sim engines: ``--max-num-seqs 16`` seats each, 0.1 s to the first token, 100 tokens a
-second, ``--lora-load-time 0.5``), ``max_adapters: 8`` (32 slots in the fleet) and 200 adapters written
-as local directories, and one ``llmgw gateway``. ``--clients`` closed-loop clients (trio + httpx,
-streaming, 16 tokens an answer) each ask for an adapter drawn from a Zipf-like popularity (weight
-``1 / rank ** --zipf``: a few hot ones, a long tail), for ``--seconds`` after a warm-up of the same
-length. Then the same clients ask the base model only, for as long. Printed:
+``chat`` on sim engines: ``--max-num-seqs 8`` seats each, 0.1 s to the first token, 20 tokens a
+second, 16 tokens an answer: about 0.9 s each, some 35 answers a second for the fleet at full;
+``--lora-load-time 0.5``), ``max_adapters: 8`` (32 slots in the fleet) and 200 adapters written as local
+directories, and one ``llmgw gateway``. Requests (trio + httpx, streaming) ask for an adapter drawn from a
+Zipf-like popularity (weight ``1 / rank ** --zipf``: a few hot ones, a long tail). Two phases:
+
+- **latency**: Poisson arrivals at ``--rate`` a second (about half the fleet's capacity) for
+  ``--seconds``, after a warm-up of as long (every adapter starts unloaded);
+- **throughput**: ``--clients`` closed-loop clients (twice the fleet's seats: the engines are the
+  bottleneck) for ``--seconds`` asking for adapters, then as long asking for the base model only.
+
+Printed:
 
 1. **Hit rate**: the requests the gateway served from a replica that had the adapter loaded (its
    ``X-Llmgw-Adapter: hit``), all and for the 10 hottest adapters (target: hot ones at least 95%); next to
@@ -16,8 +22,8 @@ length. Then the same clients ask the base model only, for as long. Printed:
    show how close replay and live are).
 2. **Cold TTFT**: time to first token of the requests that waited for a load (``miss``), p50 and p95
    (target: p95 at most the load time + 1 s).
-3. **Throughput**: answers a second with adapters, and with the base model alone under the same clients
-   (target: at most 10% less with adapters).
+3. **Throughput** (the second phase): answers a second with adapters, and with the base model alone
+   under the same clients (target: at most 10% less with adapters).
 
 Nothing is asserted; each figure is printed with its target.
 """
@@ -44,11 +50,11 @@ REPLICAS = 4
 SLOTS = 8
 ADAPTERS = 200
 LOAD_TIME = 0.5
-SEATS = 16
+SEATS = 8
 MAX_TOKENS = 16
 HOT = 10
 SIM_ARGS = (
-    "--time-to-first-token", "0.1", "--tokens-per-second", "100", "--max-num-seqs", str(SEATS),
+    "--time-to-first-token", "0.1", "--tokens-per-second", "20", "--max-num-seqs", str(SEATS),
     "--lora-load-time", str(LOAD_TIME),
 )  # fmt: skip
 
@@ -119,6 +125,24 @@ async def closed_loop(url: str, clients: int, seconds: float, zipf: float | None
     return [a for a in out if a.ended <= time.time()]
 
 
+async def open_loop(url: str, rate: float, seconds: float, zipf: float, seed: int) -> list[Answer]:
+    """Poisson arrivals at ``rate`` a second for ``seconds``, adapters drawn with popularity ``zipf``; every
+    request answered or failed when it returns."""
+    rng = random.Random(seed)
+    popularity = weights(zipf)
+    out: list[Answer] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client, trio.open_nursery() as nursery:
+        start, at = trio.current_time(), 0.0
+        while True:
+            at += rng.expovariate(rate)
+            if at >= seconds:
+                break
+            await trio.sleep_until(start + at)
+            nursery.start_soon(ask, client, url, rng.choices(range(ADAPTERS), popularity)[0], out)
+    return out
+
+
 def replay(ranks: list[int], aware: bool, seed: int) -> float:
     """The hit rate of the request sequence ``ranks`` on :data:`REPLICAS` replicas of :data:`SLOTS` LRU
     slots each: ``aware`` sends a request where its adapter is loaded (else where a slot is free, else the
@@ -182,8 +206,8 @@ def _served(url: str) -> bool:
         return False
 
 
-def report(adapters: list[Answer], base: list[Answer], seconds: float, seed: int) -> None:
-    """Print every figure with its target."""
+def report(adapters: list[Answer], seed: int) -> None:
+    """Print the latency phase's figures with their targets."""
     ok = [a for a in adapters if a.status == 200]
     failed = len(adapters) - len(ok)
     hits = [a for a in ok if a.outcome == "hit"]
@@ -208,13 +232,19 @@ def report(adapters: list[Answer], base: list[Answer], seconds: float, seed: int
         f"p95 {quantile(cold, 0.95):.3f} s (target <= {LOAD_TIME + 1:.1f} s); hits: p50 "
         f"{quantile(warm, 0.5):.3f} s, p95 {quantile(warm, 0.95):.3f} s"
     )
-    with_adapters = len(ok) / seconds
-    base_ok = len([a for a in base if a.status == 200])
-    alone = base_ok / seconds
+
+
+def report_throughput(adapters: list[Answer], base: list[Answer], seconds: float) -> None:
+    """Print the throughput phase's figures with their target."""
+    ok = [a for a in adapters if a.status == 200]
+    base_ok = [a for a in base if a.status == 200]
+    with_adapters, alone = len(ok) / seconds, len(base_ok) / seconds
     loss = 1 - with_adapters / alone if alone else 0.0
+    hits = len([a for a in ok if a.outcome == "hit"]) / max(1, len(ok))
     print(
-        f"3. throughput: {with_adapters:.1f} answers/s with adapters, {alone:.1f} with the base model alone "
-        f"({base_ok} answers, {len(base) - base_ok} failed): loss {loss:.1%} (target <= 10%)"
+        f"3. throughput: {with_adapters:.1f} answers/s with adapters ({len(adapters) - len(ok)} failed, "
+        f"{hits:.1%} hits), {alone:.1f} with the base model alone ({len(base) - len(base_ok)} failed): "
+        f"loss {loss:.1%} (target <= 10%)"
     )
 
 
@@ -222,7 +252,8 @@ def main() -> None:
     """Parse the flags, start the cluster, warm up, measure adapters then the base model, print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60, help="each measured run, seconds (default 60)")
-    parser.add_argument("--clients", type=int, default=32, help="closed-loop clients (default 32)")
+    parser.add_argument("--rate", type=float, default=16, help="latency phase, requests/s (default 16)")
+    parser.add_argument("--clients", type=int, default=64, help="throughput phase's clients (default 64)")
     parser.add_argument("--zipf", type=float, default=1.1, help="popularity exponent (default 1.1)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the draws (default 1)")
     args = parser.parse_args()
@@ -232,13 +263,15 @@ def main() -> None:
             url = cluster.gateway_url
             print(
                 f"{REPLICAS} replicas x {SLOTS} slots, {ADAPTERS} adapters (zipf {args.zipf}), load time "
-                f"{LOAD_TIME} s, {args.clients} clients, {args.seconds:g} s each run"
+                f"{LOAD_TIME} s; latency: {args.rate:g}/s, throughput: {args.clients} clients; "
+                f"{args.seconds:g} s each run"
             )
-            warmup = trio.run(closed_loop, url, args.clients, args.seconds, args.zipf, args.seed + 100)
+            warmup = trio.run(open_loop, url, args.rate, args.seconds, args.zipf, args.seed + 100)
             print(f"warm-up: {len(warmup)} requests")
+            report(trio.run(open_loop, url, args.rate, args.seconds, args.zipf, args.seed), args.seed)
             measured = trio.run(closed_loop, url, args.clients, args.seconds, args.zipf, args.seed)
             base = trio.run(closed_loop, url, args.clients, args.seconds, None, args.seed)
-            report(measured, base, args.seconds, args.seed)
+            report_throughput(measured, base, args.seconds)
         finally:
             cluster.stop_all()
 

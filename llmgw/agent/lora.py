@@ -4,8 +4,9 @@ Every sync answer says which adapters each replica whose rank 0 runs here should
 (:class:`~llmgw.wire.DesiredAdapters`). :class:`AdapterLoader` makes the engines match: an adapter no
 longer wanted is unloaded (:meth:`llmgw.engine.Engine.lora_unload`), a new one staged when its source is
 distributable (the agent's ``Staging.stage``, as weights are; a local path is used as it is) and loaded
-(:meth:`llmgw.engine.Engine.lora_load`), once rank 0 is ready. Calls to one replica go one at a time, the
-unloads of a pass before its loads, so a full engine has its slot free before the next load.
+(:meth:`llmgw.engine.Engine.lora_load`), once rank 0 is ready. Loads run at once, side by side (an
+engine loads while it serves); a load waits only for the unloads decided before it on its replica, so a
+full engine has its slot free first.
 
 Each adapter is reported in every sync (:class:`~llmgw.wire.ObservedAdapter`): ``loading``, then
 ``loaded`` or ``failed`` with an :class:`~llmgw.wire.AdapterCause` and the engine's answer as detail; a
@@ -65,7 +66,6 @@ class AdapterLoader:
         #: (replica id, adapter) -> what is reported
         self.observed: dict[tuple[str, str], ObservedAdapter] = {}
         self._tasks: dict[tuple[str, str], trio.CancelScope] = {}
-        self._locks: dict[str, trio.Lock] = {}
         #: replica id -> the unloads under way on it (each load started after one waits for it)
         self._unloading: dict[str, set[trio.Event]] = {}
         self._poked = trio.Event()
@@ -139,18 +139,17 @@ class AdapterLoader:
 
     async def _unload_now(self, client: httpx.AsyncClient, replica: str, name: str, target: Rank0) -> None:
         assert target.engine is not None
-        async with self._lock(replica):
-            try:
-                call = target.engine.lora_unload(name)
-            except NotImplementedError:
-                return
-            if call is None:
-                return
-            failed = await _send(client, target.url, call)
-            if failed is not None:
-                log.warning("unloading adapter %s from replica %s failed: %s", name, replica, failed[1])
-            else:
-                log.info("adapter %s unloaded from replica %s", name, replica)
+        try:
+            call = target.engine.lora_unload(name)
+        except NotImplementedError:
+            return
+        if call is None:
+            return
+        failed = await _send(client, target.url, call)
+        if failed is not None:
+            log.warning("unloading adapter %s from replica %s failed: %s", name, replica, failed[1])
+        else:
+            log.info("adapter %s unloaded from replica %s", name, replica)
 
     async def _load(
         self,
@@ -167,10 +166,9 @@ class AdapterLoader:
         with scope:
             for unloaded in after:
                 await unloaded.wait()
-            async with self._lock(replica):
-                began = trio.current_time()
-                outcome = await self._loaded(client, name, source, target)
-                took = trio.current_time() - began
+            began = trio.current_time()
+            outcome = await self._loaded(client, name, source, target)
+            took = trio.current_time() - began
             if outcome is None:
                 log.info("adapter %s loaded on replica %s in %.2f s", name, replica, took)
                 seen = ObservedAdapter(replica, attempt, name, AdapterState.LOADED, seconds=took)
@@ -207,11 +205,6 @@ class AdapterLoader:
         if call is None:
             return None
         return await _send(client, target.url, call)
-
-    def _lock(self, replica: str) -> trio.Lock:
-        for known in [r for r in self._locks if r not in self.desired and not self._locks[r].locked()]:
-            del self._locks[known]
-        return self._locks.setdefault(replica, trio.Lock())
 
 
 async def _send(client: httpx.AsyncClient, url: str, call: HttpCall) -> tuple[AdapterCause, str] | None:

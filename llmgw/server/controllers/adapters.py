@@ -10,8 +10,11 @@ reconciler applies:
   and the gateways answer the requests held for it with its cause);
 - :class:`Routed` a replica whose loaded adapters differ from what the routes feed says;
 - :class:`Load` an adapter a gateway holds requests for and no replica loads: on the ready replica of its
-  model where it costs least, a free slot first (the fewest adapters), else the replica whose least
-  recently used loaded adapter is the oldest, that adapter unloaded in the same intent. An adapter being
+  model where it costs least, a free slot first (the fewest adapters), else the replica whose least used
+  loaded adapter is used least (requests decayed over a minute,
+  :meth:`~llmgw.server.state.adapters.AdapterUse.score`; ties: used longest ago), that adapter unloaded
+  in the same intent. Plain LRU unloads hot adapters: with a long tail, loads come faster than gateways
+  report use. An adapter being
   loaded is never unloaded for another; when every slot is loading, the want waits for the next pass, as
   it does on a replica whose agent still reports the adapter's last failed load.
 
@@ -149,11 +152,12 @@ def _loads(
                 cost: tuple = (0, len(held), record.id)
                 evict = None
             else:
-                evict = _least_recent(state, record, held, model)
+                evict = _least_used(state, record, held, model, now)
                 if evict is None:
                     continue
-                last = book.use(model, evict).last_use
-                cost = (1, last if last is not None else float("-inf"), record.id)
+                use = book.use(model, evict)
+                last = use.last_use if use.last_use is not None else float("-inf")
+                cost = (1, use.score(now), last, record.id)
             if best is None or cost < best[0]:
                 best = (cost, record, evict)
         if best is None:
@@ -166,8 +170,11 @@ def _loads(
     return intents
 
 
-def _least_recent(state: ClusterState, record: ReplicaRecord, held: dict[str, str], model: str) -> str | None:
-    """The loaded adapter of ``record`` used longest ago (None: every one is still loading)."""
+def _least_used(
+    state: ClusterState, record: ReplicaRecord, held: dict[str, str], model: str, now: float
+) -> str | None:
+    """The loaded adapter of ``record`` least used lately (its decayed request count; ties: the one used
+    longest ago); None when every one is still loading."""
     book = state.adapters
     observed = book.observed.get(record.id, {})
     loaded = [
@@ -180,8 +187,10 @@ def _least_recent(state: ClusterState, record: ReplicaRecord, held: dict[str, st
     if not loaded:
         return None
 
-    def last(name: str) -> float:
+    def used(name: str) -> tuple[float, float]:
         use = book.uses.get((model, name))
-        return use.last_use if use is not None and use.last_use is not None else float("-inf")
+        if use is None:
+            return (0.0, float("-inf"))
+        return (use.score(now), use.last_use if use.last_use is not None else float("-inf"))
 
-    return min(loaded, key=last)
+    return min(loaded, key=used)

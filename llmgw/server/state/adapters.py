@@ -10,16 +10,19 @@ its intents through the verbs here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import attrs
 
 from llmgw.wire import AdapterActivity, AdapterCause, AdapterFailure, AdapterState, ObservedAdapter
 
-__all__ = ["AdapterUse", "AdapterBook", "WANT_EXPIRES"]
+__all__ = ["AdapterUse", "AdapterBook", "WANT_EXPIRES", "SCORE_DECAY"]
 
 #: seconds a gateway's request for an adapter stays wanted when no replica of its model is ready to load it
 WANT_EXPIRES = 600.0
+#: seconds over which an adapter's request count decays to 1/e (:meth:`AdapterUse.score`)
+SCORE_DECAY = 60.0
 
 
 @attrs.define
@@ -33,6 +36,19 @@ class AdapterUse:
     #: wall-clock time of its last request at a gateway, or of its last load (None: neither yet)
     last_use: float | None = None
     failure: AdapterFailure | None = None
+    #: its requests, each weighed down by :data:`SCORE_DECAY` since (as of ``scored_at``)
+    requests: float = 0.0
+    scored_at: float = 0.0
+
+    def count(self, requests: int, now: float) -> None:
+        """Add ``requests`` seen at ``now`` to its decayed count."""
+        self.requests = self.score(now) + requests
+        self.scored_at = now
+
+    def score(self, now: float) -> float:
+        """Its recent use at ``now``: requests, each weighed ``exp(-age / SCORE_DECAY)``. The adapter of a
+        replica with the lowest is unloaded first: a hot adapter stays, however recent a tail one's load."""
+        return self.requests * math.exp(-max(0.0, now - self.scored_at) / SCORE_DECAY)
 
 
 class AdapterBook:
@@ -99,6 +115,7 @@ class AdapterBook:
             use = self.use(model, seen.adapter)
             use.hits += seen.hits
             use.misses += seen.misses
+            use.count(seen.hits + seen.misses, now)
             if seen.hits or seen.misses or seen.held:
                 use.last_use = now
             if seen.held and (model, seen.adapter) not in self.wanted:

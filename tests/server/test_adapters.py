@@ -174,8 +174,8 @@ def test_loads_go_to_free_slots_first():
     assert sorted(len(v) for v in fleet.desired().values()) == [1, 1]
 
 
-def test_pressure_unloads_the_least_recently_used():
-    """Four slots full (a, b, c, d); c, a, b used since: e replaces d, the one used longest ago."""
+def test_pressure_unloads_the_least_used():
+    """Four slots full (a, b, c, d); c, a, b used since: e replaces d, the one used least."""
     fleet = Fleet()
     for name in "abcd":
         fleet.held(name)

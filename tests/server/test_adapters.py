@@ -236,3 +236,18 @@ def test_a_replica_that_fails_holds_nothing_and_another_loads_on_demand():
     fleet.agents_act()
     assert list(fleet.loaded()) == ["a"]
     assert fleet.loaded()["a"] != (replica,)
+
+
+def test_a_hot_adapter_gets_a_second_copy():
+    """`a` takes every request lately: the other replica loads it too, and the routes name both."""
+    fleet = Fleet()
+    fleet.held("a")
+    fleet.agents_act()
+    fleet.now += 1
+    fleet.cluster.adapters.note_activity(
+        {"chat": "chat"}, [AdapterActivity("chat", "a", hits=100)], fleet.now
+    )
+    reconcile(fleet.cluster, fleet.now)
+    assert sorted(r for r, names in fleet.desired().items() if "a" in names) == ["chat-0", "chat-1"]
+    fleet.agents_act()
+    assert fleet.loaded()["a"] == ("chat-0", "chat-1")

@@ -10,18 +10,23 @@ reconciler applies:
   and the gateways answer the requests held for it with its cause);
 - :class:`Routed` a replica whose loaded adapters differ from what the routes feed says;
 - :class:`Load` an adapter a gateway holds requests for and no replica loads: on the ready replica of its
-  model where it costs least, a free slot first (the fewest adapters), else the replica whose least used
-  loaded adapter is used least (requests decayed over a minute,
-  :meth:`~llmgw.server.state.adapters.AdapterUse.score`; ties: used longest ago), that adapter unloaded
-  in the same intent. Plain LRU unloads hot adapters: with a long tail, loads come faster than gateways
-  report use. An adapter being
-  loaded is never unloaded for another; when every slot is loading, the want waits for the next pass, as
-  it does on a replica whose agent still reports the adapter's last failed load.
+  model where it costs least: a free slot first, on the least busy replica (its adapters' recent
+  requests), else the replica whose least used loaded adapter is used least (requests decayed over a
+  minute, :meth:`~llmgw.server.state.adapters.AdapterUse.score`; ties: used longest ago), that adapter
+  unloaded in the same intent. Plain LRU unloads hot adapters: with a long tail, loads come faster than
+  gateways report use. An adapter being loaded is never unloaded for another; when every slot is
+  loading, the want waits for the next pass, as it does on a replica whose agent still reports the
+  adapter's last failed load;
+- one more :class:`Load` of an adapter so hot that the one replica serving it would carry more than half
+  its fair share for it alone: the gateways spread its requests over its copies, as they do a model's
+  over its replicas. A copy unloads only an adapter used less than it would be per copy.
 
 The controller writes nothing; :func:`step` is a pure function of the state and ``now``.
 """
 
 from __future__ import annotations
+
+import math
 
 import attrs
 
@@ -81,6 +86,10 @@ class Satisfied:
 
 Intent = Forget | Ended | Routed | Load | Satisfied
 
+#: decayed requests of a model's adapters (:meth:`~llmgw.server.state.adapters.AdapterUse.score`) below
+#: which no adapter gets a second copy (too few to tell a hot one)
+SPREAD_AFTER = 50.0
+
 
 def step(state: ClusterState, now: float) -> list[Intent]:
     """The adapter intents for this pass, in the order to apply them; called once per reconcile pass.
@@ -130,7 +139,8 @@ def step(state: ClusterState, now: float) -> list[Intent]:
 def _loads(
     state: ClusterState, ready: dict[str, ReplicaRecord], desired: dict[str, dict[str, str]], now: float
 ) -> list[Intent]:
-    """A :class:`Load` (or :class:`Satisfied`) for each wanted adapter, oldest want first."""
+    """A :class:`Load` (or :class:`Satisfied`) for each wanted adapter, oldest want first; then one more
+    copy of each adapter hot enough to need it (:func:`_copies`)."""
     book = state.adapters
     intents: list[Intent] = []
     for (model, adapter), _since in sorted(book.wanted.items(), key=lambda item: item[1]):
@@ -140,34 +150,99 @@ def _loads(
         if source is None or any(adapter in desired[r.id] for r in replicas):
             intents.append(Satisfied(model, adapter))
             continue
-        best: tuple[tuple, ReplicaRecord, str | None] | None = None
-        for record in replicas:
-            seen = book.observed.get(record.id, {}).get(adapter)
-            if seen is not None and seen.attempt == record.attempt and seen.state == AdapterState.FAILED:
-                continue  # its agent still reports the last failure: once it lets go, a new load is clear
-            launch = state.launch_of(record)
-            slots = launch.profile.max_adapters if launch is not None else 0
-            held = desired[record.id]
-            if len(held) < slots:
-                cost: tuple = (0, len(held), record.id)
-                evict = None
-            else:
-                evict = _least_used(state, record, held, model, now)
-                if evict is None:
-                    continue
-                use = book.use(model, evict)
-                last = use.last_use if use.last_use is not None else float("-inf")
-                cost = (1, use.score(now), last, record.id)
-            if best is None or cost < best[0]:
-                best = (cost, record, evict)
-        if best is None:
-            continue  # no ready replica, or every slot is loading: the next pass tries again
-        _, record, evict = best
-        if evict is not None:
-            desired[record.id].pop(evict, None)
-        desired[record.id][adapter] = source
-        intents.append(Load(record.id, record.attempt, model, adapter, source, evict))
+        load = _place(state, model, adapter, source, replicas, desired, now)
+        if load is not None:  # else no ready replica, or every slot is loading: the next pass tries again
+            intents.append(load)
+    for model, catalog_model in sorted(state.catalog.models.items()):
+        replicas = [r for r in ready.values() if r.placement.model == model]
+        if len(replicas) < 2 or not catalog_model.adapters:
+            continue
+        for adapter, wanted in _copies(state, model, len(replicas), now):
+            holding = [r for r in replicas if adapter in desired[r.id]]
+            if not holding or len(holding) >= wanted:
+                continue
+            others = [r for r in replicas if adapter not in desired[r.id]]
+            score = book.use(model, adapter).score(now) / (len(holding) + 1)
+            load = _place(state, model, adapter, catalog_model.adapters[adapter], others, desired, now, score)
+            if load is not None:
+                intents.append(load)
     return intents
+
+
+def _copies(state: ClusterState, model: str, replicas: int, now: float) -> list[tuple[str, int]]:
+    """The adapters of ``model`` that need more than one copy, each with how many: an adapter with share
+    ``s`` of the model's recent requests gets ``ceil(2 * s * replicas)`` (a replica would otherwise carry
+    more than half its fair share for it alone), once the model had :data:`SPREAD_AFTER` requests lately."""
+    scores = {name: use.score(now) for (m, name), use in state.adapters.uses.items() if m == model}
+    total = sum(scores.values())
+    if total < SPREAD_AFTER:
+        return []
+    out = []
+    for name, score in sorted(scores.items(), key=lambda item: -item[1]):
+        wanted = min(replicas, math.ceil(2 * replicas * score / total))
+        if wanted < 2:
+            break
+        out.append((name, wanted))
+    return out
+
+
+def _place(
+    state: ClusterState,
+    model: str,
+    adapter: str,
+    source: str,
+    replicas: list[ReplicaRecord],
+    desired: dict[str, dict[str, str]],
+    now: float,
+    ceiling: float | None = None,
+) -> Load | None:
+    """The :class:`Load` of ``adapter`` on the one of ``replicas`` where it costs least (recorded in
+    ``desired``): a free slot on the least busy replica (its adapters' recent requests, shared among their
+    copies), else the replica whose least used adapter is used least (only one used less than ``ceiling``,
+    when given); None when no replica can take it now."""
+    book = state.adapters
+    best: tuple[tuple, ReplicaRecord, str | None] | None = None
+    for record in replicas:
+        seen = book.observed.get(record.id, {}).get(adapter)
+        if seen is not None and seen.attempt == record.attempt and seen.state == AdapterState.FAILED:
+            continue  # its agent still reports the last failure: once it lets go, a new load is clear
+        launch = state.launch_of(record)
+        slots = launch.profile.max_adapters if launch is not None else 0
+        held = desired[record.id]
+        if len(held) < slots:
+            cost: tuple = (0, _busy(state, model, held, desired, now), len(held), record.id)
+            evict = None
+        else:
+            evict = _least_used(state, record, held, model, now)
+            if evict is None:
+                continue
+            use = book.use(model, evict)
+            if ceiling is not None and use.score(now) >= ceiling:
+                continue
+            last = use.last_use if use.last_use is not None else float("-inf")
+            cost = (1, use.score(now), last, record.id)
+        if best is None or cost < best[0]:
+            best = (cost, record, evict)
+    if best is None:
+        return None
+    _, record, evict = best
+    if evict is not None:
+        desired[record.id].pop(evict, None)
+    desired[record.id][adapter] = source
+    return Load(record.id, record.attempt, model, adapter, source, evict)
+
+
+def _busy(
+    state: ClusterState, model: str, held: dict[str, str], desired: dict[str, dict[str, str]], now: float
+) -> float:
+    """A replica's share of its adapters' recent requests: each one's score over its copies."""
+    busy = 0.0
+    for name in held:
+        use = state.adapters.uses.get((model, name))
+        if use is not None:
+            copies = sum(1 for other in desired.values() if name in other)
+            busy += use.score(now) / max(1, copies)
+    return busy
 
 
 def _least_used(

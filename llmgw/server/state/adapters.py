@@ -81,7 +81,8 @@ class AdapterBook:
 
         Called for every sync, with the node's rank-0 ``replicas`` (their previous reports are replaced).
 
-        :returns: whether anything changed (the reconciler should run).
+        :returns: whether a load ended or an adapter left (the reconciler should run); a load that only
+            began changes nothing the controller acts on.
         """
         fresh: dict[str, dict[str, ObservedAdapter]] = {}
         for adapter in adapters:
@@ -91,8 +92,16 @@ class AdapterBook:
             now = fresh.get(replica, {})
             gone = {c for c in self.counted if c[0] == replica and c[2] not in now}
             self.counted -= gone  # reported no more (unloaded, or a failure let go): a new load counts
-            if self.observed.get(replica, {}) != now:
-                changed = True
+            before = self.observed.get(replica, {})
+            if before != now:
+                changed = (
+                    changed
+                    or any(
+                        seen.state != AdapterState.LOADING and before.get(name) != seen
+                        for name, seen in now.items()
+                    )
+                    or bool(before.keys() - now.keys())
+                )
                 if now:
                     self.observed[replica] = now
                 else:

@@ -215,7 +215,8 @@ def report(adapters: list[Answer], seed: int) -> None:
     hot_hits = [a for a in hot if a.outcome == "hit"]
     ranks = [a.rank for a in sorted(adapters, key=lambda a: a.sent) if a.rank is not None]
     print(
-        f"requests for adapters: {len(adapters)} ({failed} failed), {len({a.rank for a in ok})} adapters used"
+        f"requests for adapters: {len(adapters)} ({failed} failed{_statuses(adapters)}), "
+        f"{len({a.rank for a in ok})} adapters used"
     )
     print(
         f"1. hit rate, adapter-aware routing (live): {len(hits) / max(1, len(ok)):.1%} of all; "
@@ -242,10 +243,20 @@ def report_throughput(adapters: list[Answer], base: list[Answer], seconds: float
     loss = 1 - with_adapters / alone if alone else 0.0
     hits = len([a for a in ok if a.outcome == "hit"]) / max(1, len(ok))
     print(
-        f"3. throughput: {with_adapters:.1f} answers/s with adapters ({len(adapters) - len(ok)} failed, "
+        f"3. throughput: {with_adapters:.1f} answers/s with adapters ({len(adapters) - len(ok)} failed"
+        f"{_statuses(adapters)}, "
         f"{hits:.1%} hits), {alone:.1f} with the base model alone ({len(base) - len(base_ok)} failed): "
         f"loss {loss:.1%} (target <= 10%)"
     )
+
+
+def _statuses(answers: list[Answer]) -> str:
+    """``: 404 x2, ...`` for the failed requests' statuses (None: no answer); empty when none failed."""
+    counts: dict[str, int] = {}
+    for answer in answers:
+        if answer.status != 200:
+            counts[str(answer.status)] = counts.get(str(answer.status), 0) + 1
+    return (": " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))) if counts else ""
 
 
 def main() -> None:

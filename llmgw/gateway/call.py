@@ -58,6 +58,8 @@ class Call:
     adapter: str | None = None
     #: the model as the client named it (``sql``, ``chat:sql``)
     requested: str = ""
+    #: replicas that answered 404 for :attr:`adapter` (unloaded there before this gateway's routes said so)
+    adapter_gone: list[str] = attrs.field(factory=list)
     #: replica id -> the request fields its engine wants for :attr:`adapter` (None: ``model`` = adapter)
     fields_of: Callable[[str], Mapping[str, object] | None] | None = None
 

@@ -153,9 +153,15 @@ class Proxy(Relaying):
         if self.balancer.replicas(adapter):
             adapters.hit(call.model, adapter)
             self.metrics.adapter_request(call.model, "hit")
-            return _adapter_said(await self._forward(call), "hit")
+            response = await self._forward(call)
+            if not call.adapter_gone or response.status < 500:
+                return _adapter_said(response, "hit")
         self.metrics.adapter_request(call.model, "miss")
-        why, failure = await adapters.hold(call.model, adapter, lambda: bool(self.balancer.replicas(adapter)))
+
+        def routed() -> bool:  # a replica with the adapter, other than one that said it had none
+            return any(r.name not in call.adapter_gone for r in self.balancer.replicas(adapter))
+
+        why, failure = await adapters.hold(call.model, adapter, routed)
         if not why:
             return _adapter_said(await self._forward(call), "miss")
         if failure is not None:
@@ -214,6 +220,11 @@ class Proxy(Relaying):
                     body = await upstream.read(_ERROR_BODY_LIMIT)
                     answer = Response(status, _headers(upstream, None, call), body, call.after)
                     return self._failed(replica, f"status_{status}", f"answered {status}", answer)
+                if status == 404 and call.adapter is not None:
+                    # unloaded there before this gateway's routes said so: not the replica's failure
+                    await upstream.read(_ERROR_BODY_LIMIT)
+                    call.adapter_gone.append(replica.name)
+                    return f"{replica.name}: adapter `{call.adapter}` is not loaded there (any more)", None
                 replica.succeeded()
                 call.replica = replica
                 content_type = upstream.header("content-type") or ""

@@ -19,6 +19,7 @@ import attrs
 import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
+from llmgw.catalog_adapters import BAD_NAME, NAME, check_adapters, check_lora_engine
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import Autoscale, Catalog, Model, Profile
@@ -35,8 +36,6 @@ __all__ = [
     "catalog_summary",
 ]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
-_BAD_NAME = "invalid name; use letters, digits, '.', '_' and '-', at most 63 characters"
 #: the largest catalog llmgw reads, in bytes of UTF-8
 MAX_CATALOG_BYTES = 1024 * 1024
 
@@ -73,6 +72,8 @@ def _step(exc: BaseException) -> tuple[str, ...]:
         if name is not None:  # cattrs AttributeValidationNote
             return (str(name),)
         index = getattr(note, "index", None)
+        if isinstance(index, str):  # a mapping's key (cattrs notes it as an index): ``adapters.sql``
+            return (index,)
         if index is not None:  # cattrs IterableValidationNote
             return (f"[{index}]",)
     return ()
@@ -360,8 +361,8 @@ def _check_references(
     known = ", ".join(sorted(engines)) or "none installed"
     for name, profile in profiles.items():
         where = f"profiles.{name}"
-        if not _NAME.match(name):
-            problems.append(f"{where}: {_BAD_NAME}")
+        if not NAME.match(name):
+            problems.append(f"{where}: {BAD_NAME}")
         engine = engines.get(profile.engine)
         if engine is None and not remote:
             problems.append(
@@ -390,8 +391,8 @@ def _check_references(
     served: dict[str, str] = {}
     for name, model in models.items():
         where = f"models.{name}"
-        if not _NAME.match(name):
-            problems.append(f"{where}: {_BAD_NAME}")
+        if not NAME.match(name):
+            problems.append(f"{where}: {BAD_NAME}")
         if model.profile not in profile_names:
             defined = ", ".join(sorted(profile_names)) or "none defined"
             problems.append(f"{where}.profile: no profile named {model.profile!r} (profiles: {defined})")
@@ -406,8 +407,11 @@ def _check_references(
         served[served_name] = name
         problems.extend(_check_scaling(where, model))
         profile = profiles.get(model.profile)
+        if model.adapters:
+            problems.extend(check_lora_engine(where, model, profile, engines))
         if model.autoscale is not None and profile is not None and profile.engine in engines:
             problems.extend(_check_signals(where, model, engines[profile.engine]))
+    problems.extend(check_adapters(models, served))
     return problems
 
 
@@ -488,7 +492,9 @@ def catalog_summary(catalog: Catalog) -> str:
     """One line saying what a valid catalog holds."""
     replicas = sum(m.replicas for m in catalog.models.values())
     engines = sorted({p.engine for p in catalog.profiles.values()})
+    adapters = sum(len(m.adapters) for m in catalog.models.values())
+    with_adapters = f", {adapters} adapters" if adapters else ""
     return (
-        f"{len(catalog.models)} models, {replicas} replicas, {len(catalog.profiles)} profiles "
+        f"{len(catalog.models)} models, {replicas} replicas{with_adapters}, {len(catalog.profiles)} profiles "
         f"(engines: {', '.join(engines) or 'none'})"
     )

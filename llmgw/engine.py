@@ -359,6 +359,23 @@ class Engine(abc.ABC):
         """
         return {"model": name}
 
+    def lora_base_request_fields(self, served_name: str, known: Sequence[str]) -> Mapping[str, object]:
+        """The fields the gateway sets in an OpenAI request body for the *base* model on a replica that
+        serves adapters, so that no adapter answers it.
+
+        Called by the server as it builds the routes feed, once per ready replica whose model has adapters;
+        the gateway merges the fields into a base-model request's body (replacing keys it names) before
+        relaying. An engine whose adapters apply to every request unless a request says otherwise needs it:
+        llama-server at some builds leaves ``--lora-init-without-apply`` adapters at scale 1
+        (ggml-org/llama.cpp#28674), and zeroes them for a request that lists them.
+
+        :param served_name: the base model's served name on the replica.
+        :param known: every adapter name of the model, in the order of :attr:`LoraSpec.at_start`.
+        :returns: the fields; the default, for engines that answer the base model by its name (vLLM,
+            SGLang, the sim), is ``{}``.
+        """
+        return {}
+
     def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
         """Whether a replica of this engine continues a chat's final assistant message.
 

@@ -16,16 +16,34 @@ connections (rank 0 dials them once and aborts ~11 ms after start if one is
 not up), and, once ready, send a 1-token completion every few seconds: a lost
 worker turns it into an immediate abort, a hung one into a probe with no
 answer, and either way the replica is torn down and rebuilt.
+
+LoRA adapters: llama-server loads them only at start (``lora_at_start``). Rank 0
+gets ``--lora FILE`` once per adapter of ``spec.lora.at_start`` (their order is
+their id: 0, 1, ...) and ``--lora-init-without-apply``, so no adapter applies by
+default; a request selects one with llama-server's per-request
+``lora: [{"id": ID, "scale": 1.0}]`` (ggml-org/llama.cpp#10994, January 2025;
+both checked commits), every other adapter listed at scale 0, and a base-model
+request lists them all at scale 0 (some builds leave
+``--lora-init-without-apply`` adapters at scale 1: ggml-org/llama.cpp#28674).
+Loading and unloading need no call: an adapter added to the model takes a
+restart. The files are GGUF LoRA adapters (``convert_lora_to_gguf.py``), not
+PEFT directories. ``--lora`` is repeated rather than comma-joined: 4227c9b
+takes one file per ``--lora``, 0c1e570 also splits its value on commas, so a
+path with a comma is refused. There is no rank limit, and ``max_adapters``
+does not apply: every adapter is loaded. Requests with different adapters are
+not batched together by llama-server.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import attrs
 
 import llmgw
 from llmgw.engine import Engine, LivenessProbe
-from llmgw.models import Command, LaunchSpec
+from llmgw.models import Command, LaunchSpec, LoraSpec
 from llmgw.version import distribution_version
 from llmgw_engine_llamacpp.helptext import parse_llamacpp_help
 
@@ -35,6 +53,7 @@ __all__ = [
     "LlamaCppEngine",
     "NO_PREFILL",
     "__version__",
+    "lora_args",
     "parse_llamacpp_help",
     "worker_addresses",
 ]
@@ -57,6 +76,8 @@ _FEATURES = {
     "--port": "listen address (llama-server: HTTP; rpc-server: the RPC rank 0 dials)",
     "-ngl": "offload to GPUs and RPC workers",
     "--rpc": "multi-node: the workers rank 0 dials",
+    "--lora": "LoRA adapters (loaded at start)",
+    "--lora-init-without-apply": "LoRA adapters (applied per request)",
 }
 _SECTION_END = "----- example-specific params -----"
 _WORKER_USAGE = re.compile(r"^Usage: \S*rpc-server", re.MULTILINE)
@@ -112,6 +133,9 @@ class LlamaCppEngine(Engine):
     health_path = "/health"
     programs = (SERVER, WORKER)
     flag_features = _FEATURES
+    serves_lora = True
+    #: llama-server loads adapters only from ``--lora`` at start
+    lora_at_start = True
 
     def parse_version(self, text: str) -> str | None:
         """The commit ``llama-server --version`` prints is the version.
@@ -148,6 +172,11 @@ class LlamaCppEngine(Engine):
         GPUs or workers, none on a lone CPU node. A worker:
         ``rpc-server --host --port`` on its own address, the one rank 0 dials
         (the profile's args are ``llama-server``'s, not the worker's).
+        With ``spec.lora``, rank 0 also gets ``--lora FILE`` per adapter of
+        ``spec.lora.at_start`` and ``--lora-init-without-apply``.
+
+        :raises ValueError: ``spec.lora`` lists no adapter at start, or an
+            adapter's path holds a comma.
         """
         env = {**self.device_env(spec), **ENV}
         if spec.rank > 0:
@@ -169,8 +198,50 @@ class LlamaCppEngine(Engine):
         ]
         if workers:
             argv += ["--rpc", ",".join(workers)]
+        if spec.lora is not None:
+            argv += lora_args(spec.lora)
         argv += spec.extra_args
         return Command(argv=argv, env=env)
+
+    def widest_spec(self) -> LaunchSpec:
+        """The default multi-node widest spec with two adapters at start: engine-check checks their flags."""
+        adapters = (("sql", "/adapters/sql.gguf"), ("chat", "/adapters/chat.gguf"))
+        return attrs.evolve(super().widest_spec(), lora=LoraSpec(max_loaded=2, at_start=adapters))
+
+    def lora_load(self, name: str, path: str) -> None:
+        """None: every adapter was loaded at start (``--lora``), and a request selects it by id.
+
+        Called by the agent when the server asks a replica to load adapter ``name``.
+        """
+        return None
+
+    def lora_unload(self, name: str) -> None:
+        """None: an adapter stays loaded until the replica restarts; a request not listing it leaves it out.
+
+        Called by the agent when the server asks a replica to unload adapter ``name``.
+        """
+        return None
+
+    def lora_request_fields(self, name: str, served_name: str, known: Sequence[str]) -> Mapping[str, object]:
+        """``{"lora": [{"id": i, "scale": 1.0 or 0.0}, ...]}``: adapter ``name`` at scale 1, every other at 0.
+
+        Called by the server for each adapter of a replica, as it builds the routes feed; ``known`` is the
+        model's adapters in ``--lora`` order, which is llama-server's id order.
+
+        :raises ValueError: ``name`` is not in ``known``.
+        """
+        if name not in known:
+            raise ValueError(f"adapter {name!r} is not one llama-server loaded at start: {list(known)}")
+        return {"lora": [{"id": i, "scale": 1.0 if other == name else 0.0} for i, other in enumerate(known)]}
+
+    def lora_base_request_fields(self, served_name: str, known: Sequence[str]) -> Mapping[str, object]:
+        """``{"lora": [{"id": i, "scale": 0.0}, ...]}`` for every adapter, so the base model answers alone.
+
+        Called by the server for a replica whose model has adapters; some llama-server builds apply
+        ``--lora-init-without-apply`` adapters at scale 1 to requests that do not list them
+        (ggml-org/llama.cpp#28674). :returns: ``{}`` when there are no adapters.
+        """
+        return {"lora": [{"id": i, "scale": 0.0} for i in range(len(known))]} if known else {}
 
     def parse_help(self, text: str) -> frozenset[str]:
         """The flags a llama.cpp help documents (see :func:`parse_llamacpp_help`)."""
@@ -189,6 +260,31 @@ class LlamaCppEngine(Engine):
         elif "----- common params -----" in text:
             return ["it is llama-server's help, not the RPC worker's"]
         return []
+
+
+def lora_args(lora: LoraSpec) -> list[str]:
+    """llama-server's LoRA arguments for ``lora``: ``--lora FILE`` per adapter at start, in id order, and
+    ``--lora-init-without-apply``.
+
+    Called by :meth:`LlamaCppEngine.build_command` for rank 0.
+
+    :raises ValueError: ``lora.at_start`` is empty (llama-server cannot load an adapter later), or a path
+        holds a comma (0c1e570 would split it in two).
+    """
+    if not lora.at_start:
+        raise ValueError(
+            "spec.lora.at_start is empty: llama-server loads LoRA adapters only at start, "
+            "so every adapter of the model must be listed there"
+        )
+    argv: list[str] = []
+    for name, path in lora.at_start:
+        if "," in path:
+            raise ValueError(
+                f"LoRA adapter {name!r}: path {path!r} holds a comma, which llama-server's --lora "
+                "splits on (comma-separated adapters); rename the file"
+            )
+        argv += ["--lora", path]
+    return [*argv, "--lora-init-without-apply"]
 
 
 @llmgw.hookimpl

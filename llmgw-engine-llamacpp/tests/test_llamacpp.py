@@ -222,6 +222,8 @@ class TestEngineCheck:
             ("llama-server", "--port"),
             ("llama-server", "-ngl"),
             ("llama-server", "--rpc"),
+            ("llama-server", "--lora"),
+            ("llama-server", "--lora-init-without-apply"),
             ("rpc-server", "--host"),
             ("rpc-server", "--port"),
         }

@@ -53,6 +53,8 @@ class SimEngine(Engine):
     #: the sim engine ships with its plugin: it is checked against itself
     checked_versions = (__version__,)
     multi_node = True
+    #: the catalog accepts ``adapters:`` on sim models (the sim's LoRA API is its own distribution's)
+    serves_lora = True
     health_path = "/health"
     programs = ("llmgw-sim",)
     #: the canary vLLM and SGLang get, quicker: the sim answers in milliseconds unless busy
@@ -76,7 +78,9 @@ class SimEngine(Engine):
 
         Rank 0 gets ``--host``/``--port`` and binds ``--dist-init-addr``;
         workers get their node's ``--host`` (to join from) but no port: they
-        serve nothing.
+        serve nothing. With ``spec.lora`` every rank also gets ``--enable-lora
+        --max-loras N --max-lora-rank R``; the profile's args come last (a
+        ``--lora-load-time`` there sets the sim's load time).
         """
         argv = [
             self.program_path(spec, "llmgw-sim"),

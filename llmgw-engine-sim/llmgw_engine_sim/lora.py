@@ -26,6 +26,7 @@ Errors in vLLM's shape, ``{"error": {"message", "type", "param", "code"}}`` with
   ones kept in CPU memory, least recently used evicted and read from disk again on next use. The sim makes
   ``--max-loras`` a hard slot limit so that what llmgw must manage (a replica's ``max_adapters``) shows.
 - 400 ``BadRequestError`` when the sim runs without ``--enable-lora``.
+- 503 before the sim is ready (``--startup-delay``) and while it shuts down, as every inference endpoint.
 
 A request whose ``model`` is a loaded adapter is answered by that adapter: text generated as the base
 model's is (deterministic and continuation-safe) with the adapter's name in the hash, so it differs from
@@ -327,6 +328,22 @@ class Loras:
             adapter.last_used = time.time()
             self.hits[name] += 1
         return adapter
+
+    def model_cards(self, parent: str) -> list[dict[str, Any]]:
+        """The loaded adapters as ``/v1/models`` lists them after the base model, as vLLM does: ``root`` the
+        adapter's path, ``parent`` the base model's served name."""
+        return [
+            {
+                "id": adapter.name,
+                "object": "model",
+                "created": int(adapter.loaded_at),
+                "owned_by": "llmgw-sim",
+                "root": adapter.path,
+                "parent": parent,
+                "max_model_len": None,
+            }
+            for adapter in self.loaded.values()
+        ]
 
     def info(self) -> dict[str, Any]:
         """The adapters as ``/sim/info`` shows them."""

@@ -173,18 +173,7 @@ class SimApp:
             }
             for name in self.options.served_model_names
         ]
-        data += [
-            {
-                "id": adapter.name,
-                "object": "model",
-                "created": int(adapter.loaded_at),
-                "owned_by": "llmgw-sim",
-                "root": adapter.path,
-                "parent": self.options.served_model_names[0],
-                "max_model_len": None,
-            }
-            for adapter in self.loras.loaded.values()
-        ]
+        data += self.loras.model_cards(parent=self.options.served_model_names[0])
         return Response.json(200, {"object": "list", "data": data})
 
     async def _metrics(self, request: Request) -> Response:
@@ -204,10 +193,17 @@ class SimApp:
         except InvalidJSON as exc:
             raise ApiError(400, str(exc), code="invalid_json") from None
 
+    def _require_serving(self) -> None:
+        # vLLM serves its API (these endpoints too) only once the engine is up
+        if not self.ready or self.shutting_down:
+            raise unavailable("Shutting down" if self.shutting_down else "Loading model")
+
     async def _load_lora(self, request: Request) -> Response:
+        self._require_serving()
         return Response.text(200, await self.loras.load(self._json_body(request)))
 
     async def _unload_lora(self, request: Request) -> Response:
+        self._require_serving()
         return Response.text(200, self.loras.unload(self._json_body(request)))
 
     # --- inference --------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 import time
 
@@ -269,6 +271,12 @@ class TestLoadFailures:
         assert text(complete(sim, BASE))
         assert load(sim, "sql", adapters["sql"]).status_code == 200, "a failed load must free its slot"
 
+    def test_not_before_ready(self, start_sim, adapters):
+        """While the model loads (/health 503), a load is a 503 too, as the engine's API is not up yet."""
+        sim = start_sim("--enable-lora", "--startup-delay", "30")
+        wait_until(lambda: sim.health() == 503, 10, "the sim to answer 503", sim.process)
+        assert load(sim, "sql", adapters["sql"]).status_code == 503
+
     def test_lora_not_enabled(self, start_sim, adapters):
         """Without --enable-lora a load is refused, saying how to enable it."""
         sim = start_sim()
@@ -365,3 +373,31 @@ class TestThroughTheEngine:
         assert send(engine.lora_unload("sql")).status_code == 404
         rank_16 = attrs.evolve(spec, lora=LoraSpec(max_loaded=1, max_rank=16))
         assert "16" in engine.build_command(rank_16).argv
+
+
+class TestAdapterHelper:
+    """make_sim_adapter writes what a PEFT fine-tune leaves on disk."""
+
+    def test_files(self, tmp_path):
+        """A PEFT config with the rank and base, and a safetensors file whose header matches its data."""
+        folder = make_sim_adapter(tmp_path / "a", rank=4, base=BASE)
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert (config["peft_type"], config["r"], config["base_model_name_or_path"]) == ("LORA", 4, BASE)
+        data = (folder / "adapter_model.safetensors").read_bytes()
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + size])
+        tensors = {name: t for name, t in header.items() if name != "__metadata__"}
+        assert tensors and all(t["dtype"] == "F32" and 4 in t["shape"] for t in tensors.values())
+        end = max(t["data_offsets"][1] for t in tensors.values())
+        assert len(data) == 8 + size + end
+        assert (
+            make_sim_adapter(tmp_path / "b", rank=4, base=BASE)
+            .joinpath("adapter_model.safetensors")
+            .read_bytes()
+            == data
+        ), "the same arguments write the same bytes"
+
+    def test_bad_rank(self, tmp_path):
+        """A rank below 1 is refused, naming it."""
+        with pytest.raises(ValueError, match="rank must be >= 1"):
+            make_sim_adapter(tmp_path / "a", rank=0)

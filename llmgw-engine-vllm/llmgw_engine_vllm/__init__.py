@@ -5,6 +5,18 @@ node, or every rank of a replica spanning several nodes without Ray, as vLLM's
 "Parallelism and Scaling" guide describes it (``--nnodes``, ``--node-rank``,
 ``--master-addr``, ``--master-port``; ``--headless`` on the workers). Tensor
 parallelism spans the GPUs of one node and each node is a pipeline stage.
+
+LoRA adapters (a model with ``adapters:``, ``spec.lora`` set): every rank gets
+``--enable-lora --max-loras N --max-lora-rank R`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and adapters are loaded and unloaded
+on the running replica with ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter`` (vLLM's "Dynamically serving LoRA Adapters"); a
+request names the adapter as its ``model``. ``--max-loras`` bounds the adapters
+in one batch; vLLM registers any number at run time, llmgw keeps at most N
+loaded. ``--max-lora-rank`` takes only {1, 8, 16, 32, 64, 128, 256, 320, 512} in
+the checked versions: the rank is rounded up to the next of them. The runtime
+endpoints exist from vLLM 0.6.1 (vllm-project/vllm#6566); both checked versions
+document every LoRA flag used (so does 0.11.0, with ``--max-lora-rank`` any integer).
 """
 
 from __future__ import annotations
@@ -12,24 +24,29 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import attrs
+
 import llmgw
 from llmgw.engine import (
     Engine,
     HelpAndVersion,
+    HttpCall,
     LoadMetrics,
     ProgressMetrics,
     openai_canary,
     parse_argparse_flags,
     version_at_least,
 )
-from llmgw.models import Command, LaunchSpec
+from llmgw.models import Command, LaunchSpec, LoraSpec
 from llmgw.version import distribution_version
 
 __all__ = [
     "CONTINUES_SINCE",
     "LOAD",
+    "LORA_RANKS",
     "PROGRESS",
     "VllmEngine",
+    "lora_rank",
     "__version__",
     "parse_vllm_help",
     "split_host_port",
@@ -55,7 +72,25 @@ _FEATURES = {
     "--master-addr": "multi-node rendezvous",
     "--master-port": "multi-node rendezvous",
     "--headless": "multi-node workers (no API server)",
+    "--enable-lora": "LoRA adapters",
+    "--max-loras": "LoRA adapters (max_adapters)",
+    "--max-lora-rank": "LoRA adapters (max_adapter_rank)",
 }
+
+#: the values ``--max-lora-rank`` accepts (its choices in ``vllm serve --help=all`` of 0.33.0 and 0.34.0)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: the environment variable that turns on vLLM's runtime load/unload endpoints
+RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+#: seconds a load may take: vLLM reads the adapter's weights from disk and checks them
+LORA_LOAD_TIMEOUT = 120.0
+
+
+def lora_rank(rank: int) -> int:
+    """The smallest value of :data:`LORA_RANKS` at least ``rank``; raises ValueError above 512."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"max_adapter_rank {rank}: vLLM's --max-lora-rank is at most {LORA_RANKS[-1]}")
 
 
 #: vLLM's own counters at /metrics (on by default; ``--disable-log-stats`` freezes them, and then a
@@ -116,6 +151,7 @@ class VllmEngine(Engine):
     #: completion every few seconds, judged by vLLM's token counters when it gets no answer
     liveness_probe = openai_canary(PROGRESS)
     load_metrics = LOAD
+    serves_lora = True
 
     def continues_final_message(self, version: str | None, args: Sequence[str]) -> bool:
         """vLLM from :data:`CONTINUES_SINCE` continues a final assistant message (any arguments)."""
@@ -129,7 +165,10 @@ class VllmEngine(Engine):
         under the served name. Several nodes: ``--pipeline-parallel-size`` =
         ``nnodes``, the multiprocessing backend, the node's rank and rank 0's
         ``dist_init_addr`` as ``--master-addr``/``--master-port`` on every rank,
-        and ``--headless`` on the workers, which serve no API.
+        and ``--headless`` on the workers, which serve no API. With
+        ``spec.lora``, every rank also gets ``--enable-lora``, ``--max-loras``
+        and ``--max-lora-rank`` (rounded up to a value vLLM accepts) and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
         """
         argv = [self.program_path(spec, "vllm"), "serve", spec.model_source]
         if spec.rank == 0:
@@ -153,8 +192,42 @@ class VllmEngine(Engine):
             ]
             if spec.rank > 0:
                 argv.append("--headless")
+        env = self.device_env(spec)
+        if spec.lora is not None:
+            argv += [
+                "--enable-lora",
+                "--max-loras",
+                str(spec.lora.max_loaded),
+                "--max-lora-rank",
+                str(lora_rank(spec.lora.max_rank)),
+            ]
+            env.update(RUNTIME_LORA_ENV)
         argv += spec.extra_args
-        return Command(argv=argv, env=self.device_env(spec))
+        return Command(argv=argv, env=env)
+
+    def widest_spec(self) -> LaunchSpec:
+        """The default multi-node widest spec with LoRA adapters, so engine-check checks their flags."""
+        return attrs.evolve(super().widest_spec(), lora=LoraSpec(max_loaded=4, max_rank=16))
+
+    def lora_load(self, name: str, path: str) -> HttpCall:
+        """``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` (runtime LoRA updating).
+
+        Called by the agent when the server asks a replica to load adapter ``name`` from ``path``.
+        :returns: the call; vLLM answers 200 ``Success: LoRA adapter 'NAME' added successfully.``, 400 when
+        the name is already loaded or the adapter is unreadable or its rank above ``--max-lora-rank``, 404
+        when the path holds no adapter.
+        """
+        return HttpCall(
+            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout=LORA_LOAD_TIMEOUT
+        )
+
+    def lora_unload(self, name: str) -> HttpCall:
+        """``POST /v1/unload_lora_adapter {"lora_name"}``.
+
+        Called by the agent when the server asks a replica to unload adapter ``name``. :returns: the call;
+        vLLM answers 200, or 404 when no adapter of that name is loaded.
+        """
+        return HttpCall("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout=30.0)
 
     def parse_help(self, text: str) -> frozenset[str]:
         """The flags ``vllm serve --help=all`` documents (see :func:`parse_vllm_help`)."""

@@ -12,7 +12,9 @@ its size, deleting copies in this order: never used first, then least
 recently used. It never deletes:
 
 - a copy a shard of this node uses (desired, running, or still stopping),
-  or of a source the server asked this node to stage ahead of a rollout;
+  or of a source the server asked this node to stage ahead (a rollout's, or
+  the LoRA adapters of a model running here), or an adapter a running
+  replica has loaded (held, :meth:`llmgw.agent.prestage.PreStager.hold`);
 - a copy whose files a peer is downloading now;
 - a seed (not in the models directory at all), or the copy being made.
 
@@ -40,7 +42,7 @@ from llmgw.agent.peer_files import PeerFiles
 from llmgw.models import ModelCopy
 from llmgw.scheduler import DEFAULT_HEADROOM, format_bytes
 from llmgw.serverlist import ServerList, send_to_leader
-from llmgw.weights import Manifest, seed_path
+from llmgw.weights import Manifest, is_distributable, seed_path
 from llmgw.wire import WeightsInfo, from_json
 
 __all__ = ["RoomMaker", "Eviction", "choose_evictions", "weights_in_use"]
@@ -125,9 +127,16 @@ class RoomMaker:
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
     def wrap(self, stage: Stage) -> Stage:
-        """``stage`` with room made first (what the agent hands its shard supervisors)."""
+        """``stage`` with room made first (what the agent hands its shard supervisors, its
+        :class:`~llmgw.agent.prestage.PreStager`, and whoever loads adapters).
+
+        A source llmgw does not copy (a path on the node, a hub name the engine
+        resolves) is returned as it is, at once: the engine is given it.
+        """
 
         async def staged(source: str, progress: Progress) -> str:
+            if not is_distributable(source):
+                return source
             await self.make_room(source, progress)
             return await stage(source, progress)
 
@@ -214,8 +223,9 @@ class RoomMaker:
 
 
 def weights_in_use(agent: Any) -> tuple[set[str], set[str]]:
-    """(sources, local paths) the shards of ``agent`` (:class:`~llmgw.agent.sync.Agent`) use, and the
-    sources the server asked it to stage ahead: copies of these are never evicted.
+    """(sources, local paths) the shards of ``agent`` (:class:`~llmgw.agent.sync.Agent`) use, the
+    sources the server asked it to stage ahead and the adapters held loaded
+    (:attr:`llmgw.agent.prestage.PreStager.sources`): copies of these are never evicted.
 
     A shard's source becomes the local path of its copy once staged; a shard
     stays listed until its processes are gone (stopping included).

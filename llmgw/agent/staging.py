@@ -1,5 +1,7 @@
 """Staging a shard's weights: a verified local copy of a distributable source before the engine starts.
 
+The same for a LoRA adapter's source, before a running engine loads it.
+
 :class:`Stager` turns a ``seed:///PATH`` or ``hf://ORG/NAME`` source into a local path:
 
 - on a node where ``PATH`` exists (the seed), ``PATH`` itself; its manifest
@@ -41,7 +43,7 @@ from llmgw.agent.hub_fetch import HubFetcher
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.peer_files import PeerError, PeerFiles, fetch_file, peer_client_context
 from llmgw.serverlist import ServerList, send_to_leader
-from llmgw.weights import Manifest, ManifestFile, file_sha256, hub_ref, seed_path
+from llmgw.weights import Manifest, ManifestFile, file_sha256, hub_ref, is_distributable, seed_path
 from llmgw.wire import PeerHolder, WeightsEvent, WeightsInfo, from_json, to_json
 
 __all__ = ["Stager", "RETRY"]
@@ -161,9 +163,13 @@ class Stager:
     async def stage(self, source: str, progress: Progress) -> str:
         """A local path holding a verified copy of ``source``; waits (reporting progress) until there is one.
 
-        Called by a shard's supervisor before it starts anything; cancelled
-        when the shard is stopped (partial files stay, and are resumed).
+        Called by a shard's supervisor before it starts anything, and for a
+        LoRA adapter's source before it is loaded; cancelled when the shard is
+        stopped (partial files stay, and are resumed). A source llmgw does not
+        copy (a path on the node) is returned as it is.
         """
+        if not is_distributable(source):
+            return source
         lock = self._locks.setdefault(source, trio.Lock())
         if lock.locked():
             progress("waiting for the copy another shard on this node is making")

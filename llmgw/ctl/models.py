@@ -1,5 +1,9 @@
 """``llmgw ctl models``: each catalog model's weights: source, revision, size, holders, copies under way.
 
+A model's LoRA adapters are rows under it, their names marked (``└ sql``);
+in ``-o json`` each is an entry like a model's, following its model, with
+``adapter_of`` naming the model (null for a model).
+
 ``differing`` names the nodes whose seed folder holds other files than the
 model's manifest: they are no holders of it (``ctl events`` says which files).
 """
@@ -19,7 +23,7 @@ HEADERS = ["model", "source", "revision", "size", "digest", "holders", "copying"
 
 
 def model_rows(data: ModelList) -> list[list[str]]:
-    """One table row per model (what ``ctl models`` prints)."""
+    """One table row per model, and one per adapter under its model (what ``ctl models`` prints)."""
     return [_row(m) for m in data.models]
 
 
@@ -28,7 +32,7 @@ def _row(model: ModelStatus) -> list[str]:
         f"{c.node} {100 * c.bytes_present // c.bytes_total if c.bytes_total else 100}%" for c in model.copying
     )
     return [
-        model.name,
+        f"└ {model.name}" if model.adapter_of else model.name,
         model.source,
         model.revision or "-",
         format_bytes(model.size) if model.size is not None else "-",
@@ -55,5 +59,6 @@ def model_lines(data: ModelList, wide: bool) -> list[str]:
 def models(ctx: click.Context, output: str, watch: bool, interval: float) -> None:
     """List the catalog's models: source, pinned revision, size, digest, nodes holding a verified copy,
     copies under way (node and percent), and nodes whose seed folder differs from the manifest (no
-    holders: `ctl events` names the files). Size and digest show once a holder made the manifest."""
+    holders: `ctl events` names the files). Size and digest show once a holder made the manifest.
+    A model's LoRA adapters are the rows under it marked └, with the same columns."""
     show_admin(ctx, "/v1/admin/models", ModelList, model_lines, output, watch=watch, interval=interval)

@@ -127,6 +127,13 @@ class CheckReport:
         return tuple(w for p in self.programs for w in p.warnings)
 
     @property
+    def missing_features(self) -> tuple[str, ...]:
+        """The llmgw features the missing flags serve, each once, in flag order (``LoRA adapters
+        (max_adapters)``, ``multi-node rendezvous``); read by ``ctl engine-check`` to say what cannot be
+        used, and by whoever must not place such a feature on the engine."""
+        return tuple(dict.fromkeys(f.feature for f in self.missing if f.feature != "-"))
+
+    @property
     def ok(self) -> bool:
         """True when every program's help was read and documents every flag."""
         return not self.missing and not self.failures

@@ -203,6 +203,8 @@ def render_report(report: CheckReport, record: EngineRecord | None = None) -> st
     if report.missing:
         names = ", ".join(f.flag for f in report.missing)
         results.append(f"{len(report.missing)} of {len(report.flags)} flags missing: {names}")
+        if report.missing_features:
+            results.append(f"without them llmgw cannot use: {'; '.join(report.missing_features)}")
     for program in report.failures:
         unchecked = sum(1 for f in report.flags if f.program == program.program)
         results.append(

@@ -12,15 +12,24 @@ from collections.abc import Mapping
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
+from llmgw.server.state.records import Launch
 from llmgw.wire import CatalogChange, CatalogDiff
 
 __all__ = ["LAUNCH_FIELDS", "catalog_diff", "field_changes"]
 
 #: fields that change the command a replica's shards run: a running replica
-#: with a change here is outdated (the rest change placement or timings only)
+#: with a change here is outdated (the rest change placement or timings only).
+#: ``adapters`` is not one (adapters are loaded on the running engine) unless a model
+#: gains its first or loses its last; ``max_adapters`` and ``max_adapter_rank`` are the
+#: engine's LoRA flags, so they count for a model with adapters
+#: (:attr:`llmgw.server.state.records.Launch.command` decides, the same for the reconciler)
 LAUNCH_FIELDS = frozenset(
-    {"source", "profile", "served_name", "engine", "nodes", "gpus_per_node", "args", "sidecars"}
+    {
+        "source", "profile", "served_name", "engine", "nodes", "gpus_per_node", "args", "sidecars",
+        "max_adapters", "max_adapter_rank",
+    }
 )
+
 
 def catalog_diff(old: Catalog, new: Catalog, running: Mapping[str, int], revision: int = 0) -> CatalogDiff:
     """The changes from ``old`` to ``new``: models (with replicas to add, stop, and outdated), then profiles.
@@ -40,7 +49,7 @@ def catalog_diff(old: Catalog, new: Catalog, running: Mapping[str, int], revisio
         elif before is not None:
             fields = _model_fields(old, new, before, after)
             if fields:
-                launch = any(_name_of(line) in LAUNCH_FIELDS for line in fields)
+                launch = _launch_changed(old, new, name, fields)
                 changes.append(
                     CatalogChange(
                         "model",
@@ -65,6 +74,14 @@ def catalog_diff(old: Catalog, new: Catalog, running: Mapping[str, int], revisio
     return CatalogDiff(revision=revision, changes=tuple(changes))
 
 
+def _launch_changed(old: Catalog, new: Catalog, name: str, fields: list[str]) -> bool:
+    """Whether model ``name``'s replicas would run another command: what the reconciler judges outdated."""
+    was, now = Launch.of(old, name), Launch.of(new, name)
+    if was is None or now is None:  # a profile missing: judged by the fields' names
+        return any(_name_of(line) in LAUNCH_FIELDS for line in fields)
+    return was.command != now.command
+
+
 def _model_fields(old: Catalog, new: Catalog, before: Model, after: Model) -> list[str]:
     """A model's own changed fields, then its profile's (``profile NAME: args: ...``)."""
     fields = field_changes(before, after)
@@ -82,11 +99,19 @@ def _name_of(line: str) -> str:
 
 
 def field_changes(before: Model | Profile, after: Model | Profile) -> list[str]:
-    """One ``field: old -> new`` line per field of two records of one kind that differs."""
+    """One ``field: old -> new`` line per field of two records of one kind that differs; a mapping
+    (a model's ``adapters``) gives one ``field.KEY: old -> new`` line per key that differs, ``(none)``
+    standing for a key added or removed."""
     lines = []
     for field in attrs.fields(type(before)):
         was, now = getattr(before, field.name), getattr(after, field.name)
-        if was != now:
+        if was == now:
+            continue
+        if isinstance(was, Mapping) and isinstance(now, Mapping):  # one line per key: ``adapters.sql: ...``
+            for key in sorted(set(was) | set(now)):
+                if was.get(key) != now.get(key):
+                    lines.append(f"{field.name}.{key}: {was.get(key, '(none)')} -> {now.get(key, '(none)')}")
+        else:
             lines.append(f"{field.name}: {_shown(was)} -> {_shown(now)}")
     return lines
 

@@ -24,6 +24,7 @@ the engines in the llmgw repository keep beside it.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ import pytest
 from llmgw.engine import (
     Engine,
     HelpAndVersion,
+    HttpCall,
     LivenessProbe,
     ProgressMetrics,
     help_and_version_of,
@@ -364,3 +366,58 @@ class EngineContract:
         emitted = {flag for _, flag in self.checked_flags(engine)}
         stale = sorted(set(engine.flag_features) - emitted)
         assert not stale, f"flag_features labels flags the widest command never emits: {stale}"
+
+    # -- LoRA adapters (spec.lora, Engine.lora_*) -------------------------------
+
+    def test_lora_in_widest_spec(self, engine: Engine) -> None:
+        """An engine serving LoRA adapters has them in its widest spec, so engine-check checks their flags."""
+        if not engine.serves_lora:
+            pytest.skip("the engine serves no LoRA adapters")
+        lora = engine.widest_spec().lora
+        assert lora is not None, (
+            "serves_lora is True but widest_spec().lora is None: engine-check would never see the LoRA "
+            "flags; set lora=LoraSpec(...) in widest_spec()"
+        )
+        if engine.lora_at_start:
+            assert lora.at_start, "lora_at_start engines get every adapter in spec.lora.at_start: list some"
+
+    def test_lora_flags_only_with_adapters(self, engine: Engine, widest: LaunchSpec) -> None:
+        """A spec without adapters gets none of the LoRA flags, and flag_features names each LoRA flag."""
+        if not engine.serves_lora:
+            pytest.skip("the engine serves no LoRA adapters")
+        plain = attrs.evolve(widest, lora=None)
+        with_lora: set[str] = set()
+        without: set[str] = set()
+        for spec in self.ranks(widest):
+            with_lora |= set(flags_of(engine.build_command(spec)))
+        for spec in self.ranks(plain):
+            without |= set(flags_of(engine.build_command(spec)))
+        lora_flags = with_lora - without
+        unnamed = sorted(flag for flag in lora_flags if flag not in engine.flag_features)
+        assert not unnamed, (
+            f"flags emitted only for spec.lora have no flag_features entry: {unnamed}; name the LoRA "
+            "feature each serves, so engine-check tells an operator what a missing one breaks"
+        )
+
+    def test_lora_calls(self, engine: Engine) -> None:
+        """The load and unload calls are HttpCalls (absolute path, JSON body, positive timeout) or None, and
+        the request fields are JSON objects."""
+        if not engine.serves_lora:
+            pytest.skip("the engine serves no LoRA adapters")
+        for call in (engine.lora_load("sql", "/adapters/sql"), engine.lora_unload("sql")):
+            if call is None:
+                continue
+            assert isinstance(call, HttpCall), "lora_load/lora_unload must return an HttpCall or None"
+            assert call.path.startswith("/"), f"HttpCall.path {call.path!r} must start with '/'"
+            assert call.timeout > 0, "HttpCall.timeout must be > 0"
+            json.dumps(call.body)
+        known = ["sql", "chat"]
+        for fields in (
+            engine.lora_request_fields("sql", "base", known),
+            engine.lora_base_request_fields("base", known),
+        ):
+            assert isinstance(fields, Mapping), "request fields must be a mapping of body keys"
+            json.dumps(dict(fields))
+        assert engine.lora_request_fields("sql", "base", known) != engine.lora_request_fields(
+            "chat", "base", known
+        ), "two adapters get the same request fields: the gateway could not tell them apart"

@@ -5,6 +5,9 @@
 safetensors file holding one ``lora_A``/``lora_B`` pair of zeros, of the given rank), which is what
 ``llmgw-sim --enable-lora`` reads on ``POST /v1/load_lora_adapter``. The same arguments write the same bytes.
 Options make the broken adapters a load must refuse (no weights, a config that is not JSON).
+
+:func:`write_tiny_gguf_lora` writes what llama.cpp takes instead: a GGUF LoRA adapter file for the tiny
+model of :mod:`llmgw.testing.gguf` (needs the ``gguf`` test dependency).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import struct
 from pathlib import Path
 
-__all__ = ["make_sim_adapter", "safetensors_bytes"]
+__all__ = ["make_sim_adapter", "safetensors_bytes", "write_tiny_gguf_lora"]
 
 #: the hidden size of the adapter's tensors (tiny: the sim does not compute with them)
 HIDDEN = 8
@@ -90,3 +93,45 @@ def make_sim_adapter(
     else:
         target.unlink(missing_ok=True)
     return folder
+
+
+def write_tiny_gguf_lora(
+    path: str | Path, *, seed: int = 1, rank: int = 4, layers: int = 2, std: float = 0.5
+) -> Path:
+    """Write a GGUF LoRA adapter for :func:`llmgw.testing.gguf.write_tiny_gguf`'s model and return its path.
+
+    Called by tests that run a real ``llama-server --lora FILE``: llama.cpp takes adapters as GGUF files
+    (``general.type: adapter``, ``adapter.type: lora``, ``adapter.lora.alpha``, and ``<tensor>.lora_a`` /
+    ``.lora_b`` pairs, here for ``attn_q`` and ``attn_v`` of every block), as ``convert_lora_to_gguf.py``
+    writes them. Random weights of ``std`` change the model's text visibly; the same arguments write the
+    same bytes.
+
+    :param layers: the model's blocks (``write_tiny_gguf``'s ``layers``).
+    """
+    import gguf  # a test dependency, as for llmgw.testing.gguf
+    import numpy as np
+
+    from llmgw.testing.gguf import TinyModel
+
+    if rank < 1:
+        raise ValueError(f"rank must be >= 1, got {rank}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    width = TinyModel.embedding_length
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string(gguf.Keys.General.TYPE, "adapter")
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(rank))
+    for block in range(layers):
+        for name in ("attn_q", "attn_v"):
+            # numpy shape (rows, cols) is ggml ne {cols, rows}: A is ne {n_in, r}, B is ne {r, n_out}
+            a = (rng.standard_normal((rank, width)) * std).astype(np.float32)
+            b = (rng.standard_normal((width, rank)) * std).astype(np.float32)
+            writer.add_tensor(f"blk.{block}.{name}.weight.lora_a", a)
+            writer.add_tensor(f"blk.{block}.{name}.weight.lora_b", b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -11,11 +11,16 @@ A catalog ``source`` is one of:
   the revision to its commit, and the others copy it from peers like a seed;
 - any other name (a hub id such as ``meta-llama/Llama-3.1-8B``): handed to the engine as is.
 
+A model's LoRA adapters (its catalog ``adapters:``) have sources of the same
+kinds, and travel the same way (:func:`catalog_sources`, :func:`adapter_sources`).
+
 The first node holding (or downloading) a distributable source computes its :class:`Manifest`
 (every file's path, size and sha256); the server keeps it, and every copy is
 verified against it, file by file.
 """
 
+from llmgw.weights._adapter import ADAPTER_CONFIG, adapter_problem, adapter_rank
+from llmgw.weights._catalog import adapter_sources, catalog_sources
 from llmgw.weights._holding import agreeing_facts, differing_files, differs, holds
 from llmgw.weights._manifest import (
     MANIFEST_LIMIT,
@@ -36,6 +41,11 @@ from llmgw.weights._sources import (
 )
 
 __all__ = [
+    "ADAPTER_CONFIG",
+    "adapter_problem",
+    "adapter_rank",
+    "adapter_sources",
+    "catalog_sources",
     "MANIFEST_LIMIT",
     "agreeing_facts",
     "differing_files",

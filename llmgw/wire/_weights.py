@@ -101,7 +101,8 @@ class CopyProgress:
 
 @attrs.frozen
 class ModelStatus:
-    """One catalog model's weights for ``ctl models``: where they come from, how big, who holds them."""
+    """One catalog model's weights, or one of its LoRA adapters', for ``ctl models``: where they come from,
+    how big, who holds them."""
 
     name: str
     source: str
@@ -117,6 +118,9 @@ class ModelStatus:
     differing: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: whether llmgw copies it between nodes (seed:// and the like); False: it must be on the node already
     distributable: bool = False
+    #: for a LoRA adapter (``name`` is the adapter's), the model it is an adapter of; None for a model.
+    #: An adapter's entry follows its model's
+    adapter_of: str | None = None
 
 
 @attrs.frozen

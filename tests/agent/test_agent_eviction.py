@@ -155,3 +155,25 @@ async def test_room_maker_waits_while_every_copy_is_in_use(tmp_path, monkeypatch
     assert lines[0] == (
         "waiting for disk room: the copy needs 5.0 MB more, 1.0 MB free, and the other copies here are in use"
     )
+
+
+@pytest.mark.trio
+async def test_a_source_llmgw_does_not_copy_is_given_as_it_is(tmp_path):
+    """A path on the node (an adapter's, say) is neither made room for nor staged: it is the path to load."""
+    models = ModelsDir(tmp_path / "models")
+    asked: list[str] = []
+
+    async def nothing(*args) -> None:
+        return None
+
+    async def stage(source: str, progress) -> str:
+        asked.append(source)
+        return "/models/copy"
+
+    room = RoomMaker(
+        models, PeerFiles(models), server="https://127.0.0.1:1", server_context=lambda: None,
+        in_use=lambda: (set(), set()), report=nothing, copies_changed=nothing, node="node-1",
+    )  # fmt: skip
+    with trio.fail_after(5):
+        assert await room.wrap(stage)("/loras/sql", lambda *args: None) == "/loras/sql"
+    assert asked == []

@@ -94,3 +94,32 @@ def test_nodes_show_their_models_disk(monkeypatch):
     lines = CliRunner().invoke(cli.nodes, []).output.splitlines()
     assert "models disk" in lines[0]
     assert "16 MB free, 2 copies" in lines[2] and lines[3].split()[-2] == "-"
+
+
+ADAPTERS = ModelList(
+    (
+        ModelStatus("chat", "/models/chat", holders=("node-1",)),
+        ModelStatus(
+            "sql", "hf://acme/sql@main", revision="c" * 40, size=30_000_000, digest="cd" * 32,
+            holders=("node-1", "node-2"), distributable=True, adapter_of="chat",
+        ),  # fmt: skip
+        ModelStatus("code", "/models/code", holders=("node-2",)),
+    )
+)
+
+
+def test_models_shows_adapters_under_their_model(monkeypatch):
+    """An adapter is a row under its model, its name marked, with the same columns as a model's."""
+    lines = run(monkeypatch, module, module.models, ADAPTERS).splitlines()
+    assert [line.split()[0] for line in lines[2:]] == ["chat", "└", "code"]
+    assert lines[3].split()[2:] == [
+        "hf://acme/sql@main", "c" * 40, "30", "MB", "cdcdcdcdcdcd", "node-1,", "node-2", "-", "-",
+    ]  # fmt: skip
+
+
+def test_models_json_has_adapters_as_entries_naming_their_model(monkeypatch):
+    """-o json: one entry per model and per adapter, in the table's order; adapter_of names the model."""
+    data = json.loads(run(monkeypatch, module, module.models, ADAPTERS, "-o", "json"))
+    assert [(m["name"], m["adapter_of"]) for m in data["models"]] == [
+        ("chat", None), ("sql", "chat"), ("code", None),
+    ]  # fmt: skip

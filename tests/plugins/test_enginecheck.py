@@ -471,10 +471,25 @@ class TestCliOnRealEngines:
         result = invoke("vllm", "--help-file", str(HELP_DIR / "lacking" / "vllm-0.11.0-serve.txt"))
         assert result.exit_code == 1
         assert (
-            "result: 4 of 11 flags missing: --nnodes, --node-rank, --master-addr, --master-port"
+            "result: 4 of 14 flags missing: --nnodes, --node-rank, --master-addr, --master-port"
             in result.output
         )
         assert "warning" not in result.output
+
+    @needs("llmgw_engine_sglang")
+    def test_sglang_without_a_lora_flag(self, tmp_path):
+        """A help without --max-loaded-loras names it missing and says LoRA adapters cannot be used."""
+        real = (HELP_DIR / "sglang-0.5.3-launch_server.txt").read_text()
+        lacking = re.sub(r"\s*\[--max-loaded-loras MAX_LOADED_LORAS\]", "", real, count=1)
+        lacking = re.sub(r"^  --max-loaded-loras \S+\n", "", lacking, count=1, flags=re.MULTILINE)
+        (tmp_path / "help.txt").write_text(lacking)
+        result = invoke("sglang", "--help-file", str(tmp_path / "help.txt"))
+        assert result.exit_code == 1
+        row = r"missing +--max-loaded-loras +python +0-2 +LoRA adapters \(max_adapters\)\n"
+        assert re.search(row, result.output)
+        assert "result: without them llmgw cannot use: LoRA adapters (max_adapters)" in result.output
+        report = check_engine(get_plugin_manager().engines()["sglang"].engine, {"python": lacking})
+        assert report.missing_features == ("LoRA adapters (max_adapters)",)
 
     @needs("llmgw_engine_vllm")
     def test_vllm_plain_help(self):
@@ -495,7 +510,7 @@ class TestCliOnRealEngines:
         )
         result = invoke("vllm", "--binary", exe)
         assert result.exit_code == 0, result.output
-        assert "result: all 11 flags accepted" in result.output
+        assert "result: all 14 flags accepted" in result.output
 
     @needs("llmgw_engine_vllm")
     def test_vllm_binary_without_a_gpu(self, tmp_path):
@@ -519,7 +534,9 @@ class TestCliOnRealEngines:
             f"rpc-server={HELP_DIR / f'llamacpp-{commit}-rpc-server.txt'}",
         )
         assert result.exit_code == 0, result.output
-        assert "accepted  --rpc    llama-server" in result.output
+        assert re.search(r"accepted +--rpc +llama-server", result.output)
+        lora = r"accepted +--lora +llama-server +0 +LoRA adapters \(loaded at start\)"
+        assert re.search(lora, result.output)
 
     @needs("llmgw_engine_sglang")
     @pytest.mark.parametrize("version", ["0.5.3", "0.5.23"])

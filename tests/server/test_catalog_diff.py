@@ -92,3 +92,49 @@ class TestCatalogDiff:
         )
         [line] = catalog_diff(old, new, {"a": 1}).changes[0].fields
         assert line.startswith("profile one: sidecars: [] -> [{name: proxy, argv: [" + "x" * 100 + "]")
+
+
+def lora_catalog(adapters: dict[str, str], max_adapters: int = 4, **others: Model) -> Catalog:
+    """One model ``chat`` on profile ``lora`` with ``adapters``, and ``others`` on it too."""
+    profiles = {"lora": Profile(engine="sim", max_adapters=max_adapters)}
+    models = {"chat": Model(source="/chat", profile="lora", replicas=2, adapters=adapters), **others}
+    return Catalog(profiles=profiles, models=models)
+
+
+class TestAdapterDiff:
+    """Adapters are loaded on running engines: adding one restarts nothing; the LoRA limits do."""
+
+    def test_adding_and_removing_adapters_restarts_no_replica(self):
+        """Adapters added and removed are listed one per line, and no replica is outdated."""
+        old = lora_catalog({"sql": "hf://acme/sql@main", "old": "seed:///data/old"})
+        new = lora_catalog({"sql": "hf://acme/sql@main", "legal": "hf://acme/legal@v2"})
+        [change] = catalog_diff(old, new, {"chat": 2}).changes
+        assert change.fields == (
+            "adapters.legal: (none) -> hf://acme/legal@v2",
+            "adapters.old: seed:///data/old -> (none)",
+        )
+        assert (change.add, change.stop, change.outdated) == (0, 0, 0)
+
+    def test_a_changed_adapter_source_restarts_no_replica(self):
+        """A new source for an adapter is fetched and loaded again, on the running replicas."""
+        old = lora_catalog({"sql": "hf://acme/sql@v1"})
+        [change] = catalog_diff(old, lora_catalog({"sql": "hf://acme/sql@v2"}), {"chat": 2}).changes
+        assert change.fields == ("adapters.sql: hf://acme/sql@v1 -> hf://acme/sql@v2",)
+        assert change.outdated == 0
+
+    def test_the_first_adapter_enables_lora_so_replicas_restart(self):
+        """A model gaining its first adapter runs its engine with LoRA flags: its replicas are outdated."""
+        new = lora_catalog({"sql": "hf://acme/sql@main"})
+        [change] = catalog_diff(lora_catalog({}), new, {"chat": 2}).changes
+        assert change.outdated == 2
+
+    def test_max_adapters_restarts_the_replicas_of_models_with_adapters_only(self):
+        """``max_adapters`` is an engine flag: a model with adapters is outdated, one without is not."""
+        plain = Model(source="/plain", profile="lora")
+        old = lora_catalog({"sql": "hf://acme/sql@main"}, max_adapters=4, plain=plain)
+        new = lora_catalog({"sql": "hf://acme/sql@main"}, max_adapters=8, plain=plain)
+        chat, plain_change, profile = catalog_diff(old, new, {"chat": 2, "plain": 1}).changes
+        assert chat.name == "chat" and chat.outdated == 2
+        assert chat.fields == ("profile lora: max_adapters: 4 -> 8",)
+        assert plain_change.name == "plain" and plain_change.outdated == 0
+        assert profile.fields == ("max_adapters: 4 -> 8",)

@@ -103,7 +103,7 @@ class SyncEndpoints:
             revision=self.cluster.revision,
             shards=shards,
             check_sources=self.cluster.sources_to_check(),
-            stage_sources=stage,
+            stage_sources=views.stage_for(self.cluster, stage, shards),
             lost_after=self.cluster.settings.lost_after,
             disk_headroom=self.cluster.settings.disk_headroom,
             adapters=adapters,

@@ -32,7 +32,7 @@ from llmgw.server.state.records import (
 from llmgw.server.state.rollouts import RolloutBook
 from llmgw.server.state.silence import SilenceWatch
 from llmgw.server.state.stopping import HeldWorkers, StopOrder
-from llmgw.weights import Manifest
+from llmgw.weights import Manifest, catalog_sources
 from llmgw.wire import DesiredShard, GatewayActivity, ObservedShard, SyncRequest
 from llmgw.wire.causes import FailureCause
 
@@ -126,8 +126,8 @@ class ClusterState:
         return (launch.profile.ready_timeout if launch is not None else None) or self.settings.ready_timeout
 
     def sources_to_check(self) -> tuple[str, ...]:
-        """Every model source in the catalog, for agents to report on."""
-        return tuple(sorted({m.source for m in self.catalog.models.values()}))
+        """Every source in the catalog, models' and adapters', for agents to report on (and publish)."""
+        return catalog_sources(self.catalog)
 
     def node_revision(self, node_id: str) -> int:
         """The revision at which what ``node_id`` should run (or check) last changed."""

@@ -232,10 +232,13 @@ class Launch:
         """The fields that make the shards' commands: launches that differ here run different commands.
 
         The rest (ready timeout, stop grace, minimum GPU memory) is timing
-        or placement; a replica differing only there is not outdated.
+        or placement; a replica differing only there is not outdated. A
+        model's adapters are loaded on the running engine, so which adapters
+        it has is not here; whether it has any, and the profile's
+        ``max_adapters`` and ``max_adapter_rank``, are (the engine's LoRA flags).
         """
         model, profile = self.model, self.profile
-        return (
+        command = (
             model.source,
             model.profile,
             model.served_name,
@@ -245,6 +248,9 @@ class Launch:
             profile.args,
             profile.sidecars,
         )
+        # only for a model with adapters: a model without keeps the command (and a paused rollout's digest
+        # of it) it had before adapters existed
+        return (*command, (profile.max_adapters, profile.max_adapter_rank)) if model.adapters else command
 
 
 @attrs.define

@@ -20,6 +20,7 @@ from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
 from llmgw.server.views.adapters import adapter_routes, lora_spec
 from llmgw.server.views.rollouts import rollout_status
+from llmgw.weights import adapter_sources
 from llmgw.wire import (
     DesiredShard,
     DrainStatus,
@@ -91,6 +92,19 @@ def _shards_key(state: ClusterState, record: ReplicaRecord) -> tuple:
 def desired_for(state: ClusterState, node_id: str) -> tuple[DesiredShard, ...]:
     """The shards ``node_id`` should run now."""
     return desired(state).get(node_id, ())
+
+
+def stage_for(
+    state: ClusterState, stage: tuple[str, ...], shards: tuple[DesiredShard, ...]
+) -> tuple[str, ...]:
+    """What a node should copy with no shard of its own (its sync answer's ``stage_sources``): ``stage``
+    (ahead of a rollout) and the distributable LoRA adapters of the models of ``shards``, the shards it
+    runs, staged there ahead of any load (:func:`llmgw.weights.adapter_sources`).
+
+    Depends only on the catalog and the shards: the sync answer's cache needs no key of its own for it.
+    """
+    adapters = adapter_sources(state.catalog, (s.model for s in shards if not s.stop_after_rank0))
+    return tuple(sorted({*stage, *adapters})) if adapters else stage
 
 
 def _desired_shards(state: ClusterState, record: ReplicaRecord) -> Iterable[_NodeShard]:

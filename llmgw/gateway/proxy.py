@@ -105,14 +105,14 @@ class Proxy(Relaying):
         """Answer ``call`` with a replica's response, or an OpenAI-shaped error when every attempt failed.
 
         A request for a model that wakes on demand and has no replica is held first (see
-        :meth:`~llmgw.gateway.demand.Demand.hold`): 503 with ``Retry-After`` when it cannot wait.
+        :meth:`~llmgw.gateway.demand.Demand.hold`): 503 with ``Retry-After`` when it cannot wait. A request
+        for a LoRA adapter then waits for a replica with it loaded (:meth:`_forward_adapter`).
         """
         model = call.model
         demand = self.demand
-        if call.adapter is not None:
-            return await self._forward_adapter(call)
+        forward = self._forward if call.adapter is None else self._forward_adapter
         if model not in demand.wake_on_demand:
-            return await self._forward(call)
+            return await forward(call)
         demand.began(model)
         try:
             if not self.balancer.replicas(model):
@@ -127,9 +127,9 @@ class Proxy(Relaying):
                         call.after,
                     )
                 else:
-                    response = await self._forward(call)
+                    response = await forward(call)
             else:
-                response = await self._forward(call)
+                response = await forward(call)
         except BaseException:
             demand.ended(model)
             raise

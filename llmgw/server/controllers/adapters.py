@@ -12,11 +12,11 @@ reconciler applies:
 - :class:`Load` an adapter a gateway holds requests for and no replica loads: on the ready replica of its
   model where it costs least: a free slot first, on the least busy replica (its adapters' recent
   requests), else the replica whose least used loaded adapter is used least (requests decayed over a
-  minute, :meth:`~llmgw.server.state.adapters.AdapterUse.score`; ties: used longest ago), that adapter
-  unloaded in the same intent. Plain LRU unloads hot adapters: with a long tail, loads come faster than
-  gateways report use. An adapter being loaded is never unloaded for another; when every slot is
-  loading, the want waits for the next pass, as it does on a replica whose agent still reports the
-  adapter's last failed load;
+  minute, :meth:`~llmgw.server.state.adapters.AdapterUse.score`; within one request: the least busy
+  replica), that adapter unloaded in the same intent. Plain LRU unloads hot adapters: with a long tail,
+  loads come faster than gateways report use. An adapter being loaded is never unloaded for another;
+  when every slot is loading, the want waits for the next pass, as it does on a replica whose agent still
+  reports the adapter's last failed load;
 - one more :class:`Load` of an adapter so hot that the one replica serving it would carry more than half
   its fair share for it alone: the gateways spread its requests over its copies, as they do a model's
   over its replicas. A copy unloads only an adapter used less than it would be per copy.
@@ -219,8 +219,10 @@ def _place(
             use = book.use(model, evict)
             if ceiling is not None and use.score(now) >= ceiling:
                 continue
-            last = use.last_use if use.last_use is not None else float("-inf")
-            cost = (1, use.score(now), last, record.id)
+            # adapters used about as little (within one request): from the least busy replica, whose
+            # seats the requests waiting for this load find free
+            busy = _busy(state, model, held, desired, now)
+            cost = (1, math.floor(use.score(now)), busy, record.id)
         if best is None or cost < best[0]:
             best = (cost, record, evict)
     if best is None:

@@ -143,7 +143,7 @@ def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: flo
             book.forget(intent.replica)
         elif isinstance(intent, adapters.Ended):
             seen = intent.observed
-            if not book.ended(intent.replica, seen, intent.model):
+            if not book.ended(intent.replica, seen, intent.model, now):
                 continue
             took = f" in {seen.seconds:.2f} s" if seen.seconds is not None else ""
             if seen.state == AdapterState.FAILED:

@@ -14,8 +14,9 @@ reconciler applies:
   requests), else the replica whose least used loaded adapter is used least (requests decayed over a
   minute, :meth:`~llmgw.server.state.adapters.AdapterUse.score`; within one request: the least busy
   replica), that adapter unloaded in the same intent. Plain LRU unloads hot adapters: with a long tail,
-  loads come faster than gateways report use. An adapter being loaded is never unloaded for another;
-  when every slot is loading, the want waits for the next pass, as it does on a replica whose agent still
+  loads come faster than gateways report use. An adapter being loaded, or loaded less than ``RESIDENCY``
+  seconds ago (the requests that waited for it are being served), is never unloaded for another; when
+  every slot is loading, the want waits for the next pass, as it does on a replica whose agent still
   reports the adapter's last failed load;
 - one more :class:`Load` of an adapter so hot that the one replica serving it would carry more than half
   its fair share for it alone: the gateways spread its requests over its copies, as they do a model's
@@ -30,6 +31,7 @@ import math
 
 import attrs
 
+from llmgw.server.state.adapters import RESIDENCY
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import ReplicaRecord, ReplicaState
 from llmgw.wire import AdapterState, ObservedAdapter
@@ -251,7 +253,8 @@ def _least_used(
     state: ClusterState, record: ReplicaRecord, held: dict[str, str], model: str, now: float
 ) -> str | None:
     """The loaded adapter of ``record`` least used lately (its decayed request count; ties: the one used
-    longest ago); None when every one is still loading."""
+    longest ago), among those loaded at least :data:`~llmgw.server.state.adapters.RESIDENCY` seconds ago;
+    None when there is none (every one loading or just loaded)."""
     book = state.adapters
     observed = book.observed.get(record.id, {})
     loaded = [
@@ -260,6 +263,7 @@ def _least_used(
         if (seen := observed.get(name)) is not None
         and seen.attempt == record.attempt
         and seen.state == AdapterState.LOADED
+        and now - book.loaded_at.get((record.id, name), float("-inf")) >= RESIDENCY
     ]
     if not loaded:
         return None

@@ -17,12 +17,15 @@ import attrs
 
 from llmgw.wire import AdapterActivity, AdapterCause, AdapterFailure, AdapterState, ObservedAdapter
 
-__all__ = ["AdapterUse", "AdapterBook", "WANT_EXPIRES", "SCORE_DECAY"]
+__all__ = ["AdapterUse", "AdapterBook", "WANT_EXPIRES", "SCORE_DECAY", "RESIDENCY"]
 
 #: seconds a gateway's request for an adapter stays wanted when no replica of its model is ready to load it
 WANT_EXPIRES = 600.0
 #: seconds over which an adapter's request count decays to 1/e (:meth:`AdapterUse.score`)
 SCORE_DECAY = 60.0
+#: seconds an adapter stays loaded at least, so the requests that waited for its load are served by it
+#: (unloaded at once for a newer one, they found it gone and waited for it again)
+RESIDENCY = 3.0
 
 
 @attrs.define
@@ -69,6 +72,8 @@ class AdapterBook:
         self.counted: set[tuple[str, int, str]] = set()
         #: loads that ended since the server's metrics last took them: (model, what the agent reported)
         self.finished: list[tuple[str, ObservedAdapter]] = []
+        #: (replica id, adapter) -> when its last load on that replica ended (see :data:`RESIDENCY`)
+        self.loaded_at: dict[tuple[str, str], float] = {}
 
     def use(self, model: str, adapter: str) -> AdapterUse:
         """The use record of ``(model, adapter)``, made on first need."""
@@ -155,9 +160,10 @@ class AdapterBook:
         self.desired.pop(replica, None)
         self.routed.pop(replica, None)
         self.observed.pop(replica, None)
+        self.loaded_at = {k: v for k, v in self.loaded_at.items() if k[0] != replica}
         self.counted = {c for c in self.counted if c[0] != replica}
 
-    def ended(self, replica: str, observed: ObservedAdapter, model: str) -> bool:
+    def ended(self, replica: str, observed: ObservedAdapter, model: str, now: float) -> bool:
         """Count a load that ended (loaded or failed) once; a failure leaves the desired set.
 
         :returns: whether it was not counted before.
@@ -177,6 +183,7 @@ class AdapterBook:
                 held[1].pop(observed.name, None)
         else:
             use.loads += 1
+            self.loaded_at[(replica, observed.name)] = now
         return True
 
     def route(self, replica: str, loaded: frozenset[str]) -> None:

@@ -263,6 +263,7 @@ def _least_used(
         if (seen := observed.get(name)) is not None
         and seen.attempt == record.attempt
         and seen.state == AdapterState.LOADED
+        and (record.id, record.attempt, name) in book.counted  # its load's end is not news of this pass
         and now - book.loaded_at.get((record.id, name), float("-inf")) >= RESIDENCY
     ]
     if not loaded:

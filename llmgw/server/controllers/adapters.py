@@ -14,10 +14,11 @@ reconciler applies:
   requests), else the replica whose least used loaded adapter is used least (requests decayed over a
   minute, :meth:`~llmgw.server.state.adapters.AdapterUse.score`; within one request: the least busy
   replica), that adapter unloaded in the same intent. Plain LRU unloads hot adapters: with a long tail,
-  loads come faster than gateways report use. An adapter being loaded, or loaded less than ``RESIDENCY``
-  seconds ago (the requests that waited for it are being served), is never unloaded for another; when
-  every slot is loading, the want waits for the next pass, as it does on a replica whose agent still
-  reports the adapter's last failed load;
+  loads come faster than gateways report use. An adapter being loaded is never unloaded for another,
+  nor is a replica chosen whose least used adapter was loaded less than ``RESIDENCY`` seconds ago (the
+  requests that waited for it are being served; unloading a more used one in its stead would unload hot
+  adapters under a long tail); when no replica can take it now, the want waits for the next pass, as
+  it does on a replica whose agent still reports the adapter's last failed load;
 - one more :class:`Load` of an adapter so hot that the one replica serving it would carry more than half
   its fair share for it alone: the gateways spread its requests over its copies, as they do a model's
   over its replicas. A copy unloads only an adapter used less than it would be per copy.
@@ -253,8 +254,9 @@ def _least_used(
     state: ClusterState, record: ReplicaRecord, held: dict[str, str], model: str, now: float
 ) -> str | None:
     """The loaded adapter of ``record`` least used lately (its decayed request count; ties: the one used
-    longest ago), among those loaded at least :data:`~llmgw.server.state.adapters.RESIDENCY` seconds ago;
-    None when there is none (every one loading or just loaded)."""
+    longest ago); None when that one was loaded less than :data:`~llmgw.server.state.adapters.RESIDENCY`
+    seconds ago (the requests that waited for it are being served: a more used one is not unloaded in its
+    stead), or when every one is still loading."""
     book = state.adapters
     observed = book.observed.get(record.id, {})
     loaded = [
@@ -263,8 +265,6 @@ def _least_used(
         if (seen := observed.get(name)) is not None
         and seen.attempt == record.attempt
         and seen.state == AdapterState.LOADED
-        and (record.id, record.attempt, name) in book.counted  # its load's end is not news of this pass
-        and now - book.loaded_at.get((record.id, name), float("-inf")) >= RESIDENCY
     ]
     if not loaded:
         return None
@@ -275,4 +275,9 @@ def _least_used(
             return (0.0, float("-inf"))
         return (use.score(now), use.last_use if use.last_use is not None else float("-inf"))
 
-    return min(loaded, key=used)
+    least = min(loaded, key=used)
+    if (record.id, record.attempt, least) not in book.counted:  # its load's end is news of this very pass
+        return None
+    if now - book.loaded_at.get((record.id, least), float("-inf")) < RESIDENCY:
+        return None
+    return least

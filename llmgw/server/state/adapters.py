@@ -25,7 +25,7 @@ WANT_EXPIRES = 600.0
 SCORE_DECAY = 60.0
 #: seconds an adapter stays loaded at least, so the requests that waited for its load are served by it
 #: (unloaded at once for a newer one, they found it gone and waited for it again)
-RESIDENCY = 3.0
+RESIDENCY = 1.0
 
 
 @attrs.define

@@ -19,9 +19,9 @@ reconciler applies:
   requests that waited for it are being served; unloading a more used one in its stead would unload hot
   adapters under a long tail); when no replica can take it now, the want waits for the next pass, as
   it does on a replica whose agent still reports the adapter's last failed load;
-- one more :class:`Load` of an adapter so hot that the one replica serving it would carry more than half
-  its fair share for it alone: the gateways spread its requests over its copies, as they do a model's
-  over its replicas. A copy unloads only an adapter used less than it would be per copy.
+- one more :class:`Load` of an adapter so hot that the one replica serving it would carry more than a
+  quarter of its fair share for it alone: the gateways spread its requests over its copies, as they do a
+  model's over its replicas. A copy unloads only an adapter used less than it would be per copy.
 
 The controller writes nothing; :func:`step` is a pure function of the state and ``now``.
 """
@@ -92,6 +92,8 @@ Intent = Forget | Ended | Routed | Load | Satisfied
 #: decayed requests of a model's adapters (:meth:`~llmgw.server.state.adapters.AdapterUse.score`) below
 #: which no adapter gets a second copy (too few to tell a hot one)
 SPREAD_AFTER = 50.0
+#: an adapter gets a copy for each 1/SPREAD of a replica's fair share of the requests it takes
+SPREAD = 4
 
 
 def step(state: ClusterState, now: float) -> list[Intent]:
@@ -174,15 +176,17 @@ def _loads(
 
 def _copies(state: ClusterState, model: str, replicas: int, now: float) -> list[tuple[str, int]]:
     """The adapters of ``model`` that need more than one copy, each with how many: an adapter with share
-    ``s`` of the model's recent requests gets ``ceil(2 * s * replicas)`` (a replica would otherwise carry
-    more than half its fair share for it alone), once the model had :data:`SPREAD_AFTER` requests lately."""
+    ``s`` of the model's recent requests gets ``ceil(SPREAD * s * replicas)`` (a replica would otherwise
+    carry more than 1/SPREAD of its fair share for it alone: the adapters on one replica are uneven, and
+    a replica kept busy by one while others idle loses throughput), once the model had
+    :data:`SPREAD_AFTER` requests lately."""
     scores = {name: use.score(now) for (m, name), use in state.adapters.uses.items() if m == model}
     total = sum(scores.values())
     if total < SPREAD_AFTER:
         return []
     out = []
     for name, score in sorted(scores.items(), key=lambda item: -item[1]):
-        wanted = min(replicas, math.ceil(2 * replicas * score / total))
+        wanted = min(replicas, math.ceil(SPREAD * replicas * score / total))
         if wanted < 2:
             break
         out.append((name, wanted))

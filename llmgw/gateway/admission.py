@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from llmgw.tenancy.bucket import KeyBuckets
+from llmgw.tenancy.bucket import KeyBuckets, follow_keys
 from llmgw.wire import KeyLimits, Priority
 
 if TYPE_CHECKING:
@@ -109,6 +109,11 @@ class _KeyState(KeyBuckets):
         super().__init__(limits, now)
         self.in_flight = 0
 
+    @classmethod
+    def new(cls, _name: str, limits: KeyLimits, now: float) -> _KeyState:
+        """A key new to the gateway: its buckets full."""
+        return cls(limits, now)
+
 
 class Ticket:
     """An admitted request of a limited key: :meth:`done` once its answer is over."""
@@ -156,16 +161,7 @@ class Admission:
         Called on every new table: a key whose limits are unchanged keeps its buckets; one whose limits
         changed keeps what it used of the limits that stay.
         """
-        now = self.clock()
-        kept = {}
-        for name, wanted in limits.items():
-            state = self._keys.get(name)
-            if state is None:
-                state = _KeyState(wanted, now)
-            elif state.limits != wanted:
-                state.follow(wanted, now)
-            kept[name] = state
-        self._keys = kept
+        self._keys = follow_keys(self._keys, limits, self.clock(), _KeyState.new)
         if self.leases is not None:
             self.leases.forget({name for name, wanted in limits.items() if wanted.rpm or wanted.tpm})
             self.leases.budgeted = any(wanted.budget is not None for wanted in limits.values())
@@ -217,7 +213,7 @@ class Admission:
             wait = state.requests.wait(1.0, now)
             if wait > 0:
                 return Refused(Cause.RPM, key, limits.rpm or 0, wait)
-            if leases is not None and not leases.take(key):
+            if leases is not None and not leases.take(key, again=again):
                 fleet = leases.requests_wait(key)
                 retry = fleet if fleet is not None else leases.period
                 return Refused(Cause.RPM, key, limits.rpm or 0, retry, renewable=fleet is None)

@@ -10,15 +10,19 @@ while the fleet's token bucket is positive. The gateway asks
 (one second, the server says) for the keys it saw requests of, reporting the
 tokens their answers used; and at once, while the request waits, when a key
 it holds nothing for is asked for and the fleet had some left at the last
-answer. Requests it holds unused for a whole period go back to the server.
+answer. It asks for what the key's requests took in the last period (or the
+current one, when more): a steady key holds a period's requests and does not
+wait for an exchange per request. Requests it holds unused for a whole period
+go back to the server.
 
 Accuracy: the fleet never admits more requests than the server's bucket
 lent (the limit per minute, refilled evenly); it may admit fewer while a
 gateway holds requests it does not use (at most what it asked for in one
 period) or died holding them. Tokens are charged once answers end, reported
 within a period: the fleet may go over ``tpm`` by what its requests in flight
-and one period's answers use, as one process does. A new leader starts its
-buckets full.
+and one period's answers use, as one process does. A new leader starts the
+buckets of the keys it found empty: a failover lends no fresh minute
+(:mod:`llmgw.server.state.allowances`).
 
 Every answer's tokens, of any key, are reported per key and model with the
 next exchange (:meth:`Leases.used`): the server counts them against budgets
@@ -65,15 +69,31 @@ ALLOWANCES_PATH = "/v1/gateway/allowances"
 class _Lease:
     """What the gateway holds of one key and what it saw since its last exchange."""
 
-    __slots__ = ("held", "asked", "waiting", "tokens", "last_seen", "requests_until", "tokens_until")
+    __slots__ = (
+        "held",
+        "asked",
+        "before",
+        "window_start",
+        "waiting",
+        "reserved",
+        "tokens",
+        "last_seen",
+        "requests_until",
+        "tokens_until",
+    )
 
     def __init__(self) -> None:
         #: requests granted and not used yet
         self.held = 0
-        #: requests of the key since the last exchange (admitted or not)
+        #: requests of the key (admitted or not) since ``window_start``, and in the period before it
         self.asked = 0
+        self.before = 0
+        #: the clock's time the current window of one period began
+        self.window_start = 0.0
         #: requests waiting now for an exchange to end
         self.waiting = 0
+        #: of ``held``, what the last exchange lent for the requests that waited for it and did not take yet
+        self.reserved = 0
         #: tokens used by answers that ended since the last exchange (not reported yet)
         self.tokens = 0
         #: the clock's time of the key's last request
@@ -133,10 +153,19 @@ class Leases:
         lease.asked += 1
         lease.last_seen = self.clock()
 
-    def take(self, key: str) -> bool:
-        """Spend one held request of ``key``; False when none is held (nothing spent)."""
+    def take(self, key: str, *, again: bool = False) -> bool:
+        """Spend one held request of ``key``; False when none is held (nothing spent).
+
+        What an exchange lent goes first to the requests that waited for it (``again``: one of them asks
+        again, :meth:`refresh`): a request that arrives just after the answer, before they ask, takes only
+        what they leave.
+        """
         lease = self._lease(key)
-        if lease.held >= 1:
+        if again and lease.held >= 1:
+            lease.reserved = max(0, lease.reserved - 1)
+            lease.held -= 1
+            return True
+        if lease.held > lease.reserved:
             lease.held -= 1
             return True
         return False
@@ -180,6 +209,7 @@ class Leases:
         lease = self._leases.get(key)
         if lease is None:
             lease = self._leases[key] = _Lease()
+            lease.window_start = self.clock()
         return lease
 
     # -- exchanges ---------------------------------------------------------------------------------
@@ -209,20 +239,35 @@ class Leases:
             finally:
                 answered.set()
 
-    async def exchange(self) -> None:
-        """One request and its answer: report the keys' demand and tokens, take what is lent."""
+    async def close(self) -> None:
+        """The last exchange of a gateway that stops: report the usage not reported yet and give back every
+        request held, asking for none. Called once no request is in flight; callers own the deadline.
+
+        A gateway killed (SIGKILL) loses what it had not reported: at most one period of its answers."""
+        if self.supported is not True or not self.up:  # never answered, no such endpoint, or unreachable now
+            return
+        await self.exchange(last=True)
+
+    async def exchange(self, *, last: bool = False) -> None:
+        """One request and its answer: report the keys' demand and tokens, take what is lent (``last``:
+        give back everything held and ask for nothing: the gateway stops)."""
         demands = []
         sent: dict[str, tuple[int, int]] = {}
         returned: dict[str, int] = {}
         now = self.clock()
         for key, lease in self._leases.items():
-            wanted = max(lease.waiting, lease.asked) - lease.held
-            if lease.held and now - lease.last_seen >= self.period:  # unused for a period: back to the fleet
-                returned[key], lease.held = lease.held, 0
-            elif wanted <= 0 and not lease.tokens:
+            if now - lease.window_start >= self.period:  # a new window: the last one's count is the demand
+                lease.before = lease.asked if now - lease.window_start < 2 * self.period else 0
+                lease.asked, lease.window_start = 0, now
+            wanted = max(lease.waiting, lease.before, lease.asked) - lease.held
+            if lease.held and (last or now - lease.last_seen >= self.period):  # unused: back to the fleet
+                returned[key], lease.held, wanted = lease.held, 0, 0
+            elif (wanted <= 0 or last) and not lease.tokens:
                 continue
+            if last:
+                wanted = 0
             demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
-            sent[key] = (lease.asked, lease.tokens)
+            sent[key] = (lease.tokens, lease.waiting)
         usage, self._usage = self._usage, {}
         if not demands and not usage and not self.budgeted:
             return
@@ -238,16 +283,16 @@ class Leases:
             return
         self.spent = {spent.key: spent for spent in reply.spent}
         now = self.clock()
-        for key, (asked, tokens) in sent.items():  # what came in meanwhile stays for the next exchange
+        for key, (tokens, _) in sent.items():  # what came in meanwhile stays for the next exchange
             lease = self._leases.get(key)
             if lease is not None:
-                lease.asked -= min(asked, lease.asked)
                 lease.tokens -= min(tokens, lease.tokens)
         for allowance in reply.keys:
             lease = self._leases.get(allowance.key)
             if lease is None:
                 continue
             lease.held += allowance.granted
+            lease.reserved = min(lease.held, sent[allowance.key][1]) if allowance.key in sent else 0
             lease.requests_until = now + allowance.requests_wait
             lease.tokens_until = now + allowance.tokens_wait
         self.period = min(max(reply.period, 0.05), 60.0)

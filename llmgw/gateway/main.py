@@ -218,6 +218,9 @@ class Gateway:
 
     async def _serve_http(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.server.serve(self.config.host, self.config.port, task_status=task_status)
+        if self.leases is not None:  # the last answers' usage is counted against budgets, held leases go back
+            with trio.move_on_after(self.leases.timeout):
+                await self.leases.close()
         nursery.cancel_scope.cancel()  # shut down: the routes watcher stops too
 
     def shutdown(self, grace: float) -> None:

@@ -5,12 +5,13 @@ Pure: every method takes the time (seconds on a monotonic clock) from its caller
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from llmgw.wire import KeyLimits
 
-__all__ = ["KeyBuckets", "TokenBucket"]
+__all__ = ["KeyBuckets", "TokenBucket", "follow_keys"]
 
 
 class TokenBucket:
@@ -39,6 +40,11 @@ class TokenBucket:
         """Seconds until the level reaches ``amount`` (0: it has); nothing taken."""
         missing = amount - self.refill(now)
         return 0.0 if missing <= 0 else missing / self.rate
+
+    def drain(self, since: float) -> None:
+        """Empty it as of ``since`` (at most the clock's time now): it refills from then on."""
+        self.level = 0.0
+        self.stamp = since
 
     def take(self, amount: float, now: float) -> None:
         """Remove ``amount``; the level may go negative (tokens charged after the fact)."""
@@ -73,6 +79,13 @@ class KeyBuckets:
         self.requests = _resized(self.requests, limits.rpm, now)
         self.tokens = _resized(self.tokens, limits.tpm, now)
 
+    def drain(self, since: float) -> None:
+        """Empty both buckets as of ``since``: for a key whose earlier use is not known (a new leader, see
+        :class:`~llmgw.server.state.allowances.Lender`)."""
+        for bucket in (self.requests, self.tokens):
+            if bucket is not None:
+                bucket.drain(since)
+
     def tokens_wait(self, now: float) -> float:
         """Seconds until the tpm bucket is positive again (0: it is, or there is no tpm limit)."""
         if self.tokens is None:
@@ -88,3 +101,30 @@ def _resized(bucket: TokenBucket | None, per_minute: int | None, now: float) -> 
         return TokenBucket(per_minute, now)
     bucket.resize(per_minute, now)
     return bucket
+
+
+Buckets = TypeVar("Buckets", bound=KeyBuckets)
+
+
+def follow_keys(
+    held: Mapping[str, Buckets],
+    limits: Mapping[str, KeyLimits],
+    now: float,
+    make: Callable[[str, KeyLimits, float], Buckets],
+) -> dict[str, Buckets]:
+    """Every key's buckets for new ``limits`` (key name -> limits), from those ``held`` so far.
+
+    Called when the keys' limits may have changed (a gateway's new routes table, every lease request on
+    the server). A key whose limits are unchanged keeps its buckets; one whose limits changed keeps what
+    it used of the limits that stay (:meth:`KeyBuckets.follow`); a key new here gets ``make(name, limits,
+    now)``; a key not named is dropped.
+    """
+    kept = {}
+    for name, wanted in limits.items():
+        buckets = held.get(name)
+        if buckets is None:
+            buckets = make(name, wanted, now)
+        elif buckets.limits != wanted:
+            buckets.follow(wanted, now)
+        kept[name] = buckets
+    return kept

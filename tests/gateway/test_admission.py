@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
+from llmgw.gateway.leases import Leases
+from llmgw.net.client import ConnectionPool
 from llmgw.tenancy.bucket import TokenBucket
-from llmgw.wire import KeyLimits
+from llmgw.wire import KeyLimits, SpentKey
 
 
 class FakeClock:
@@ -173,3 +177,20 @@ class TestUpdate:
         assert gate.admit("alice", "m").cause is Cause.RPM
         gate.update({})
         assert gate.admit("alice", "m") is None
+
+
+class TestBudgetRetryAfter:
+    """A spent key's Retry-After counts to its period's end on the wall clock, not the monotonic one."""
+
+    def test_retry_after_is_the_wall_time_left_until_the_budget_resets(self, clock):
+        """The monotonic clock reads 1000 s; the server says the budget resets 90.4 s from now (UNIX time):
+        Retry-After is 91, and the message names that UTC minute."""
+        leases = Leases(ConnectionPool(), "http://127.0.0.1:1", clock)
+        gate = Admission(clock, leases)
+        gate.update({"k": KeyLimits(budget=100)})
+        resets_at = time.time() + 90.4
+        leases.spent = {"k": SpentKey("k", 100, "day", resets_at)}
+        refused = gate.admit("k", "m")
+        assert isinstance(refused, Refused) and refused.cause is Cause.BUDGET
+        assert refused.retry_seconds() in (90, 91)  # 91, or 90 if a second passed since
+        assert time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(resets_at)) in refused.message("m")

@@ -7,6 +7,7 @@ import time
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
 from llmgw.gateway.leases import ALLOWANCES_PATH, Leases
@@ -82,6 +83,18 @@ class TestLender:
         assert lender.lend(faster, ask("a", KeyDemand("k", wanted=5)), 1.0).keys[0].granted == 0
         reply = lender.lend(faster, ask("a", KeyDemand("k", wanted=5)), 1.5)
         assert reply.keys[0].granted == 5  # the bucket kept what was used, and refills at the new rate
+
+    def test_a_new_leader_lends_the_keys_it_found_from_an_empty_bucket(self):
+        """A leader that began at 100 s with key k (rpm 60) made before: k is lent its rate from then (10 at
+        110 s), never a fresh minute; from 90 s to 150 s the two leaders lent 110, within what one leader
+        may (rpm * (1 + 60/60)); a key made after the leader began is lent its whole minute."""
+        old, new = Lender(), Lender()
+        limits = {"k": KeyLimits(rpm=60), "later": KeyLimits(rpm=60)}
+        assert old.lend(limits, ask("a", KeyDemand("k", wanted=60)), 90.0).keys[0].granted == 60
+        new.carry(["k"], 100.0)  # the old leader dies; the new one loads the keys at 100 s
+        reply = new.lend(limits, ask("a", KeyDemand("k", wanted=60), KeyDemand("later", wanted=60)), 110.0)
+        assert [(a.key, a.granted) for a in reply.keys] == [("k", 10), ("later", 60)]
+        assert new.lend(limits, ask("a", KeyDemand("k", wanted=60)), 150.0).keys[0].granted == 40
 
 
 class FleetServer:
@@ -247,3 +260,76 @@ async def test_every_keys_usage_is_reported_and_a_spent_key_refused_until_its_pe
         "API key 'k' has used its budget of 100 tokens per day (budget); it resets at "
     )
     assert b.admit("free", "m") is None
+
+
+async def test_a_steady_key_is_lent_a_period_of_requests_not_one_per_exchange(nursery, clock):
+    """A key far below its rpm, sent 20 requests per period one at a time: after its first period the
+    gateway holds enough for the next, so the 20 requests of the second period take at most 2 exchanges
+    (not one each), and none is refused."""
+    limits = {"k": KeyLimits(rpm=10**6)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    admission = await gateway(nursery, f"http://{host}:{port}", clock, limits)
+    first = [await admit(admission) for _ in range(20)]
+    clock.now += 1.0
+    before = admission.leases.exchanges
+    with trio.fail_after(5):
+        await admission.leases.exchange()  # the periodic exchange at the period's end
+    second = [await admit(admission) for _ in range(20)]
+    assert all(isinstance(a, Ticket) for a in first + second)
+    assert admission.leases.exchanges - before <= 2
+
+
+async def test_a_stopping_gateway_reports_its_last_usage_and_gives_back_what_it_holds(nursery, clock):
+    """close(): the tokens of answers not reported yet reach the server (they count against budgets), and
+    the requests held unused go back to the fleet, where another gateway is lent them at once."""
+    limits = {"k": KeyLimits(rpm=4, budget=10**6)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    a, c = [await gateway(nursery, f"http://{host}:{port}", clock, limits) for _ in range(2)]
+    for _ in range(3):
+        a.admit("k", "m")  # demand seen: the next exchange asks for 4
+    assert isinstance(await admit(a), Ticket) and a.leases._leases["k"].held == 3
+    a.leases.used("k", "m", (7, 5))
+    with trio.fail_after(5):
+        await a.leases.close()
+    assert server.asked[-1].keys[0].returned == 3 and server.asked[-1].keys[0].wanted == 0
+    assert ("k", "m", 1, 7, 5) in {(u.key, u.model, u.requests, u.prompt_tokens, u.completion_tokens)
+                                   for u in server.asked[-1].usage}  # fmt: skip
+    later = [await admit(c) for _ in range(4)]
+    assert [isinstance(x, Ticket) for x in later] == [True, True, True, False]
+
+
+async def test_requests_waiting_for_an_exchange_get_what_it_lent_before_newcomers(nursery, clock):
+    """Ten requests of an idle key wait for an exchange, which lends ten; a request arriving after the answer
+    but before they ask again is refused and waits for the next exchange, and all ten are admitted."""
+    limits = {"k": KeyLimits(rpm=10**6)}
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
+    admission = Admission(clock, leases)
+    admission.update(limits)  # no exchange task: the test makes the one exchange and wakes the waiters
+    answered = leases._answered
+    answers: list = []
+
+    async def waiting() -> None:
+        await leases.refresh("k")
+        answers.append(admission.admit("k", "m", again=True))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as inner:
+            for _ in range(10):
+                assert isinstance(admission.admit("k", "m"), Refused)  # nothing held yet
+                inner.start_soon(waiting)
+            await trio.testing.wait_all_tasks_blocked()
+            await leases.exchange()
+            assert leases._leases["k"].held == 10
+            newcomer = admission.admit("k", "m")
+            leases._answered = trio.Event()  # the next exchange's, as the exchange task swaps them
+            inner.start_soon(leases.refresh, "k")  # the newcomer waits for the next exchange...
+            await trio.testing.wait_all_tasks_blocked()
+            answered.set()  # ...and takes nothing from those that waited for this one
+            await trio.testing.wait_all_tasks_blocked()
+            inner.cancel_scope.cancel()
+    assert isinstance(newcomer, Refused) and newcomer.renewable
+    assert len(answers) == 10 and all(isinstance(a, Ticket) for a in answers)

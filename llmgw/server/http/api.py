@@ -125,7 +125,7 @@ class ServerApp(
         self._suspects: dict[str, list] = {}
         #: API key name -> its record (hash of the secret, dates, limits)
         self.keys: dict[str, KeyRecord] = {}
-        #: the fleet's buckets of the rate-limited keys (in memory: a new leader starts them full)
+        #: the fleet's buckets of the rate-limited keys (in memory: a new leader starts them empty)
         self.lender = Lender()
         #: every key's usage this month, read from the store when this server first lends
         self.budgets = Budgets()

@@ -27,6 +27,7 @@ from llmgw.server.persist.cluster import (
 )
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.reconciler import Reconciler
+from llmgw.server.state.allowances import Lender
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import KeyRecord
 from llmgw.tenancy.periods import period_bounds
@@ -75,12 +76,20 @@ class KeysEndpoints:
     keys: dict[str, KeyRecord]
     read_only: bool
     _usage_lock: trio.Lock
+    #: the fleet's buckets of the rate-limited keys
+    lender: Lender
     #: write the usage the gateways reported (:class:`llmgw.server.http.routes.RoutesEndpoints`)
     flush_usage: Callable[[float], Awaitable[None]]
 
     async def load_keys(self) -> None:
-        """Read the API keys from the store; called once at start."""
+        """Read the API keys from the store; called once, when this server begins to lead.
+
+        The fleet's buckets of these keys start empty now
+        (:meth:`~llmgw.server.state.allowances.Lender.carry`): a leader before this one may have lent what
+        they held.
+        """
         self.keys = await self.store.run(load_api_keys)
+        self.lender.carry(self.keys, self.clock())
 
     async def _list_keys(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         keys = tuple(

@@ -201,6 +201,28 @@ panel(
     ],
     unit="reqps",
 )
+panel(
+    "LoRA adapter requests: hits and misses",
+    [(f"sum by (model, outcome) (rate(llmgw_gateway_adapter_requests_total{{{M}}}[{R}]))", "{{model}} {{outcome}}")],
+    unit="reqps",
+    desc="Requests for an adapter a replica had loaded (hit) or none had (miss: held for a load).",
+)
+panel(
+    "LoRA adapter loads by outcome",
+    [(f"sum by (model, outcome) (rate(llmgw_server_adapter_loads_total{{{M}}}[{R}]))", "{{model}} {{outcome}}")],
+    unit="ops",
+    desc="Loads that ended: loaded, or the failure's cause (staging, refused, unreachable, unsupported).",
+)
+panel(
+    "LoRA adapter load time (p95) and adapters loaded",
+    [
+        (
+            f"histogram_quantile(0.95, sum by (le, model) (rate(llmgw_server_adapter_load_seconds_bucket{{{M}}}[{R}])))",
+            "{{model}} load p95 (s)",
+        ),
+        (f"sum by (model) (llmgw_server_adapters_loaded{{{M}}})", "{{model}} loaded"),
+    ],
+)
 newrow("Gateway")
 panel(
     "Requests by status",

@@ -47,6 +47,7 @@ from llmgw.agent.blocking import blockers_of
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.credentials import Credentials
 from llmgw.agent.facts import with_weights
+from llmgw.agent.lora import AdapterLoader, rank0_of
 from llmgw.agent.models_dir import ModelsDir
 from llmgw.agent.process import Child
 from llmgw.agent.records import ProcessRecords
@@ -129,6 +130,8 @@ class Agent:
         self.server_lost_after: float | None = None
         #: supervisors of adopted shards, started by :meth:`run`
         self._adopted: list[ShardSupervisor] = []
+        #: the LoRA adapters of the replicas whose rank 0 runs here, loaded on the server's word
+        self.adapters = AdapterLoader(rank0_of(self.supervisors), self.notify)
 
     # -- local state ---------------------------------------------------------------------------------
 
@@ -136,6 +139,7 @@ class Agent:
         """Something local changed: sync now (cancels the long-poll in flight)."""
         self._changed.set()
         self._changed = trio.Event()
+        self.adapters.poke()
 
     def report_previous(self, shard_records: list[dict[str, Any]]) -> None:
         """Report the shards an earlier agent ran and this one could not adopt as ``exited``."""
@@ -311,6 +315,7 @@ class Agent:
             checked_sources=self.sources_checked,
             instance=self.instance,
             load=[s.load for s in self.supervisors.values() if s.load],
+            adapters=self.adapters.report(),
         )
 
     async def run(self, shards_nursery: trio.Nursery) -> None:
@@ -319,6 +324,8 @@ class Agent:
         for supervisor in self._adopted:
             shards_nursery.start_soon(self._supervise, supervisor, [])
         self._adopted = []
+        self.adapters.stage = self.stage
+        shards_nursery.start_soon(self.adapters.run)
         servers = ServerList.parse(self.config.server)
         settings = self.config.sync
         timeout = httpx.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
@@ -391,6 +398,7 @@ class Agent:
                 self.last_sync = trio.current_time()
                 if reply.revision != self.revision:
                     self.apply(reply)
+                self.adapters.update(reply.adapters)
                 self.note_sources(reply)
                 self.disk_headroom = reply.disk_headroom
                 self.server_lost_after = reply.lost_after

@@ -16,6 +16,7 @@ import click
 
 from llmgw.catalog import catalog_summary, load_catalog
 from llmgw.cli import Group
+from llmgw.ctl.adapters import adapters
 from llmgw.ctl.autoscale import autoscale
 from llmgw.ctl.catalog import apply, catalog, diff, installed_engines
 from llmgw.ctl.client import AdminClient, CtlError, segment
@@ -322,6 +323,7 @@ for _command in (
     catalog,
     rollout,
     autoscale,
+    adapters,
     events,
     servers,
     cordon,

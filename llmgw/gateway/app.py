@@ -40,6 +40,7 @@ import time
 
 import trio
 
+from llmgw.gateway.adapters import resolve
 from llmgw.gateway.admission import Admission, Refused, Ticket
 from llmgw.gateway.balancer import Balancer
 from llmgw.gateway.errors import openai_error
@@ -276,6 +277,9 @@ class GatewayApp:
         if not isinstance(model, str) or not model:
             message = "you must provide a model parameter" if model is None else "'model' must be a string"
             return openai_error(400, message, param="model"), UNKNOWN_MODEL, None
+        requested, adapter = model, None
+        if model not in table.models and (named := resolve(table, model)) is not None:
+            model, adapter = named
         if model not in table.models:
             message = f"The model `{model}` does not exist or you do not have access to it."
             return openai_error(404, message, param="model", code="model_not_found"), UNKNOWN_MODEL, None
@@ -295,6 +299,8 @@ class GatewayApp:
             session=request.header(SESSION_HEADER) or None,
             start=start,
             key=key,
+            adapter=adapter,
+            requested=requested,
         )
         if self.balancer.routing == "prefix":
             call.prefix = prefix_keys(prompt_text(endpoint, body))
@@ -341,16 +347,28 @@ class GatewayApp:
 
     # -- listing -------------------------------------------------------------------------------
 
-    def _model_object(self, model: str) -> dict:
-        return {"id": model, "object": "model", "created": self.created, "owned_by": "llmgw"}
+    def _model_object(self, model: str, parent: str | None = None) -> dict:
+        entry = {"id": model, "object": "model", "created": self.created, "owned_by": "llmgw"}
+        if parent is not None:  # a LoRA adapter, as vLLM lists one
+            entry.update(parent=parent, root=parent)
+        return entry
 
     def _models(self) -> Response:
+        """``GET /v1/models``: the servable models, and the LoRA adapters of each (with their ``parent``)."""
         table = self.watcher.table
         ready = sorted(m for m in table.models if self._servable(m)) if table is not None else []
-        return Response.json(200, {"object": "list", "data": [self._model_object(m) for m in ready]})
+        data = [self._model_object(m) for m in ready]
+        if table is not None:
+            servable = set(ready)
+            adapters = sorted((e.model, name) for name, e in table.adapters.items() if e.model in servable)
+            data += [self._model_object(name, parent) for parent, name in adapters]
+        return Response.json(200, {"object": "list", "data": data})
 
     def _model(self, model: str) -> Response:
         table = self.watcher.table
+        named = resolve(table, model) if table is not None and model not in table.models else None
+        if named is not None and self._servable(named[0]):
+            return Response.json(200, self._model_object(named[1], named[0]))
         if table is None or model not in table.models:
             message = f"The model `{model}` does not exist or you do not have access to it."
             return openai_error(404, message, param="model", code="model_not_found")

@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 import attrs
 
 from llmgw.gateway.prefix import PrefixTable
-from llmgw.wire import Route
+from llmgw.wire import AdapterRoutes, Route
 
 __all__ = ["BreakerState", "Breaker", "Upstream", "Balancer", "ROUTING_POLICIES"]
 
@@ -241,6 +241,8 @@ class Balancer:
         self._rng = rng or random.Random()
         self._models: dict[str, tuple[Upstream, ...]] = {}
         self._replicas: dict[Route, Upstream] = {}
+        #: (adapter, replica id) -> the request fields its engine wants for the adapter
+        self._adapter_fields: dict[tuple[str, str], Mapping[str, object]] = {}
 
     def update(self, routes: Mapping[str, Collection[Route]]) -> list[Upstream]:
         """Replace the routes; a replica that stays keeps its in-flight count and breaker.
@@ -263,6 +265,24 @@ class Balancer:
         left = [replica for route, replica in self._replicas.items() if route not in replicas]
         self._replicas, self._models = replicas, models
         return left
+
+    def update_adapters(self, adapters: Mapping[str, AdapterRoutes]) -> None:
+        """Take where each LoRA adapter is loaded (the routes feed's ``adapters``); called after
+        :meth:`update` with the same table. An adapter is chosen like a model, among the replicas of
+        its base that have it loaded (the same :class:`Upstream` objects: one in-flight count each)."""
+        by_id = {upstream.name: upstream for upstream in self._replicas.values()}
+        fields: dict[tuple[str, str], Mapping[str, object]] = {}
+        for name, entry in adapters.items():
+            chosen = tuple(by_id[r] for r in sorted(entry.loaded) if r in by_id)
+            if chosen and name not in self._models:
+                self._models[name] = chosen
+            for replica, wanted in entry.loaded.items():
+                fields[(name, replica)] = wanted
+        self._adapter_fields = fields
+
+    def adapter_fields(self, adapter: str, replica: str) -> Mapping[str, object] | None:
+        """The request fields ``replica``'s engine wants for ``adapter`` (None: not known there)."""
+        return self._adapter_fields.get((adapter, replica))
 
     def replicas(self, model: str | None = None) -> tuple[Upstream, ...]:
         """The current replicas of ``model``, or of every model."""

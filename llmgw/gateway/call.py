@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -54,6 +54,20 @@ class Call:
     migration_gap: float | None = None
     #: it holds a seat in its model's queue (:mod:`llmgw.gateway.queue`), freed when its answer ends
     seated: bool = False
+    #: the LoRA adapter it asks for (:mod:`llmgw.gateway.adapters`); :attr:`model` is then the base model
+    adapter: str | None = None
+    #: the model as the client named it (``sql``, ``chat:sql``)
+    requested: str = ""
+    #: replicas that answered 404 for :attr:`adapter` (unloaded there before this gateway's routes said so)
+    adapter_gone: list[str] = attrs.field(factory=list)
+    #: replica id -> the request fields its engine wants for :attr:`adapter` (None: ``model`` = adapter)
+    fields_of: Callable[[str], Mapping[str, object] | None] | None = None
+
+    @property
+    def routed_as(self) -> str:
+        """The name the balancer chooses a replica by: the adapter (replicas that have it loaded), or the
+        model."""
+        return self.adapter if self.adapter is not None else self.model
 
     def charged_usage(self) -> tuple[int, int] | None:
         """(prompt, completion) tokens to charge the key once the answer ended: the engine's usage, or for

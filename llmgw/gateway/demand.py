@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from llmgw.gateway.adapters import AdapterDemand
 from llmgw.wire import GatewayActivity, ModelActivity, RouteTable
 
 __all__ = ["ACTIVITY_PATH", "REPORT_INTERVAL", "Demand"]
@@ -68,6 +69,8 @@ class Demand:
         self._turn: dict[str, int] = {}
         self._left: dict[str, set[int]] = {}
         self._turn_changed = trio.Event()
+        #: requests for LoRA adapters: counted, held while no replica has theirs loaded (reported here)
+        self.adapters = AdapterDemand(hold_timeout, hold_queue, lambda: self._report_now.set())
 
     def routes_changed(self, table: RouteTable) -> None:
         """Take a new routes table: which models wake on demand; held requests look for a route again.
@@ -75,6 +78,7 @@ class Demand:
         Called by the routes watcher with every new table.
         """
         self.wake_on_demand = frozenset(table.wake_on_demand)
+        self.adapters.routes_changed(table)
         self._routes_changed.set()
         self._routes_changed = trio.Event()
 
@@ -160,7 +164,7 @@ class Demand:
             models.append(
                 ModelActivity(model, idle=idle, held=self.held[model], ttft_p95=p95, streams=len(samples))
             )
-        return GatewayActivity(tuple(models))
+        return GatewayActivity(tuple(models), self.adapters.activity())
 
     async def run(
         self,
@@ -170,12 +174,12 @@ class Demand:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Send the activity with ``post`` every ``interval`` seconds and at once on a held request, while
-        some model wakes on demand; runs until cancelled."""
+        some model wakes on demand or some adapter was requested; runs until cancelled."""
         task_status.started()
         while True:
             with trio.move_on_after(interval):
                 await self._report_now.wait()
             self._report_now = trio.Event()
             activity = self.activity(trio.current_time())
-            if activity.models:
+            if activity.models or activity.adapters:
                 await post(activity)

@@ -6,7 +6,9 @@ Counted as requests go: ``llmgw_gateway_requests_total{model,endpoint,status}``
 byte of the response) and ``llmgw_gateway_time_to_first_token_seconds{model}``
 (streamed responses: until the first event from the engine),
 ``llmgw_gateway_upstream_errors_total{replica,kind}``,
-``llmgw_gateway_retries_total{model}``, the tokens of each answer's ``usage``
+``llmgw_gateway_retries_total{model}``,
+``llmgw_gateway_adapter_requests_total{model,outcome}`` (requests for a LoRA adapter: ``hit`` when a replica
+had it loaded, ``miss`` when it was held for a load), the tokens of each answer's ``usage``
 (for a stream, its final usage chunk, sent when the client asks with
 ``stream_options: {"include_usage": true}``)
 ``llmgw_gateway_prompt_tokens_total{model,key}`` and
@@ -118,6 +120,12 @@ class GatewayMetrics:
             "Failed attempts on a replica, by kind: connect, closed, status_502, status_503, timeout, "
             "mid_stream.",
             ["replica", "kind"],
+            registry=registry,
+        )
+        self.adapter_requests = Counter(
+            "llmgw_gateway_adapter_requests",
+            "Requests for a LoRA adapter: a replica had it loaded (hit), or none (miss: held for a load).",
+            ["model", "outcome"],
             registry=registry,
         )
         self.retries = Counter(
@@ -267,6 +275,10 @@ class GatewayMetrics:
     def upstream_error(self, replica: str, kind: str) -> None:
         """Count a failed attempt on ``replica``."""
         self.upstream_errors.labels(replica, kind).inc()
+
+    def adapter_request(self, model: str, outcome: str) -> None:
+        """A request for a LoRA adapter of ``model`` found it loaded (``hit``) or not (``miss``)."""
+        self.adapter_requests.labels(model, outcome).inc()
 
     def retry(self, model: str) -> None:
         """Count a retry on another replica."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import random
+from functools import partial
 
 import attrs
 import trio
@@ -104,12 +105,14 @@ class Proxy(Relaying):
         """Answer ``call`` with a replica's response, or an OpenAI-shaped error when every attempt failed.
 
         A request for a model that wakes on demand and has no replica is held first (see
-        :meth:`~llmgw.gateway.demand.Demand.hold`): 503 with ``Retry-After`` when it cannot wait.
+        :meth:`~llmgw.gateway.demand.Demand.hold`): 503 with ``Retry-After`` when it cannot wait. A request
+        for a LoRA adapter then waits for a replica with it loaded (:meth:`_forward_adapter`).
         """
         model = call.model
         demand = self.demand
+        forward = self._forward if call.adapter is None else self._forward_adapter
         if model not in demand.wake_on_demand:
-            return await self._forward(call)
+            return await forward(call)
         demand.began(model)
         try:
             if not self.balancer.replicas(model):
@@ -124,9 +127,9 @@ class Proxy(Relaying):
                         call.after,
                     )
                 else:
-                    response = await self._forward(call)
+                    response = await forward(call)
             else:
-                response = await self._forward(call)
+                response = await forward(call)
         except BaseException:
             demand.ended(model)
             raise
@@ -139,6 +142,36 @@ class Proxy(Relaying):
 
         return attrs.evolve(response, after=ended)
 
+    async def _forward_adapter(self, call: Call) -> Response:
+        """Answer a request for a LoRA adapter: among the replicas that have it loaded, or once one has
+        (held meanwhile, :meth:`~llmgw.gateway.adapters.AdapterDemand.hold`); an OpenAI-shaped error naming
+        the adapter and why when its load failed or the hold ended."""
+        adapter = call.adapter
+        assert adapter is not None
+        call.fields_of = partial(self.balancer.adapter_fields, adapter)
+        adapters = self.demand.adapters
+        if self.balancer.replicas(adapter):
+            adapters.hit(call.model, adapter)
+            self.metrics.adapter_request(call.model, "hit")
+            response = await self._forward(call)
+            if not call.adapter_gone or response.status < 500:
+                return _adapter_said(response, "hit")
+        self.metrics.adapter_request(call.model, "miss")
+
+        def routed() -> bool:  # a replica with the adapter, other than one that said it had none
+            return any(r.name not in call.adapter_gone for r in self.balancer.replicas(adapter))
+
+        why, failure = await adapters.hold(call.model, adapter, routed)
+        if not why:
+            return _adapter_said(await self._forward(call), "miss")
+        if failure is not None:
+            error = openai_error(503, why, param="model", code=f"adapter_{failure.cause.value}")
+        else:
+            wait = max(1, round(min(30.0, self.settings.hold_timeout / 4)))
+            error = openai_error(503, why, code="adapter_loading", headers=(("retry-after", str(wait)),))
+        headers = (*error.headers, ("x-request-id", call.request_id))
+        return Response(error.status, headers, error.body, call.after)
+
     async def _forward(self, call: Call) -> Response:
         tried: list[Upstream] = []
         failure: Response | None = None
@@ -147,7 +180,7 @@ class Proxy(Relaying):
             if attempt > 1:
                 await trio.sleep(random.uniform(0, self.settings.retry_backoff * 2 ** (attempt - 2)))
             replica = self.balancer.choose(
-                call.model, trio.current_time(), session=call.session, prefix=call.prefix, exclude=tried
+                call.routed_as, trio.current_time(), session=call.session, prefix=call.prefix, exclude=tried
             )
             if replica is None:
                 break
@@ -165,7 +198,7 @@ class Proxy(Relaying):
             message = f"no replica of model `{call.model}` could answer: " + "; ".join(reasons)
             error = openai_error(502, message, code="upstream_error")
         else:
-            wait = self.balancer.retry_after(call.model, trio.current_time())
+            wait = self.balancer.retry_after(call.routed_as, trio.current_time())
             error = openai_error(
                 503,
                 f"every replica of model `{call.model}` is failing and taken out for a while; retry later",
@@ -187,6 +220,11 @@ class Proxy(Relaying):
                     body = await upstream.read(_ERROR_BODY_LIMIT)
                     answer = Response(status, _headers(upstream, None, call), body, call.after)
                     return self._failed(replica, f"status_{status}", f"answered {status}", answer)
+                if status == 404 and call.adapter is not None:
+                    # unloaded there before this gateway's routes said so: not the replica's failure
+                    await upstream.read(_ERROR_BODY_LIMIT)
+                    call.adapter_gone.append(replica.name)
+                    return f"{replica.name}: adapter `{call.adapter}` is not loaded there (any more)", None
                 replica.succeeded()
                 call.replica = replica
                 content_type = upstream.header("content-type") or ""
@@ -238,6 +276,11 @@ class Proxy(Relaying):
         self.metrics.upstream_error(replica.name, kind)
         log.info("attempt on replica %s (%s) failed: %s", replica.name, replica.url, reason)
         return _named(reason, replica), response
+
+
+def _adapter_said(response: Response, outcome: str) -> Response:
+    """``response`` saying in ``X-Llmgw-Adapter`` whether its adapter was loaded (hit) or waited (miss)."""
+    return attrs.evolve(response, headers=(*response.headers, ("x-llmgw-adapter", outcome)))
 
 
 def _headers(upstream: ClientResponse, replica: Upstream | None, call: Call) -> tuple[tuple[str, str], ...]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from llmgw.gateway.adapters import adapter_body
 from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.call import Call
 from llmgw.gateway.demand import Demand
@@ -197,10 +198,10 @@ class Relaying:
 
         while call.migration_attempts < self.migration_limit:
             replica = self.balancer.choose(
-                call.model, trio.current_time(), prefix=prefix, exclude=tried, continuing=True
+                call.routed_as, trio.current_time(), prefix=prefix, exclude=tried, continuing=True
             )
             if replica is None:
-                others = [r for r in self.balancer.replicas(call.model) if r not in tried]
+                others = [r for r in self.balancer.replicas(call.routed_as) if r not in tried]
                 if others and not any(r.continues for r in others):
                     return NotContinued.ENGINE
                 return NotContinued.NO_REPLICA
@@ -263,6 +264,9 @@ class Exchange:
 
         :raises HttpClientError: it could not be sent or no head came (the gateway may end the attempt).
         """
+        if call.adapter is not None:
+            fields = call.fields_of(self.replica.name) if call.fields_of is not None else None
+            body = adapter_body(body, call.requested, fields, call.adapter)
         self.upstream = await pool.send(
             "POST", self.replica.url + call.path, headers=request_headers(call), body=body, watch=self.attempt
         )

@@ -23,7 +23,11 @@ the server's own as ``node="(server)"``), ``llmgw_server_replicas{model,state}``
 (each autoscaled model's signals against their targets), ``llmgw_server_autoscale_at_max{model}``,
 ``llmgw_server_autoscale_decisions_total{model,direction}`` (the autoscaler's changes, up and down),
 ``llmgw_server_key_budget_used_ratio{key,period}`` (each budgeted key's use this period over its budget) and
-``llmgw_server_catalog_revision``.
+``llmgw_server_catalog_revision``; LoRA adapters: ``llmgw_server_adapter_loads_total{model,outcome}``
+(loads that ended: ``loaded``, or the :class:`~llmgw.wire.AdapterCause` of a failure),
+``llmgw_server_adapter_load_seconds{model}``, and at scrape time ``llmgw_server_adapter_hits_total{model}``,
+``llmgw_server_adapter_misses_total{model}`` (the gateways' reports) and
+``llmgw_server_adapters_loaded{model}``.
 
 Prometheus scrapes them on ``--metrics-listen`` (plain HTTP, ``/metrics`` and
 ``/health`` only), or on the HTTPS port with any certificate of the CA.
@@ -48,6 +52,7 @@ from llmgw.server.state.records import Event, EventKind, ReplicaState
 from llmgw.server.views.autoscale import autoscale_status
 from llmgw.server.views.cluster import node_state
 from llmgw.server.views.rollouts import rollout_status
+from llmgw.wire import ObservedAdapter
 from llmgw.wire.causes import FailureCause
 
 __all__ = ["ServerMetrics", "NODE_STATES", "REPLICA_STATES", "ROLLOUT_STATES", "FAILURE_CAUSES"]
@@ -113,6 +118,19 @@ class ServerMetrics:
             ["model", "cause"],
             registry=r,
         )
+        self.adapter_loads = Counter(
+            "llmgw_server_adapter_loads",
+            "LoRA adapter loads that ended, by model and outcome: loaded, or the failure's cause.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.adapter_load_seconds = Histogram(
+            "llmgw_server_adapter_load_seconds",
+            "Seconds a LoRA adapter load took on its replica (staging and the engine's call).",
+            ["model"],
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=r,
+        )
         self.tick = tick
         #: the server's request handler (``llmgw.server.main._Starting``): its ``app`` once leading
         self.front: Any = None
@@ -135,6 +153,14 @@ class ServerMetrics:
         self.reconcile_runs.inc()
         self.reconcile_duration.observe(seconds)
         self.last_run = trio.current_time()
+
+    def adapters_ended(self, ended: list[tuple[str, ObservedAdapter]]) -> None:
+        """Count the adapter loads that ended (``(model, report)``); called after each reconciler run."""
+        for model, seen in ended:
+            outcome = seen.cause.value if seen.cause is not None else seen.state.value
+            self.adapter_loads.labels(model, outcome).inc()
+            if seen.seconds is not None:
+                self.adapter_load_seconds.labels(model).observe(seen.seconds)
 
     def store_written(self, seconds: float, error: BaseException | None = None) -> None:
         """A store write ended after ``seconds`` (``error``: it failed)."""
@@ -282,10 +308,44 @@ class _ClusterCollector(ScrapeCollector):
         yield from _node_families(cluster, expiry)
         yield from _replica_families(cluster)
         yield from _autoscale_families(cluster)
+        yield from _adapter_families(cluster)
         yield _budget_family(app)
         yield GaugeMetricFamily(
             "llmgw_server_catalog_revision", "The catalog revision in force.", value=cluster.catalog_revision
         )
+
+
+def _adapter_families(cluster: Any) -> Iterator[Metric]:
+    """Requests for LoRA adapters the gateways found loaded (hits) or not (misses), and adapters loaded."""
+    hits = CounterMetricFamily(
+        "llmgw_server_adapter_hits", "Requests for a LoRA adapter a replica had loaded (gateways' reports).",
+        labels=["model"],
+    )
+    misses = CounterMetricFamily(
+        "llmgw_server_adapter_misses",
+        "Requests for a LoRA adapter no replica had loaded: each waited for a load (gateways' reports).",
+        labels=["model"],
+    )
+    loaded = GaugeMetricFamily(
+        "llmgw_server_adapters_loaded", "LoRA adapters loaded, by model.", labels=["model"]
+    )
+    book = cluster.adapters
+    counts: dict[str, list[int]] = {}
+    for (model, _adapter), use in book.uses.items():
+        count = counts.setdefault(model, [0, 0])
+        count[0] += use.hits
+        count[1] += use.misses
+    for model, (hit, miss) in sorted(counts.items()):
+        hits.add_metric([model], hit)
+        misses.add_metric([model], miss)
+    per_model: dict[str, int] = {}
+    for replica, names in book.routed.items():
+        record = cluster.replicas.get(replica)
+        if record is not None:
+            per_model[record.placement.model] = per_model.get(record.placement.model, 0) + len(names)
+    for model, count in sorted(per_model.items()):
+        loaded.add_metric([model], count)
+    yield from (hits, misses, loaded)
 
 
 def _budget_family(app: Any) -> Metric:

@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from llmgw.scheduler import ScheduleResult
-from llmgw.server.controllers import autoscaler, placement, stopping
+from llmgw.server.controllers import adapters, autoscaler, placement, stopping
 from llmgw.server.controllers.health.judge import judge
 from llmgw.server.controllers.nodes.drain import drain_moves
 from llmgw.server.controllers.nodes.lost import detect_lost
@@ -37,8 +37,9 @@ from llmgw.server.controllers.rollout.rollouts import step as step_rollouts
 from llmgw.server.persist.cluster import restore_changes, take_changes, write_changes
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.state.records import EventKind
 from llmgw.server.views.cluster import desired
-from llmgw.wire import DesiredShard
+from llmgw.wire import AdapterState, DesiredShard
 
 __all__ = ["Reconciler", "begin", "finish", "reconcile"]
 
@@ -112,12 +113,74 @@ def finish(
             if shards_before.get(node_id, ()) != after.get(node_id, ())
         )
         | state.rollouts.take_stage_changed()
+        | apply_adapters(state, adapters.step(state, now), now)
     )
     if changed:
         state.publish(changed)
     if state.ready_ids() != ready_before:
         state.routes_revision += 1
     return changed
+
+
+def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: float) -> frozenset[str]:
+    """Apply the adapter controller's ``intents``: the book changes, events are recorded, the routes
+    revision moves when what the feed says of adapters changed. Called by :func:`finish` every pass.
+
+    :returns: the nodes whose agents should hear at once (a replica's rank 0 has adapters to load or unload).
+    """
+    book = state.adapters
+    nodes: set[str] = set()
+    routes = False
+
+    def rank0(replica: str) -> None:
+        record = state.replicas.get(replica)
+        if record is not None:
+            nodes.add(record.placement.rank0.node_id)
+
+    for intent in intents:
+        if isinstance(intent, adapters.Forget):
+            routes = routes or bool(book.routed.get(intent.replica))
+            book.forget(intent.replica)
+        elif isinstance(intent, adapters.Ended):
+            seen = intent.observed
+            if not book.ended(intent.replica, seen, intent.model, now):
+                continue
+            took = f" in {seen.seconds:.2f} s" if seen.seconds is not None else ""
+            if seen.state == AdapterState.FAILED:
+                routes = True
+                rank0(intent.replica)
+                cause = seen.cause.value if seen.cause is not None else "unknown"
+                why = f"{cause}: {seen.detail}" if seen.detail else cause
+                message = f"load on replica {intent.replica} failed{took} ({why})"
+                state.record_event(now, EventKind.ADAPTER_FAILED, f"{intent.model}/{seen.name}", message)
+            book.finished.append((intent.model, seen))
+        elif isinstance(intent, adapters.Routed):
+            routes = True
+            book.route(intent.replica, intent.loaded)
+            for name in sorted(intent.added):
+                seen = book.observed.get(intent.replica, {}).get(name)
+                took = f" in {seen.seconds:.2f} s" if seen is not None and seen.seconds is not None else ""
+                message = f"loaded on replica {intent.replica}{took}"
+                state.record_event(now, EventKind.ADAPTER_LOADED, f"{intent.model}/{name}", message)
+            for name in sorted(intent.removed):
+                book.counted.discard((intent.replica, state.replicas[intent.replica].attempt, name))
+                message = f"unloaded from replica {intent.replica}"
+                state.record_event(now, EventKind.ADAPTER_UNLOADED, f"{intent.model}/{name}", message)
+        elif isinstance(intent, adapters.Load):
+            if intent.evict is not None:  # out of the routes in this pass, before its agent unloads it
+                book.unload(intent.replica, intent.evict)
+                book.route(intent.replica, book.routed.get(intent.replica, frozenset()) - {intent.evict})
+                routes = True
+                message = f"unloaded from replica {intent.replica} for {intent.adapter} (least recently used)"
+                state.record_event(now, EventKind.ADAPTER_UNLOADED, f"{intent.model}/{intent.evict}", message)
+            book.load(intent.replica, intent.attempt, intent.model, intent.adapter, intent.source, now)
+            rank0(intent.replica)
+        else:
+            book.wanted.pop((intent.model, intent.adapter), None)
+    book.expire_wants(now)
+    if routes:
+        state.routes_revision += 1
+    return frozenset(nodes)
 
 
 def _waiting_for_sources(state: ClusterState, now: float) -> bool:
@@ -193,6 +256,9 @@ class Reconciler:
                     (time.perf_counter() - started) * 1000,
                 )
             changed = finish(self.cluster, now, before, result)
+            ended, self.cluster.adapters.finished = self.cluster.adapters.finished, []
+            if self.metrics is not None and ended:
+                self.metrics.adapters_ended(ended)
             # Routes name what agents reported ready (observations, not decisions): gateways may have
             # them before the store does, so a slow write does not keep them on a dead replica.
             if self.cluster.routes_revision != self._routes_seen:

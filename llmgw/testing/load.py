@@ -55,14 +55,15 @@ class Answer:
 
 
 def gateway_models(url: str) -> list[str] | None:
-    """The model names ``GET url/v1/models`` lists, sorted; None when the gateway does not answer 200."""
+    """The model names ``GET url/v1/models`` lists, sorted, LoRA adapters (entries with a ``parent``) left
+    out; None when the gateway does not answer 200."""
     try:
         response = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=2)
     except httpx.HTTPError:
         return None
     if response.status_code != 200:
         return None
-    return sorted(m["id"] for m in response.json()["data"])
+    return sorted(m["id"] for m in response.json()["data"] if "parent" not in m)
 
 
 @contextlib.contextmanager

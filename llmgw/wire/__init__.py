@@ -31,6 +31,17 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
+from llmgw.wire._adapters import (
+    AdapterActivity,
+    AdapterCause,
+    AdapterFailure,
+    AdapterList,
+    AdapterRoutes,
+    AdapterState,
+    AdapterStatus,
+    DesiredAdapters,
+    ObservedAdapter,
+)
 from llmgw.wire._allowances import (
     AllowanceReply,
     AllowanceRequest,
@@ -103,7 +114,8 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
     "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
     "AutoscaleStatus", "AutoscaleList", "GatewayActivity", "ModelActivity", "BudgetPeriod", "ModelUsage",
-    "KeyUsage", "UsageList", "UsageReport", "SpentKey",
+    "KeyUsage", "UsageList", "UsageReport", "SpentKey", "AdapterCause", "AdapterState", "ObservedAdapter",
+    "DesiredAdapters", "AdapterFailure", "AdapterRoutes", "AdapterActivity", "AdapterStatus", "AdapterList",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -222,6 +234,8 @@ class SyncRequest:
     leaving: bool = False
     #: the load of each ready rank 0 this node runs, read from its engine; () from agents that predate it
     load: tuple[ShardLoad, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
+    #: the LoRA adapters on the replicas whose rank 0 runs here
+    adapters: tuple[ObservedAdapter, ...] = attrs.field(converter=tuple, default=(), validator=bounded(4096))
 
 
 @attrs.frozen
@@ -240,6 +254,8 @@ class SyncReply:
     #: the share of a model's size to keep free beyond its copy (``llmgw server --disk-headroom``): the
     #: agent evicts unused copies for it
     disk_headroom: float = 0.05
+    #: the LoRA adapters each replica whose rank 0 runs on the node should keep loaded
+    adapters: tuple[DesiredAdapters, ...] = attrs.field(converter=tuple, default=())
 
 
 # ---------------------------------------------------------------------------
@@ -433,7 +449,7 @@ def _make_converter() -> cattrs.Converter:
     )
     made.register_unstructure_hook(FailureCause, str)
     made.register_structure_hook(FailureCause, structure_cause)
-    for choice in (Priority, BudgetPeriod):
+    for choice in (Priority, BudgetPeriod, AdapterState, AdapterCause):
         made.register_unstructure_hook(choice, str)
         made.register_structure_hook(choice, structure_choice)
     return made

@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 
 from llmgw.models import bounded
+from llmgw.wire._adapters import AdapterActivity
 
 __all__ = ["GatewayActivity", "ModelActivity", "SuspectReport", "SuspectRecorded"]
 
@@ -53,3 +54,5 @@ class GatewayActivity:
     ``ttft_p95`` target reads the time to first token)."""
 
     models: tuple[ModelActivity, ...] = attrs.field(converter=tuple, default=())
+    #: the LoRA adapters requested since the last report (held ones: the server loads them at once)
+    adapters: tuple[AdapterActivity, ...] = attrs.field(converter=tuple, default=(), validator=bounded(4096))

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from llmgw.wire._adapters import AdapterRoutes
 from llmgw.wire._keys import KeyLimits
 
 __all__ = ["Route", "RouteTable"]
@@ -60,6 +61,10 @@ class RouteTable:
     wake_on_demand: tuple[str, ...] = attrs.field(converter=lambda m: tuple(sorted(m)), default=())
     #: an API key's name -> its limits, for the keys that have any (a key not named here is unlimited)
     limits: Mapping[str, KeyLimits] = attrs.field(converter=dict, factory=dict)
+    #: LoRA adapter name -> its base model and the ready replicas that have it loaded. Adapters are
+    #: apart from :attr:`routes`: a load or an unload changes no replica's :class:`Route` (the
+    #: gateway's breakers and requests in flight are keyed by it)
+    adapters: Mapping[str, AdapterRoutes] = attrs.field(converter=dict, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         if not set(self.routes) <= set(self.models):

@@ -105,6 +105,7 @@ class ServerApp(
         self._route("GET", r"/v1/admin/catalog/history", admin, self._catalog_history)
         self._route("GET", r"/v1/admin/rollouts", admin, self._get_rollouts)
         self._route("GET", r"/v1/admin/autoscale", admin, self._get_autoscale)
+        self._route("GET", r"/v1/admin/adapters", admin, self._get_adapters)
         self._route("POST", r"/v1/admin/rollouts/(?P<model>[^/]+)/undo", admin, self._undo_rollout)
         self._route("GET", r"/v1/admin/events", admin, self._get_events)
         self._route("GET", r"/v1/admin/servers", admin, self._get_servers)

@@ -23,6 +23,7 @@ from llmgw.server.late_plugins import late_plugin_note
 from llmgw.server.persist.cluster import catalog_history, catalog_revision
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState
+from llmgw.server.views.adapters import adapter_list
 from llmgw.server.views.autoscale import autoscale_status
 from llmgw.server.views.cluster import replica_counts
 from llmgw.server.views.rollouts import rollout_status
@@ -101,6 +102,15 @@ class CatalogEndpoints:
         if model is not None:
             self._known_model(model)
         return answer(autoscale_status(self.cluster, self.clock(), model))
+
+    async def _get_adapters(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """``GET /v1/admin/adapters[?model=M]``: where each LoRA adapter is loaded, its use (ctl adapters)."""
+        model = request.query.get("model")
+        if model is not None and model not in self.cluster.catalog.models:
+            served = {self.cluster.catalog.served_name(m) for m in self.cluster.catalog.models}
+            if model not in served:
+                self._known_model(model)
+        return answer(adapter_list(self.cluster, model))
 
     def _known_model(self, model: str) -> str:
         """``model``, or a 404 that lists the catalog's models."""

@@ -143,4 +143,9 @@ class RoutesEndpoints:
         if self.cluster.note_activity(activity, self.clock()):
             log.info("gateway %s holds requests for a model at zero replicas: waking it", identity.name)
             self.reconciler.request()
+        if activity.adapters:
+            catalog = self.cluster.catalog
+            model_of = {catalog.served_name(name): name for name in catalog.models}
+            if self.cluster.adapters.note_activity(model_of, activity.adapters, self.clock()):
+                self.reconciler.request()  # a request waits for an adapter no replica has: load it now
         return answer(activity, 202)

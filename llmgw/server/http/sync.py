@@ -21,6 +21,7 @@ from llmgw.server.reconciler import Reconciler
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind
 from llmgw.server.views import cluster as views
+from llmgw.server.views.adapters import desired_adapters
 from llmgw.wire import SyncReply, SyncRequest, from_json
 
 __all__ = ["SyncEndpoints"]
@@ -60,7 +61,8 @@ class SyncEndpoints:
             async with self._lock:
                 await self.reconciler.save()
             raise Refused(403, message)
-        if self.cluster.sync(sync, self.clock()):
+        rank0 = [r.id for r in self.cluster.replicas.values() if r.placement.rank0.node_id == sync.node_id]
+        if self.cluster.sync(sync, self.clock()) | self.cluster.adapters.observe(rank0, sync.adapters):
             self.reconciler.request()
         self.cluster.record_certificate(sync.node_id, identity.serial, identity.not_after.timestamp())
         if self.metrics is not None:
@@ -92,7 +94,8 @@ class SyncEndpoints:
         """The sync answer for ``node_id``, encoded once per revision of what it says."""
         shards = views.desired_for(self.cluster, node_id)
         stage = self.cluster.rollouts.stage_sources().get(node_id, ())
-        key = (self.cluster.revision, self.cluster.sources_revision, shards, stage)
+        adapters = desired_adapters(self.cluster, node_id)
+        key = (self.cluster.revision, self.cluster.sources_revision, shards, stage, adapters)
         cached = self._replies.get(node_id)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -103,6 +106,7 @@ class SyncEndpoints:
             stage_sources=views.stage_for(self.cluster, stage, shards),
             lost_after=self.cluster.settings.lost_after,
             disk_headroom=self.cluster.settings.disk_headroom,
+            adapters=adapters,
         )
         response = answer(reply)
         self._replies[node_id] = (key, response)

@@ -16,6 +16,7 @@ import attrs
 
 from llmgw.models import Catalog, NodeFacts
 from llmgw.scheduler import Replica, Unplaced
+from llmgw.server.state.adapters import AdapterBook
 from llmgw.server.state.autoscale import ScaleBook, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.events import EventLog
 from llmgw.server.state.records import (
@@ -90,8 +91,8 @@ class ClusterState:
         #: when the scheduler last ran (replicas without a place are tried again every ``unplaced_retry``)
         self.scheduled_at = 0.0
         self._wanted_commands: tuple[Catalog, dict[str, tuple[object, ...]]] | None = None
-        #: the autoscaler's memory of each autoscaled model, and the load agents send
-        self.autoscale = ScaleBook()
+        #: the autoscaler's memory of each autoscaled model, and the load agents send; the adapters' book
+        self.autoscale, self.adapters = ScaleBook(), AdapterBook()
 
     def new_attempt(self) -> int:
         """A fresh attempt number."""

@@ -37,6 +37,10 @@ class ReplicaState(enum.StrEnum):
 class EventKind(enum.StrEnum):
     """What an event is about: ``ctl events``' kind column and ``llmgw_server_events_total{kind}``."""
 
+    #: a LoRA adapter was loaded on a replica, its load failed, or it was unloaded (subject: the adapter)
+    ADAPTER_LOADED = "adapter_loaded"
+    ADAPTER_FAILED = "adapter_failed"
+    ADAPTER_UNLOADED = "adapter_unloaded"
     #: the autoscaler changed a model's desired replicas (or holds it at its max while over target)
     AUTOSCALE = "autoscale"
     CATALOG = "catalog"

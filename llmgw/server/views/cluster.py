@@ -18,6 +18,7 @@ from llmgw.models import DEFAULT_STOP_GRACE, LaunchSpec
 from llmgw.scheduler import node_warnings
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
+from llmgw.server.views.adapters import adapter_routes, lora_spec
 from llmgw.server.views.rollouts import rollout_status
 from llmgw.weights import adapter_sources
 from llmgw.wire import (
@@ -139,6 +140,7 @@ def _desired_shards(state: ClusterState, record: ReplicaRecord) -> Iterable[_Nod
             peer_addrs=[f"{a}:{s.port}" for a, s in zip(addresses, placement.shards, strict=True)],
             adapters=adapters,
             extra_args=profile.args,
+            lora=lora_spec(model, profile),
         )
         desired = DesiredShard(
             replica_id=placement.id,
@@ -202,6 +204,7 @@ def route_table(
         keys=keys,
         limits=limits or {},
         wake_on_demand=wake,
+        adapters=adapter_routes(state, engines),
     )
 
 

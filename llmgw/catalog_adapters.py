@@ -75,9 +75,18 @@ def check_lora_engine(
     """A model with ``adapters:`` whose profile's engine serves no LoRA adapters (an unknown engine is
     reported on its profile, or left to the server)."""
     engine = engines.get(profile.engine) if profile is not None else None
-    if profile is None or engine is None or engine.serves_lora:
+    if profile is None or engine is None:
         return []
-    lora = sorted(e for e, plugin in engines.items() if plugin.serves_lora)
+    lora = sorted(e for e, plugin in engines.items() if plugin.serves_lora and not plugin.lora_at_start)
+    if engine.serves_lora and engine.lora_at_start:
+        return [
+            f"{where}.adapters: model {where.split('.', 1)[1]!r} has LoRA adapters but its profile "
+            f"{model.profile!r} runs engine {profile.engine!r}, which loads adapters only at start; "
+            f"llmgw loads adapters on running engines and does not yet start one with its adapters "
+            f"(engines it can load them on: {', '.join(lora) or 'none installed'})"
+        ]
+    if engine.serves_lora:
+        return []
     return [
         f"{where}.adapters: model {where.split('.', 1)[1]!r} has LoRA adapters but its profile "
         f"{model.profile!r} runs engine {profile.engine!r}, which serves none (engines with LoRA: "

@@ -18,9 +18,10 @@ class _Engine(Engine):
     versions = ("1",)
     multi_node = False
 
-    def __init__(self, name: str, lora: bool) -> None:
+    def __init__(self, name: str, lora: bool, at_start: bool = False) -> None:
         self.name = name
         self.serves_lora = lora
+        self.lora_at_start = at_start
 
     def widest_spec(self) -> LaunchSpec:
         return LaunchSpec(model_source="/m", served_name="m", host="127.0.0.1", port=8000, gpus=(0,))
@@ -34,8 +35,13 @@ class _Engine(Engine):
 
 @pytest.fixture(scope="module")
 def engines():
-    """``lora``, an engine serving adapters, and ``plain``, one serving none."""
-    return {"lora": _Engine("lora", True), "plain": _Engine("plain", False)}
+    """``lora``, an engine serving adapters, ``plain``, one serving none, and ``startup``, one loading
+    them only at start (as llama.cpp does)."""
+    return {
+        "lora": _Engine("lora", True),
+        "plain": _Engine("plain", False),
+        "startup": _Engine("startup", True, at_start=True),
+    }
 
 
 HEAD = """
@@ -177,6 +183,18 @@ class TestAdapters:
         assert found == [
             "models.chat.adapters: model 'chat' has LoRA adapters but its profile 'plain' runs engine "
             "'plain', which serves none (engines with LoRA: lora)"
+        ]
+
+    def test_adapters_on_an_engine_that_loads_them_only_at_start_are_refused(self, engines):
+        """llama.cpp takes its adapters as --lora at start; llmgw loads them on running engines, so a
+        model of such an engine with adapters is refused rather than served without them."""
+        head = HEAD.replace("  plain:\n    engine: plain", "  plain:\n    engine: startup")
+        head = head.replace("profile: single\n    adapters", "profile: plain\n    adapters")
+        found = problems(engines, head)
+        assert found == [
+            "models.chat.adapters: model 'chat' has LoRA adapters but its profile 'plain' runs engine "
+            "'startup', which loads adapters only at start; llmgw loads adapters on running engines and "
+            "does not yet start one with its adapters (engines it can load them on: lora)"
         ]
 
     def test_a_model_without_adapters_may_use_any_engine(self, engines):

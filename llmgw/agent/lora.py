@@ -43,6 +43,9 @@ class Rank0:
     engine: Engine | None
     url: str
     ready: bool
+    #: the engine was started by an agent before this one (adopted at start): it may still hold
+    #: adapters that agent loaded, which this agent has no record of
+    adopted: bool = False
 
 
 class AdapterLoader:
@@ -69,6 +72,9 @@ class AdapterLoader:
         #: replica id -> the unloads under way on it (each load started after one waits for it)
         self._unloading: dict[str, set[trio.Event]] = {}
         self._poked = trio.Event()
+        #: (replica id, attempt, adapter) unloaded once before this agent's first load of it on an
+        #: adopted engine: an engine answers a load of a name it holds with an error (vLLM: 400)
+        self._cleared: set[tuple[str, int, str]] = set()
 
     def report(self) -> tuple[ObservedAdapter, ...]:
         """What the next sync reports; called as each sync request is made."""
@@ -137,8 +143,12 @@ class AdapterLoader:
             done.set()
             self._unloading.get(replica, set()).discard(done)
 
-    async def _unload_now(self, client: httpx.AsyncClient, replica: str, name: str, target: Rank0) -> None:
-        assert target.engine is not None
+    async def _unload_now(
+        self, client: httpx.AsyncClient, replica: str, name: str, target: Rank0, quiet: bool = False
+    ) -> None:
+        """Send the engine's unload call; ``quiet``: the adapter may not be loaded, a refusal is expected."""
+        if target.engine is None or not target.engine.serves_lora:
+            return
         try:
             call = target.engine.lora_unload(name)
         except NotImplementedError:
@@ -146,7 +156,9 @@ class AdapterLoader:
         if call is None:
             return
         failed = await _send(client, target.url, call)
-        if failed is not None:
+        if failed is not None and quiet:
+            log.debug("adapter %s was not loaded on adopted replica %s: %s", name, replica, failed[1])
+        elif failed is not None:
             log.warning("unloading adapter %s from replica %s failed: %s", name, replica, failed[1])
         else:
             log.info("adapter %s unloaded from replica %s", name, replica)
@@ -167,6 +179,9 @@ class AdapterLoader:
             for unloaded in after:
                 await unloaded.wait()
             began = trio.current_time()
+            if target.adopted and (replica, attempt, name) not in self._cleared:
+                self._cleared.add((replica, attempt, name))
+                await self._unload_now(client, replica, name, target, quiet=True)
             outcome = await self._loaded(client, name, source, target)
             took = trio.current_time() - began
             if outcome is None:
@@ -249,6 +264,7 @@ def rank0_of(supervisors: Mapping[str, Any]) -> Callable[[str, int], Rank0 | Non
             return None
         spec = supervisor.desired.spec
         ready = supervisor.observed.state == "ready"
-        return Rank0(supervisor.engine, f"http://{spec.host}:{spec.port}", ready)
+        adopted = supervisor.adopted is not None
+        return Rank0(supervisor.engine, f"http://{spec.host}:{spec.port}", ready, adopted)
 
     return find

@@ -143,3 +143,30 @@ def test_a_restarted_replica_loads_its_adapter_again_on_demand(cluster):
     assert again.status_code == 200, again.text
     assert took >= LOAD_TIME, "loaded again, on demand"
     assert adapter_events(cluster, "adapter_loaded").count("solo/s") == 2
+
+
+def test_an_agent_restarted_under_a_loaded_adapter_serves_it_without_a_failed_load(cluster):
+    """kill -9 of the agent of solo's node: the next agent adopts the running engine, which still holds
+    ``s`` from the agent before. The server asks for ``s`` again; the engine would refuse a second load of
+    a name it holds (vLLM's 400 "already loaded"), so the agent unloads it first and loads it anew:
+    ``s`` serves, and no load of it failed."""
+    url = cluster.gateway_url
+    first, _ = ask(url, "s")
+    assert first.status_code == 200, first.text
+    [solo] = [r for r in cluster.replicas().replicas if r.model == "solo"]
+    node = cluster.nodes[solo.shards[0].node]
+    assert node.process is not None
+    cluster.stop(node.process, signal.SIGKILL)
+    cluster.start_agent(node)
+
+    def reported() -> bool:  # the new agent's load of `s` ended, one way or the other
+        ended = adapter_events(cluster, "adapter_loaded") + adapter_events(cluster, "adapter_failed")
+        return ended.count("solo/s") >= 2
+
+    cluster.wait(reported, "the new agent to load `s` on the adopted engine", 60)
+    cluster.wait(lambda: adapters(cluster)["s"].loaded == (solo.id,), "`s` in the routes", 15)
+    [now] = [r for r in cluster.replicas().replicas if r.model == "solo"]
+    assert (now.attempt, now.shards[0].pid) == (solo.attempt, solo.shards[0].pid), "the engine was adopted"
+    again, _ = ask(url, "s")
+    assert again.status_code == 200, again.text
+    assert "solo/s" not in adapter_events(cluster, "adapter_failed")

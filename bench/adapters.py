@@ -37,6 +37,12 @@ with four other sessions' tests (load average 3.9 at its start, 5.1 at its end):
    base model alone: **loss 11.1%** (target 10%: missed by a little; 16.8% and 19.4% in two runs before
    hot adapters got a copy per quarter of a replica's fair share). Closed-loop clients wait out each
    miss, so the loss follows the miss rate; the engines' seats are not all busy meanwhile.
+
+The same default run on the machine quiet (nothing else running):
+
+1. hits 64.0% of all (replay: adapter-aware 62.3%, random routing 34.0%); the 10 hottest **97.1%**;
+2. cold TTFT (346 requests): p50 **0.732 s**, p95 **0.846 s**; hits p50 0.105 s, p95 0.108 s;
+3. 39.9 answers/s with adapters (0 failed, 49.5% hits), 41.6 with the base model alone: **loss 4.2%**.
 """
 
 from __future__ import annotations

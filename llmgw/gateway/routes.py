@@ -73,6 +73,8 @@ class RoutesWatcher:
         #: the longest long-poll answered unchanged (None: none yet), and the limit of the last unanswered
         self._longest_wait: float | None = None
         self._timed_out = request_timeout
+        #: the server the last poll went to (after a failure ``self.server`` has moved on to the next)
+        self._polled: str | None = None
         self._started = trio.current_time()
 
     @property
@@ -115,7 +117,7 @@ class RoutesWatcher:
 
     async def _poll(self, wait: bool) -> RouteTable:
         revision = self.table.revision if self.table is not None else 0
-        server = self.server
+        server = self._polled = self.server
         url = f"{server}/v1/routes?revision={revision}&wait={1 if wait else 0}"
         limit = self.poll_limit() if wait else self.request_timeout
         began = trio.current_time()
@@ -175,12 +177,13 @@ class RoutesWatcher:
             log.debug("routes feed still unreachable: %s", reason)
             return
         self.outage_since = trio.current_time()
+        failed = self._polled or self.server
         if self.table is None:
-            log.warning("cannot read routes from %s: %s; retrying (no routes yet)", self.server, reason)
+            log.warning("cannot read routes from %s: %s; retrying (no routes yet)", failed, reason)
         else:
             log.warning(
                 "cannot read routes from %s: %s; serving from the last routes (revision %d) until it answers",
-                self.server,
+                failed,
                 reason,
                 self.table.revision,
             )

@@ -132,3 +132,22 @@ async def test_a_server_that_falls_silent_after_its_poll_timeouts_is_left_sooner
     await wait_for(lambda: not watcher.up, "the watcher to give up on the silent server")
     assert trio.current_time() - silent_from <= 2 * (2 * POLL_TIMEOUT + 2)
     assert trio.current_time() - silent_from < 100.0
+
+
+async def test_the_outage_line_names_the_silent_server_not_the_next(nursery, autojump_clock, caplog):
+    """With two servers, a silent first one is named in the outage warning (the watcher has moved on to
+    the second by the time it writes it: the line named the second, which nemesis seed 707 showed)."""
+    feed = Feed()
+    watcher = RoutesWatcher(
+        feed, "https://a:7443,https://b:7443", lambda table: None, request_timeout=REQUEST_TIMEOUT
+    )
+    await nursery.start(watcher.run)
+    await trio.testing.wait_all_tasks_blocked()
+    first = watcher.server
+    feed.silent = True
+    feed.set(2)
+    with caplog.at_level("WARNING", logger="llmgw.gateway"):
+        await wait_for(lambda: not watcher.up, "the watcher to give up on the silent server")
+    [line] = [r.getMessage() for r in caplog.records if "cannot read routes" in r.getMessage()]
+    assert line.startswith(f"cannot read routes from {first}:"), line
+    assert watcher.server != first, "it asks the other server next"

@@ -85,6 +85,9 @@ class AdapterLoader:
         wanted = {d.replica_id: d for d in desired}
         if wanted != self.desired:
             self.desired = wanted
+            # an attempt the server no longer names is gone: its engine holds nothing to clear
+            attempts = {(d.replica_id, d.attempt) for d in desired}
+            self._cleared = {key for key in self._cleared if key[:2] in attempts}
             self.poke()
 
     def poke(self) -> None:

@@ -46,7 +46,10 @@ def garbled_backend() -> Iterator[str]:
 def test_a_garbled_200_counts_as_failed_streamed_or_not(garbled_backend):
     """Both a plain and a streamed client see garbled 200s: each is a failure, and the clients go on."""
     with GatewayLoad(garbled_backend, 2) as load:
-        wait_until(lambda: len({a.stream for a in load.answers[:50] if a.failure}) == 2, 10, "two failures")
+        # every answer, not the first few: on a loaded machine one client may answer dozens of times
+        # before the other's first answer ends (CI: the first 50 were all one client's)
+        failed_kinds = lambda: {a.stream for a in list(load.answers) if a.failure}  # noqa: E731
+        wait_until(lambda: failed_kinds() == {True, False}, 30, "a failure from each client")
         wait_until(lambda: load.counts()[1] >= 10, 10, "the clients to go on after a garbled answer")
     succeeded, failed = load.counts()
     assert succeeded == 0 and failed == len(load.answers) >= 10, load.report()

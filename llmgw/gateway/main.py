@@ -20,7 +20,7 @@ from llmgw.gateway.leases import Leases
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.proxy import Proxy, ProxySettings
 from llmgw.gateway.queue import Queues, QueueSettings
-from llmgw.gateway.reports import SuspectReporter
+from llmgw.gateway.reports import HeldReporter, SuspectReporter
 from llmgw.gateway.routes import RoutesWatcher, RouteTable
 from llmgw.gateway.stalls import StallWatch
 from llmgw.net.client import ConnectionPool
@@ -116,6 +116,8 @@ class Gateway:
         self.upstreams: ConnectionPool | None = None
         self.stalls: StallWatch | None = None
         self.reporter: SuspectReporter | None = None
+        #: reports the routes generation in force to the leader (a replica stops once no gateway uses it)
+        self.held: HeldReporter | None = None
         #: every limited API key's buckets (:mod:`llmgw.gateway.admission`); with the leases once serving
         self.admission = Admission(trio.current_time)
         self.leases: Leases | None = None
@@ -152,6 +154,7 @@ class Gateway:
             self.upstreams = upstreams
             balancer = self.balancer
             self.reporter = reporter = SuspectReporter(feed, config.server)
+            self.held = held = HeldReporter(feed, config.server)
             self.leases = self.admission.leases = leases = Leases(feed, config.server, trio.current_time)
             stall_timeout = config.proxy.stall_timeout
             self.stalls = stalls = StallWatch(balancer, upstreams, stall_timeout, reporter.report)
@@ -169,6 +172,7 @@ class Gateway:
                 upstreams.retain_only(replica.url for replica in balancer)
                 proxy.demand.routes_changed(table)
                 self.queues.routes_changed()
+                held.routes_changed(table)
 
             self.watcher = watcher = RoutesWatcher(
                 feed,
@@ -197,6 +201,7 @@ class Gateway:
                     await nursery.start(watcher.run)
                     await nursery.start(stalls.run)
                     await nursery.start(reporter.run)
+                    await nursery.start(held.run)
                     post = partial(reporter.post, ACTIVITY_PATH, about="the models' activity")
                     await nursery.start(proxy.demand.run, post)
                     await nursery.start(leases.run)

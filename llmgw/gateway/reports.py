@@ -1,4 +1,5 @@
-"""Telling the server what only the gateway sees: a replica it found stalled, the models' activity.
+"""Telling the server what only the gateway sees: a replica it found stalled, the models' activity, the
+routes it holds.
 
 :meth:`SuspectReporter.report` queues a :class:`~llmgw.wire.SuspectReport`
 (never waits: it is called from the stall watch); :meth:`SuspectReporter.run`
@@ -7,12 +8,19 @@ certificate, through the routes feed's connection pool: to the server it uses
 now, moving on (as the routes feed does) when it cannot be reached or is a
 standby, which names the leader. A report that cannot be delivered is logged
 and dropped: the agent's canary finds a hung engine without it.
+
+:class:`HeldReporter` posts :class:`~llmgw.wire.RoutesHeld` (the routes generation
+this process routes by) to ``POST /v1/gateway/routes-held`` when a new table
+arrives and every :data:`HELD_INTERVAL` seconds: the leader keeps a retired
+replica running until every gateway routes without it
+(:mod:`llmgw.server.controllers.stopping`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 from typing import Any
 
 import trio
@@ -20,14 +28,19 @@ import trio
 from llmgw.gateway.balancer import Upstream
 from llmgw.net.client import ClientResponse, ConnectionPool, HttpClientError
 from llmgw.serverlist import ServerList, leader_hint
-from llmgw.wire import SuspectReport, to_json
+from llmgw.wire import RoutesHeld, RouteTable, SuspectReport, to_json
 
-__all__ = ["SuspectReporter", "SUSPECT_PATH", "post_to_leader"]
+__all__ = ["HELD_INTERVAL", "HELD_PATH", "HeldReporter", "SuspectReporter", "SUSPECT_PATH", "post_to_leader"]
 
 log = logging.getLogger("llmgw.gateway")
 
 #: the server's endpoint for gateway reports
 SUSPECT_PATH = "/v1/gateway/suspect"
+#: the server's endpoint for the routes a gateway process holds
+HELD_PATH = "/v1/gateway/routes-held"
+#: seconds between two reports of the routes held when none arrived (the server forgets a process
+#: after :data:`llmgw.server.state.gateways.GATEWAY_TTL`)
+HELD_INTERVAL = 2.0
 _QUEUED = 64
 
 
@@ -80,6 +93,65 @@ class SuspectReporter:
             why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
         log.warning("could not report %s to the server: %s", about, why)
         return False
+
+
+class HeldReporter:
+    """Tells the leader which routes generation this gateway process routes by.
+
+    :param pool: the connection pool to the server (the routes feed's, with the gateway's certificate).
+    :param server: the server's base URL (several: comma-separated, as ``--server`` takes them).
+    :param timeout: seconds one report may take.
+    """
+
+    def __init__(self, pool: ConnectionPool, server: str, *, timeout: float = 5.0) -> None:
+        self.pool = pool
+        #: the servers; reports go to the leader (a server list of its own: the routes feed may be
+        #: reading from a standby, or waiting on a server that went silent)
+        self.servers = ServerList.parse(server, schemes=("http", "https"))
+        self.timeout = timeout
+        #: this process among the gateway's (the server keeps it under the certificate's name)
+        self.process = secrets.token_hex(8)
+        #: the generation of the table in force; None before the first
+        self.generation: int | None = None
+        #: the generation the leader last accepted from this process
+        self.delivered: int | None = None
+        self._arrived = trio.Event()
+        self._failing = False
+
+    def routes_changed(self, table: RouteTable) -> None:
+        """A new routes table is in force: report its generation at once. Called by the routes watcher."""
+        if table.generation != self.generation:
+            self.generation = table.generation
+            self._arrived.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Report at once on each new table, and every :data:`HELD_INTERVAL` seconds; until cancelled."""
+        task_status.started()
+        while True:
+            with trio.move_on_after(HELD_INTERVAL):
+                await self._arrived.wait()
+            self._arrived = trio.Event()
+            if self.generation is not None:
+                await self._post(self.generation)
+
+    async def _post(self, generation: int) -> None:
+        record = RoutesHeld(self.process, generation)
+        pool, servers = self.pool, self.servers
+        response, _, why = await post_to_leader(pool, servers, HELD_PATH, record, within=self.timeout)
+        if response is not None and response.status < 300:
+            if self._failing:
+                log.info("the leader hears again which routes this gateway holds (generation %d)", generation)
+            self._failing, self.delivered = False, generation
+            return
+        if response is not None:
+            why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
+        if not self._failing:  # once per outage: every HELD_INTERVAL would flood the log
+            log.warning(
+                "cannot tell the leader which routes this gateway holds: %s; it stops replicas that left the "
+                "routes after a bounded wait instead",
+                why,
+            )
+        self._failing = True
 
 
 async def post_to_leader(

@@ -154,6 +154,8 @@ async def _lead(
     started = time.monotonic()
     front.detail = f"loading the cluster's state from {store.path}"
     cluster = await store.run(lambda conn: load_cluster(conn, config.settings, engines, time.time()))
+    # a leader before this one may have served gateways routes generations it never stored: start past them
+    cluster.routes_generation = max(cluster.routes_generation, int(time.time() * 1000))
     app = ServerApp(cluster, store, engines, revocations=revocations, poll_timeout=config.poll_timeout)
     app.metrics = app.reconciler.metrics = metrics
     cluster.event_log.listeners.append(partial(metrics.event, model_of=_model_of(cluster)))

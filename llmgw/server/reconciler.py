@@ -90,7 +90,7 @@ def finish(
     """The second half of a pass: apply the schedule's ``result`` (if any), order the stops, publish.
 
     Moves the revision when what some node should run changed, and the
-    routes revision when the set of ready replicas changed.
+    routes revision and generation when the set of ready replicas changed.
 
     :returns: the ids of the nodes whose shards changed (their long-polls wake).
     """
@@ -99,11 +99,19 @@ def finish(
     if result is not None or state.dirty_replicas or state.dirty_nodes or state.dirty_catalog:
         state.view_version += 1
     shards_before, ready_before = before
-    held = stopping.hold(shards_before, state.replicas, state.stopping, state.revision, now)
-    for attempt, workers in held.items():
-        state.hold_workers(attempt, workers)
-    for attempt, why in stopping.release(state.stopping, state.nodes, now):
-        state.release_workers(attempt, why, now)
+    if state.ready_ids() != ready_before:
+        state.routes_revision += 1
+        state.routes_generation += 1
+    order, events = state.stopping, state.event_log
+    lingering = stopping.linger(shards_before, ready_before, state.replicas, state.routes_generation, now)
+    for attempt, record in lingering.items():
+        order.linger(attempt, record)
+    for attempt, why in stopping.let_go(order, state.gateways, state.nodes, now):
+        order.let_go(attempt, why, now, events)
+    for attempt, workers in stopping.hold(shards_before, state.replicas, order, state.revision, now).items():
+        order.hold(attempt, workers)
+    for attempt, why in stopping.release(order, state.nodes, now):
+        order.release(attempt, why, now, events)
     state.desired_cache = None
     after = desired(state)
     changed = (
@@ -117,8 +125,6 @@ def finish(
     )
     if changed:
         state.publish(changed)
-    if state.ready_ids() != ready_before:
-        state.routes_revision += 1
     return changed
 
 

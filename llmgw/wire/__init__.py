@@ -60,7 +60,7 @@ from llmgw.wire._catalog import (
     CatalogRevision,
     CatalogText,
 )
-from llmgw.wire._gateway import GatewayActivity, ModelActivity, SuspectRecorded, SuspectReport
+from llmgw.wire._gateway import GatewayActivity, ModelActivity, RoutesHeld, SuspectRecorded, SuspectReport
 from llmgw.wire._hooks import (
     capped,
     register_catalog_records,
@@ -116,6 +116,7 @@ __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "AutoscaleStatus", "AutoscaleList", "GatewayActivity", "ModelActivity", "BudgetPeriod", "ModelUsage",
     "KeyUsage", "UsageList", "UsageReport", "SpentKey", "AdapterCause", "AdapterState", "ObservedAdapter",
     "DesiredAdapters", "AdapterFailure", "AdapterRoutes", "AdapterActivity", "AdapterStatus", "AdapterList",
+    "RoutesHeld",
 ]  # fmt: skip
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ import attrs
 from llmgw.models import bounded
 from llmgw.wire._adapters import AdapterActivity
 
-__all__ = ["GatewayActivity", "ModelActivity", "SuspectReport", "SuspectRecorded"]
+__all__ = ["GatewayActivity", "ModelActivity", "RoutesHeld", "SuspectReport", "SuspectRecorded"]
 
 
 @attrs.frozen
@@ -30,6 +30,19 @@ class SuspectRecorded:
     replica: str
     #: the replica's state at the server (``ready``, ``failed``, ...), ``unknown`` when it has no such replica
     state: str
+
+
+@attrs.frozen
+class RoutesHeld:
+    """Which routes one gateway process serves from: ``POST /v1/gateway/routes-held``, sent when a new
+    routes table arrives and every few seconds. The leader stops a replica that left the routes only
+    once every gateway process it heard from lately holds a table without it (or a bounded wait ran out).
+    """
+
+    #: a token the gateway process drew when it started; the server keeps it under the certificate's name
+    process: str = attrs.field(validator=bounded(text=64))
+    #: the :attr:`~llmgw.wire.RouteTable.generation` of the table it routes by now
+    generation: int
 
 
 @attrs.frozen

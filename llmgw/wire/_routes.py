@@ -65,6 +65,10 @@ class RouteTable:
     #: apart from :attr:`routes`: a load or an unload changes no replica's :class:`Route` (the
     #: gateway's breakers and requests in flight are keyed by it)
     adapters: Mapping[str, AdapterRoutes] = attrs.field(converter=dict, factory=dict)
+    #: moves, in every server's numbering alike, whenever a replica left or joined :attr:`routes`: stored
+    #: with the replicas, so a standby's table has the generation of the state it was read from. A
+    #: gateway says which it holds (:class:`~llmgw.wire.RoutesHeld`); 0 from a server that numbers none
+    generation: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not set(self.routes) <= set(self.models):

@@ -1,4 +1,13 @@
-"""Stopping a multi-node replica in order: rank 0 first, with its grace; the workers once rank 0 is gone.
+"""Stopping a replica in order: once the gateways let go of it; then, for a multi-node replica, rank 0
+first, with its grace, and the workers once rank 0 is gone.
+
+A replica retired while ready (a drain's original, a rollout's, a scale-down)
+leaves the routes at once but *lingers*: every shard stays in its node's desired
+shards until each gateway process heard from lately routes by a table without
+it (:mod:`llmgw.server.state.gateways`), or :data:`LINGER_MAX` seconds passed,
+or its node is lost. A gateway reading its routes from a standby, or from a
+server that went silent, would otherwise send its next requests to an engine
+that is stopping. A replica that failed, or was never ready, stops at once.
 
 When a replica leaves the desired state (a drain's original retired, a
 scale-down, a model removed from the catalog), its rank 0 is dropped from
@@ -10,8 +19,9 @@ their agents keep them running (and never start them anew) until the server
 drops them, which it does once rank 0 is gone, its node is lost, or its grace
 (plus :data:`STOP_MARGIN`) has passed.
 
-:func:`hold` and :func:`release` decide; the record of the held workers is
-:class:`~llmgw.server.state.stopping.StopOrder`, changed only by the state's verbs.
+:func:`linger`, :func:`let_go`, :func:`hold` and :func:`release` decide; the record of the lingering
+replicas and the held workers is :class:`~llmgw.server.state.stopping.StopOrder`, changed only by its
+verbs, which the reconciler calls.
 """
 
 from __future__ import annotations
@@ -21,15 +31,70 @@ from collections.abc import Mapping
 import attrs
 
 from llmgw.models import DEFAULT_STOP_GRACE
+from llmgw.server.state.gateways import GatewayBook
 from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
-from llmgw.server.state.stopping import HeldWorkers, StopOrder
+from llmgw.server.state.stopping import HeldWorkers, Lingering, StopOrder
 from llmgw.wire import DesiredShard
 
-__all__ = ["STOP_MARGIN", "hold", "release"]
+__all__ = ["LINGER_MAX", "NOTABLE_WAIT", "STOP_MARGIN", "hold", "let_go", "linger", "release"]
+
+#: seconds a retired replica lingers at most for gateways that still route to it: more than a
+#: gateway's routes poll limit (it moves on to another server past it) plus a report's round trip
+LINGER_MAX = 10.0
+#: a linger at least this long is an event (gateways answer in milliseconds when all is well)
+NOTABLE_WAIT = 1.0
 
 #: seconds past rank 0's grace the workers are held at most: the agent's
 #: own SIGKILL margin, plus a sync or two to report rank 0 gone
 STOP_MARGIN = 10.0
+
+
+def linger(
+    before: Mapping[str, tuple[DesiredShard, ...]],
+    ready_before: frozenset[str],
+    replicas: Mapping[str, ReplicaRecord],
+    generation: int,
+    now: float,
+) -> dict[str, Lingering]:
+    """The attempts to keep running that ``before`` ran, were ready, and left the replicas in this pass.
+
+    Called by the reconciler after the controllers decided, with ``before`` the desired shards and
+    ``ready_before`` the ready replicas it started from, and ``generation`` the routes generation
+    without them.
+
+    :returns: ``replica/attempt`` -> every shard of it, to linger until ``now`` + :data:`LINGER_MAX`.
+    """
+    by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
+    for node_id, shards in before.items():
+        for shard in shards:
+            if shard.replica_id in ready_before and shard.replica_id not in replicas:
+                by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
+    return {a: Lingering(tuple(s), generation, now, now + LINGER_MAX) for a, s in by_attempt.items()}
+
+
+def let_go(
+    stopping: StopOrder, gateways: GatewayBook, nodes: Mapping[str, NodeRecord], now: float
+) -> list[tuple[str, str | None]]:
+    """The lingering attempts no gateway sends requests to any more (or past :data:`LINGER_MAX`, or on a
+    lost node), and why when it is worth an event: a gateway was slow (:data:`NOTABLE_WAIT`) or never
+    answered. Called by the reconciler on every pass, before :func:`hold`.
+
+    :returns: (``replica/attempt``, what happened or None) for each attempt to stop now.
+    """
+    out: list[tuple[str, str | None]] = []
+    for attempt, lingering in stopping.lingering.items():
+        behind = gateways.behind(lingering.generation, now)
+        lost = sorted({n for n, _ in lingering.shards if n not in nodes or nodes[n].lost})
+        waited = now - lingering.since
+        if lost:
+            out.append((attempt, None))  # the lost node's event says it; nothing runs there to stop
+        elif not behind:
+            why = f"the gateways took routes without it after {waited:.1f} s"
+            out.append((attempt, why if waited >= NOTABLE_WAIT else None))
+        elif now >= lingering.deadline:
+            names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
+            out.append((attempt, f"gateway {names} did not take routes without it in {LINGER_MAX:g} s"))
+    return out
 
 
 def hold(
@@ -57,7 +122,7 @@ def hold(
     for attempt, shards in by_attempt.items():
         rank0 = next(((n, s) for n, s in shards if s.rank == 0), None)
         workers = tuple((n, attrs.evolve(s, stop_after_rank0=True)) for n, s in shards if s.rank > 0)
-        if rank0 is None or not workers or attempt in stopping.held:
+        if rank0 is None or not workers or attempt in stopping.held or attempt in stopping.lingering:
             continue
         grace = DEFAULT_STOP_GRACE if rank0[1].stop_grace is None else rank0[1].stop_grace
         out[attempt] = HeldWorkers(workers, rank0[0], rank0[1].key, revision, now + grace + STOP_MARGIN)

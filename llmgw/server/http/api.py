@@ -86,6 +86,7 @@ class ServerApp(
         self._route("GET", r"/v1/routes", {Role.ADMIN, Role.GATEWAY}, self._get_routes)
         self._route("POST", r"/v1/gateway/suspect", {Role.ADMIN, Role.GATEWAY}, self._gateway_suspect)
         self._route("POST", r"/v1/gateway/activity", {Role.ADMIN, Role.GATEWAY}, self._gateway_activity)
+        self._route("POST", r"/v1/gateway/routes-held", {Role.ADMIN, Role.GATEWAY}, self._gateway_routes_held)
         self._route("POST", r"/v1/gateway/allowances", {Role.ADMIN, Role.GATEWAY}, self._gateway_allowances)
         admin = {Role.ADMIN}
         self._route("GET", r"/v1/admin/nodes", admin, self._get_nodes)

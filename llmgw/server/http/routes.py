@@ -1,9 +1,9 @@
-"""The gateways' side: the routes feed (long-polled), their reports (stalled replicas, activity), and
-the leases of their limited keys' rates with the usage counted against budgets.
+"""The gateways' side: the routes feed (long-polled), their reports (stalled replicas, activity, the
+routes they hold), and the leases of their limited keys' rates with the usage counted against budgets.
 
 Mixed into :class:`llmgw.server.http.api.ServerApp`, which routes ``GET /v1/routes``,
-``POST /v1/gateway/suspect``, ``POST /v1/gateway/activity`` and ``POST /v1/gateway/allowances`` to it
-(admin or gateway certificates).
+``POST /v1/gateway/suspect``, ``/v1/gateway/activity``, ``/v1/gateway/routes-held`` and
+``/v1/gateway/allowances`` to it (admin or gateway certificates).
 """
 
 from __future__ import annotations
@@ -27,7 +27,14 @@ from llmgw.server.state.budgets import FLUSH_INTERVAL, Budgets
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind, KeyRecord
 from llmgw.server.views import cluster as views
-from llmgw.wire import AllowanceRequest, GatewayActivity, SuspectRecorded, SuspectReport, from_json
+from llmgw.wire import (
+    AllowanceRequest,
+    GatewayActivity,
+    RoutesHeld,
+    SuspectRecorded,
+    SuspectReport,
+    from_json,
+)
 
 __all__ = ["SUSPECT_EVENT_WINDOW", "RoutesEndpoints"]
 
@@ -149,3 +156,19 @@ class RoutesEndpoints:
             if self.cluster.adapters.note_activity(model_of, activity.adapters, self.clock()):
                 self.reconciler.request()  # a request waits for an adapter no replica has: load it now
         return answer(activity, 202)
+
+    async def _gateway_routes_held(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
+        """A gateway process says which routes generation it routes by (leader only; a standby ignores it).
+
+        Kept in memory (:class:`~llmgw.server.state.gateways.GatewayBook`) under the certificate's name
+        and the process's token, so a gateway cannot speak for another. When a retired replica lingers
+        for gateways, a run is asked for at once: this report may be the last one it waited for.
+        Answers 202 with the report.
+        """
+        held = from_json(request.json(), RoutesHeld)
+        if self.read_only:
+            return answer(held, 202)
+        self.cluster.gateways.note(f"{identity.name}/{held.process}", held.generation, self.clock())
+        if self.cluster.stopping.lingering:
+            self.reconciler.request()
+        return answer(held, 202)

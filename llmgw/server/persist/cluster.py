@@ -80,6 +80,7 @@ def load_cluster(
         memo = _no_memo
     cluster = ClusterState(settings, revision=Store.get_setting(conn, "revision", 0) + 1)
     cluster.next_attempt = Store.get_setting(conn, "next_attempt", 1)
+    cluster.routes_generation = Store.get_setting(conn, "routes_generation", 0)
     # Gateways keep the routes revision they last saw; start past any earlier run's.
     cluster.routes_revision = int(now * 1000)
     row = conn.execute("SELECT revision, text FROM catalog ORDER BY revision DESC LIMIT 1").fetchone()
@@ -189,6 +190,7 @@ def take_changes(cluster: ClusterState, now: float) -> Changes:
     settings: dict[str, object] = {
         "revision": cluster.revision,
         "next_attempt": cluster.next_attempt,
+        "routes_generation": cluster.routes_generation,
         "paused_rollouts": cluster.rollouts.saved(),
         # the rollouts under way: a restart says neither "started" nor "done" again
         "rolling_models": sorted(cluster.rollouts.rolling),

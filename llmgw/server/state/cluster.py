@@ -19,6 +19,7 @@ from llmgw.scheduler import Replica, Unplaced
 from llmgw.server.state.adapters import AdapterBook
 from llmgw.server.state.autoscale import ScaleBook, ScaleDecision, ScaleDirection, ScaleMemory
 from llmgw.server.state.events import EventLog
+from llmgw.server.state.gateways import GatewayBook
 from llmgw.server.state.records import (
     DEFAULT_SETTINGS,
     Event,
@@ -31,7 +32,7 @@ from llmgw.server.state.records import (
 )
 from llmgw.server.state.rollouts import RolloutBook
 from llmgw.server.state.silence import SilenceWatch
-from llmgw.server.state.stopping import HeldWorkers, StopOrder
+from llmgw.server.state.stopping import StopOrder
 from llmgw.weights import Manifest, catalog_sources
 from llmgw.wire import DesiredShard, GatewayActivity, ObservedShard, SyncRequest
 from llmgw.wire.causes import FailureCause
@@ -58,8 +59,10 @@ class ClusterState:
         self.unplaced: tuple[Unplaced, ...] = ()
         #: moves with every change of what some node should run
         self.revision = revision
-        #: moves with every change of which replicas are ready (the gateway's routes)
+        #: moves with every change of which replicas are ready (the gateway's routes), or of the keys
         self.routes_revision = 1
+        #: moves with every change of which replicas are ready; stored (``RouteTable.generation``)
+        self.routes_generation = 0
         self.event_log = EventLog()
         self.dirty_nodes: set[str] = set()
         self.dirty_replicas: set[str] = set()
@@ -68,8 +71,8 @@ class ClusterState:
         self.desired_cache: dict[str, tuple[DesiredShard, ...]] | None = None
         #: replica id -> (what its shards were built from, the shards): reused while that is unchanged
         self.shards_memo: dict[str, tuple[tuple, list]] = {}
-        #: workers of stopping multi-node replicas, held until their rank 0 is gone
-        self.stopping = StopOrder()
+        #: retired replicas lingering until gateways let go; workers held until their rank 0 is gone
+        self.stopping, self.gateways = StopOrder(), GatewayBook()
         #: every model's rollout of outdated replicas
         self.rollouts = RolloutBook()
         #: the next attempt number; persisted so a restart never reuses one
@@ -446,20 +449,6 @@ class ClusterState:
         """A schedule is made now from the state as it is (the pass runs it)."""
         self.schedule_wanted = False
         self.scheduled_at = now
-
-    # -- the stopping workers' verbs -------------------------------------------------------------
-
-    def hold_workers(self, attempt: str, held: HeldWorkers) -> None:
-        """Keep the workers of ``attempt`` (``replica/attempt``) running until its rank 0 is gone."""
-        self.stopping.held[attempt] = held
-
-    def release_workers(self, attempt: str, why: str, now: float) -> None:
-        """Stop the held workers of ``attempt``: its rank 0 is gone (``why``)."""
-        del self.stopping.held[attempt]
-        replica_id, _, number = attempt.rpartition("/")
-        self.record_event(
-            now, EventKind.REPLICA, replica_id, f"attempt {number}: {why}; stopping its workers"
-        )
 
     def publish(self, changed: frozenset[str]) -> None:
         """What ``changed`` nodes should run moved: a new revision, and the new attempts learn theirs."""

@@ -1,9 +1,17 @@
-"""The held workers of stopping multi-node replicas: what the stopping controller decided to keep running.
+"""The stop order: retired replicas kept running until gateways let go, and multi-node workers held
+until their rank 0 is gone.
 
-When a multi-node replica leaves the desired state, its workers stay in their
-nodes' desired shards (``stop_after_rank0``) until rank 0 is gone; see
-:mod:`llmgw.server.controllers.stopping`, which decides when to hold and
-release them. :class:`StopOrder` is the record of those held now.
+Two things keep shards of a replica that left the desired state in their nodes'
+desired shards, each decided by :mod:`llmgw.server.controllers.stopping`:
+
+- a replica retired while ready (a drain's original, a rollout's, a scale-down)
+  *lingers*, every shard running as before, until every gateway routes by a
+  table without it (:mod:`llmgw.server.state.gateways`) or a bounded wait ran out;
+- then the workers of a multi-node replica stay (``stop_after_rank0``) until its
+  rank 0 is gone.
+
+:class:`StopOrder` is the record of both; its verbs, called by the reconciler, are
+the only code that changes it.
 """
 
 from __future__ import annotations
@@ -12,9 +20,11 @@ from collections.abc import Iterable
 
 import attrs
 
+from llmgw.server.state.events import EventLog
+from llmgw.server.state.records import Event, EventKind
 from llmgw.wire import DesiredShard
 
-__all__ = ["HeldWorkers", "StopOrder"]
+__all__ = ["HeldWorkers", "Lingering", "StopOrder"]
 
 
 @attrs.frozen
@@ -31,14 +41,54 @@ class HeldWorkers:
     deadline: float
 
 
+@attrs.frozen
+class Lingering:
+    """A replica attempt retired while ready, every shard still running until the gateways let go."""
+
+    #: node id -> shard, every shard of the attempt as it ran
+    shards: tuple[tuple[str, DesiredShard], ...]
+    #: the first routes generation without it: a gateway that holds it (or a later one) sends it nothing
+    generation: int
+    #: when it left the routes, and when it stops whatever the gateways say
+    since: float
+    deadline: float
+
+
 class StopOrder:
-    """The held workers of every stopping multi-node replica, by ``replica/attempt``."""
+    """The lingering replicas and the held workers, each by ``replica/attempt``."""
 
     def __init__(self) -> None:
         #: ``replica/attempt`` -> its held workers
         self.held: dict[str, HeldWorkers] = {}
+        #: ``replica/attempt`` -> the retired attempt kept running until the gateways let go
+        self.lingering: dict[str, Lingering] = {}
 
     def shards(self) -> Iterable[tuple[str, DesiredShard]]:
-        """(node id, shard) of every held worker, for the desired state."""
+        """(node id, shard) of every lingering shard and held worker, for the desired state."""
+        for lingering in self.lingering.values():
+            yield from lingering.shards
         for held in self.held.values():
             yield from held.workers
+
+    def linger(self, attempt: str, lingering: Lingering) -> None:
+        """Keep ``attempt`` (``replica/attempt``) running while gateways may still send it requests."""
+        self.lingering[attempt] = lingering
+
+    def let_go(self, attempt: str, why: str | None, now: float, events: EventLog) -> None:
+        """Stop the lingering ``attempt``: the gateways let go of it, or the wait ran out; an event says
+        ``why`` (None: it waited for nothing worth an event)."""
+        del self.lingering[attempt]
+        if why is not None:
+            replica_id, _, number = attempt.rpartition("/")
+            events.record(Event(now, EventKind.REPLICA, replica_id, f"attempt {number}: {why}; stopping it"))
+
+    def hold(self, attempt: str, held: HeldWorkers) -> None:
+        """Keep the workers of ``attempt`` running until its rank 0 is gone."""
+        self.held[attempt] = held
+
+    def release(self, attempt: str, why: str, now: float, events: EventLog) -> None:
+        """Stop the held workers of ``attempt``: its rank 0 is gone (``why``)."""
+        del self.held[attempt]
+        replica_id, _, number = attempt.rpartition("/")
+        message = f"attempt {number}: {why}; stopping its workers"
+        events.record(Event(now, EventKind.REPLICA, replica_id, message))

@@ -199,6 +199,7 @@ def route_table(
     }
     return RouteTable(
         revision=state.routes_revision,
+        generation=state.routes_generation,
         models=models,
         routes=routes,
         keys=keys,

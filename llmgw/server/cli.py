@@ -10,6 +10,7 @@ import click
 
 from llmgw.cli import Group, serve_until_signalled
 from llmgw.net.server import parse_listen
+from llmgw.server.controllers.stopping import linger_bound
 from llmgw.server.main import ServerConfig, serve_server
 from llmgw.server.persist.migrate import migrate_command
 from llmgw.server.persist.postgres import check_store_url
@@ -113,6 +114,7 @@ class ServerSettings(LogSettings):
                 lost_after=self.lost_after,
                 max_lost_fraction=self.max_lost_fraction,
                 disk_headroom=self.disk_headroom,
+                linger_max=linger_bound(self.poll_timeout),
             ),
             poll_timeout=self.poll_timeout,
             store=self.store,

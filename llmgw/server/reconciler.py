@@ -103,8 +103,9 @@ def finish(
         state.routes_revision += 1
         state.routes_generation += 1
     order, events = state.stopping, state.event_log
-    lingering = stopping.linger(shards_before, ready_before, state.replicas, state.routes_generation, now)
-    for attempt, record in lingering.items():
+    generation, bound = state.routes_generation, state.settings.linger_max
+    retired = stopping.linger(shards_before, ready_before, state.replicas, generation, now, bound)
+    for attempt, record in retired.items():
         order.linger(attempt, record)
     for attempt, why in stopping.let_go(order, state.gateways, state.nodes, now):
         order.let_go(attempt, why, now, events)

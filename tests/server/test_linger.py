@@ -5,7 +5,6 @@ from __future__ import annotations
 from test_cluster import Harness  # the reconciler's step-by-step harness
 
 from llmgw.models import Catalog
-from llmgw.server.controllers.stopping import LINGER_MAX
 from llmgw.server.reconciler import reconcile
 from llmgw.server.state.gateways import GATEWAY_TTL
 from llmgw.server.views import cluster as views
@@ -58,20 +57,23 @@ def test_the_replica_runs_on_until_every_gateway_holds_routes_without_it():
 
 
 def test_a_gateway_that_never_takes_the_new_routes_is_waited_for_at_most_the_bound():
-    """A gateway stuck on old routes (its server went silent) holds the stop for LINGER_MAX, no longer;
+    """A gateway stuck on old routes (its server went silent) holds the stop for linger_max, no longer;
     the event names the gateway."""
     h = running_small()
     h.cluster.gateways.note("gw-a/1", views.route_table(h.cluster).generation, h.now)
     remove_small(h)
-    h.now += LINGER_MAX / 2
-    h.cluster.gateways.note("gw-a/1", views.route_table(h.cluster).generation - 1, h.now)  # still behind
-    reconcile(h.cluster, h.now)
-    assert runs_small(h)
-    h.now += LINGER_MAX / 2
+    bound = h.cluster.settings.linger_max
+    stuck = views.route_table(h.cluster).generation - 1
+    for _ in range(int(bound) - 1):  # it keeps reporting the old routes, every second
+        h.now += 1
+        h.cluster.gateways.note("gw-a/1", stuck, h.now)
+        reconcile(h.cluster, h.now)
+        assert runs_small(h)
+    h.now += 1
     reconcile(h.cluster, h.now)
     assert not runs_small(h)
     events = small_events(h)
-    assert any(f"gateway gw-a/1 did not take routes without it in {LINGER_MAX:g} s" in m for m in events)
+    assert any(f"gateway gw-a/1 did not take routes without it in {bound:g} s" in m for m in events)
 
 
 def test_a_gateway_gone_quiet_is_not_waited_for():

@@ -314,6 +314,30 @@ async def test_a_gateway_pointed_at_the_standby_only_gets_its_routes(servers, te
     assert route.url.startswith("http://127.0.0.5:"), "the ready replica, as the leader stored it"
 
 
+async def test_a_gateway_on_the_standby_tells_the_leader_the_routes_generation_it_holds(
+    servers, test_pki, nursery
+):
+    """The standby's table carries the generation of the state it read, in the leader's numbering; a
+    gateway reading from the standby reports it to the leader (which stops a replica that left the
+    routes only once every gateway holds a table without it)."""
+    leader, standby = servers
+    await ready_replica(leader, test_pki)
+    async with client(test_pki, "gateway", "gw") as feed:
+
+        async def same_generation():
+            tables = [(await feed.get(f"{url}/v1/routes")).json() for url in (leader, standby)]
+            ready = all(t["routes"].get("small") for t in tables)
+            return ready and tables[0]["generation"] == tables[1]["generation"] and tables[0]["generation"]
+
+        generation = await until(same_generation, "the standby's routes to be the leader's, same generation")
+    issued = test_pki.client("gateway", "gw")
+    tls = {"ca": test_pki.ca.cert_path, "cert": issued.cert_path, "key": issued.key_path}
+    gateway, _ = await start_gateway(nursery, standby, **tls)
+    await until(lambda: gateway.held.delivered == generation, "the gateway to report the generation it holds")
+    assert gateway.held.servers.current == leader, "reports go to the leader, routes come from the standby"
+    assert gateway.watcher.server == standby
+
+
 async def test_a_gateway_report_sent_to_the_standby_reaches_the_leader(servers, test_pki):
     """A stall report posted to the standby is answered not_leader; the gateway re-sends it to the leader."""
     leader, standby = servers

@@ -4,7 +4,7 @@ first, with its grace, and the workers once rank 0 is gone.
 A replica retired while ready (a drain's original, a rollout's, a scale-down)
 leaves the routes at once but *lingers*: every shard stays in its node's desired
 shards until each gateway process heard from lately routes by a table without
-it (:mod:`llmgw.server.state.gateways`), or :data:`LINGER_MAX` seconds passed,
+it (:mod:`llmgw.server.state.gateways`), or ``Settings.linger_max`` passed,
 or its node is lost. A gateway reading its routes from a standby, or from a
 server that went silent, would otherwise send its next requests to an engine
 that is stopping. A replica that failed, or was never ready, stops at once.
@@ -36,11 +36,18 @@ from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
 from llmgw.server.state.stopping import HeldWorkers, Lingering, StopOrder
 from llmgw.wire import DesiredShard
 
-__all__ = ["LINGER_MAX", "NOTABLE_WAIT", "STOP_MARGIN", "hold", "let_go", "linger", "release"]
+__all__ = ["NOTABLE_WAIT", "STOP_MARGIN", "hold", "let_go", "linger", "linger_bound", "release"]
 
-#: seconds a retired replica lingers at most for gateways that still route to it: more than a
-#: gateway's routes poll limit (it moves on to another server past it) plus a report's round trip
-LINGER_MAX = 10.0
+
+
+def linger_bound(poll_timeout: float) -> float:
+    """Seconds a retired replica lingers at most for gateways that still route to it, for a server whose
+    long-polls wait ``poll_timeout``: a gateway leaves a silent server after twice the longest wait it
+    saw plus 2 s (:meth:`llmgw.gateway.routes.RoutesWatcher.poll_limit`), then reports the new routes
+    within its report interval (2 s); one second more of margin. 15 s for the default 5 s.
+    Called when the server's settings are built (``Settings.linger_max``)."""
+    return 2 * poll_timeout + 2.0 + 2.0 + 1.0
+
 #: a linger at least this long is an event (gateways answer in milliseconds when all is well)
 NOTABLE_WAIT = 1.0
 
@@ -55,27 +62,28 @@ def linger(
     replicas: Mapping[str, ReplicaRecord],
     generation: int,
     now: float,
+    bound: float,
 ) -> dict[str, Lingering]:
     """The attempts to keep running that ``before`` ran, were ready, and left the replicas in this pass.
 
     Called by the reconciler after the controllers decided, with ``before`` the desired shards and
-    ``ready_before`` the ready replicas it started from, and ``generation`` the routes generation
-    without them.
+    ``ready_before`` the ready replicas it started from, ``generation`` the routes generation
+    without them, and ``bound`` the longest they may linger (``Settings.linger_max``).
 
-    :returns: ``replica/attempt`` -> every shard of it, to linger until ``now`` + :data:`LINGER_MAX`.
+    :returns: ``replica/attempt`` -> every shard of it, to linger until ``now + bound`` at the most.
     """
     by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
     for node_id, shards in before.items():
         for shard in shards:
             if shard.replica_id in ready_before and shard.replica_id not in replicas:
                 by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
-    return {a: Lingering(tuple(s), generation, now, now + LINGER_MAX) for a, s in by_attempt.items()}
+    return {a: Lingering(tuple(s), generation, now, now + bound) for a, s in by_attempt.items()}
 
 
 def let_go(
     stopping: StopOrder, gateways: GatewayBook, nodes: Mapping[str, NodeRecord], now: float
 ) -> list[tuple[str, str | None]]:
-    """The lingering attempts no gateway sends requests to any more (or past :data:`LINGER_MAX`, or on a
+    """The lingering attempts no gateway sends requests to any more (or past their bound, or on a
     lost node), and why when it is worth an event: a gateway was slow (:data:`NOTABLE_WAIT`) or never
     answered. Called by the reconciler on every pass, before :func:`hold`.
 
@@ -93,7 +101,8 @@ def let_go(
             out.append((attempt, why if waited >= NOTABLE_WAIT else None))
         elif now >= lingering.deadline:
             names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
-            out.append((attempt, f"gateway {names} did not take routes without it in {LINGER_MAX:g} s"))
+            bound = lingering.deadline - lingering.since
+            out.append((attempt, f"gateway {names} did not take routes without it in {bound:g} s"))
     return out
 
 

@@ -94,6 +94,9 @@ class Settings:
     #: seconds between two tries to place replicas that found no place, when nothing else changed
     #: (a node's disk got room, a copy was evicted: free bytes are not watched sync by sync)
     unplaced_retry: float = 5.0
+    #: a replica retired while ready runs at most this long for gateways that still route to it
+    #: (:mod:`llmgw.server.controllers.stopping`): the server derives it from its poll timeout
+    linger_max: float = 15.0
 
 
 #: the timings ``llmgw server`` runs with unless told otherwise

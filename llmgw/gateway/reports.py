@@ -44,8 +44,9 @@ HELD_INTERVAL = 2.0
 _QUEUED = 64
 
 
-class SuspectReporter:
-    """Reports stalled replicas to the server, one at a time, in the background.
+class _ToLeader:
+    """What the reporters share: the connection pool, a server list of their own (reports go to the
+    leader, wherever the routes feed reads from), and how long one report may take.
 
     :param pool: the connection pool to the server (its TLS context holds the gateway's certificate).
     :param server: the server's base URL (several: comma-separated, as ``--server`` takes them).
@@ -57,6 +58,22 @@ class SuspectReporter:
         #: the servers; reports go to the current one (the leader, once a standby named it)
         self.servers = ServerList.parse(server, schemes=("http", "https"))
         self.timeout = timeout
+
+    async def _to_leader(self, path: str, record: object) -> str | None:
+        """POST ``record`` to ``path`` on the leader; None when it accepted it, else why not."""
+        response, _, why = await post_to_leader(self.pool, self.servers, path, record, within=self.timeout)
+        if response is not None and response.status < 300:
+            return None
+        if response is not None:
+            why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
+        return why
+
+
+class SuspectReporter(_ToLeader):
+    """Reports stalled replicas to the server, one at a time, in the background (see :class:`_ToLeader`)."""
+
+    def __init__(self, pool: ConnectionPool, server: str, *, timeout: float = 5.0) -> None:
+        super().__init__(pool, server, timeout=timeout)
         self._send, self._receive = trio.open_memory_channel[SuspectReport](_QUEUED)
         #: reports the server accepted (for tests)
         self.delivered = 0
@@ -85,30 +102,19 @@ class SuspectReporter:
 
         :returns: whether the server accepted it.
         """
-        response, _, why = await post_to_leader(self.pool, self.servers, path, record, within=self.timeout)
-        if response is not None and response.status < 300:
+        why = await self._to_leader(path, record)
+        if why is None:
             self.delivered += 1
             return True
-        if response is not None:
-            why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
         log.warning("could not report %s to the server: %s", about, why)
         return False
 
 
-class HeldReporter:
-    """Tells the leader which routes generation this gateway process routes by.
-
-    :param pool: the connection pool to the server (the routes feed's, with the gateway's certificate).
-    :param server: the server's base URL (several: comma-separated, as ``--server`` takes them).
-    :param timeout: seconds one report may take.
-    """
+class HeldReporter(_ToLeader):
+    """Tells the leader which routes generation this gateway process routes by (see :class:`_ToLeader`)."""
 
     def __init__(self, pool: ConnectionPool, server: str, *, timeout: float = 5.0) -> None:
-        self.pool = pool
-        #: the servers; reports go to the leader (a server list of its own: the routes feed may be
-        #: reading from a standby, or waiting on a server that went silent)
-        self.servers = ServerList.parse(server, schemes=("http", "https"))
-        self.timeout = timeout
+        super().__init__(pool, server, timeout=timeout)
         #: this process among the gateway's (the server keeps it under the certificate's name)
         self.process = secrets.token_hex(8)
         #: the generation of the table in force; None before the first
@@ -135,16 +141,12 @@ class HeldReporter:
                 await self._post(self.generation)
 
     async def _post(self, generation: int) -> None:
-        record = RoutesHeld(self.process, generation)
-        pool, servers = self.pool, self.servers
-        response, _, why = await post_to_leader(pool, servers, HELD_PATH, record, within=self.timeout)
-        if response is not None and response.status < 300:
+        why = await self._to_leader(HELD_PATH, RoutesHeld(self.process, generation))
+        if why is None:
             if self._failing:
                 log.info("the leader hears again which routes this gateway holds (generation %d)", generation)
             self._failing, self.delivered = False, generation
             return
-        if response is not None:
-            why = f"HTTP {response.status}: {(response.content or b'')[:200].decode(errors='replace')}"
         if not self._failing:  # once per outage: every HELD_INTERVAL would flood the log
             log.warning(
                 "cannot tell the leader which routes this gateway holds: %s; it stops replicas that left the "

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FakeRoutesFeed", "HeldStream", "Sim", "serve_feed", "serve_stream", "sim_program", "sim_argv",
-    "start_sim", "start_gateway", "streaming", "wait_healthy",
+    "sims_behind_feed", "start_sim", "start_gateway", "streaming", "wait_healthy",
 ]  # fmt: skip
 
 
@@ -277,6 +277,21 @@ async def serve_feed(
     feed.url = await nursery.start(feed.serve)
     feed.set(routes=routes, keys=keys)
     return feed
+
+
+async def sims_behind_feed(
+    nursery: trio.Nursery, processes: ProcessSet, *replicas: str, sim_args: Sequence[str] = ()
+) -> tuple[list[Sim], FakeRoutesFeed]:
+    """One sim per replica id, started with ``sim_args``, as the replicas of model ``m`` of a feed.
+
+    Called by gateway tests before they start a gateway on ``feed.url`` (callers own the deadline).
+
+    :returns: the sims (in the order of ``replicas``, each healthy) and the feed, serving in ``nursery``.
+    """
+    sims = [start_sim(processes, *sim_args) for _ in replicas]
+    await wait_healthy([sim.url for sim in sims])
+    feed = await serve_feed(nursery, m=list(zip(replicas, (sim.url for sim in sims), strict=True)))
+    return sims, feed
 
 
 class _Url:

@@ -18,6 +18,7 @@ from llmgw.testing.gateway import (
     Sim,
     serve_feed,
     serve_stream,
+    sims_behind_feed,
     start_gateway,
     start_sim,
     wait_healthy,
@@ -33,10 +34,8 @@ async def sim_behind_gateway(nursery: trio.Nursery, processes, *sim_args: str) -
 
     :returns: the sim, once healthy, and the gateway's base URL.
     """
-    sim = start_sim(processes, *sim_args)
     with trio.fail_after(10):
-        await wait_healthy([sim.url])
-    feed = await serve_feed(nursery, m=[("m-0", sim.url)])
+        [sim], feed = await sims_behind_feed(nursery, processes, "m-0", sim_args=sim_args)
     _, url = await start_gateway(nursery, feed.url, require_keys=False)
     return sim, url
 
@@ -75,10 +74,8 @@ class TestRetries:
 
     async def test_killed_replica_requests_go_elsewhere(self, nursery, processes):  # noqa: F811
         """Killing one of two replicas under load: every request still succeeds, on the other one."""
-        a, b = start_sim(processes), start_sim(processes)
         with trio.fail_after(10):
-            await wait_healthy([a.url, b.url])
-        feed = await serve_feed(nursery, m=[("a", a.url), ("b", b.url)])
+            (a, b), feed = await sims_behind_feed(nursery, processes, "a", "b")
         _, url = await start_gateway(nursery, feed.url, require_keys=False)
         results: list[tuple[int, str]] = []
         killed = trio.Event()

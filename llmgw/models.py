@@ -184,7 +184,26 @@ class DiscoverySettings:
 
 
 @attrs.frozen
-class GpuReport:
+class _DiscoveryReport:
+    """What one discovery plugin found; ``status`` tells the three outcomes apart. Each subclass adds what
+    was found, then ``problem`` (the message of a failure, or notes)."""
+
+    source: str
+    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
+
+    def describe(self) -> str:
+        """One line for an operator: what was found, or what went wrong."""
+        if self.status == "ok":
+            return f"{self.source}: {self._found()}"
+        return f"{self.source}: {self.problem}"
+
+    def _found(self) -> str:
+        """What was found, counted (``8 GPUs``)."""
+        raise NotImplementedError
+
+
+@attrs.frozen
+class GpuReport(_DiscoveryReport):
     """What one GPU discovery plugin found.
 
     ``status`` tells the three outcomes apart: ``ok`` (``gpus`` may be empty:
@@ -192,32 +211,22 @@ class GpuReport:
     ``failed`` (it ran and failed; ``problem`` holds its message).
     """
 
-    source: str
-    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
     gpus: tuple[GPU, ...] = attrs.field(converter=tuple, default=())
     problem: str | None = None
 
-    def describe(self) -> str:
-        """One line for an operator: what was found, or what went wrong."""
-        if self.status == "ok":
-            return f"{self.source}: {len(self.gpus)} GPUs"
-        return f"{self.source}: {self.problem}"
+    def _found(self) -> str:
+        return f"{len(self.gpus)} GPUs"
 
 
 @attrs.frozen
-class AdapterReport:
-    """What one fabric discovery plugin found under its root."""
+class AdapterReport(_DiscoveryReport):
+    """What one fabric discovery plugin found under its root (``status`` as :class:`GpuReport`'s)."""
 
-    source: str
-    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
     adapters: tuple[Adapter, ...] = attrs.field(converter=tuple, default=())
     problem: str | None = None
 
-    def describe(self) -> str:
-        """One line for an operator: what was found, or what went wrong."""
-        if self.status == "ok":
-            return f"{self.source}: {len(self.adapters)} adapters"
-        return f"{self.source}: {self.problem}"
+    def _found(self) -> str:
+        return f"{len(self.adapters)} adapters"
 
 
 @attrs.frozen

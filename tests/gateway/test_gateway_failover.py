@@ -13,6 +13,7 @@ import trio
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import (
+    EndlessStream,
     FakeRoutesFeed,
     HeldStream,
     Sim,
@@ -223,23 +224,14 @@ class TestStreams:
 
     async def test_client_leaving_stops_generation(self, nursery):
         """A client that disconnects mid-stream makes the gateway close the upstream: the engine stops."""
-        stopped = trio.Event()
-
-        async def events():
-            try:
-                while True:
-                    yield b'data: {"token": "x"}\n\n'
-                    await trio.sleep(0.01)
-            finally:
-                stopped.set()
-
+        events = EndlessStream(b'data: {"token": "x"}\n\n')
         feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, events))])
         gateway, url = await start_gateway(nursery, feed.url, require_keys=False)
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
                 await response.aiter_bytes().__anext__()
         with trio.fail_after(5):
-            await stopped.wait()
+            await events.stopped.wait()
         with trio.fail_after(5):
             await wait_for(lambda: gateway.balancer.replicas("m")[0].in_flight == 0, "in-flight to drop")
         assert gateway.upstreams.idle_count() == 0

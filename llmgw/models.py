@@ -40,7 +40,8 @@ def _non_negative(instance: object, attribute: attrs.Attribute, value: int) -> N
         raise ValueError(f"{attribute.name} must be >= 0, got {value}")
 
 
-def _positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
+def positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    """A validator: a whole number of at least 1 (replicas' nodes, a machine's cores...)."""
     if value < 1:
         raise ValueError(f"{attribute.name} must be >= 1, got {value}")
 
@@ -183,7 +184,26 @@ class DiscoverySettings:
 
 
 @attrs.frozen
-class GpuReport:
+class _DiscoveryReport:
+    """What one discovery plugin found; ``status`` tells the three outcomes apart. Each subclass adds what
+    was found, then ``problem`` (the message of a failure, or notes)."""
+
+    source: str
+    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
+
+    def describe(self) -> str:
+        """One line for an operator: what was found, or what went wrong."""
+        if self.status == "ok":
+            return f"{self.source}: {self._found()}"
+        return f"{self.source}: {self.problem}"
+
+    def _found(self) -> str:
+        """What was found, counted (``8 GPUs``)."""
+        raise NotImplementedError
+
+
+@attrs.frozen
+class GpuReport(_DiscoveryReport):
     """What one GPU discovery plugin found.
 
     ``status`` tells the three outcomes apart: ``ok`` (``gpus`` may be empty:
@@ -191,32 +211,22 @@ class GpuReport:
     ``failed`` (it ran and failed; ``problem`` holds its message).
     """
 
-    source: str
-    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
     gpus: tuple[GPU, ...] = attrs.field(converter=tuple, default=())
     problem: str | None = None
 
-    def describe(self) -> str:
-        """One line for an operator: what was found, or what went wrong."""
-        if self.status == "ok":
-            return f"{self.source}: {len(self.gpus)} GPUs"
-        return f"{self.source}: {self.problem}"
+    def _found(self) -> str:
+        return f"{len(self.gpus)} GPUs"
 
 
 @attrs.frozen
-class AdapterReport:
-    """What one fabric discovery plugin found under its root."""
+class AdapterReport(_DiscoveryReport):
+    """What one fabric discovery plugin found under its root (``status`` as :class:`GpuReport`'s)."""
 
-    source: str
-    status: str = attrs.field(validator=attrs.validators.in_({"ok", "not-found", "failed"}))
     adapters: tuple[Adapter, ...] = attrs.field(converter=tuple, default=())
     problem: str | None = None
 
-    def describe(self) -> str:
-        """One line for an operator: what was found, or what went wrong."""
-        if self.status == "ok":
-            return f"{self.source}: {len(self.adapters)} adapters"
-        return f"{self.source}: {self.problem}"
+    def _found(self) -> str:
+        return f"{len(self.adapters)} adapters"
 
 
 @attrs.frozen
@@ -274,7 +284,7 @@ class Profile:
     """How to run one replica: which engine, on how many nodes and GPUs."""
 
     engine: str
-    nodes: int = attrs.field(default=1, validator=[_positive, _at_most(MAX_NODES_PER_REPLICA)])
+    nodes: int = attrs.field(default=1, validator=[positive, _at_most(MAX_NODES_PER_REPLICA)])
     gpus_per_node: int = attrs.field(default=1, validator=[_non_negative, _at_most(MAX_GPUS_PER_NODE)])
     args: tuple[str, ...] = attrs.field(converter=tuple, default=(), validator=bounded())
     min_gpu_memory_mib: int | None = None
@@ -291,9 +301,9 @@ class Profile:
         default=None, validator=_seconds(0, MAX_READY_TIMEOUT, above=True)
     )
     #: how many LoRA adapters one replica of a model with ``adapters:`` keeps loaded at once
-    max_adapters: int = attrs.field(default=4, validator=[_positive, _at_most(MAX_ADAPTERS_LOADED)])
+    max_adapters: int = attrs.field(default=4, validator=[positive, _at_most(MAX_ADAPTERS_LOADED)])
     #: the largest LoRA rank an adapter of this profile's models may have (engines size buffers by it)
-    max_adapter_rank: int = attrs.field(default=16, validator=[_positive, _at_most(MAX_ADAPTER_RANK)])
+    max_adapter_rank: int = attrs.field(default=16, validator=[positive, _at_most(MAX_ADAPTER_RANK)])
 
 
 def _some_progress(instance: Rollout, attribute: attrs.Attribute, value: int) -> None:
@@ -370,7 +380,7 @@ class Autoscale:
     #: seconds after a change before the next one (a new replica's signals settle meanwhile)
     cooldown: float = attrs.field(default=10.0, validator=_seconds(0, MAX_SCALE_WINDOW, above=False))
     #: replicas added or stopped by one decision at most
-    max_step: int = attrs.field(default=2, validator=[_positive, _at_most(MAX_REPLICAS)])
+    max_step: int = attrs.field(default=2, validator=[positive, _at_most(MAX_REPLICAS)])
 
 
 @attrs.frozen
@@ -421,9 +431,9 @@ class LoraSpec:
     """
 
     #: how many adapters the replica keeps loaded at once (the profile's ``max_adapters``)
-    max_loaded: int = attrs.field(validator=_positive)
+    max_loaded: int = attrs.field(validator=positive)
     #: the largest LoRA rank among the model's adapters (vLLM and SGLang size their buffers by it)
-    max_rank: int = attrs.field(default=16, validator=_positive)
+    max_rank: int = attrs.field(default=16, validator=positive)
     #: (adapter name, its directory on this node), in the order the engine numbers them, for an engine
     #: whose :attr:`llmgw.engine.Engine.lora_at_start` is True; empty otherwise
     at_start: tuple[tuple[str, str], ...] = attrs.field(converter=tuple, default=())
@@ -443,7 +453,7 @@ class LaunchSpec:
     port: int
     gpus: tuple[int, ...] = attrs.field(converter=tuple, default=())
     rank: int = attrs.field(default=0, validator=_non_negative)
-    nnodes: int = attrs.field(default=1, validator=_positive)
+    nnodes: int = attrs.field(default=1, validator=positive)
     #: ``HOST:PORT``: rank 0 binds it, workers join it; None for one node
     dist_init_addr: str | None = None
     #: addresses of the other ranks' shards, in rank order (engines like

@@ -42,7 +42,9 @@ PUBLIC = {
         "FabricError",
     ],
     "llmgw.testing": ["make_adapters", "make_gpus", "write_fake_nvidia_smi", "write_ib_sysfs"],
-    "llmgw.testing.contract": ["EngineContract", "flags_of", "command_program"],
+    "llmgw.testing.contract": [
+        "EngineContract", "flags_of", "flag_value", "command_program", "read_help_files",
+    ],
     "llmgw.testing.pytest_plugin": [
         "HELP_DIR_ENV", "engine_help_dir", "find_engine_help_dir", "missing_engine_help",
     ],

@@ -1,24 +1,31 @@
-"""The llama.cpp plugin: commands from launch specs, help parsing, engine-check on real help texts."""
+"""The llama.cpp plugin: commands from launch specs (LoRA too), help parsing, engine-check on real helps."""
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
-from llmgw_engine_llamacpp import LlamaCppEngine, parse_llamacpp_help, worker_addresses
+from llmgw_engine_llamacpp import LlamaCppEngine, lora_args, parse_llamacpp_help, worker_addresses
 
 from llmgw.enginecheck import check_engine
-from llmgw.models import LaunchSpec
-from llmgw.testing.contract import EngineContract
+from llmgw.models import LaunchSpec, LoraSpec
+from llmgw.testing.contract import EngineContract, flag_value, read_help_files
 
 VERSIONS = LlamaCppEngine.checked_versions
 
 
+class TestLlamaCppContract(EngineContract):
+    """The llama.cpp engine passes the conformance suite against each checked commit's real help."""
+
+    distribution = "llmgw-engine-llamacpp"
+    engine_class = LlamaCppEngine
+    help_files = {p: f"llamacpp-{{version}}-{p}.txt" for p in ("llama-server", "rpc-server")}
+
+
 def help_files(engine_help_dir, version: str) -> dict[str, str]:
     """Program -> its saved help at one llama.cpp commit."""
-    return {
-        "llama-server": (engine_help_dir / f"llamacpp-{version}-llama-server.txt").read_text(),
-        "rpc-server": (engine_help_dir / f"llamacpp-{version}-rpc-server.txt").read_text(),
-    }
+    return read_help_files(engine_help_dir, TestLlamaCppContract.help_files, version)
 
 
 @pytest.fixture(params=VERSIONS)
@@ -29,14 +36,6 @@ def version(request) -> str:
 @pytest.fixture
 def real_helps(engine_help_dir, version) -> dict[str, str]:
     return help_files(engine_help_dir, version)
-
-
-class TestLlamaCppContract(EngineContract):
-    """The llama.cpp engine passes the conformance suite against each checked commit's real help."""
-
-    distribution = "llmgw-engine-llamacpp"
-    engine_class = LlamaCppEngine
-    help_files = {p: f"llamacpp-{{version}}-{p}.txt" for p in ("llama-server", "rpc-server")}
 
 
 SPEC = LaunchSpec(
@@ -56,10 +55,6 @@ SPEC = LaunchSpec(
         "rpc-server": "/opt/llama/bin/ggml-rpc-server",
     },
 )
-
-
-def value(argv, flag: str) -> str:
-    return argv[argv.index(flag) + 1]
 
 
 def rank(r: int, **changes) -> LaunchSpec:
@@ -97,31 +92,32 @@ class TestCommands:
         """No GPUs: no layer offloaded, and no GPU visible."""
         spec = attrs.evolve(SPEC, nnodes=1, dist_init_addr=None, peer_addrs=(), adapters=(), gpus=())
         command = LlamaCppEngine().build_command(spec)
-        assert value(command.argv, "-ngl") == "0"
+        assert flag_value(command.argv, "-ngl") == "0"
         assert command.env["CUDA_VISIBLE_DEVICES"] == ""
 
     def test_rank_zero_dials_every_worker(self):
         """Rank 0 is llama-server with --rpc listing the workers' addresses in rank order."""
         argv = LlamaCppEngine().build_command(SPEC).argv
         assert argv[0] == "/opt/llama/bin/llama-server"
-        assert value(argv, "--rpc") == "10.0.0.6:20011,10.0.0.7:20021"
-        assert value(argv, "-ngl") == "999"
+        assert flag_value(argv, "--rpc") == "10.0.0.6:20011,10.0.0.7:20021"
+        assert flag_value(argv, "-ngl") == "999"
         assert argv[-3:] == ("-np", "4", "--metrics")
 
     def test_workers_bind_what_rank_zero_dials(self):
         """Each worker runs the configured RPC worker on its own host:port, the address rank 0 dials."""
         engine = LlamaCppEngine()
-        dialled = value(engine.build_command(SPEC).argv, "--rpc").split(",")
+        dialled = flag_value(engine.build_command(SPEC).argv, "--rpc").split(",")
         for r in (1, 2):
             command = engine.build_command(rank(r))
             assert command.argv[0] == "/opt/llama/bin/ggml-rpc-server"
-            assert f"{value(command.argv, '--host')}:{value(command.argv, '--port')}" == dialled[r - 1]
+            bound = f"{flag_value(command.argv, '--host')}:{flag_value(command.argv, '--port')}"
+            assert bound == dialled[r - 1]
             assert "-np" not in command.argv, "profile args are llama-server's, not the worker's"
 
     def test_rank_zero_on_cpu_still_offloads_to_workers(self):
         """A CPU-only rank 0 still offloads every layer: its workers are RPC devices."""
         command = LlamaCppEngine().build_command(attrs.evolve(SPEC, gpus=()))
-        assert value(command.argv, "-ngl") == "999"
+        assert flag_value(command.argv, "-ngl") == "999"
 
     def test_peer_addrs_of_the_other_ranks_only(self):
         """peer_addrs holding only the workers' addresses gives the same --rpc."""
@@ -309,3 +305,106 @@ class TestContinuation:
     def test_unknown_commits_do_not(self, commit):
         """A commit not known to have the prefill does not count (commits do not order)."""
         assert LlamaCppEngine().continues_final_message(commit, ()) is False
+
+
+#: the adapters of LORA_SPEC, by name and file
+AT_START = (("sql", "/adapters/sql.gguf"), ("chat", "/adapters/chat.gguf"), ("poem", "/adapters/poem.gguf"))
+#: a one-node replica on one GPU, its adapters loaded at start
+LORA_SPEC = attrs.evolve(
+    SPEC,
+    nnodes=1,
+    dist_init_addr=None,
+    peer_addrs=(),
+    adapters=(),
+    extra_args=(),
+    gpus=(0,),
+    lora=LoraSpec(max_loaded=3, at_start=AT_START),
+)
+
+
+class TestLoraCommand:
+    """Every adapter is loaded at start, in id order, applied to no request by default."""
+
+    def test_one_lora_flag_per_adapter_in_order(self):
+        """Rank 0 gets --lora FILE per adapter in at_start order, then --lora-init-without-apply."""
+        argv = LlamaCppEngine().build_command(LORA_SPEC).argv
+        files = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--lora"]
+        assert files == ["/adapters/sql.gguf", "/adapters/chat.gguf", "/adapters/poem.gguf"]
+        assert "--lora-init-without-apply" in argv
+
+    def test_workers_get_no_adapters(self):
+        """RPC workers only hold layers: no LoRA flag (rpc-server has none)."""
+        spec = attrs.evolve(
+            LORA_SPEC,
+            nnodes=2,
+            rank=1,
+            dist_init_addr="10.0.0.5:20002",
+            peer_addrs=("10.0.0.5:20001", "10.0.0.6:20011"),
+            host="10.0.0.6",
+        )
+        argv = LlamaCppEngine().build_command(spec).argv
+        assert not [arg for arg in argv if "lora" in arg]
+
+    def test_adapters_must_be_given_at_start(self):
+        """A LoraSpec with nothing at start is an error naming the field: llama-server cannot load later."""
+        with pytest.raises(ValueError, match="spec.lora.at_start is empty"):
+            LlamaCppEngine().build_command(attrs.evolve(LORA_SPEC, lora=LoraSpec(max_loaded=3)))
+
+    def test_comma_in_a_path(self):
+        """A path with a comma is refused, naming the adapter: 0c1e570 splits --lora values on commas."""
+        with pytest.raises(ValueError, match="LoRA adapter 'sql'.*comma"):
+            lora_args(LoraSpec(max_loaded=1, at_start=(("sql", "/adapters/a,b.gguf"),)))
+
+
+class TestLoraCalls:
+    """No call loads or unloads; a request chooses its adapter by id."""
+
+    def test_load_and_unload_need_no_call(self):
+        """Every adapter was loaded at start: load and unload are no calls."""
+        assert LlamaCppEngine.lora_at_start
+        assert LlamaCppEngine().lora_load("sql", "/adapters/sql.gguf") is None
+        assert LlamaCppEngine().lora_unload("sql") is None
+
+    def test_request_selects_by_id(self):
+        """The chosen adapter at scale 1 by its --lora position, every other at 0."""
+        known = [name for name, _ in AT_START]
+        assert LlamaCppEngine().lora_request_fields("chat", "llama-8b", known) == {
+            "lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}, {"id": 2, "scale": 0.0}]
+        }
+
+    def test_base_request_zeroes_every_adapter(self):
+        """A base-model request lists every adapter at scale 0 (some builds apply them otherwise)."""
+        known = [name for name, _ in AT_START]
+        assert LlamaCppEngine().lora_base_request_fields("llama-8b", known) == {
+            "lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}, {"id": 2, "scale": 0.0}]
+        }
+        assert LlamaCppEngine().lora_base_request_fields("llama-8b", []) == {}
+
+    def test_unknown_adapter(self):
+        """An adapter llama-server was not started with is an error naming it."""
+        with pytest.raises(ValueError, match="'other' is not one llama-server loaded at start"):
+            LlamaCppEngine().lora_request_fields("other", "llama-8b", ["sql"])
+
+
+class TestLoraEngineCheck:
+    """engine-check knows the LoRA flags from the real help texts."""
+
+    def test_accepted_with_their_feature(self, real_helps):
+        """Both checked commits document --lora and --lora-init-without-apply on llama-server."""
+        report = check_engine(LlamaCppEngine(), real_helps)
+        assert report.ok and not report.warnings
+        features = {(f.program, f.flag): f.feature for f in report.flags}
+        assert features[("llama-server", "--lora")] == "LoRA adapters (loaded at start)"
+        assert (
+            features[("llama-server", "--lora-init-without-apply")] == "LoRA adapters (applied per request)"
+        )
+
+    def test_a_help_without_lora_init_without_apply_says_so(self, real_helps):
+        """A llama-server help without --lora-init-without-apply fails, naming the flag and what it serves."""
+        server = real_helps["llama-server"]
+        lacking = re.sub(r"^--lora-init-without-apply .*\n", "", server, count=1, flags=re.MULTILINE)
+        assert lacking != server
+        report = check_engine(LlamaCppEngine(), {**real_helps, "llama-server": lacking})
+        [missing] = report.missing
+        assert (missing.program, missing.flag) == ("llama-server", "--lora-init-without-apply")
+        assert missing.feature == "LoRA adapters (applied per request)"

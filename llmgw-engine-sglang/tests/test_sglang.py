@@ -1,6 +1,8 @@
-"""The SGLang plugin: commands from launch specs, help parsing, engine-check on real help texts."""
+"""The SGLang plugin: commands from launch specs (LoRA too), help parsing, engine-check on real help texts."""
 
 from __future__ import annotations
+
+import re
 
 import attrs
 import pytest
@@ -8,10 +10,18 @@ from llmgw_engine_sglang import SglangEngine
 
 from llmgw.engine import help_and_version_of
 from llmgw.enginecheck import check_engine, option_flags
-from llmgw.models import LaunchSpec
-from llmgw.testing.contract import EngineContract
+from llmgw.models import LaunchSpec, LoraSpec
+from llmgw.testing.contract import EngineContract, flag_value, read_help_files
 
 VERSIONS = SglangEngine.checked_versions
+
+
+class TestSglangContract(EngineContract):
+    """The SGLang engine passes the conformance suite against each checked version's real help."""
+
+    distribution = "llmgw-engine-sglang"
+    engine_class = SglangEngine
+    help_files = {"python": "sglang-{version}-launch_server.txt"}
 
 
 @pytest.fixture(params=VERSIONS)
@@ -22,15 +32,7 @@ def version(request) -> str:
 @pytest.fixture
 def real_help(engine_help_dir, version) -> str:
     """``python -m sglang.launch_server --help`` of one checked version."""
-    return (engine_help_dir / f"sglang-{version}-launch_server.txt").read_text()
-
-
-class TestSglangContract(EngineContract):
-    """The SGLang engine passes the conformance suite against each checked version's real help."""
-
-    distribution = "llmgw-engine-sglang"
-    engine_class = SglangEngine
-    help_files = {"python": "sglang-{version}-launch_server.txt"}
+    return read_help_files(engine_help_dir, TestSglangContract.help_files, version)["python"]
 
 
 SPEC = LaunchSpec(
@@ -46,10 +48,6 @@ SPEC = LaunchSpec(
     extra_args=("--context-length", "32768"),
     executables={"python": "/opt/sglang/bin/python"},
 )
-
-
-def value(argv, flag: str) -> str:
-    return argv[argv.index(flag) + 1]
 
 
 class TestCommands:
@@ -101,7 +99,9 @@ class TestCommands:
         rank0 = engine.build_command(SPEC).argv
         worker = engine.build_command(attrs.evolve(SPEC, rank=1, host="10.0.0.6", port=30007)).argv
         differing = {
-            flag for flag in ("--node-rank", "--host", "--port") if value(rank0, flag) != value(worker, flag)
+            flag
+            for flag in ("--node-rank", "--host", "--port")
+            if flag_value(rank0, flag) != flag_value(worker, flag)
         }
         assert differing == {"--node-rank", "--host", "--port"}
         assert [a for a in rank0 if a not in ("0", "10.0.0.5", "30000")] == [
@@ -112,9 +112,10 @@ class TestCommands:
         """All ranks join rank 0's dist-init address, with the same --nnodes and --tp-size."""
         engine = SglangEngine()
         ranks = [engine.build_command(attrs.evolve(SPEC, nnodes=3, rank=r)).argv for r in range(3)]
-        assert {value(argv, "--dist-init-addr") for argv in ranks} == {"10.0.0.5:20000"}
-        assert {(value(argv, "--nnodes"), value(argv, "--tp-size")) for argv in ranks} == {("3", "24")}
-        assert [value(argv, "--node-rank") for argv in ranks] == ["0", "1", "2"]
+        assert {flag_value(argv, "--dist-init-addr") for argv in ranks} == {"10.0.0.5:20000"}
+        sizes = {(flag_value(argv, "--nnodes"), flag_value(argv, "--tp-size")) for argv in ranks}
+        assert sizes == {("3", "24")}
+        assert [flag_value(argv, "--node-rank") for argv in ranks] == ["0", "1", "2"]
 
     def test_gpus_and_exact_adapter_names(self):
         """GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters reach NCCL_IB_HCA as exact names."""
@@ -200,3 +201,81 @@ class TestContinuation:
     def test_from_0_4_4(self, version, continues):
         """SGLang has ``continue_final_message`` from 0.4.4 (sgl-project/sglang#4226)."""
         assert SglangEngine().continues_final_message(version, ()) is continues
+
+
+#: the flags every rank of a replica with adapters gets
+LORA_FLAGS = (
+    "--enable-lora",
+    "--max-lora-rank",
+    "--lora-target-modules",
+    "--max-loras-per-batch",
+    "--max-loaded-loras",
+)
+#: a one-node replica of a model with adapters
+LORA_SPEC = attrs.evolve(
+    SPEC, nnodes=1, dist_init_addr=None, adapters=(), extra_args=(), lora=LoraSpec(max_loaded=8, max_rank=64)
+)
+
+
+class TestLoraCommand:
+    """What a replica of a model with adapters is started with, as SGLang's dynamic-loading guide has it."""
+
+    def test_flags(self):
+        """Rank and target modules fixed at start; N adapters plus the base model per batch and loaded."""
+        argv = SglangEngine().build_command(LORA_SPEC).argv
+        assert "--enable-lora" in argv
+        assert flag_value(argv, "--max-lora-rank") == "64"
+        assert flag_value(argv, "--lora-target-modules") == "all"
+        assert flag_value(argv, "--max-loras-per-batch") == "9"
+        assert flag_value(argv, "--max-loaded-loras") == "9"
+        assert "--lora-paths" not in argv, "adapters are loaded at run time, not at start"
+
+
+    def test_every_rank_gets_the_flags(self):
+        """Every node of a multi-node replica runs the same LoRA configuration."""
+        spec = attrs.evolve(LORA_SPEC, nnodes=2, dist_init_addr="10.0.0.5:20000")
+        commands = [SglangEngine().build_command(attrs.evolve(spec, rank=rank)).argv for rank in (0, 1)]
+        for argv in commands:
+            assert [f for f in LORA_FLAGS if f in argv] == list(LORA_FLAGS)
+
+
+class TestLoraCalls:
+    """The calls the agent sends rank 0, and the fields the gateway sets."""
+
+    def test_load_and_unload(self):
+        """Loads and unloads are SGLang's /load_lora_adapter and /unload_lora_adapter (no /v1 prefix)."""
+        load = SglangEngine().lora_load("sql", "/var/lib/llmgw/adapters/sql")
+        assert (load.method, load.path) == ("POST", "/load_lora_adapter")
+        assert load.body == {"lora_name": "sql", "lora_path": "/var/lib/llmgw/adapters/sql"}
+        unload = SglangEngine().lora_unload("sql")
+        assert (unload.path, unload.body) == ("/unload_lora_adapter", {"lora_name": "sql"})
+
+    def test_request_fields(self):
+        """A request names the base model and the adapter as lora_path, which every checked version reads."""
+        assert SglangEngine().lora_request_fields("sql", "llama-8b", ["sql", "chat"]) == {
+            "model": "llama-8b",
+            "lora_path": "sql",
+        }
+        assert SglangEngine().lora_base_request_fields("llama-8b", ["sql"]) == {}
+
+
+class TestLoraEngineCheck:
+    """engine-check knows the LoRA flags from the real help texts."""
+
+    def test_accepted_with_their_feature(self, real_help):
+        """Each checked version documents every LoRA flag, each reported under a LoRA feature."""
+        report = check_engine(SglangEngine(), {"python": real_help})
+        assert report.ok and not report.warnings
+        features = {f.flag: f.feature for f in report.flags}
+        assert all(features[flag].startswith("LoRA adapters") for flag in LORA_FLAGS)
+
+    def test_a_help_without_max_loaded_loras_says_so(self, real_help):
+        """A help without --max-loaded-loras (neither in its usage nor as an option) fails naming the flag."""
+        lacking = re.sub(r"\s*\[--max-loaded-loras MAX_LOADED_LORAS\]", "", real_help, count=1)
+        lacking = re.sub(
+            r"^  --max-loaded-loras MAX_LOADED_LORAS\n", "", lacking, count=1, flags=re.MULTILINE
+        )
+        report = check_engine(SglangEngine(), {"python": lacking})
+        [missing] = report.missing
+        assert (missing.flag, missing.feature) == ("--max-loaded-loras", "LoRA adapters (max_adapters)")
+        assert not missing.possibly_truncated and not report.warnings

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import time
 
-import click
 from tabulate import tabulate
 
-from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show_admin
+from llmgw.ctl.output import model_listing
 from llmgw.wire import AdapterList
 
 __all__ = ["adapters", "adapter_lines"]
@@ -47,16 +45,14 @@ def adapter_lines(data: AdapterList, wide: bool = False) -> list[str]:
     return lines
 
 
-@click.command()
-@click.argument("model", required=False)
-@output_option()
-@watch_options()
-@click.pass_context
-def adapters(ctx: click.Context, model: str | None, output: str, watch: bool, interval: float) -> None:
-    """Show each LoRA adapter (of MODEL): the replicas that have it loaded or are loading it, requests that
-    found it loaded (hits) or waited for a load (misses), and its last use; a failed load's cause."""
-    params = {"model": model} if model else {}
-    show_admin(
-        ctx, "/v1/admin/adapters", AdapterList, adapter_lines, output,
-        params=params, watch=watch, interval=interval,
-    )  # fmt: skip
+adapters = model_listing(
+    "adapters",
+    "/v1/admin/adapters",
+    AdapterList,
+    adapter_lines,
+    help=(
+        "Show each LoRA adapter (of MODEL): the replicas that have it loaded or are loading it, requests "
+        "that found it loaded (hits) or waited for a load (misses), and its last use; a failed load's "
+        "cause."
+    ),
+)

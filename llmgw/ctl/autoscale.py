@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import time
 
-import click
 from tabulate import tabulate
 
-from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show_admin
+from llmgw.ctl.output import model_listing
 from llmgw.wire import AutoscaleList, AutoscaleSignal, AutoscaleStatus
 
 __all__ = ["autoscale", "autoscale_lines"]
@@ -69,16 +67,13 @@ def _next(status: AutoscaleStatus, now: float) -> str:
     return "now" if status.next_at is None else f"in {max(0.0, status.next_at - now):.0f} s"
 
 
-@click.command()
-@click.argument("model", required=False)
-@output_option()
-@watch_options()
-@click.pass_context
-def autoscale(ctx: click.Context, model: str | None, output: str, watch: bool, interval: float) -> None:
-    """Show each autoscaled model (or MODEL): replicas ready, desired, min..max, each signal against its
-    target, when the autoscaler may change the count next, and its last decision and why."""
-    params = {"model": model} if model else {}
-    show_admin(
-        ctx, "/v1/admin/autoscale", AutoscaleList, autoscale_lines, output,
-        params=params, watch=watch, interval=interval,
-    )
+autoscale = model_listing(
+    "autoscale",
+    "/v1/admin/autoscale",
+    AutoscaleList,
+    autoscale_lines,
+    help=(
+        "Show each autoscaled model (or MODEL): replicas ready, desired, min..max, each signal against "
+        "its target, when the autoscaler may change the count next, and its last decision and why."
+    ),
+)

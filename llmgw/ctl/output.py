@@ -3,7 +3,8 @@
 Every listing is three functions: ``fetch()`` asks the server, ``doc(data)``
 is what ``-o json`` and ``-o yaml`` print, ``table(data, wide)`` the lines
 for people. :func:`show` prints it once or, with ``--watch``, until Ctrl-C;
-:func:`show_admin` does so for what one ``GET`` of the admin API answers.
+:func:`show_admin` does so for what one ``GET`` of the admin API answers, and
+:func:`model_listing` makes the command of such a listing, of every model or one.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import yaml
 from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient, CtlError
+from llmgw.ctl.options import output_option, watch_options
 from llmgw.wire import to_json
 
-__all__ = ["follow", "show", "show_admin", "structured", "table"]
+__all__ = ["follow", "model_listing", "show", "show_admin", "structured", "table"]
 
 T = TypeVar("T")
 
@@ -125,6 +127,27 @@ def show_admin(
         watch=watch,
         interval=interval,
     )
+
+
+def model_listing(
+    name: str, path: str, reply: type[T], lines: Callable[[T, bool], Iterable[str]], help: str
+) -> click.Command:
+    """The ``ctl`` command ``name [MODEL]`` that shows (:func:`show_admin`) what ``GET path`` answers, for
+    every model or MODEL's (``?model=``), with ``-o`` and ``--watch``; ``help`` is its ``--help`` text.
+
+    Called once per such listing, when its module is imported; :returns: the command, to add to a group.
+    """
+
+    @click.command(name, help=help)
+    @click.argument("model", required=False)
+    @output_option()
+    @watch_options()
+    @click.pass_context
+    def listing(ctx: click.Context, model: str | None, output: str, watch: bool, interval: float) -> None:
+        params = {"model": model} if model else {}
+        show_admin(ctx, path, reply, lines, output, params=params, watch=watch, interval=interval)
+
+    return listing
 
 
 def follow(

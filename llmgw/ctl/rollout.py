@@ -13,8 +13,7 @@ import click
 from tabulate import tabulate
 
 from llmgw.ctl.client import AdminClient
-from llmgw.ctl.options import output_option, watch_options
-from llmgw.ctl.output import show_admin
+from llmgw.ctl.output import model_listing
 from llmgw.wire import RolloutList, RolloutStatus, RolloutUndone
 
 __all__ = ["rollout", "rollout_lines"]
@@ -52,19 +51,19 @@ def rollout() -> None:
     """See and undo rollouts: outdated replicas being replaced after a catalog change."""
 
 
-@rollout.command("status")
-@click.argument("model", required=False)
-@output_option()
-@watch_options()
-@click.pass_context
-def rollout_status(ctx: click.Context, model: str | None, output: str, watch: bool, interval: float) -> None:
-    """Show each model's rollout (or MODEL's): replicas updated and outdated, and why it waits or paused
-    (what failed, on which node, the shard's exit code and the last log line its agent reported)."""
-    params = {"model": model} if model else {}
-    show_admin(
-        ctx, "/v1/admin/rollouts", RolloutList, rollout_lines, output,
-        params=params, watch=watch, interval=interval,
+rollout.add_command(
+    model_listing(
+        "status",
+        "/v1/admin/rollouts",
+        RolloutList,
+        rollout_lines,
+        help=(
+            "Show each model's rollout (or MODEL's): replicas updated and outdated, and why it waits or "
+            "paused (what failed, on which node, the shard's exit code and the last log line its agent "
+            "reported)."
+        ),
     )
+)
 
 
 @rollout.command("undo")

@@ -22,7 +22,7 @@ from typing import ClassVar
 import attrs
 
 from llmgw.errors import LlmgwError
-from llmgw.models import Command
+from llmgw.models import Command, positive
 
 __all__ = [
     "Provisioner",
@@ -36,16 +36,11 @@ __all__ = [
 ]
 
 
-def _positive(instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
-
-
 @attrs.frozen
 class MachineRequest:
     """The machine an operator asked for, already validated by the command line."""
 
-    vmid: int = attrs.field(validator=_positive)
+    vmid: int = attrs.field(validator=positive)
     name: str
     #: the machine's address with its prefix length (``10.0.0.11/24``)
     ip_cidr: str
@@ -54,9 +49,9 @@ class MachineRequest:
     storage: str
     #: the disk image to import: a path on the hypervisor host or a storage volume id
     image: str
-    cores: int = attrs.field(validator=_positive)
-    memory_mib: int = attrs.field(validator=_positive)
-    disk_gib: int = attrs.field(validator=_positive)
+    cores: int = attrs.field(validator=positive)
+    memory_mib: int = attrs.field(validator=positive)
+    disk_gib: int = attrs.field(validator=positive)
     #: PCI addresses of the devices to pass through, in order
     gpus: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: a file of OpenSSH public keys, one a line, that may log in

@@ -9,6 +9,8 @@
   (``engine_help_dir``), loaded by pytest wherever llmgw is installed.
 - :mod:`llmgw.testing.processes`: run processes in tests and always end their
   whole process group; wait on conditions with deadlines (needs pytest).
+- :mod:`llmgw.testing.clock`: :class:`~llmgw.testing.clock.FakeClock`, seconds that move only when
+  the test says, for code that takes a ``clock`` callable.
 - :mod:`llmgw.testing.lora`: :func:`~llmgw.testing.lora.make_sim_adapter`, a
   small PEFT LoRA adapter directory (``llmgw-sim --enable-lora`` loads it).
 """

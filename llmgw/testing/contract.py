@@ -47,7 +47,7 @@ from llmgw.enginecheck import check_engine, command_program, option_flags, wides
 from llmgw.models import Command, LaunchSpec
 from llmgw.plugins import get_plugin_manager
 
-__all__ = ["EngineContract", "flags_of", "command_program"]
+__all__ = ["EngineContract", "flags_of", "flag_value", "command_program", "read_help_files"]
 
 _NUMBER = re.compile(r"^-\d+(\.\d+)?$")
 
@@ -57,6 +57,28 @@ def flags_of(command: Command) -> list[str]:
     return [
         arg.split("=", 1)[0] for arg in command.argv[1:] if arg.startswith("-") and not _NUMBER.match(arg)
     ]
+
+
+def flag_value(argv: tuple[str, ...] | list[str], flag: str) -> str:
+    """The argument after ``flag`` in ``argv`` (``--port 8000`` -> ``"8000"``); an engine's tests call it on a
+    built command to check one flag's value.
+
+    :raises ValueError: ``flag`` is not in ``argv``.
+    """
+    return argv[argv.index(flag) + 1]
+
+
+def read_help_files(folder: str | os.PathLike, help_files: Mapping[str, str], version: str) -> dict[str, str]:
+    """Program name -> its real ``--help`` output, read from ``folder``; called by the ``help_texts`` fixture
+    and by an engine's own tests for one checked ``version``.
+
+    :param help_files: program name -> file name, ``{version}`` standing for ``version``
+        (:attr:`EngineContract.help_files`)
+    """
+    return {
+        program: (Path(folder) / name.format(version=version)).read_text()
+        for program, name in help_files.items()
+    }
 
 
 class EngineContract:
@@ -93,10 +115,7 @@ class EngineContract:
                 "set `help_files = {program: 'file-{version}.txt'}` or override the `help_texts` fixture"
             )
         folder = self.help_dir or request.getfixturevalue("engine_help_dir")
-        return {
-            program: (Path(folder) / name.format(version=version)).read_text()
-            for program, name in self.help_files.items()
-        }
+        return read_help_files(folder, self.help_files, version)
 
     @pytest.fixture
     def widest(self, engine: Engine) -> LaunchSpec:
@@ -398,6 +417,19 @@ class EngineContract:
             f"flags emitted only for spec.lora have no flag_features entry: {unnamed}; name the LoRA "
             "feature each serves, so engine-check tells an operator what a missing one breaks"
         )
+
+    def test_no_lora_without_adapters(self, engine: Engine, widest: LaunchSpec) -> None:
+        """A spec without adapters starts every rank with no argument or environment variable naming LoRA."""
+        if not engine.serves_lora:
+            pytest.skip("the engine serves no LoRA adapters")
+        for spec in self.ranks(attrs.evolve(widest, lora=None)):
+            command = engine.build_command(spec)
+            named = [arg for arg in command.argv if "lora" in arg.lower()]
+            named += [name for name in command.env if "lora" in name.lower()]
+            assert not named, (
+                f"rank {spec.rank}: {named} with spec.lora None; emit LoRA flags and variables only when "
+                "spec.lora is set (a model without adapters must start as it did before adapters)"
+            )
 
     def test_lora_calls(self, engine: Engine) -> None:
         """The load and unload calls are HttpCalls (absolute path, JSON body, positive timeout) or None, and

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from llmgw.testing.processes import ManagedProcess, ProcessSet
 
 __all__ = [
-    "FakeRoutesFeed", "HeldStream", "Sim", "serve_feed", "serve_stream", "sim_program", "sim_argv",
-    "start_sim", "start_gateway", "streaming", "wait_healthy",
+    "EndlessStream", "FakeRoutesFeed", "HeldStream", "Sim", "serve_feed", "serve_stream", "sim_program",
+    "sim_argv", "sims_behind_feed", "start_sim", "start_gateway", "streaming", "wait_healthy",
 ]  # fmt: skip
 
 
@@ -132,6 +132,29 @@ class HeldStream:
     def release(self) -> None:
         """Let the rest of the body go."""
         self.released.set()
+
+
+@attrs.define
+class EndlessStream:
+    """A streamed body that sends ``chunk`` every ``interval`` seconds until its reader leaves.
+
+    Called (``endless()``) as the ``chunks`` of :func:`streaming`, by tests that check a client leaving
+    mid-stream ends the body: :attr:`stopped` is set once it is closed, :attr:`sent` counts the chunks.
+    """
+
+    chunk: bytes = b"data: token\n\n"
+    interval: float = 0.01
+    sent: int = 0
+    stopped: trio.Event = attrs.field(factory=trio.Event)
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                self.sent += 1
+                yield self.chunk
+                await trio.sleep(self.interval)
+        finally:
+            self.stopped.set()
 
 
 def streaming(chunks: Callable[[], AsyncIterator[bytes]]) -> Callable[[Request], Awaitable[Response]]:
@@ -277,6 +300,21 @@ async def serve_feed(
     feed.url = await nursery.start(feed.serve)
     feed.set(routes=routes, keys=keys)
     return feed
+
+
+async def sims_behind_feed(
+    nursery: trio.Nursery, processes: ProcessSet, *replicas: str, sim_args: Sequence[str] = ()
+) -> tuple[list[Sim], FakeRoutesFeed]:
+    """One sim per replica id, started with ``sim_args``, as the replicas of model ``m`` of a feed.
+
+    Called by gateway tests before they start a gateway on ``feed.url`` (callers own the deadline).
+
+    :returns: the sims (in the order of ``replicas``, each healthy) and the feed, serving in ``nursery``.
+    """
+    sims = [start_sim(processes, *sim_args) for _ in replicas]
+    await wait_healthy([sim.url for sim in sims])
+    feed = await serve_feed(nursery, m=list(zip(replicas, (sim.url for sim in sims), strict=True)))
+    return sims, feed
 
 
 class _Url:

@@ -86,6 +86,13 @@ class ClusterFaults:
         nodes = [n for n in self.cluster.local.nodes.values() if n.node_id not in self.busy]
         return self._choose(nodes, pick)
 
+    def _take_node(self, pick: float) -> LocalNode | None:
+        """A free node (:meth:`_free_node`), marked busy until the fault's heal frees it; None: none free."""
+        node = self._free_node(pick)
+        if node is not None:
+            self.busy.add(node.node_id)
+        return node
+
     def _nothing(self, kind: FaultKind, why: str) -> tuple[Fault, None]:
         now = time.time()
         return Fault(kind, "-", now, now, note=f"not applied: {why}"), None
@@ -226,10 +233,9 @@ class ClusterFaults:
         return self._pause(kind, "postgres", self.cluster.postgres.process.pid, "postgres")
 
     def _revoke_node(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
+        node = self._take_node(pick)
         if node is None:
             return self._nothing(kind, "every node is under another fault")
-        self.busy.add(node.node_id)
         start = time.time()
         pki.revoke(self.cluster.local.ca, node.node_id)
 
@@ -290,10 +296,9 @@ class ClusterFaults:
         return Fault(kind, node.node_id, start, **what), heal
 
     def _empty_seed(self, kind: FaultKind, pick: float):
-        node = self._free_node(pick)
+        node = self._take_node(pick)
         if node is None:
             return self._nothing(kind, "every node is under another fault")
-        self.busy.add(node.node_id)
         start = time.time()
         folder = self.cluster.seed_folder(node)
         for path in folder.iterdir():

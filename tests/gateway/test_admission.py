@@ -10,22 +10,13 @@ from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
 from llmgw.gateway.leases import Leases
 from llmgw.net.client import ConnectionPool
 from llmgw.tenancy.bucket import TokenBucket
+from llmgw.testing.clock import FakeClock
 from llmgw.wire import KeyLimits, SpentKey
-
-
-class FakeClock:
-    """Seconds that move only when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1000.0)
 
 
 def admission(clock: FakeClock, **limits: KeyLimits) -> Admission:

@@ -13,11 +13,13 @@ import trio
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.testing.gateway import (
+    EndlessStream,
     FakeRoutesFeed,
     HeldStream,
     Sim,
     serve_feed,
     serve_stream,
+    sims_behind_feed,
     start_gateway,
     start_sim,
     wait_healthy,
@@ -33,10 +35,8 @@ async def sim_behind_gateway(nursery: trio.Nursery, processes, *sim_args: str) -
 
     :returns: the sim, once healthy, and the gateway's base URL.
     """
-    sim = start_sim(processes, *sim_args)
     with trio.fail_after(10):
-        await wait_healthy([sim.url])
-    feed = await serve_feed(nursery, m=[("m-0", sim.url)])
+        [sim], feed = await sims_behind_feed(nursery, processes, "m-0", sim_args=sim_args)
     _, url = await start_gateway(nursery, feed.url, require_keys=False)
     return sim, url
 
@@ -75,10 +75,8 @@ class TestRetries:
 
     async def test_killed_replica_requests_go_elsewhere(self, nursery, processes):  # noqa: F811
         """Killing one of two replicas under load: every request still succeeds, on the other one."""
-        a, b = start_sim(processes), start_sim(processes)
         with trio.fail_after(10):
-            await wait_healthy([a.url, b.url])
-        feed = await serve_feed(nursery, m=[("a", a.url), ("b", b.url)])
+            (a, b), feed = await sims_behind_feed(nursery, processes, "a", "b")
         _, url = await start_gateway(nursery, feed.url, require_keys=False)
         results: list[tuple[int, str]] = []
         killed = trio.Event()
@@ -226,23 +224,14 @@ class TestStreams:
 
     async def test_client_leaving_stops_generation(self, nursery):
         """A client that disconnects mid-stream makes the gateway close the upstream: the engine stops."""
-        stopped = trio.Event()
-
-        async def events():
-            try:
-                while True:
-                    yield b'data: {"token": "x"}\n\n'
-                    await trio.sleep(0.01)
-            finally:
-                stopped.set()
-
+        events = EndlessStream(b'data: {"token": "x"}\n\n')
         feed = await serve_feed(nursery, m=[("m-0", await serve_stream(nursery, events))])
         gateway, url = await start_gateway(nursery, feed.url, require_keys=False)
         async with httpx.AsyncClient(base_url=url) as http:
             async with http.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as response:
                 await response.aiter_bytes().__anext__()
         with trio.fail_after(5):
-            await stopped.wait()
+            await events.stopped.wait()
         with trio.fail_after(5):
             await wait_for(lambda: gateway.balancer.replicas("m")[0].in_flight == 0, "in-flight to drop")
         assert gateway.upstreams.idle_count() == 0

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from llmgw.net.server import HttpServer, Request, Response
+from llmgw.testing.clock import FakeClock
 from llmgw.testing.gateway import HeldStream, serve_feed, start_gateway
 from llmgw.testing.processes import wait_for
 from llmgw.wire import KeyLimits
@@ -40,16 +41,6 @@ async def _events(count: int):
     yield b"data: [DONE]\n\n"
 
 
-class FakeClock:
-    """The admission's clock, moved by the test (the gateway's own timers keep trio's)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 async def setup(nursery):
     """(feed, gateway, its URL, the engine): models m (one replica) and n (listed, not ready); two keys."""
@@ -58,7 +49,7 @@ async def setup(nursery):
     with trio.fail_after(10):
         feed = await serve_feed(nursery, models=["n"], keys=KEYS, m=[("m-0", f"http://{host}:{port}")])
         gateway, url = await start_gateway(nursery, feed.url)
-    gateway.admission.clock = FakeClock()
+    gateway.admission.clock = FakeClock()  # moved by the test; the gateway's own timers keep trio's
     return feed, gateway, url, engine
 
 

@@ -15,7 +15,7 @@ from llmgw.gateway.call import Call
 from llmgw.gateway.relay import Exchange
 from llmgw.net.client import HttpClientError
 from llmgw.net.server import HttpServer, Request, Response
-from llmgw.testing.gateway import serve_feed, start_gateway, start_sim, wait_healthy
+from llmgw.testing.gateway import serve_feed, sims_behind_feed, start_gateway, start_sim, wait_healthy
 from llmgw.testing.processes import processes, wait_for  # noqa: F401
 from llmgw.wire import Route
 
@@ -33,10 +33,8 @@ class TestStalls:
 
     async def test_sigstopped_sim_requests_go_elsewhere_within_the_stall_timeout(self, nursery, processes):  # noqa: F811
         """SIGSTOP one of two sims under load: every request succeeds, none waits over stall + 2 s."""
-        a, b = start_sim(processes), start_sim(processes)
         with trio.fail_after(10):
-            await wait_healthy([a.url, b.url])
-        feed = await serve_feed(nursery, m=[("a", a.url), ("b", b.url)])
+            (a, b), feed = await sims_behind_feed(nursery, processes, "a", "b")
         stall = 3.0
         gateway, url = await start_gateway(
             nursery,

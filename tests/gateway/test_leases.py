@@ -15,6 +15,7 @@ from llmgw.net.client import ConnectionPool
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.server.state.allowances import Lender
 from llmgw.server.state.budgets import Budgets
+from llmgw.testing.clock import FakeClock
 from llmgw.wire import (
     AllowanceReply,
     AllowanceRequest,
@@ -24,16 +25,6 @@ from llmgw.wire import (
     from_json,
     to_json,
 )
-
-
-class FakeClock:
-    """Seconds that move only when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ask(gateway: str, *demands: KeyDemand) -> AllowanceRequest:
@@ -121,7 +112,7 @@ class FleetServer:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(5000.0)
 
 
 async def gateway(nursery, url: str, clock: FakeClock, limits: dict[str, KeyLimits]) -> Admission:

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from llmgw.net.server import HttpServer, InvalidJSON, Limits, Request, Response
-from llmgw.testing.gateway import HeldStream, streaming
+from llmgw.testing.gateway import EndlessStream, HeldStream, streaming
 
 HOST = "127.0.0.1"
 
@@ -209,28 +209,16 @@ class TestStreaming:
 
     async def test_client_disconnect_stops_the_body(self, nursery):
         """When the client goes away mid-stream, the body iterator is closed and stops."""
-        produced = 0
-        closed = trio.Event()
-
-        async def chunks():
-            nonlocal produced
-            try:
-                while True:
-                    produced += 1
-                    yield b"data: tick\n\n"
-                    await trio.sleep(0.01)
-            finally:
-                closed.set()
-
+        chunks = EndlessStream(b"data: tick\n\n")
         _, url = await start_server(nursery, streaming(chunks))
         async with httpx.AsyncClient(base_url=url) as client, client.stream("GET", "/") as response:
             async for _ in response.aiter_raw():
                 break
         with trio.fail_after(5):
-            await closed.wait()
-        stopped_at = produced
+            await chunks.stopped.wait()
+        stopped_at = chunks.sent
         await trio.sleep(0.1)
-        assert produced == stopped_at
+        assert chunks.sent == stopped_at
 
     async def test_body_error_mid_stream_cuts_the_response_only(self, nursery):
         """A body iterator that raises ends that response early; the server serves the next client."""

@@ -12,7 +12,7 @@ import trio.testing
 from llmgw.net.client import ConnectError, ConnectionPool, ReadTimeout, RemoteProtocolError, ResponseTooLarge
 from llmgw.net.server import HttpServer, Request, Response
 from llmgw.pki import server_ssl_context
-from llmgw.testing.gateway import HeldStream, streaming
+from llmgw.testing.gateway import EndlessStream, HeldStream, streaming
 from llmgw.testing.processes import free_port
 
 HOST = "127.0.0.1"
@@ -173,16 +173,7 @@ class TestStreaming:
 
     async def test_cancelled_stream_closes_its_connection(self, nursery):
         """Cancelling a request mid-body closes the connection: the server sees the client leave."""
-        generation_stopped = trio.Event()
-
-        async def chunks():
-            try:
-                while True:
-                    yield b"data: token\n\n"
-                    await trio.sleep(0.01)
-            finally:
-                generation_stopped.set()
-
+        chunks = EndlessStream()
         url = await start(nursery, streaming(chunks))
         async with ConnectionPool() as pool:
             with trio.move_on_after(5) as scope:
@@ -192,7 +183,7 @@ class TestStreaming:
                     await trio.sleep_forever()
             assert scope.cancelled_caught
             with trio.fail_after(5):
-                await generation_stopped.wait()
+                await chunks.stopped.wait()
             assert pool.idle_count(url) == 0
             assert pool.connections_opened == 1
 

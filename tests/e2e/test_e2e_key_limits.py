@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -80,9 +81,11 @@ def test_rpm_holds_for_the_fleet_across_gateway_workers(tmp_path: Path):
         cluster.start_gateway(free_port(), keys=True, extra=["--workers", "2"])
         url = cluster.gateway_url
         cluster.wait(lambda: _status(url, limited) == 200, "the gateway to serve team-burst", 60)
+        began = time.monotonic()
         statuses = [chat(url, limited).status_code for _ in range(39)]
+        refilled = int((time.monotonic() - began) / 3)  # a loaded machine makes the burst last seconds
         admitted = 1 + statuses.count(200)  # the wait's request was the first
         assert set(statuses) <= {200, 429}
         # 20 at once, plus one refilled every 3 s; a worker may keep one or two it was lent unused
-        assert 16 <= admitted <= 22, statuses
+        assert 16 <= admitted <= 22 + refilled, (refilled, statuses)
         cluster.check()

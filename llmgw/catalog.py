@@ -269,7 +269,17 @@ def parse_catalog(
     problems.extend(_check_unstructured(data, sections, profile_names, engines, remote=remote))
     if problems:
         raise CatalogError(source, capped(problems))
-    return Catalog(profiles=sections["profiles"], models=sections["models"])
+    return Catalog(profiles=_with_engine_facts(sections["profiles"], engines), models=sections["models"])
+
+
+def _with_engine_facts(profiles: dict[str, Profile], engines: Mapping[str, Engine]) -> dict[str, Profile]:
+    """Each profile with what its engine's plugin says of it: whether it loads adapters only at start."""
+    out = {}
+    for name, profile in profiles.items():
+        engine = engines.get(profile.engine)
+        at_start = engine is not None and engine.serves_lora and engine.lora_at_start
+        out[name] = attrs.evolve(profile, adapters_at_start=True) if at_start else profile
+    return out
 
 
 def _structure_section(data: dict, section: str, kind: type) -> tuple[dict[str, Any], list[str]]:
@@ -288,6 +298,15 @@ def _structure_section(data: dict, section: str, kind: type) -> tuple[dict[str, 
             continue
         if not isinstance(entry, dict):
             problems.append(f"{_dotted(path)}: expected a mapping")
+            continue
+        derived = [a.name for a in attrs.fields(kind) if not a.metadata.get("catalog_key", True)]
+        if any(name in entry for name in derived):
+            allowed = ", ".join(a.name for a in attrs.fields(kind) if a.name not in derived)
+            problems.extend(
+                f"{_dotted((*path, name))}: unknown key (expected one of: {allowed})"
+                for name in derived
+                if name in entry
+            )
             continue
         autoscale = None
         if kind is Model and isinstance(entry.get("replicas"), dict):

@@ -72,23 +72,29 @@ def check_adapters(models: Mapping[str, Model], served: Mapping[str, str]) -> li
 def check_lora_engine(
     where: str, model: Model, profile: Profile | None, engines: Mapping[str, Engine]
 ) -> list[str]:
-    """A model with ``adapters:`` whose profile's engine serves no LoRA adapters (an unknown engine is
+    """A model with ``adapters:`` whose profile's engine serves no LoRA adapters, or loads them only at start
+    (llama.cpp) and would start with more than the profile's ``max_adapters`` (an unknown engine is
     reported on its profile, or left to the server)."""
     engine = engines.get(profile.engine) if profile is not None else None
     if profile is None or engine is None:
         return []
-    lora = sorted(e for e, plugin in engines.items() if plugin.serves_lora and not plugin.lora_at_start)
+    key = where.split(".", 1)[1]
     if engine.serves_lora and engine.lora_at_start:
+        if len(model.adapters) <= profile.max_adapters:
+            return []
+        runtime = sorted(e for e, p in engines.items() if p.serves_lora and not p.lora_at_start)
         return [
-            f"{where}.adapters: model {where.split('.', 1)[1]!r} has LoRA adapters but its profile "
-            f"{model.profile!r} runs engine {profile.engine!r}, which loads adapters only at start; "
-            f"llmgw loads adapters on running engines and does not yet start one with its adapters "
-            f"(engines it can load them on: {', '.join(lora) or 'none installed'})"
+            f"{where}.adapters: model {key!r} has {len(model.adapters)} LoRA adapters but its profile "
+            f"{model.profile!r} keeps at most {profile.max_adapters} loaded (max_adapters), and engine "
+            f"{profile.engine!r} loads every adapter of the model at start; set "
+            f"profiles.{model.profile}.max_adapters to at least {len(model.adapters)}, or serve them on an "
+            f"engine that loads adapters on demand ({', '.join(runtime) or 'none installed'})"
         ]
     if engine.serves_lora:
         return []
+    lora = sorted(e for e, plugin in engines.items() if plugin.serves_lora)
     return [
-        f"{where}.adapters: model {where.split('.', 1)[1]!r} has LoRA adapters but its profile "
+        f"{where}.adapters: model {key!r} has LoRA adapters but its profile "
         f"{model.profile!r} runs engine {profile.engine!r}, which serves none (engines with LoRA: "
         f"{', '.join(lora) or 'none installed'})"
     ]

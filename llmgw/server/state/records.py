@@ -236,6 +236,8 @@ class Launch:
         model's adapters are loaded on the running engine, so which adapters
         it has is not here; whether it has any, and the profile's
         ``max_adapters`` and ``max_adapter_rank``, are (the engine's LoRA flags).
+        On an engine that loads adapters only at start (``adapters_at_start``),
+        they are: each one's name and source, in order (its ``--lora`` arguments).
         """
         model, profile = self.model, self.profile
         command = (
@@ -250,7 +252,12 @@ class Launch:
         )
         # only for a model with adapters: a model without keeps the command (and a paused rollout's digest
         # of it) it had before adapters existed
-        return (*command, (profile.max_adapters, profile.max_adapter_rank)) if model.adapters else command
+        if not model.adapters:
+            return command
+        lora = (profile.max_adapters, profile.max_adapter_rank)
+        if profile.adapters_at_start:
+            return (*command, lora, tuple(model.adapters.items()))
+        return (*command, lora)
 
 
 @attrs.define

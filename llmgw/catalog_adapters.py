@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
+
+import attrs
 
 from llmgw.engine import Engine
 from llmgw.models import Model, Profile
 from llmgw.weights import check_source
 
-__all__ = ["BAD_NAME", "NAME", "check_adapters", "check_lora_engine"]
+__all__ = [
+    "BAD_NAME",
+    "NAME",
+    "check_adapters",
+    "check_lora_engine",
+    "not_catalog_keys",
+    "with_adapters_at_start",
+]
 
 #: the rule for every name in a catalog: profiles, models, adapters
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
@@ -98,3 +108,40 @@ def check_lora_engine(
         f"{model.profile!r} runs engine {profile.engine!r}, which serves none (engines with LoRA: "
         f"{', '.join(lora) or 'none installed'})"
     ]
+
+
+def with_adapters_at_start(profiles: dict[str, Profile], engines: Mapping[str, Engine]) -> dict[str, Profile]:
+    """Each profile with ``adapters_at_start`` as its engine's plugin says (:attr:`Engine.lora_at_start`:
+    llama.cpp loads adapters only at start). Called by :func:`llmgw.catalog.parse_catalog` once the catalog
+    is valid; a profile whose engine no plugin here provides keeps False (a catalog checked before it is
+    sent: the server parses it again)."""
+    out = {}
+    for name, profile in profiles.items():
+        engine = engines.get(profile.engine)
+        at_start = engine is not None and engine.serves_lora and engine.lora_at_start
+        out[name] = attrs.evolve(profile, adapters_at_start=at_start) if at_start else profile
+    return out
+
+
+def not_catalog_keys(data: Mapping[str, Any], kinds: Mapping[str, type]) -> list[str]:
+    """One ``unknown key`` line per entry's key that names a field llmgw fills itself
+    (``metadata={"catalog_key": False}``, such as a profile's ``adapters_at_start``).
+
+    Called by :func:`llmgw.catalog.parse_catalog` on the raw YAML ``data``; ``kinds`` maps each section to
+    the record type of its entries.
+    """
+    problems = []
+    for section, kind in kinds.items():
+        raw = data.get(section)
+        derived = [a.name for a in attrs.fields(kind) if not a.metadata.get("catalog_key", True)]
+        if not isinstance(raw, Mapping) or not derived:
+            continue
+        allowed = ", ".join(a.name for a in attrs.fields(kind) if a.name not in derived)
+        for name, entry in raw.items():
+            if isinstance(entry, Mapping):
+                problems.extend(
+                    f"{section}.{name}.{key}: unknown key (expected one of: {allowed})"
+                    for key in derived
+                    if key in entry
+                )
+    return problems

@@ -21,14 +21,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from llmgw.wire import AdapterActivity, AdapterFailure, AdapterRoutes, RouteTable
-
-if TYPE_CHECKING:
-    from llmgw.gateway.call import Call
 
 __all__ = ["AdapterDemand", "adapter_body", "base_body", "request_body", "resolve"]
 
@@ -68,12 +65,12 @@ def base_body(body: bytes, fields: Mapping[str, Any] | None) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def request_body(call: Call, replica: str, body: bytes) -> bytes:
-    """The body to send ``replica`` for ``call``: with the fields its engine wants for the call's adapter
-    (:func:`adapter_body`), or for the base model (:func:`base_body`). Called for each attempt."""
-    fields = call.fields_of(replica) if call.fields_of is not None else None
-    if call.adapter is not None:
-        return adapter_body(body, call.requested, fields, call.adapter)
+def request_body(body: bytes, fields: Mapping[str, Any] | None, adapter: str | None, requested: str) -> bytes:
+    """The body to send a replica for a request: with the ``fields`` its engine wants for ``adapter``
+    (:func:`adapter_body`), or for the base model when ``adapter`` is None (:func:`base_body`).
+    Called for each attempt; ``requested`` is the model as the client named it."""
+    if adapter is not None:
+        return adapter_body(body, requested, fields, adapter)
     return base_body(body, fields)
 
 

@@ -264,7 +264,8 @@ class Exchange:
 
         :raises HttpClientError: it could not be sent or no head came (the gateway may end the attempt).
         """
-        body = request_body(call, self.replica.name, body)
+        fields = call.fields_of(self.replica.name) if call.fields_of is not None else None
+        body = request_body(body, fields, call.adapter, call.requested)
         self.upstream = await pool.send(
             "POST", self.replica.url + call.path, headers=request_headers(call), body=body, watch=self.attempt
         )

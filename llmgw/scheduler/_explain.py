@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from llmgw.models import Catalog, Profile
-from llmgw.scheduler._disk import format_bytes
+from llmgw.scheduler._disk import Need, format_bytes, needed_bytes
 from llmgw.scheduler._records import NodeView
 from llmgw.scheduler._state import NodeState
 from llmgw.weights import is_distributable
@@ -22,6 +22,7 @@ def explain_unplaced(
     source: str,
     avoid: frozenset[str] = frozenset(),
     weights: tuple[str, int | None, float] | None = None,
+    needs: tuple[Need, ...] = (),
 ) -> str:
     """Say why no set of ``nodes`` can take one replica of ``profile`` now.
 
@@ -30,7 +31,9 @@ def explain_unplaced(
     thing that rules it out; nodes that would fit are counted per fabric for a
     multi-node profile, so the closest miss shows. ``weights`` is (model,
     size of its copy in bytes or None, headroom): a node that cannot take the
-    copy is named with its free bytes and the bytes it could evict.
+    copy is named with its free bytes and the bytes it could evict. ``needs``
+    (:func:`~llmgw.scheduler._disk.needs_of`): the weights and the LoRA adapters'
+    sources the replica takes, checked together when given.
 
     :returns: one line, e.g. ``needs 2 nodes with 8 free GPUs on one fabric;
         fabric ib-a has 1 such node (node-1), fabric ib-b has 0; 3 nodes lack
@@ -80,8 +83,10 @@ def explain_unplaced(
                 "have no free port left in their range",
                 f"{node.id} ({node.low}-{node.high})",
             )
-        elif not node.disk.fits(source, size, headroom):
-            what = f"{model}'s {format_bytes(size or 0)} of weights (+{headroom:.0%} headroom)"
+        elif not (node.disk.fits_all(needs, headroom) if needs else node.disk.fits(source, size, headroom)):
+            adapters = needed_bytes(needs[1:])
+            lora = f" and {format_bytes(adapters)} of LoRA adapters" if adapters else ""
+            what = f"{model}'s {format_bytes(size or 0)} of weights{lora} (+{headroom:.0%} headroom)"
             unused = node.disk.unused_bytes
             evictable = f", {format_bytes(unused)} in unused copies" if unused else ""
             if node.disk.reserved:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
+from llmgw.scheduler._disk import needs_of
 from llmgw.scheduler._pick import Request, place
 from llmgw.scheduler._records import Move, Replica, replica_id
 from llmgw.scheduler._state import NodeState
@@ -139,7 +140,7 @@ def _usable(
         and node.id not in request.avoid
         and profile.engine in node.engines
         and (model.source in node.sources or copied)
-        and node.disk.fits(model.source, sizes.get(model.source) if copied else None, headroom)
+        and node.disk.fits_all(needs_of(model, sizes), headroom)
     )
 
 

@@ -277,10 +277,12 @@ async def stage_at_start(
     ``LoRA adapter NAME: ...``); the engine gets the staged directory's only file when it holds one (a
     GGUF adapter), else the directory (:func:`adapter_file`). A path on the node is used as it is.
 
+    Only rank 0 loads adapters: a worker's spec is returned as it is (llama.cpp's RPC workers hold none).
+
     :returns: the new spec, or the problem (a string) when an adapter is not on this node.
     """
     lora = spec.lora
-    if lora is None or not lora.at_start:
+    if lora is None or not lora.at_start or spec.rank > 0:
         return spec
     paths = []
     for name, source in lora.at_start:

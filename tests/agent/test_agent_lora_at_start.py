@@ -71,6 +71,11 @@ class TestStageAtStart:
         spec = spec_with()
         assert await stage_at_start(spec, None, lambda *a: None) is spec
 
+    async def test_a_workers_spec_is_unchanged(self):
+        """A worker (rank 1 of 2) loads no adapter: nothing is staged or checked for it."""
+        spec = attrs.evolve(spec_with(("sql", "/nowhere/sql.gguf")), rank=1, nnodes=2, dist_init_addr="h:1")
+        assert await stage_at_start(spec, None, lambda *a: None) is spec
+
     def test_adapter_file_of_nothing_is_none(self, tmp_path):
         """Nothing at the path: None."""
         assert adapter_file(str(tmp_path / "none")) is None

@@ -11,7 +11,6 @@ from llmgw.models import Model, Profile
 from llmgw.scheduler._disk import needs_of
 from llmgw.scheduler._records import Replica, Shard, replica_id
 from llmgw.scheduler._state import NodeState
-from llmgw.weights import is_distributable
 
 __all__ = ["Request", "place"]
 
@@ -46,7 +45,6 @@ def place(
     ports = 1 if wanted == 1 else 2
     avoid = requests[0].avoid
 
-    copied = is_distributable(model.source)
     needs = needs_of(model, sizes)  # its weights and its adapters' sources
 
     def fits(node: NodeState) -> bool:
@@ -62,7 +60,7 @@ def place(
             not node.ready
             or node.id in avoid
             or profile.engine not in node.engines
-            or (model.source not in node.sources and not copied)
+            or node.lacks(model, profile) is not None
             or not fits(node)
         ):
             continue

@@ -125,7 +125,7 @@ def schedule(
             continue
         weights = (model_name, sizes.get(model.source), headroom)
         needs = needs_of(model, sizes)
-        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid, weights, needs)
+        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid, weights, needs, model)
         unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in left]
 
     return ScheduleResult(
@@ -221,8 +221,9 @@ def _problem(
             return f"node {node.id} is lost"
         if profile.engine not in node.engines:
             return f"node {node.id} lacks engine {profile.engine}"
-        if model.source not in node.sources and not is_distributable(model.source):
-            return f"node {node.id} lacks model source {model.source}"
+        missing = node.lacks(model, profile)
+        if missing is not None:
+            return f"node {node.id} lacks {missing}"
         if profile.nodes > 1 and replica.fabric not in node.fabrics:
             return f"node {node.id} is not on fabric {replica.fabric}"
         if shard.port == shard.dist_init_port:

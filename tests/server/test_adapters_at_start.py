@@ -47,7 +47,7 @@ class Fleet:
             node_id=node,
             agent_version="0",
             engines={"llamacpp": "0c1e570"},
-            model_sources=["/models/tiny.gguf"],
+            model_sources=["/models/tiny.gguf", "/adapters/chat.gguf"],  # chat: a path, needed at start
         )
         request = SyncRequest(
             node_id=node,

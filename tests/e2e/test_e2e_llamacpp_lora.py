@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
-from llmgw.testing.processes import free_port
+from llmgw.testing.processes import free_port, processes, wait_until
 from llmgw.wire import AdapterList, EventList
 
 pytest.importorskip("gguf", reason="the gguf package is a test dependency (pip install gguf)")
@@ -37,17 +38,24 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 BIN = Path(
     os.environ.get("LLMGW_LLAMACPP_BIN") or CACHE / "llmgw" / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "bin"
 )
-SERVER = BIN / "llama-server"
-NOT_BUILT = f"llama.cpp is not built: no {SERVER}; run scripts/build-llamacpp (or set LLMGW_LLAMACPP_BIN)"
-if not SERVER.exists() and os.environ.get("LLMGW_REQUIRE_LLAMACPP"):
+SERVER, WORKER = BIN / "llama-server", BIN / "ggml-rpc-server"
+BUILT = SERVER.exists() and WORKER.exists()
+NOT_BUILT = (
+    f"llama.cpp is not built: no {SERVER} and {WORKER}; run scripts/build-llamacpp "
+    "(or set LLMGW_LLAMACPP_BIN)"
+)
+if not BUILT and os.environ.get("LLMGW_REQUIRE_LLAMACPP"):
     raise RuntimeError(f"LLMGW_REQUIRE_LLAMACPP is set but {NOT_BUILT}")
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not SERVER.exists(), reason=NOT_BUILT)]
+__all__ = ["processes"]  # the fixture
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not BUILT, reason=NOT_BUILT)]
 
 PROFILE = """
 profiles:
   cpu:
     engine: llamacpp
+    nodes: {nodes}
     gpus_per_node: 0
     args: ["-c", "512", "-np", "2"]
     max_adapters: 2
@@ -63,11 +71,12 @@ ADAPTERS = """    adapters:
 
 
 class LlamaCppCluster(LocalCluster):
-    """A LocalCluster whose agents also have llama-server installed."""
+    """A LocalCluster whose agents also have llama.cpp installed (llama-server and its RPC worker)."""
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         if name.startswith("agent-"):
             argv = [*argv, "--engine", f"llamacpp:llama-server={SERVER}"]
+            argv += ["--engine", f"llamacpp:rpc-server={WORKER}"]
         return super()._start(name, argv)
 
 
@@ -98,19 +107,30 @@ def complete(cluster: LocalCluster, model: str, stream: bool = False) -> str:
     return "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    """One node with llama.cpp, the gateway, and ``tiny`` ready without adapters; stopped however the
-    test ends."""
+def started(tmp_path: Path, nodes: int) -> Iterator[LlamaCppCluster]:
+    """``nodes`` nodes with llama.cpp (nodes 1 and 2 share a fabric), the seed of ``sql`` on node 1, and
+    the gateway; stopped however the test ends."""
     cluster = LlamaCppCluster(tmp_path / "cluster", server_port=free_port(), lost_after=10, poll_timeout=1)
     try:
         node = cluster.add_node(1)
         write_tiny_gguf_lora(node.seed_root / "adapters" / "sql" / "sql.gguf", seed=1)
-        cluster.start(1)
+        cluster.start(nodes)
         cluster.start_gateway(free_port())
         yield cluster
     finally:
         cluster.stop_all()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    """One node with llama.cpp and the gateway."""
+    yield from started(tmp_path, 1)
+
+
+@pytest.fixture
+def rpc_cluster(tmp_path: Path):
+    """Two nodes of one fabric with llama.cpp, and the gateway."""
+    yield from started(tmp_path, 2)
 
 
 def test_adapters_loaded_at_start_answer_each_with_its_text_and_the_base_as_alone(cluster, tmp_path):
@@ -120,7 +140,7 @@ def test_adapters_loaded_at_start_answer_each_with_its_text_and_the_base_as_alon
     events show both loaded at start, with no load asked of the agent."""
     model = write_tiny_gguf(tmp_path / "models" / "tiny.gguf")
     chat = write_tiny_gguf_lora(tmp_path / "adapters" / "chat.gguf", seed=2)
-    alone = PROFILE.format(source=model)
+    alone = PROFILE.format(source=model, nodes=1)
     cluster.apply(alone)
     cluster.wait(lambda: cluster.all_ready() and "tiny" in models(cluster), "tiny to be served alone", 120)
     (before,) = cluster.replicas().replicas
@@ -172,3 +192,43 @@ def test_adapters_loaded_at_start_answer_each_with_its_text_and_the_base_as_alon
     ]
     agent_log = cluster.tail("agent-node-1", 400)
     assert "could not be loaded" not in agent_log and "unloading adapter" not in agent_log
+
+
+def test_a_two_node_replica_over_rpc_starts_rank0_with_the_adapters(rpc_cluster, tmp_path, processes):
+    """A replica of two nodes (llama-server --rpc on rank 0, the RPC worker on rank 1): rank 0 alone gets
+    the adapters (the seed one staged on its node, copied there when the seed is on the other), the
+    worker none; each adapter answers its own text, the base model that of a llama-server alone."""
+    model = write_tiny_gguf(tmp_path / "models" / "tiny.gguf")
+    chat = write_tiny_gguf_lora(tmp_path / "adapters" / "chat.gguf", seed=2)
+    port = free_port()
+    alone = processes.start(
+        [str(SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-ngl", "0"]
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, 60, "llama-server", alone)
+    body = {"prompt": "hello world", "max_tokens": 8, "temperature": 0}
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+    rpc_cluster.apply(PROFILE.format(source=model, nodes=2) + ADAPTERS.format(chat=chat))
+
+    def loaded() -> bool:
+        replicas = rpc_cluster.replicas().replicas
+        if len(replicas) != 1 or replicas[0].state != "ready":
+            return False
+        return all(adapters(rpc_cluster)[name].loaded == (replicas[0].id,) for name in ("sql", "chat"))
+
+    rpc_cluster.wait(loaded, "the two-node replica to be ready with both adapters", 180)
+    rpc_cluster.wait(lambda: {"sql", "chat"} <= set(models(rpc_cluster)), "the gateway to list the adapters")
+    (replica,) = rpc_cluster.replicas().replicas
+    ranks = {shard.rank: shard for shard in replica.shards}
+    assert ranks[0].node != ranks[1].node
+    head, worker = list(ranks[0].argv), list(ranks[1].argv)
+    assert "--rpc" in head and head.count("--lora") == 2 and "--lora" not in worker
+    sql_path = Path(head[head.index("--lora") + 1])
+    assert sql_path.name == "sql.gguf" and sql_path.read_bytes() == (
+        rpc_cluster.nodes["node-1"].seed_root / "adapters" / "sql" / "sql.gguf"
+    ).read_bytes()
+
+    sql, chat_text = complete(rpc_cluster, "sql"), complete(rpc_cluster, "chat")
+    assert complete(rpc_cluster, "tiny") == plain, "the base model answers as a llama-server without adapters"
+    assert len({plain, sql, chat_text}) == 3, (plain, sql, chat_text)

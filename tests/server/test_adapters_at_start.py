@@ -169,3 +169,18 @@ def test_a_stored_launch_keeps_adapters_at_start():
     assert from_json(to_json(launch), Launch) == launch
     plain = attrs.evolve(launch.profile, adapters_at_start=False)
     assert "adapters_at_start" not in to_json(plain)
+
+
+def test_reordered_adapters_keep_each_running_replicas_numbering():
+    """The catalog lists chat before sql now: the running replicas are not outdated, and the routes feed
+    still selects sql as id 0 on them (their own launch's order, llama-server's ids)."""
+    fleet = Fleet()
+    fleet.report("ready")
+    before = "{sql: seed:///adapters/sql, chat: /adapters/chat.gguf}"
+    swapped = CATALOG.replace(before, "{chat: /adapters/chat.gguf, sql: seed:///adapters/sql}")
+    fleet.cluster.apply_catalog(parse_catalog(swapped, ENGINES), swapped, fleet.now)
+    reconcile(fleet.cluster, fleet.now)
+    assert not fleet.cluster.is_outdated(fleet.cluster.replicas["tiny-0"])
+    table = views.route_table(fleet.cluster, engines=ENGINES)
+    sql = {"lora": [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]}
+    assert table.adapters["sql"].loaded["tiny-0"] == sql

@@ -237,7 +237,9 @@ class Launch:
         it has is not here; whether it has any, and the profile's
         ``max_adapters`` and ``max_adapter_rank``, are (the engine's LoRA flags).
         On an engine that loads adapters only at start (``adapters_at_start``),
-        they are: each one's name and source, in order (its ``--lora`` arguments).
+        they are: each one's name and source (its ``--lora`` arguments). Not their
+        order: a running replica numbers them as its own launch does, and so do the
+        request fields the routes feed gives for it.
         """
         model, profile = self.model, self.profile
         command = (
@@ -256,7 +258,7 @@ class Launch:
             return command
         lora = (profile.max_adapters, profile.max_adapter_rank)
         if profile.adapters_at_start:
-            return (*command, lora, tuple(model.adapters.items()))
+            return (*command, lora, tuple(sorted(model.adapters.items())))
         return (*command, lora)
 
 

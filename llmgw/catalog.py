@@ -1,11 +1,10 @@
 """Reading the catalog: YAML to frozen records, every mistake named by its path.
 
-Read through llmgw's one converter (:data:`llmgw.wire.converter`), strict
-about types (``"2"``, ``2.5`` and ``true`` are not integers) and, for the
-catalog's records, about unknown keys. :func:`load_catalog` turns
-its exception groups into one line per problem
-(``models.llama-70b.replicas: expected an integer``), then checks what types
-cannot: cross-references between models, profiles and engines.
+Read through llmgw's one converter (:data:`llmgw.wire.converter`), strict about types (``"2"``, ``2.5``
+and ``true`` are not integers) and, for the catalog's records, about unknown keys. :func:`load_catalog`
+turns its exception groups into one line per problem (``models.llama-70b.replicas: expected an
+integer``), then checks what types cannot: cross-references between models, profiles and engines; the
+profiles learn from their engines' plugins what they say of them (``adapters_at_start``).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import attrs
 import yaml
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 
+from llmgw import catalog_adapters as lora
 from llmgw.catalog_adapters import BAD_NAME, NAME, check_adapters, check_lora_engine
 from llmgw.engine import Engine
 from llmgw.errors import CatalogError
@@ -206,8 +206,8 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 def load_catalog(path: str | Path, engines: Mapping[str, Engine]) -> Catalog:
     """Read and validate a catalog file.
 
-    Called by ``llmgw ctl validate`` and ``llmgw ctl apply`` before anything is
-    sent or stored, so a bad catalog changes nothing.
+    Called by ``llmgw ctl validate`` and ``llmgw ctl apply`` before anything is sent or stored, so a bad
+    catalog changes nothing.
 
     :param path: the YAML file.
     :param engines: the engines installed plugins provide, by name.
@@ -267,9 +267,11 @@ def parse_catalog(
         _check_references(sections["profiles"], sections["models"], profile_names, engines, remote=remote)
     )
     problems.extend(_check_unstructured(data, sections, profile_names, engines, remote=remote))
+    problems.extend(lora.not_catalog_keys(data, {"profiles": Profile}))  # Model's are omitted (wire)
     if problems:
         raise CatalogError(source, capped(problems))
-    return Catalog(profiles=sections["profiles"], models=sections["models"])
+    profiles = lora.with_adapters_at_start(sections["profiles"], engines)
+    return Catalog(profiles=profiles, models=sections["models"])
 
 
 def _structure_section(data: dict, section: str, kind: type) -> tuple[dict[str, Any], list[str]]:
@@ -416,10 +418,8 @@ def _check_references(
 
 
 def _check_signals(where: str, model: Model, engine: Engine) -> list[str]:
-    """Targets the model's engine reports no gauge for (the autoscaler would never see them).
-
-    ``ttft_p95`` is measured by the gateways, whatever the engine.
-    """
+    """Targets the model's engine reports no gauge for (the autoscaler would never see them); ``ttft_p95``
+    is measured by the gateways, whatever the engine."""
     assert model.autoscale is not None
     targets = model.autoscale.target.signals()
     targets.pop("ttft_p95", None)

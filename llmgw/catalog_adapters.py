@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
+
+import attrs
 
 from llmgw.engine import Engine
 from llmgw.models import Model, Profile
 from llmgw.weights import check_source
 
-__all__ = ["BAD_NAME", "NAME", "check_adapters", "check_lora_engine"]
+__all__ = [
+    "BAD_NAME",
+    "NAME",
+    "check_adapters",
+    "check_lora_engine",
+    "not_catalog_keys",
+    "with_adapters_at_start",
+]
 
 #: the rule for every name in a catalog: profiles, models, adapters
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
@@ -72,23 +82,66 @@ def check_adapters(models: Mapping[str, Model], served: Mapping[str, str]) -> li
 def check_lora_engine(
     where: str, model: Model, profile: Profile | None, engines: Mapping[str, Engine]
 ) -> list[str]:
-    """A model with ``adapters:`` whose profile's engine serves no LoRA adapters (an unknown engine is
+    """A model with ``adapters:`` whose profile's engine serves no LoRA adapters, or loads them only at start
+    (llama.cpp) and would start with more than the profile's ``max_adapters`` (an unknown engine is
     reported on its profile, or left to the server)."""
     engine = engines.get(profile.engine) if profile is not None else None
     if profile is None or engine is None:
         return []
-    lora = sorted(e for e, plugin in engines.items() if plugin.serves_lora and not plugin.lora_at_start)
+    key = where.split(".", 1)[1]
     if engine.serves_lora and engine.lora_at_start:
+        if len(model.adapters) <= profile.max_adapters:
+            return []
+        runtime = sorted(e for e, p in engines.items() if p.serves_lora and not p.lora_at_start)
         return [
-            f"{where}.adapters: model {where.split('.', 1)[1]!r} has LoRA adapters but its profile "
-            f"{model.profile!r} runs engine {profile.engine!r}, which loads adapters only at start; "
-            f"llmgw loads adapters on running engines and does not yet start one with its adapters "
-            f"(engines it can load them on: {', '.join(lora) or 'none installed'})"
+            f"{where}.adapters: model {key!r} has {len(model.adapters)} LoRA adapters but its profile "
+            f"{model.profile!r} keeps at most {profile.max_adapters} loaded (max_adapters), and engine "
+            f"{profile.engine!r} loads every adapter of the model at start; set "
+            f"profiles.{model.profile}.max_adapters to at least {len(model.adapters)}, or serve them on an "
+            f"engine that loads adapters on demand ({', '.join(runtime) or 'none installed'})"
         ]
     if engine.serves_lora:
         return []
+    lora = sorted(e for e, plugin in engines.items() if plugin.serves_lora)
     return [
-        f"{where}.adapters: model {where.split('.', 1)[1]!r} has LoRA adapters but its profile "
+        f"{where}.adapters: model {key!r} has LoRA adapters but its profile "
         f"{model.profile!r} runs engine {profile.engine!r}, which serves none (engines with LoRA: "
         f"{', '.join(lora) or 'none installed'})"
     ]
+
+
+def with_adapters_at_start(profiles: dict[str, Profile], engines: Mapping[str, Engine]) -> dict[str, Profile]:
+    """Each profile with ``adapters_at_start`` as its engine's plugin says (:attr:`Engine.lora_at_start`:
+    llama.cpp loads adapters only at start). Called by :func:`llmgw.catalog.parse_catalog` once the catalog
+    is valid; a profile whose engine no plugin here provides keeps False (a catalog checked before it is
+    sent: the server parses it again)."""
+    out = {}
+    for name, profile in profiles.items():
+        engine = engines.get(profile.engine)
+        at_start = engine is not None and engine.serves_lora and engine.lora_at_start
+        out[name] = attrs.evolve(profile, adapters_at_start=at_start) if at_start else profile
+    return out
+
+
+def not_catalog_keys(data: Mapping[str, Any], kinds: Mapping[str, type]) -> list[str]:
+    """One ``unknown key`` line per entry's key that names a field llmgw fills itself
+    (``metadata={"catalog_key": False}``, such as a profile's ``adapters_at_start``).
+
+    Called by :func:`llmgw.catalog.parse_catalog` on the raw YAML ``data``; ``kinds`` maps each section to
+    the record type of its entries.
+    """
+    problems = []
+    for section, kind in kinds.items():
+        raw = data.get(section)
+        derived = [a.name for a in attrs.fields(kind) if not a.metadata.get("catalog_key", True)]
+        if not isinstance(raw, Mapping) or not derived:
+            continue
+        allowed = ", ".join(a.name for a in attrs.fields(kind) if a.name not in derived)
+        for name, entry in raw.items():
+            if isinstance(entry, Mapping):
+                problems.extend(
+                    f"{section}.{name}.{key}: unknown key (expected one of: {allowed})"
+                    for key in derived
+                    if key in entry
+                )
+    return problems

@@ -322,8 +322,9 @@ class Engine(abc.ABC):
     #: whether this engine serves LoRA adapters on top of its base model; a catalog that gives adapters to
     #: a model whose profile runs an engine without them is refused, naming the engine
     serves_lora: ClassVar[bool] = False
-    #: the engine loads adapters only at start (llama.cpp's ``--lora``): the agent puts every adapter of
-    #: the model in :attr:`llmgw.models.LoraSpec.at_start`, and a load only makes one usable
+    #: the engine loads adapters only at start (llama.cpp's ``--lora``): the server lists every adapter of
+    #: the model in :attr:`llmgw.models.LoraSpec.at_start`, the agent stages each to a path on the node
+    #: before the engine starts, and a ready replica is routed for all of them (no load or unload call)
     lora_at_start: ClassVar[bool] = False
 
     def lora_load(self, name: str, path: str) -> HttpCall | None:

@@ -304,6 +304,11 @@ class Profile:
     max_adapters: int = attrs.field(default=4, validator=[positive, _at_most(MAX_ADAPTERS_LOADED)])
     #: the largest LoRA rank an adapter of this profile's models may have (engines size buffers by it)
     max_adapter_rank: int = attrs.field(default=16, validator=[positive, _at_most(MAX_ADAPTER_RANK)])
+    #: the profile's engine loads LoRA adapters only at start (its plugin's
+    #: :attr:`llmgw.engine.Engine.lora_at_start`): a replica starts with every adapter of its model and
+    #: never loads one later. Not a catalog key: :func:`llmgw.catalog.parse_catalog` sets it from the
+    #: engines, and a replica's recorded launch keeps what it was started with
+    adapters_at_start: bool = attrs.field(default=False, metadata={"catalog_key": False})
 
 
 def _some_progress(instance: Rollout, attribute: attrs.Attribute, value: int) -> None:
@@ -427,15 +432,18 @@ class LoraSpec:
     Set on :attr:`LaunchSpec.lora` when the replica's model has ``adapters:`` in the catalog; engines turn it
     into their flags (vLLM's ``--enable-lora --max-loras --max-lora-rank``). Adapters are then loaded and
     unloaded on the running engine (:meth:`llmgw.engine.Engine.lora_load`), except by an engine that loads
-    adapters only at start (llama.cpp's ``--lora``), which gets every one in :attr:`at_start`.
+    adapters only at start (llama.cpp's ``--lora``), which gets every one in :attr:`at_start`: the server
+    fills it with each adapter's source (:attr:`Profile.adapters_at_start`), the agent stages every one
+    and starts the engine with their local paths.
     """
 
     #: how many adapters the replica keeps loaded at once (the profile's ``max_adapters``)
     max_loaded: int = attrs.field(validator=positive)
     #: the largest LoRA rank among the model's adapters (vLLM and SGLang size their buffers by it)
     max_rank: int = attrs.field(default=16, validator=positive)
-    #: (adapter name, its directory on this node), in the order the engine numbers them, for an engine
-    #: whose :attr:`llmgw.engine.Engine.lora_at_start` is True; empty otherwise
+    #: (adapter name, its path), in the model's catalog order, which is the order the engine numbers
+    #: them, for an engine whose :attr:`llmgw.engine.Engine.lora_at_start` is True; empty otherwise. The
+    #: server sends each adapter's source; the agent starts the engine with each one's path on the node
     at_start: tuple[tuple[str, str], ...] = attrs.field(converter=tuple, default=())
 
 

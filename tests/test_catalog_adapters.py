@@ -182,20 +182,39 @@ class TestAdapters:
         )
         assert found == [
             "models.chat.adapters: model 'chat' has LoRA adapters but its profile 'plain' runs engine "
-            "'plain', which serves none (engines with LoRA: lora)"
+            "'plain', which serves none (engines with LoRA: lora, startup)"
         ]
 
-    def test_adapters_on_an_engine_that_loads_them_only_at_start_are_refused(self, engines):
-        """llama.cpp takes its adapters as --lora at start; llmgw loads them on running engines, so a
-        model of such an engine with adapters is refused rather than served without them."""
+    def test_adapters_on_an_engine_that_loads_them_only_at_start_are_accepted(self, engines):
+        """llama.cpp takes its adapters as --lora at start: its profile says so (adapters_at_start, from the
+        plugin), and the model keeps its adapters in catalog order (their ids)."""
         head = HEAD.replace("  plain:\n    engine: plain", "  plain:\n    engine: startup")
         head = head.replace("profile: single\n    adapters", "profile: plain\n    adapters")
-        found = problems(engines, head)
-        assert found == [
-            "models.chat.adapters: model 'chat' has LoRA adapters but its profile 'plain' runs engine "
-            "'startup', which loads adapters only at start; llmgw loads adapters on running engines and "
-            "does not yet start one with its adapters (engines it can load them on: lora)"
+        head = head.replace("sql: hf://acme/sql-lora@main", "sql: hf://acme/sql-lora@main\n      b: /b.gguf")
+        catalog = parse(engines, head=head)
+        assert catalog.profiles["plain"].adapters_at_start
+        assert not catalog.profiles["single"].adapters_at_start
+        assert list(catalog.models["chat"].adapters) == ["sql", "b", "legal"]
+
+    def test_more_adapters_than_max_adapters_on_an_engine_that_loads_them_at_start_are_refused(self, engines):
+        """Every adapter is loaded at start: more than the profile's max_adapters is refused, saying what
+        to set or which engines load them on demand."""
+        head = HEAD.replace("engine: plain", "engine: startup\n    max_adapters: 1")
+        head = head.replace("profile: single\n    adapters", "profile: plain\n    adapters")
+        head = head.replace("sql: hf://acme/sql-lora@main", "sql: hf://acme/sql-lora@main\n      b: /b.gguf")
+        assert problems(engines, head) == [
+            "models.chat.adapters: model 'chat' has 3 LoRA adapters but its profile 'plain' keeps at most 1 "
+            "loaded (max_adapters), and engine 'startup' loads every adapter of the model at start; set "
+            "profiles.plain.max_adapters to at least 3, or serve them on an engine that loads adapters on "
+            "demand (lora)"
         ]
+
+    def test_adapters_at_start_is_not_a_catalog_key(self, engines):
+        """The engine's plugin says whether it loads adapters at start; the catalog cannot."""
+        head = HEAD.replace("engine: plain", "engine: plain\n    adapters_at_start: true")
+        (line,) = problems(engines, head)
+        assert line.startswith("profiles.plain.adapters_at_start: unknown key (expected one of: engine, ")
+        assert "adapters_at_start," not in line
 
     def test_a_model_without_adapters_may_use_any_engine(self, engines):
         """No adapters: the engine's LoRA support is not asked about."""

@@ -29,9 +29,11 @@ Loading and unloading need no call: an adapter added to the model takes a
 restart. The files are GGUF LoRA adapters (``convert_lora_to_gguf.py``), not
 PEFT directories. ``--lora`` is repeated rather than comma-joined: 4227c9b
 takes one file per ``--lora``, 0c1e570 also splits its value on commas, so a
-path with a comma is refused. There is no rank limit, and ``max_adapters``
-does not apply: every adapter is loaded. Requests with different adapters are
-not batched together by llama-server.
+path with a comma is refused. There is no rank limit; every adapter is loaded,
+so llmgw's catalog refuses more adapters than the profile's ``max_adapters``.
+The server lists every adapter of the model in ``spec.lora.at_start`` and the
+agent stages each one to a file before rank 0 starts. Requests with different
+adapters are not batched together by llama-server.
 """
 
 from __future__ import annotations

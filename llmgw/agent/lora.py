@@ -8,6 +8,10 @@ distributable (the agent's ``Staging.stage``, as weights are; a local path is us
 engine loads while it serves); a load waits only for the unloads decided before it on its replica, so a
 full engine has its slot free first.
 
+An engine that loads adapters only at start (llama.cpp) gets every adapter of its model in its launch
+spec (:attr:`~llmgw.models.LoraSpec.at_start`): :func:`stage_at_start` stages each one before the shard's
+engine starts, as its weights are, and the server routes them once the replica is ready, with no call here.
+
 Each adapter is reported in every sync (:class:`~llmgw.wire.ObservedAdapter`): ``loading``, then
 ``loaded`` or ``failed`` with an :class:`~llmgw.wire.AdapterCause` and the engine's answer as detail; a
 change syncs at once. A failed adapter is not tried again until the server asks anew.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -25,10 +30,11 @@ import httpx
 import trio
 
 from llmgw.engine import Engine, HttpCall
+from llmgw.models import LaunchSpec
 from llmgw.weights import is_distributable
 from llmgw.wire import AdapterCause, AdapterState, DesiredAdapters, ObservedAdapter, shard_key
 
-__all__ = ["AdapterLoader", "Rank0", "rank0_of"]
+__all__ = ["AdapterLoader", "Rank0", "adapter_file", "rank0_of", "stage_at_start"]
 
 log = logging.getLogger("llmgw.agent")
 
@@ -256,6 +262,57 @@ def _message(response: httpx.Response) -> str:
         if isinstance(data.get("detail"), str):
             return data["detail"]
     return response.text[:DETAIL_LIMIT]
+
+
+async def stage_at_start(
+    spec: LaunchSpec,
+    stage: Callable[[str, Callable[..., None]], Awaitable[str]] | None,
+    progress: Callable[..., None],
+) -> LaunchSpec | str:
+    """``spec`` with the path on this node of each LoRA adapter its engine loads at start
+    (``spec.lora.at_start``, sources from the server); called by a shard's supervisor before the engine of
+    an engine with :attr:`~llmgw.engine.Engine.lora_at_start` starts.
+
+    A distributable source is staged as weights are (``stage``; its ``progress`` lines read
+    ``LoRA adapter NAME: ...``); the engine gets the staged directory's only file when it holds one (a
+    GGUF adapter), else the directory (:func:`adapter_file`). A path on the node is used as it is.
+
+    Only rank 0 loads adapters: a worker's spec is returned as it is (llama.cpp's RPC workers hold none).
+
+    :returns: the new spec, or the problem (a string) when an adapter is not on this node.
+    """
+    lora = spec.lora
+    if lora is None or not lora.at_start or spec.rank > 0:
+        return spec
+    paths = []
+    for name, source in lora.at_start:
+        path = source
+        if is_distributable(source):
+            if stage is None:
+                return f"LoRA adapter {name}: {source} is not a path on this node, and this agent stages none"
+
+            def said(detail: str, staged: object = None, name: str = name) -> None:
+                progress(f"LoRA adapter {name}: {detail}", staged)
+
+            path = await stage(source, said)
+        found = await trio.to_thread.run_sync(adapter_file, path)
+        if found is None:
+            return f"LoRA adapter {name}: nothing at {path} on this node (its engine loads adapters at start)"
+        paths.append((name, found))
+    return attrs.evolve(spec, lora=attrs.evolve(lora, at_start=tuple(paths)))
+
+
+def adapter_file(path: str) -> str | None:
+    """What an engine loading adapters at start gets for an adapter at ``path``: the file itself, or a
+    directory's only file (a staged GGUF adapter; llmgw's ``.llmgw*`` bookkeeping aside), else the
+    directory; None when nothing is at ``path``. Blocking: run it in a thread."""
+    folder = Path(path)
+    if folder.is_file():
+        return path
+    if not folder.is_dir():
+        return None
+    files = [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".llmgw")]
+    return str(files[0]) if len(files) == 1 else path
 
 
 def rank0_of(supervisors: Mapping[str, Any]) -> Callable[[str, int], Rank0 | None]:

@@ -1,8 +1,7 @@
 """Supervising one shard: its sidecars, then its engine, then rank 0's health.
 
-A :class:`ShardSupervisor` runs one :class:`~llmgw.wire.DesiredShard` until
-it is cancelled, and reports every change of its
-:class:`~llmgw.wire.ObservedShard` through a callback:
+A :class:`ShardSupervisor` runs one :class:`~llmgw.wire.DesiredShard` until it is cancelled, and
+reports every change of its :class:`~llmgw.wire.ObservedShard` through a callback:
 
 ``starting`` (sidecars, then the engine, are starting) → ``running`` (the
 engine process is up; a worker stays here) → ``ready`` (rank 0 answers 200
@@ -38,6 +37,7 @@ from llmgw.agent.causes import log_cause
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.liveness import watch_liveness
 from llmgw.agent.load import watch_load
+from llmgw.agent.lora import stage_at_start
 from llmgw.agent.process import Child, describe_exit, keep_child, last_log_line, run_child
 from llmgw.agent.records import shard_log_path
 from llmgw.agent.sidecar_args import fill_sidecar
@@ -54,7 +54,6 @@ __all__ = ["ShardSupervisor", "shard_log_path"]
 
 log = logging.getLogger("llmgw.agent")
 
-#: ``async (source, progress) -> local path``: see :meth:`ShardSupervisor.run`
 #: ``async (source, progress) -> local path``; ``progress(detail, staged=None)`` (a StagingProgress)
 Stage = Callable[[str, Callable[..., None]], Awaitable[str]]
 
@@ -192,10 +191,9 @@ class ShardSupervisor:
 
         :param after: events to wait for before starting anything (shards
             being stopped that hold a port this one binds); ``starting`` meanwhile.
-        :param stage: ``async (source, progress) -> local path`` for a
-            distributable model source (:mod:`llmgw.agent.staging`); the shard
-            is ``staging`` (``progress`` lines as its detail) until it returns,
-            and the engine gets the local path.
+        :param stage: ``async (source, progress) -> local path`` for a distributable model source, and for
+            the LoRA adapters of an engine loading them at start (:mod:`llmgw.agent.staging`): the shard is
+            ``staging`` (``progress`` lines as its detail) until they are, and the engine gets local paths.
         """
         with self.cancel_scope:
             if self.adopted is not None:
@@ -205,12 +203,17 @@ class ShardSupervisor:
                 await event.wait()
             source = self.desired.spec.model_source
             if stage is not None and is_distributable(source):
-                path = await stage(source, self._staging)
-                spec = attrs.evolve(self.desired.spec, model_source=path)
+                spec = attrs.evolve(self.desired.spec, model_source=await stage(source, self._staging))
                 self.staged = True
                 self.desired = attrs.evolve(self.desired, spec=spec)
-                if self.observed.state == "staging":
-                    self._update(state="starting", detail=None)
+            if self.engine is not None and self.engine.lora_at_start:  # its adapters before it starts
+                with_lora = await stage_at_start(self.desired.spec, stage, self._staging)
+                if isinstance(with_lora, str):  # an adapter is not on this node: the engine cannot start
+                    self._update(state="exited", detail=with_lora)
+                    await trio.sleep_forever()
+                self.desired = attrs.evolve(self.desired, spec=with_lora)
+            if self.observed.state == "staging":
+                self._update(state="starting", detail=None)
             async with trio.open_nursery() as nursery:
                 await self._run(nursery)
 

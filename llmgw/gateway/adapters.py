@@ -10,7 +10,10 @@ the routes feed brings it. A load that fails answers the held requests with the 
 (:class:`~llmgw.wire.AdapterCause`) and the engine's word.
 
 Each request body is sent with the fields the replica's engine wants for the adapter
-(:func:`adapter_body`; vLLM's and the sim's: ``model`` set to the adapter's name).
+(:func:`adapter_body`; vLLM's and the sim's: ``model`` set to the adapter's name). A request for the base
+model gets the fields the routes feed's :attr:`~llmgw.wire.RouteTable.base_fields` give for its replica
+(:func:`base_body`; llama.cpp's: every adapter at scale 0, since some builds apply an adapter loaded at
+start to every request that does not say otherwise).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import trio
 
 from llmgw.wire import AdapterActivity, AdapterFailure, AdapterRoutes, RouteTable
 
-__all__ = ["AdapterDemand", "adapter_body", "resolve"]
+__all__ = ["AdapterDemand", "adapter_body", "base_body", "request_body", "resolve"]
 
 
 def resolve(table: RouteTable, model: str) -> tuple[str, str] | None:
@@ -50,6 +53,25 @@ def adapter_body(body: bytes, requested: str, fields: Mapping[str, Any] | None, 
     data = json.loads(body)
     data.update(wanted)
     return json.dumps(data, separators=(",", ":")).encode()
+
+
+def base_body(body: bytes, fields: Mapping[str, Any] | None) -> bytes:
+    """The base-model request ``body`` with its replica's ``fields`` set (replacing keys they name);
+    unchanged, not parsed, when there are none. Called for each attempt of a request for a base model."""
+    if not fields:
+        return body
+    data = json.loads(body)
+    data.update(fields)
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def request_body(body: bytes, fields: Mapping[str, Any] | None, adapter: str | None, requested: str) -> bytes:
+    """The body to send a replica for a request: with the ``fields`` its engine wants for ``adapter``
+    (:func:`adapter_body`), or for the base model when ``adapter`` is None (:func:`base_body`).
+    Called for each attempt; ``requested`` is the model as the client named it."""
+    if adapter is not None:
+        return adapter_body(body, requested, fields, adapter)
+    return base_body(body, fields)
 
 
 class AdapterDemand:

@@ -243,6 +243,8 @@ class Balancer:
         self._replicas: dict[Route, Upstream] = {}
         #: (adapter, replica id) -> the request fields its engine wants for the adapter
         self._adapter_fields: dict[tuple[str, str], Mapping[str, object]] = {}
+        #: replica id -> the request fields its engine wants for its base model
+        self._base_fields: dict[str, Mapping[str, object]] = {}
 
     def update(self, routes: Mapping[str, Collection[Route]]) -> list[Upstream]:
         """Replace the routes; a replica that stays keeps its in-flight count and breaker.
@@ -266,10 +268,16 @@ class Balancer:
         self._replicas, self._models = replicas, models
         return left
 
-    def update_adapters(self, adapters: Mapping[str, AdapterRoutes]) -> None:
-        """Take where each LoRA adapter is loaded (the routes feed's ``adapters``); called after
-        :meth:`update` with the same table. An adapter is chosen like a model, among the replicas of
-        its base that have it loaded (the same :class:`Upstream` objects: one in-flight count each)."""
+    def update_adapters(
+        self,
+        adapters: Mapping[str, AdapterRoutes],
+        base_fields: Mapping[str, Mapping[str, object]] | None = None,
+    ) -> None:
+        """Take where each LoRA adapter is loaded (the routes feed's ``adapters``), and the fields each
+        replica wants in a base-model request (its ``base_fields``); called after :meth:`update` with the
+        same table. An adapter is chosen like a model, among the replicas of its base that have it loaded
+        (the same :class:`Upstream` objects: one in-flight count each)."""
+        self._base_fields = dict(base_fields or {})
         by_id = {upstream.name: upstream for upstream in self._replicas.values()}
         fields: dict[tuple[str, str], Mapping[str, object]] = {}
         for name, entry in adapters.items():
@@ -279,6 +287,10 @@ class Balancer:
             for replica, wanted in entry.loaded.items():
                 fields[(name, replica)] = wanted
         self._adapter_fields = fields
+
+    def base_fields(self, replica: str) -> Mapping[str, object] | None:
+        """The request fields ``replica``'s engine wants for its base model (None: none)."""
+        return self._base_fields.get(replica)
 
     def adapter_fields(self, adapter: str, replica: str) -> Mapping[str, object] | None:
         """The request fields ``replica``'s engine wants for ``adapter`` (None: not known there)."""

@@ -60,7 +60,8 @@ class Call:
     requested: str = ""
     #: replicas that answered 404 for :attr:`adapter` (unloaded there before this gateway's routes said so)
     adapter_gone: list[str] = attrs.field(factory=list)
-    #: replica id -> the request fields its engine wants for :attr:`adapter` (None: ``model`` = adapter)
+    #: replica id -> the request fields its engine wants for :attr:`adapter` (None: ``model`` = adapter),
+    #: or for the base model when :attr:`adapter` is None (None: none)
     fields_of: Callable[[str], Mapping[str, object] | None] | None = None
 
     @property

@@ -168,7 +168,7 @@ class Gateway:
             def routes_changed(table: RouteTable) -> None:
                 self.admission.update(table.limits)
                 stalls.left(balancer.update(table.routes))
-                balancer.update_adapters(table.adapters)
+                balancer.update_adapters(table.adapters, table.base_fields)
                 upstreams.retain_only(replica.url for replica in balancer)
                 proxy.demand.routes_changed(table)
                 self.queues.routes_changed()

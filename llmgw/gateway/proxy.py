@@ -110,6 +110,8 @@ class Proxy(Relaying):
         """
         model = call.model
         demand = self.demand
+        if call.adapter is None:  # the base model: some replicas' engines want fields of their own
+            call.fields_of = self.balancer.base_fields
         forward = self._forward if call.adapter is None else self._forward_adapter
         if model not in demand.wake_on_demand:
             return await forward(call)

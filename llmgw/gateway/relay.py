@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from llmgw.gateway.adapters import adapter_body
+from llmgw.gateway.adapters import request_body
 from llmgw.gateway.balancer import Balancer, Upstream
 from llmgw.gateway.call import Call
 from llmgw.gateway.demand import Demand
@@ -264,9 +264,8 @@ class Exchange:
 
         :raises HttpClientError: it could not be sent or no head came (the gateway may end the attempt).
         """
-        if call.adapter is not None:
-            fields = call.fields_of(self.replica.name) if call.fields_of is not None else None
-            body = adapter_body(body, call.requested, fields, call.adapter)
+        fields = call.fields_of(self.replica.name) if call.fields_of is not None else None
+        body = request_body(body, fields, call.adapter, call.requested)
         self.upstream = await pool.send(
             "POST", self.replica.url + call.path, headers=request_headers(call), body=body, watch=self.attempt
         )

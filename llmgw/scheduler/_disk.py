@@ -5,6 +5,11 @@ hold only when its models directory's filesystem can take the copy: its free
 bytes, plus the bytes of copies it could evict, must cover what the copy
 still lacks plus a headroom (a fraction of the model's size).
 
+A replica of a model with LoRA adapters takes their distributable sources
+too: every node running one stages them all (ahead of any load, or before
+an engine that loads them only at start starts), so its room is checked and
+used for the weights and every adapter together (:func:`needs_of`).
+
 A copy can be evicted (least recently used first, by the node's agent, when
 it needs the room) unless a replica placed on the node uses its source (what
 the replica runs, or what the catalog asks its model to run: a rollout
@@ -14,11 +19,16 @@ the copy), or it is a seed (never moved).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from copy import copy as shallow_copy
 
-from llmgw.models import NodeFacts
+from llmgw.models import Model, NodeFacts
+from llmgw.weights import is_distributable
 
-__all__ = ["DEFAULT_HEADROOM", "DiskRoom", "format_bytes"]
+__all__ = ["DEFAULT_HEADROOM", "DiskRoom", "Need", "format_bytes", "needs_of"]
+
+#: (source, bytes of a complete copy, or None: not copied, or not known yet)
+Need = tuple[str, int | None]
 
 #: the share of a model's size a node must have free beyond the copy itself
 DEFAULT_HEADROOM = 0.05
@@ -31,6 +41,23 @@ def format_bytes(count: int) -> str:
             digits = 1 if abs(count) < 10 * size else 0
             return f"{count / size:.{digits}f} {unit}"
     return f"{count} B"
+
+
+def needs_of(model: Model, sizes: Mapping[str, int], source: str | None = None) -> tuple[Need, ...]:
+    """What a replica of ``model`` takes on each of its nodes: its weights (``source``, by default the
+    model's), then each of its adapters' distributable sources, each with its size (None for a source that
+    is not copied, or whose size is not known yet). Called by the scheduler for each model it places."""
+    weights = source if source is not None else model.source
+    needs: list[Need] = [(weights, sizes.get(weights) if is_distributable(weights) else None)]
+    for adapter in model.adapters.values():
+        if is_distributable(adapter) and adapter != weights:
+            needs.append((adapter, sizes.get(adapter)))
+    return tuple(needs)
+
+
+def needed_bytes(needs: Iterable[Need]) -> int:
+    """The bytes of ``needs`` whose size is known (for messages)."""
+    return sum(size or 0 for _, size in needs)
 
 
 class DiskRoom:
@@ -89,6 +116,23 @@ class DiskRoom:
         if self.free is None or size is None or source in self.used:
             return True
         return self.room - self._cost(source, size) - (0 if source in self.held else headroom * size) >= 0
+
+    def fits_all(self, needs: Iterable[Need], headroom: float) -> bool:
+        """Whether a replica needing every source of ``needs`` (:func:`needs_of`) may be placed here: as
+        :meth:`fits`, with the room each source takes (and its headroom) summed."""
+        if self.free is None:
+            return True
+        taken = 0.0
+        for source, size in dict(needs).items():
+            if size is None or source in self.used:
+                continue
+            taken += self._cost(source, size) + (0 if source in self.held else headroom * size)
+        return self.room - taken >= 0
+
+    def use_all(self, needs: Iterable[Need]) -> None:
+        """A replica placed here uses every source of ``needs`` (see :meth:`use`)."""
+        for source, size in needs:
+            self.use(source, size)
 
     def _cost(self, source: str, size: int) -> int:
         """Room a use of ``source`` takes: its copies' bytes stop being evictable, the rest is fetched."""

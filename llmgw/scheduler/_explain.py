@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from llmgw.models import Catalog, Profile
-from llmgw.scheduler._disk import format_bytes
+from llmgw.models import Catalog, Model, Profile
+from llmgw.scheduler._disk import Need, format_bytes, needed_bytes
 from llmgw.scheduler._records import NodeView
 from llmgw.scheduler._state import NodeState
 from llmgw.weights import is_distributable
@@ -22,6 +22,8 @@ def explain_unplaced(
     source: str,
     avoid: frozenset[str] = frozenset(),
     weights: tuple[str, int | None, float] | None = None,
+    needs: tuple[Need, ...] = (),
+    entry: Model | None = None,
 ) -> str:
     """Say why no set of ``nodes`` can take one replica of ``profile`` now.
 
@@ -30,7 +32,10 @@ def explain_unplaced(
     thing that rules it out; nodes that would fit are counted per fabric for a
     multi-node profile, so the closest miss shows. ``weights`` is (model,
     size of its copy in bytes or None, headroom): a node that cannot take the
-    copy is named with its free bytes and the bytes it could evict.
+    copy is named with its free bytes and the bytes it could evict. ``needs``
+    (:func:`~llmgw.scheduler._disk.needs_of`): the weights and the LoRA adapters'
+    sources the replica takes, checked together when given. ``entry``: the model's
+    catalog entry, whose files on a node's own disk (:meth:`NodeState.lacks`) are checked when given.
 
     :returns: one line, e.g. ``needs 2 nodes with 8 free GPUs on one fabric;
         fabric ib-a has 1 such node (node-1), fabric ib-b has 0; 3 nodes lack
@@ -63,8 +68,8 @@ def explain_unplaced(
             rule_out(f"is {node.state}", f"are {node.state}", node.id)
         elif profile.engine not in node.engines:
             rule_out(f"lacks engine {profile.engine}", f"lack engine {profile.engine}", node.id)
-        elif source not in node.sources and not is_distributable(source):
-            rule_out(f"lacks model source {source}", f"lack model source {source}", node.id)
+        elif (missing := _lacks(node, entry, profile, source)) is not None:
+            rule_out(f"lacks {missing}", f"lack {missing}", node.id)
         elif len(node.gpus_with(memory)) < gpus:
             problem = f"; {node.view.facts.problems[0]}" if node.view.facts.problems else ""
             rule_out(
@@ -80,8 +85,10 @@ def explain_unplaced(
                 "have no free port left in their range",
                 f"{node.id} ({node.low}-{node.high})",
             )
-        elif not node.disk.fits(source, size, headroom):
-            what = f"{model}'s {format_bytes(size or 0)} of weights (+{headroom:.0%} headroom)"
+        elif not (node.disk.fits_all(needs, headroom) if needs else node.disk.fits(source, size, headroom)):
+            adapters = needed_bytes(needs[1:])
+            lora = f" and {format_bytes(adapters)} of LoRA adapters" if adapters else ""
+            what = f"{model}'s {format_bytes(size or 0)} of weights{lora} (+{headroom:.0%} headroom)"
             unused = node.disk.unused_bytes
             evictable = f", {format_bytes(unused)} in unused copies" if unused else ""
             if node.disk.reserved:
@@ -138,6 +145,7 @@ def node_warnings(node: NodeView, catalog: Catalog) -> tuple[str, ...]:
     facts = node.facts
     engine_users: dict[str, list[str]] = {}
     source_users: dict[str, list[str]] = {}
+    adapter_users: dict[str, list[str]] = {}
     for name, model in sorted(catalog.models.items()):
         profile = catalog.profiles.get(model.profile)
         if profile is None or model.replicas == 0:
@@ -146,12 +154,29 @@ def node_warnings(node: NodeView, catalog: Catalog) -> tuple[str, ...]:
             engine_users.setdefault(profile.engine, []).append(name)
         elif model.source not in facts.model_sources and not is_distributable(model.source):
             source_users.setdefault(model.source, []).append(name)
+        elif profile.adapters_at_start:  # its engine loads adapters at start: they must be here too
+            for adapter in model.adapters.values():
+                if adapter not in facts.model_sources and not is_distributable(adapter):
+                    adapter_users.setdefault(adapter, []).append(name)
     lines = list(facts.problems)
     for engine, users in sorted(engine_users.items()):
         lines.append(f"engine {engine} not installed (model{_s(len(users))} {', '.join(users)})")
     for source, users in sorted(source_users.items()):
         lines.append(f"model source {source} missing (model{_s(len(users))} {', '.join(users)})")
+    for source, users in sorted(adapter_users.items()):
+        lines.append(
+            f"LoRA adapter {source} missing (model{_s(len(users))} {', '.join(users)}, whose engine loads "
+            "its adapters at start)"
+        )
     return tuple(lines)
+
+
+def _lacks(node: NodeState, model: Model | None, profile: Profile, source: str) -> str | None:
+    """What ``node`` lacks of a replica's files on its own disk (:meth:`NodeState.lacks`), from ``source``
+    alone when the model is not given."""
+    if model is not None:
+        return node.lacks(model, profile)
+    return None if source in node.sources or is_distributable(source) else f"model source {source}"
 
 
 def _names(labels: Iterable[str]) -> str:

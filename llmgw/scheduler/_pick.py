@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from llmgw.models import Model, Profile
+from llmgw.scheduler._disk import needs_of
 from llmgw.scheduler._records import Replica, Shard, replica_id
 from llmgw.scheduler._state import NodeState
-from llmgw.weights import is_distributable
 
 __all__ = ["Request", "place"]
 
@@ -45,11 +45,10 @@ def place(
     ports = 1 if wanted == 1 else 2
     avoid = requests[0].avoid
 
-    copied = is_distributable(model.source)
-    size = sizes.get(model.source) if copied else None
+    needs = needs_of(model, sizes)  # its weights and its adapters' sources
 
     def fits(node: NodeState) -> bool:
-        return node.fits(gpus, memory, ports) and node.disk.fits(model.source, size, headroom)
+        return node.fits(gpus, memory, ports) and node.disk.fits_all(needs, headroom)
 
     def key(node: NodeState) -> tuple[int, int, int, int, str]:
         # a node holding the weights first; the others get a copy (staging) when none is left
@@ -61,7 +60,7 @@ def place(
             not node.ready
             or node.id in avoid
             or profile.engine not in node.engines
-            or (model.source not in node.sources and not copied)
+            or node.lacks(model, profile) is not None
             or not fits(node)
         ):
             continue
@@ -99,7 +98,7 @@ def place(
         )
         for shard, node in zip(shards, members, strict=True):
             node.claim(shard, replica.id, name)
-            node.disk.use(model.source, size)
+            node.disk.use_all(needs)
             if fits(node):
                 for pool in _pools_of(node, wanted):
                     if pool in pools:

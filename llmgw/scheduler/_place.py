@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
-from llmgw.scheduler._disk import DEFAULT_HEADROOM, format_bytes
+from llmgw.scheduler._disk import DEFAULT_HEADROOM, Need, format_bytes, needs_of
 from llmgw.scheduler._explain import explain_unplaced
 from llmgw.scheduler._pick import Request, place
 from llmgw.scheduler._records import Move, NodeView, Removal, Replica, ScheduleResult, Unplaced, replica_id
@@ -124,7 +124,8 @@ def schedule(
         if not left:
             continue
         weights = (model_name, sizes.get(model.source), headroom)
-        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid, weights)
+        needs = needs_of(model, sizes)
+        reason = explain_unplaced(ordered, profile, model.source, left[0].avoid, weights, needs, model)
         unplaced += [Unplaced(model_name, request.index, reason, request.replaces) for request in left]
 
     return ScheduleResult(
@@ -166,18 +167,16 @@ def _keep(
             generations[replica.id] = max(generations.get(replica.id, 0), replica.generation + 1)
             continue
         kept[replica.id] = replica
-        running = _source_of(replica, catalog, launches)
+        running = _needs_of(replica, catalog, launches, sizes)
         for shard in replica.shards:
             node = state[shard.node_id]
             node.claim(shard, replica.id, replica.model)
-            if running is not None:
-                node.disk.use(running, sizes.get(running))
+            node.disk.use_all(running)
     # then what rollouts will bring: reserved after every copy under way kept its place
     for replica in kept.values():
-        wanted = _source_of(replica, catalog, {})
-        if wanted is not None:
-            for node_id in replica.node_ids:
-                state[node_id].disk.use(wanted, sizes.get(wanted))
+        wanted = _needs_of(replica, catalog, {}, sizes)
+        for node_id in replica.node_ids:
+            state[node_id].disk.use_all(wanted)
     for replica in list(kept.values()):
         original = kept.get(replica.replaces) if replica.replaces else None
         if replica.replaces and (original is None or original.model != replica.model):
@@ -222,8 +221,9 @@ def _problem(
             return f"node {node.id} is lost"
         if profile.engine not in node.engines:
             return f"node {node.id} lacks engine {profile.engine}"
-        if model.source not in node.sources and not is_distributable(model.source):
-            return f"node {node.id} lacks model source {model.source}"
+        missing = node.lacks(model, profile)
+        if missing is not None:
+            return f"node {node.id} lacks {missing}"
         if profile.nodes > 1 and replica.fabric not in node.fabrics:
             return f"node {node.id} is not on fabric {replica.fabric}"
         if shard.port == shard.dist_init_port:
@@ -268,6 +268,19 @@ def _source_of(
         return launch[0].source
     model = catalog.models.get(replica.model)
     return model.source if model is not None else None
+
+
+def _needs_of(
+    replica: Replica,
+    catalog: Catalog,
+    launches: Mapping[str, tuple[Model, Profile]],
+    sizes: Mapping[str, int],
+) -> tuple[Need, ...]:
+    """The sources ``replica`` takes on its nodes (its launch's model, else the catalog's): weights and
+    LoRA adapters (:func:`~llmgw.scheduler._disk.needs_of`); none when its model left the catalog."""
+    launch = launches.get(replica.id)
+    model = launch[0] if launch is not None else catalog.models.get(replica.model)
+    return needs_of(model, sizes) if model is not None else ()
 
 
 def _copying(

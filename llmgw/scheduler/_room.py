@@ -17,10 +17,10 @@ from collections.abc import Mapping
 import attrs
 
 from llmgw.models import Catalog, Model, Profile
+from llmgw.scheduler._disk import needs_of
 from llmgw.scheduler._pick import Request, place
 from llmgw.scheduler._records import Move, Replica, replica_id
 from llmgw.scheduler._state import NodeState
-from llmgw.weights import is_distributable
 
 __all__ = ["FABRICS_TRIED", "Room", "make_room"]
 
@@ -132,14 +132,13 @@ def _usable(
     headroom: float,
 ) -> bool:
     """Whether ``node`` could take a shard of the replica, GPUs and ports aside."""
-    copied = is_distributable(model.source)
     return (
         node.ready
         and bool(node.fabrics)
         and node.id not in request.avoid
         and profile.engine in node.engines
-        and (model.source in node.sources or copied)
-        and node.disk.fits(model.source, sizes.get(model.source) if copied else None, headroom)
+        and node.lacks(model, profile) is None
+        and node.disk.fits_all(needs_of(model, sizes), headroom)
     )
 
 

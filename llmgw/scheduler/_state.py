@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 
+from llmgw.models import Model, Profile
 from llmgw.scheduler._disk import DiskRoom
 from llmgw.scheduler._records import NodeView, Shard
+from llmgw.weights import is_distributable
 
 
 class NodeState:
@@ -111,6 +113,19 @@ class NodeState:
         if min_memory is None:
             return self.free_gpu_count >= gpus
         return len(self.free_gpus(min_memory)) >= gpus
+
+    def lacks(self, model: Model, profile: Profile) -> str | None:
+        """What a replica of ``model`` needs on this node's own disk and does not find there: ``model source
+        PATH``, or ``LoRA adapter NAME (PATH)`` for an adapter its profile's engine loads at start
+        (``adapters_at_start``) from a path; None when nothing is missing. A distributable source is
+        copied, never missing."""
+        if model.source not in self.sources and not is_distributable(model.source):
+            return f"model source {model.source}"
+        if profile.adapters_at_start:
+            for name, source in model.adapters.items():
+                if source not in self.sources and not is_distributable(source):
+                    return f"LoRA adapter {name} ({source})"
+        return None
 
     def free_gpus(self, min_memory: int | None) -> list[int]:
         """Indices of the unused GPUs with at least ``min_memory`` MiB, lowest first."""

@@ -168,6 +168,9 @@ def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: flo
                 seen = book.observed.get(intent.replica, {}).get(name)
                 took = f" in {seen.seconds:.2f} s" if seen is not None and seen.seconds is not None else ""
                 message = f"loaded on replica {intent.replica}{took}"
+                if intent.at_start:  # its engine started with it: a load, with no time of its own
+                    book.use(intent.model, name).loads += 1
+                    message = f"loaded at start on replica {intent.replica}"
                 state.record_event(now, EventKind.ADAPTER_LOADED, f"{intent.model}/{name}", message)
             for name in sorted(intent.removed):
                 book.counted.discard((intent.replica, state.replicas[intent.replica].attempt, name))

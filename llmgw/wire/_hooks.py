@@ -193,3 +193,7 @@ def register_catalog_records(made: cattrs.Converter) -> None:
             idle_after=override(omit_if_default=True),
         ),
     )
+    # a stored launch's profile keeps adapters_at_start (what its replica started with); False is left out
+    made.register_unstructure_hook(
+        Profile, make_dict_unstructure_fn(Profile, made, adapters_at_start=override(omit_if_default=True))
+    )

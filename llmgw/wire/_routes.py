@@ -61,6 +61,12 @@ class RouteTable:
     wake_on_demand: tuple[str, ...] = attrs.field(converter=lambda m: tuple(sorted(m)), default=())
     #: an API key's name -> its limits, for the keys that have any (a key not named here is unlimited)
     limits: Mapping[str, KeyLimits] = attrs.field(converter=dict, factory=dict)
+    #: replica id -> the fields a gateway sets in a request for the *base* model sent to that replica, so
+    #: that none of its adapters answers (:meth:`llmgw.engine.Engine.lora_base_request_fields`: llama.cpp's
+    #: adapters at scale 0); only replicas that need some are listed
+    base_fields: Mapping[str, Mapping[str, Any]] = attrs.field(
+        converter=lambda value: {replica: dict(fields) for replica, fields in value.items()}, factory=dict
+    )
     #: LoRA adapter name -> its base model and the ready replicas that have it loaded. Adapters are
     #: apart from :attr:`routes`: a load or an unload changes no replica's :class:`Route` (the
     #: gateway's breakers and requests in flight are keyed by it)

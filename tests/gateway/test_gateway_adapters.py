@@ -7,8 +7,9 @@ import json
 import trio
 import trio.testing
 
-from llmgw.gateway.adapters import AdapterDemand, adapter_body, resolve
-from llmgw.wire import AdapterCause, AdapterFailure, AdapterRoutes, RouteTable
+from llmgw.gateway.adapters import AdapterDemand, adapter_body, base_body, request_body, resolve
+from llmgw.gateway.balancer import Balancer
+from llmgw.wire import AdapterCause, AdapterFailure, AdapterRoutes, Route, RouteTable
 
 TABLE = RouteTable(
     revision=2,
@@ -46,6 +47,48 @@ class TestBody:
         assert json.loads(adapter_body(body, "chat:sql", None, "sql")) == {"model": "sql", "prompt": "x"}
         sent = json.loads(adapter_body(body, "chat:sql", {"model": "chat", "lora_path": "sql"}, "sql"))
         assert sent == {"model": "chat", "lora_path": "sql", "prompt": "x"}
+
+
+class TestBaseBody:
+    """A base-model request carries its replica's base-model fields (llama.cpp: every adapter at scale 0)."""
+
+    ZERO = {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]}
+
+    def test_unchanged_without_fields(self):
+        """A replica that wants none gets the very bytes."""
+        body = b'{"model":"tiny","prompt":"x"}'
+        assert base_body(body, None) is body
+        assert base_body(body, {}) is body
+        assert request_body(body, None, None, "tiny") is body
+
+    def test_fields_replace_the_clients(self):
+        """The replica's fields are set, replacing a client's own ``lora``."""
+        body = json.dumps({"model": "tiny", "prompt": "x", "lora": [{"id": 0, "scale": 1.0}]}).encode()
+        assert json.loads(request_body(body, self.ZERO, None, "tiny")) == {
+            "model": "tiny",
+            "prompt": "x",
+            **self.ZERO,
+        }
+
+    def test_an_adapter_request_gets_the_adapter_fields(self):
+        """With an adapter, the adapter's fields go, not the base model's."""
+        body = json.dumps({"model": "sql", "prompt": "x"}).encode()
+        fields = {"lora": [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}]}
+        sent = json.loads(request_body(body, fields, "sql", "sql"))
+        assert sent == {"model": "sql", "prompt": "x", **fields}
+
+    def test_the_balancer_keeps_each_replicas_base_fields_from_the_routes_feed(self):
+        """The routes feed's base_fields are looked up per replica; a replica not listed has none."""
+        balancer = Balancer()
+        table = RouteTable(
+            revision=1,
+            routes={"tiny": (Route("tiny-0", "http://127.0.0.1:1"), Route("tiny-1", "http://127.0.0.1:2"))},
+            base_fields={"tiny-0": self.ZERO},
+        )
+        balancer.update(table.routes)
+        balancer.update_adapters(table.adapters, table.base_fields)
+        assert balancer.base_fields("tiny-0") == self.ZERO
+        assert balancer.base_fields("tiny-1") is None
 
 
 async def test_a_held_request_is_answered_with_the_failure_that_came_after_it():

@@ -161,3 +161,45 @@ def test_a_rollout_s_new_copy_never_pushes_out_a_copy_under_way():
         [view], catalog, [running, staging], sizes=SIZES, launches={"chat-0": (old, PROFILE["one"])}
     )
     assert not result.removed and {r.id for r in result.placements} == {"chat-0", "zeta-0"}
+
+
+SQL = "seed:///adapters/sql"
+LEGAL = "hf://acme/legal-lora"
+WITH_ADAPTERS = {**SIZES, SQL: 300_000_000, LEGAL: 500_000_000}
+
+
+def chat_with_adapters(replicas: int) -> Catalog:
+    adapters = {"sql": SQL, "legal": LEGAL, "local": "/adapters/local"}
+    model = Model(source=SEED, profile="one", replicas=replicas, adapters=adapters)
+    return Catalog(profiles=PROFILE, models={"chat": model})
+
+
+def test_adapter_bytes_count_with_the_weights():
+    """Every node running chat stages its distributable adapters (0.8 GB) with its weights (4.2 GB): room
+    for the weights alone is not enough, and the reason names both; a local adapter takes nothing."""
+    tight = int(SIZES[SEED] * 1.05) + 100
+    result = schedule([disk_node("a", tight)], chat_with_adapters(1), [], sizes=WITH_ADAPTERS)
+    assert not result.placements
+    [unplaced] = result.unplaced
+    assert "no disk room for chat's 4.2 GB of weights and 800 MB of LoRA adapters (+5% headroom)" in (
+        unplaced.reason
+    ), unplaced.reason
+    enough = int((SIZES[SEED] + 800_000_000) * 1.05) + 100
+    assert schedule([disk_node("a", enough)], chat_with_adapters(1), [], sizes=WITH_ADAPTERS).placements
+
+
+def test_adapter_copies_in_use_are_not_counted_as_room():
+    """A running replica's adapter copies are pinned: a second model cannot count them as evictable."""
+    running = Replica("chat-0", "chat", 0, [Shard(0, "a", (0,), 20000)])
+    catalog = attrs.evolve(
+        chat_with_adapters(1),
+        models={**chat_with_adapters(1).models, "old": Model(source=OTHER, profile="one", replicas=1)},
+    )
+    held = (
+        copy(SEED, SIZES[SEED], complete=True),
+        ModelCopy("b" * 64, SQL, 300_000_000, 300_000_000, True, 0.0),
+        ModelCopy("c" * 64, LEGAL, 500_000_000, 500_000_000, True, 0.0),
+    )
+    node = disk_node("a", int(SIZES[OTHER] * 1.05) - 400_000_000, *held, sources=(SEED,))
+    result = schedule([node], catalog, [running], sizes=WITH_ADAPTERS)
+    assert [r.model for r in result.placements] == ["chat"], result.unplaced

@@ -138,3 +138,34 @@ class TestAdapterDiff:
         assert chat.fields == ("profile lora: max_adapters: 4 -> 8",)
         assert plain_change.name == "plain" and plain_change.outdated == 0
         assert profile.fields == ("max_adapters: 4 -> 8",)
+
+
+def at_start_catalog(adapters: dict[str, str]) -> Catalog:
+    """``chat`` (2 replicas) on an engine that loads adapters only at start (llama.cpp), with ``adapters``."""
+    profiles = {"lora": Profile(engine="llamacpp", gpus_per_node=0, adapters_at_start=True)}
+    chat = Model(source="/chat", profile="lora", replicas=2, adapters=adapters)
+    return Catalog(profiles=profiles, models={"chat": chat})
+
+
+class TestAdaptersAtStartDiff:
+    """On an engine that loads adapters only at start, which adapters and their sources are its command."""
+
+    def test_adding_an_adapter_restarts_the_replicas(self):
+        """A new adapter is a new ``--lora``: the replicas are outdated."""
+        old = at_start_catalog({"sql": "/a/sql.gguf"})
+        new = at_start_catalog({"sql": "/a/sql.gguf", "law": "/a/law.gguf"})
+        [change] = catalog_diff(old, new, {"chat": 2}).changes
+        assert change.fields == ("adapters.law: (none) -> /a/law.gguf",) and change.outdated == 2
+
+    def test_a_changed_source_restarts_the_replicas(self):
+        """A new source for an adapter is a new file to start with."""
+        old = at_start_catalog({"sql": "/a/sql.gguf"})
+        [change] = catalog_diff(old, at_start_catalog({"sql": "/b/sql.gguf"}), {"chat": 2}).changes
+        assert change.outdated == 2
+
+    def test_reordered_adapters_restart_nothing(self):
+        """Their order numbers them, but a running replica keeps its own launch's numbering (and the routes
+        feed gives its request fields from it): nothing to restart."""
+        old = at_start_catalog({"sql": "/a/sql.gguf", "law": "/a/law.gguf"})
+        new = at_start_catalog({"law": "/a/law.gguf", "sql": "/a/sql.gguf"})
+        assert catalog_diff(old, new, {"chat": 2}).changes == ()

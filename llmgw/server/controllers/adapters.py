@@ -8,7 +8,11 @@ reconciler applies:
   adapter: it loads them again on demand);
 - :class:`Ended` a load its agent reports loaded or failed (counted once; a failure leaves the desired set,
   and the gateways answer the requests held for it with its cause);
-- :class:`Routed` a replica whose loaded adapters differ from what the routes feed says;
+- :class:`Routed` a replica whose loaded adapters differ from what the routes feed says. A replica whose
+  engine loads adapters only at start (llama.cpp; its launch's ``profile.adapters_at_start``) has every
+  adapter of its launch's model loaded once it is ready (its engine is not ready before they are): it is
+  routed for all of them at once, is never asked to load or unload one, and holds them all for the
+  placement of wanted adapters and their copies;
 - :class:`Load` an adapter a gateway holds requests for and no replica loads: on the ready replica of its
   model where it costs least: a free slot first, on the least busy replica (its adapters' recent
   requests), else the replica whose least used loaded adapter is used least (requests decayed over a
@@ -37,7 +41,7 @@ from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import ReplicaRecord, ReplicaState
 from llmgw.wire import AdapterState, ObservedAdapter
 
-__all__ = ["Forget", "Ended", "Routed", "Load", "Satisfied", "Intent", "step"]
+__all__ = ["Forget", "Ended", "Routed", "Load", "Satisfied", "Intent", "loaded_at_start", "step"]
 
 
 @attrs.frozen
@@ -65,6 +69,8 @@ class Routed:
     loaded: frozenset[str]
     added: frozenset[str]
     removed: frozenset[str]
+    #: the replica's engine loaded them at start (no load was asked for)
+    at_start: bool = False
 
 
 @attrs.frozen
@@ -112,6 +118,15 @@ def step(state: ClusterState, now: float) -> list[Intent]:
             intents.append(Forget(replica))
     forgotten = {i.replica for i in intents if isinstance(i, Forget)}
     for replica, record in sorted(ready.items()):
+        at_start = loaded_at_start(state, record)
+        if at_start is not None:  # every adapter loaded with the engine: nothing to load, unload or report
+            desired[replica] = dict(at_start)
+            before = book.routed.get(replica, frozenset()) if replica not in forgotten else frozenset()
+            loaded = frozenset(at_start)
+            if loaded != before:
+                added, removed = loaded - before, before - loaded
+                intents.append(Routed(replica, record.placement.model, loaded, added, removed, at_start=True))
+            continue
         held = book.desired.get(replica)
         desired[replica] = dict(held[1]) if held is not None and replica not in forgotten else {}
         observed = {
@@ -139,6 +154,15 @@ def step(state: ClusterState, now: float) -> list[Intent]:
             intents.append(Routed(replica, record.placement.model, loaded, loaded - before, before - loaded))
     intents.extend(_loads(state, ready, desired, now))
     return intents
+
+
+def loaded_at_start(state: ClusterState, record: ReplicaRecord) -> dict[str, str] | None:
+    """The adapters (name -> source) ``record``'s engine loaded at start, when its launch's profile runs an
+    engine that loads adapters only at start; None otherwise (its adapters are loaded on demand)."""
+    launch = state.launch_of(record)
+    if launch is None or not launch.profile.adapters_at_start:
+        return None
+    return dict(launch.model.adapters)
 
 
 def _loads(
@@ -210,6 +234,8 @@ def _place(
     book = state.adapters
     best: tuple[tuple, ReplicaRecord, str | None] | None = None
     for record in replicas:
+        if loaded_at_start(state, record) is not None:
+            continue  # its engine loads no adapter after its start
         seen = book.observed.get(record.id, {}).get(adapter)
         if seen is not None and seen.attempt == record.attempt and seen.state == AdapterState.FAILED:
             continue  # its agent still reports the last failure: once it lets go, a new load is clear

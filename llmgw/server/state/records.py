@@ -239,6 +239,10 @@ class Launch:
         model's adapters are loaded on the running engine, so which adapters
         it has is not here; whether it has any, and the profile's
         ``max_adapters`` and ``max_adapter_rank``, are (the engine's LoRA flags).
+        On an engine that loads adapters only at start (``adapters_at_start``),
+        they are: each one's name and source (its ``--lora`` arguments). Not their
+        order: a running replica numbers them as its own launch does, and so do the
+        request fields the routes feed gives for it.
         """
         model, profile = self.model, self.profile
         command = (
@@ -253,7 +257,12 @@ class Launch:
         )
         # only for a model with adapters: a model without keeps the command (and a paused rollout's digest
         # of it) it had before adapters existed
-        return (*command, (profile.max_adapters, profile.max_adapter_rank)) if model.adapters else command
+        if not model.adapters:
+            return command
+        lora = (profile.max_adapters, profile.max_adapter_rank)
+        if profile.adapters_at_start:
+            return (*command, lora, tuple(sorted(model.adapters.items())))
+        return (*command, lora)
 
 
 @attrs.define

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from llmgw.engine import Engine
 from llmgw.models import LoraSpec, Model, Profile
 from llmgw.server.state.cluster import ClusterState
-from llmgw.server.state.records import ReplicaState
+from llmgw.server.state.records import ReplicaRecord, ReplicaState
 from llmgw.wire import (
     AdapterList,
     AdapterRoutes,
@@ -18,15 +18,33 @@ from llmgw.wire import (
     ObservedAdapter,
 )
 
-__all__ = ["adapter_routes", "desired_adapters", "lora_spec", "adapter_list"]
+__all__ = ["adapter_routes", "base_request_fields", "desired_adapters", "lora_spec", "adapter_list"]
 
 
 def lora_spec(model: Model, profile: Profile) -> LoraSpec | None:
     """The LoRA part of a shard's launch: the profile's slots and rank when the model has adapters, else
-    None. Called for each desired shard the server builds."""
+    None; on an engine that loads adapters only at start (``profile.adapters_at_start``), every adapter of
+    the model with its source, in catalog order (the agent stages each one and gives the engine its path).
+    Called for each desired shard the server builds."""
     if not model.adapters:
         return None
-    return LoraSpec(max_loaded=profile.max_adapters, max_rank=profile.max_adapter_rank)
+    at_start = tuple(model.adapters.items()) if profile.adapters_at_start else ()
+    return LoraSpec(max_loaded=profile.max_adapters, max_rank=profile.max_adapter_rank, at_start=at_start)
+
+
+def base_request_fields(
+    state: ClusterState, record: ReplicaRecord, engines: Mapping[str, Engine] | None
+) -> dict[str, object]:
+    """The fields a gateway sets in a base-model request to ready replica ``record`` so that none of its
+    adapters answers it (:meth:`llmgw.engine.Engine.lora_base_request_fields`: llama.cpp's adapters at
+    scale 0); empty for a model without adapters or an engine that needs none. Called for each ready
+    replica as the routes feed is built."""
+    launch = state.launch_of(record)
+    engine = (engines or {}).get(launch.profile.engine) if launch is not None else None
+    if launch is None or engine is None or not launch.model.adapters:
+        return {}
+    served = launch.model.served_name or record.placement.model
+    return dict(engine.lora_base_request_fields(served, tuple(launch.model.adapters)))
 
 
 def adapter_routes(state: ClusterState, engines: Mapping[str, Engine] | None) -> dict[str, AdapterRoutes]:

@@ -18,7 +18,7 @@ from llmgw.models import DEFAULT_STOP_GRACE, LaunchSpec
 from llmgw.scheduler import node_warnings
 from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import NodeRecord, ReplicaRecord, ReplicaState
-from llmgw.server.views.adapters import adapter_routes, lora_spec
+from llmgw.server.views.adapters import adapter_routes, base_request_fields, lora_spec
 from llmgw.server.views.rollouts import rollout_status
 from llmgw.weights import adapter_sources
 from llmgw.wire import (
@@ -173,9 +173,11 @@ def route_table(
     each API key in force to its name (None: the feed says nothing of keys);
     ``limits`` maps a key's name to its limits (keys not named are unlimited).
     A replica's route says whether it ``continues`` a final assistant message, as its engine
-    (among ``engines``) answers for the version its rank 0's node reported and its profile's args.
+    (among ``engines``) answers for the version its rank 0's node reported and its profile's args; the
+    feed's ``base_fields`` give the base-model request fields of replicas whose engine wants some.
     """
     routes: dict[str, list[Route]] = {}
+    base_fields: dict[str, dict[str, object]] = {}
     for record in sorted(state.replicas.values(), key=lambda r: r.id):
         if record.state != ReplicaState.READY:
             continue
@@ -191,6 +193,9 @@ def route_table(
         routes.setdefault(name, []).append(
             Route(record.id, f"http://{node.address}:{record.placement.rank0.port}", continues)
         )
+        fields = base_request_fields(state, record, engines)
+        if fields:
+            base_fields[record.id] = fields
     models = {state.catalog.served_name(m) for m in state.catalog.models}
     wake = {
         state.catalog.served_name(name)
@@ -206,6 +211,7 @@ def route_table(
         limits=limits or {},
         wake_on_demand=wake,
         adapters=adapter_routes(state, engines),
+        base_fields=base_fields,
     )
 
 

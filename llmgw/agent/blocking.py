@@ -1,13 +1,16 @@
-"""Which shards a starting shard waits for: those on their way out that hold a port or GPU of its.
+"""Which shards a starting shard waits for: every other shard of the node that holds a port or GPU of its.
 
-A shard being stopped (or a worker held until its replica's rank 0 is gone)
-may still hold a port this one binds, or a GPU it uses: the new shard starts
-once that one is gone.
+A shard being stopped, a worker held until its replica's rank 0 is gone, or a
+replica that left the routes and runs on until the gateways let go of it (the
+server has given its port and GPUs to the new shard already) may still hold a
+port this one binds, or a GPU it uses: the new shard starts once that one is gone.
+The server never places two shards it keeps on one port or GPU, so the shards
+waited for are all on their way out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import trio
@@ -20,26 +23,14 @@ if TYPE_CHECKING:
 __all__ = ["blockers_of"]
 
 
-def blockers_of(
-    shard: DesiredShard, running: Iterable[ShardSupervisor], desired: Mapping[str, DesiredShard]
-) -> list[trio.Event]:
+def blockers_of(shard: DesiredShard, running: Iterable[ShardSupervisor]) -> list[trio.Event]:
     """The ``done`` events of the shards in ``running`` that ``shard`` must wait for before it starts.
 
-    Called by the agent as it applies a reply (``desired``: every shard the reply names).
+    Called by the agent as it applies a reply, for each shard it starts.
     """
     return [
-        other.done
-        for other in running
-        if other.key != shard.key
-        and _on_the_way_out(other, desired)
-        and _shares_resources(other.desired, shard)
+        other.done for other in running if other.key != shard.key and _shares_resources(other.desired, shard)
     ]
-
-
-def _on_the_way_out(supervisor: ShardSupervisor, desired: Mapping[str, DesiredShard]) -> bool:
-    """Whether a shard is stopping, or is a worker held until its replica's rank 0 is gone."""
-    held = desired.get(supervisor.key)
-    return supervisor.observed.state == "stopping" or (held is not None and held.stop_after_rank0)
 
 
 def _shares_resources(a: DesiredShard, b: DesiredShard) -> bool:

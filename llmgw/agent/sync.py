@@ -266,8 +266,8 @@ class Agent:
             supervisor = self._supervisor(shard, self.facts.engines.get(shard.engine))
             self.observed[key] = supervisor.observed
             self._record_shard(supervisor)
-            # a shard being stopped (or held) may still hold a port or GPU of this one: start once it is gone
-            blockers = blockers_of(shard, self.supervisors.values(), desired)
+            # a shard being stopped, held, or lingering may still hold a port or GPU of this one
+            blockers = blockers_of(shard, self.supervisors.values())
             wait = f" once {len(blockers)} stopping shards free its ports and GPUs" if blockers else ""
             log.info(
                 "starting shard %s (%s, engine %s, port %d)%s",

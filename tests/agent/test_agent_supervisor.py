@@ -346,6 +346,29 @@ class TestApply:
         assert old.key not in agent.observed and not group_alive(old_group)
         assert pid_alive(agent.observed[new.key].pid)
 
+    async def test_a_new_shard_waits_for_a_lingering_shard_on_its_port(self, script_agent):
+        """The server gave the port of a replica that left the routes (lingering until the gateways let
+        go of it: still desired, running) to a new shard: the new one starts once the old one is gone."""
+        agent = script_agent
+        port = free_port("127.0.0.1")
+        lingering = desired("script", port, replica="a-0")
+        new = desired("script", port, replica="b-0")
+        agent.apply(SyncReply(revision=1, shards=[lingering]))
+        with trio.fail_after(10):
+            await wait_for(lambda: agent.observed[lingering.key].state == "ready", "the old shard ready")
+        pid = agent.observed[lingering.key].pid
+        agent.apply(SyncReply(revision=2, shards=[lingering, new]))
+        waiting = agent.supervisors[new.key]
+        with trio.move_on_after(3):  # a shard not held back spawns its engine in well under a second
+            await wait_for(lambda: waiting.engine_child is not None, "the new shard to spawn (it must not)")
+        assert waiting.engine_child is None and agent.observed[new.key].state == "starting"
+        assert agent.observed[lingering.key].state == "ready" and pid_alive(pid)
+        agent.apply(SyncReply(revision=3, shards=[new]))
+        with trio.fail_after(10):
+            await wait_for(lambda: agent.observed[new.key].state in ("ready", "exited"), "the new shard")
+        assert agent.observed[new.key].state == "ready", agent.observed[new.key]
+        assert lingering.key not in agent.observed and not pid_alive(pid)
+
     async def test_a_held_worker_runs_on_until_dropped_and_is_never_started(self, script_agent):
         """A held shard runs on (one on its port waits); a held shard not running is never started."""
         agent = script_agent

@@ -1,6 +1,6 @@
 """llmgw-engine-sim: the simulated inference engine and its llmgw plugin.
 
-The engine itself is the ``llmgw-sim`` program (see :mod:`llmgw_engine_sim.cli`):
+The engine itself is the ``llmgw-sim`` program (see :mod:`llmgw_engine_sim.process`):
 a real OpenAI-compatible HTTP server with real multi-node rendezvous, that
 needs no GPU. This module is the plugin: it registers :class:`SimEngine`,
 which builds ``llmgw-sim`` command lines from launch specs.

@@ -1,0 +1,81 @@
+"""Every stream gets its turn: ``llmgw gateway`` as a process relaying paced streams beside bursting ones."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import trio
+
+from llmgw.net.client import ConnectionPool
+from llmgw.testing.gateway import FakeRoutesFeed, wait_healthy
+from llmgw.testing.processes import free_port, processes  # noqa: F401
+
+BACKEND = Path(__file__).with_name("streambackend.py")
+#: seconds between two events of a paced stream
+PACE = 0.02
+PACED = 4
+PACED_EVENTS = 60
+BURSTING = 16
+#: short token events per bursting stream: some 1.2 MB each, more than the paced streams' second
+BURST_EVENTS = 24_000
+
+
+class TestTurns:
+    """Streams relayed side by side by one gateway process."""
+
+    async def test_a_paced_stream_is_not_held_behind_bursting_ones(self, nursery, processes):  # noqa: F811
+        """A stream paced at 20 ms keeps its pace, within ten paces, while 32 others burst megabytes."""
+        backend_port, port = free_port(), free_port()
+        processes.start([sys.executable, str(BACKEND), "--port", str(backend_port)], name="backend")
+        feed = FakeRoutesFeed()
+        feed_url = await nursery.start(feed.serve)
+        feed.set(routes={"m": [("m-0", f"http://127.0.0.1:{backend_port}")]})
+        argv = [sys.executable, "-m", "llmgw.gateway", "--server", feed_url, "--no-keys"]
+        processes.start([*argv, "--listen", f"127.0.0.1:{port}"], name="gateway")
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        with trio.fail_after(15):
+            await wait_healthy([f"http://127.0.0.1:{port}", f"http://127.0.0.1:{backend_port}"])
+        request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        gaps: list[float] = []
+        burst_bytes: list[int] = []
+        bursting_done = trio.Event()
+
+        async with ConnectionPool(max_idle_per_host=PACED + BURSTING, read_timeout=30) as pool:
+
+            async def paced() -> None:
+                body = json.dumps({**request, "pace": PACE, "events": PACED_EVENTS}).encode()
+                async with pool.stream("POST", url, body=body) as response:
+                    assert response.status == 200
+                    last = None
+                    async for _ in response:
+                        now = trio.current_time()
+                        if last is not None:
+                            gaps.append(now - last)
+                        last = now
+
+            async def bursting() -> None:
+                body = json.dumps({**request, "burst": BURST_EVENTS}).encode()
+                size = 0
+                async with pool.stream("POST", url, body=body) as response:
+                    assert response.status == 200
+                    async for chunk in response:
+                        size += len(chunk)
+                burst_bytes.append(size)
+                if len(burst_bytes) == BURSTING:
+                    bursting_done.set()
+
+            with trio.fail_after(120):
+                async with trio.open_nursery() as streams:
+                    for _ in range(PACED):
+                        streams.start_soon(paced)
+                    await trio.sleep(4 * PACE)  # the paced streams are under way when the bursts begin
+                    for _ in range(BURSTING):
+                        streams.start_soon(bursting)
+                    await bursting_done.wait()
+        assert min(burst_bytes) > BURST_EVENTS * 90, "every burst arrived whole"
+        # Before the relay passed a large read on a turn at a time, each bursting stream relayed up to
+        # 64 KiB (and read 512 KiB of its transcript) before the others ran: the paced streams waited
+        # 0.3 s and more, 15 paces, between two events on a 2-core machine.
+        assert max(gaps) < 10 * PACE, f"a paced stream waited {max(gaps):.3f}s between two events"

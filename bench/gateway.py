@@ -47,6 +47,35 @@ the tail of the gaps is what remains to bound. Gen-2 garbage collections pause
 it 18-38 ms (every ~130 collections); ``gc.freeze()`` after the imports brings
 the longest pause to 5.5 ms but did not move the gap p99: not the main cause.
 
+``--tokens-only`` runs the token-stream case alone; it also prints the first
+byte's p99 apart (the gaps are then between chunks after the first), each
+target's CPU per event, and ratios against direct from the same run. With
+``--before`` the commit before "every stream gets its turn" (issue 28 item 4:
+a large read relayed 4 KiB at a time, the transcript read every 64 KiB,
+``gc.freeze()`` at start), ``--tokens-only --rounds 10 --seconds 3``, load
+average 13-18 on the 2 cores (four other sessions' tests)::
+
+    target    events/s whole p50 ms whole p99 ms first p99 gap p50 ms gap p99 ms gap max ms  us/event
+    direct       57784        298.1        411.4      46.2      10.58      35.04       58.6      3.94
+    gateway      43627        350.8        667.9     302.4      26.20      68.42       91.4      4.79
+    before       40526        395.4        771.8     400.1      31.01     106.47      150.6      4.67
+    against direct: gateway 0.75x events/s, whole p99 1.62x, gap p99 1.95x, gap max 1.56x
+                    before  0.70x events/s, whole p99 1.88x, gap p99 3.04x, gap max 2.57x
+
+Two runs before it (8 and 6 rounds, load 8-28) read gap p99 3.17x and 2.60x
+against before's 3.87x and 3.26x, gap max 1.85x and 2.46x against 2.37x and
+3.17x, but whole p99 2.14x and 1.74x against 1.81x and 1.47x. The A/A run
+(``--before`` the same commit, 6 rounds, load 16-26) shows what the method
+reads where there is no difference: whole p99 1.54x vs 1.18x, gap p99 2.32x
+vs 1.78x, gap max 1.74x vs 1.22x, events/s 0.66x vs 0.85x, 4.54 vs 4.44 us
+per event. So on this machine the gaps' tail is shorter, by about the
+method's noise; the whole-stream p99 is not shown better (a stream whose
+whole answer was waiting in its socket used to go out in two or three turns;
+it now takes its turns like the others); the CPU per event moved +2.6%,
+within the A/A run's 2.3%. The effect is plain where streams burst beside
+paced ones (``tests/gateway/test_gateway_fairness.py``: a paced stream's
+largest gap 0.54-1.3 s before, 0.06-0.15 s after, at 20 ms a token).
+
 ``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
 (an older commit), measured interleaved with the current one: on a machine
 shared with other work, only figures taken side by side compare.

@@ -47,7 +47,16 @@ from llmgw.net.client import (
 if TYPE_CHECKING:
     from llmgw.net.server import Response
 
-__all__ = ["CONTINUABLE", "Exchange", "Relay", "Relaying", "request_headers", "sse_error"]
+__all__ = [
+    "CONTINUABLE",
+    "TURN_BYTES",
+    "Exchange",
+    "Relay",
+    "Relaying",
+    "request_headers",
+    "sse_error",
+    "turn_end",
+]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -101,7 +110,7 @@ class Relaying:
                     else:
                         chunk, start = await upstream.receive_chunk(), 0
                     if sse and chunk is not None and len(chunk) - start > TURN_BYTES:
-                        rest, at = chunk, _turn_end(chunk, start)
+                        rest, at = chunk, turn_end(chunk, start)
                         chunk = chunk[start:at]
                     elif start:
                         rest, chunk = b"", chunk[start:]
@@ -339,9 +348,12 @@ class Relay:
         return after
 
 
-def _turn_end(data: bytes, start: int) -> int:
+def turn_end(data: bytes, start: int) -> int:
     """Where the turn of an event stream's ``data`` that begins at ``start`` ends: after the last whole
-    event within :data:`TURN_BYTES`, else (an event longer than that) :data:`TURN_BYTES` on."""
+    event within :data:`TURN_BYTES`, else (an event longer than that) :data:`TURN_BYTES` on.
+
+    Called by the relay for each turn of a read longer than :data:`TURN_BYTES`.
+    """
     end = start + TURN_BYTES
     boundary = data.rfind(b"\n\n", start, end)
     return boundary + 2 if boundary >= 0 else end

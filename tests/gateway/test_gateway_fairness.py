@@ -8,6 +8,7 @@ from pathlib import Path
 
 import trio
 
+from llmgw.gateway.relay import TURN_BYTES, turn_end
 from llmgw.net.client import ConnectionPool
 from llmgw.testing.gateway import FakeRoutesFeed, wait_healthy
 from llmgw.testing.processes import free_port, processes  # noqa: F401
@@ -20,6 +21,23 @@ PACED_EVENTS = 60
 BURSTING = 16
 #: short token events per bursting stream: some 1.2 MB each, more than the paced streams' second
 BURST_EVENTS = 24_000
+
+
+class TestTurnEnd:
+    """Where one turn of a large read of an event stream ends."""
+
+    def test_after_the_last_whole_event_within_a_turn(self):
+        """The turn ends after the last event that fits whole, wherever it begins."""
+        event = b"data: " + b"x" * 94 + b"\n\n"
+        data = event * (3 * TURN_BYTES // len(event))
+        end = turn_end(data, 0)
+        assert end == len(event) * (TURN_BYTES // len(event))
+        assert turn_end(data, end) == 2 * end
+
+    def test_an_event_longer_than_a_turn_is_cut_within_it(self):
+        """An event longer than a turn goes on a turn's bytes at a time (the relay holds partial events)."""
+        data = b"data: " + b"x" * (3 * TURN_BYTES) + b"\n\n"
+        assert turn_end(data, 10) == 10 + TURN_BYTES
 
 
 class TestTurns:

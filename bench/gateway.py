@@ -72,7 +72,10 @@ per event. So on this machine the gaps' tail is shorter, by about the
 method's noise; the whole-stream p99 is not shown better (a stream whose
 whole answer was waiting in its socket used to go out in two or three turns;
 it now takes its turns like the others); the CPU per event moved +2.6%,
-within the A/A run's 2.3%. The effect is plain where streams burst beside
+within the A/A run's 2.3%. A fourth run after them (8 rounds, load 9-16):
+gateway whole p99 1.48x, gap p99 2.20x, gap max 1.96x, first p99 307 ms,
+4.71 us per event; before 2.01x, 2.50x, 2.29x, 872 ms, 4.99 us; events/s
+0.82x and 0.88x. The effect is plain where streams burst beside
 paced ones (``tests/gateway/test_gateway_fairness.py``: a paced stream's
 largest gap 0.54-1.3 s before, 0.06-0.15 s after, at 20 ms a token).
 

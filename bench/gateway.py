@@ -47,6 +47,38 @@ the tail of the gaps is what remains to bound. Gen-2 garbage collections pause
 it 18-38 ms (every ~130 collections); ``gc.freeze()`` after the imports brings
 the longest pause to 5.5 ms but did not move the gap p99: not the main cause.
 
+``--tokens-only`` runs the token-stream case alone; it also prints the first
+byte's p99 apart (the gaps are then between chunks after the first), each
+target's CPU per event, and ratios against direct from the same run. With
+``--before`` the commit before "every stream gets its turn" (issue 28 item 4:
+a large read relayed 4 KiB at a time, the transcript read every 64 KiB,
+``gc.freeze()`` at start), ``--tokens-only --rounds 10 --seconds 3``, load
+average 13-18 on the 2 cores (four other sessions' tests)::
+
+    target    events/s whole p50 ms whole p99 ms first p99 gap p50 ms gap p99 ms gap max ms  us/event
+    direct       57784        298.1        411.4      46.2      10.58      35.04       58.6      3.94
+    gateway      43627        350.8        667.9     302.4      26.20      68.42       91.4      4.79
+    before       40526        395.4        771.8     400.1      31.01     106.47      150.6      4.67
+    against direct: gateway 0.75x events/s, whole p99 1.62x, gap p99 1.95x, gap max 1.56x
+                    before  0.70x events/s, whole p99 1.88x, gap p99 3.04x, gap max 2.57x
+
+Two runs before it (8 and 6 rounds, load 8-28) read gap p99 3.17x and 2.60x
+against before's 3.87x and 3.26x, gap max 1.85x and 2.46x against 2.37x and
+3.17x, but whole p99 2.14x and 1.74x against 1.81x and 1.47x. The A/A run
+(``--before`` the same commit, 6 rounds, load 16-26) shows what the method
+reads where there is no difference: whole p99 1.54x vs 1.18x, gap p99 2.32x
+vs 1.78x, gap max 1.74x vs 1.22x, events/s 0.66x vs 0.85x, 4.54 vs 4.44 us
+per event. So on this machine the gaps' tail is shorter, by about the
+method's noise; the whole-stream p99 is not shown better (a stream whose
+whole answer was waiting in its socket used to go out in two or three turns;
+it now takes its turns like the others); the CPU per event moved +2.6%,
+within the A/A run's 2.3%. A fourth run after them (8 rounds, load 9-16):
+gateway whole p99 1.48x, gap p99 2.20x, gap max 1.96x, first p99 307 ms,
+4.71 us per event; before 2.01x, 2.50x, 2.29x, 872 ms, 4.99 us; events/s
+0.82x and 0.88x. The effect is plain where streams burst beside
+paced ones (``tests/gateway/test_gateway_fairness.py``: a paced stream's
+largest gap 0.54-1.3 s before, 0.06-0.15 s after, at 20 ms a token).
+
 ``--before DIR`` adds a second gateway run from the ``llmgw`` package in DIR
 (an older commit), measured interleaved with the current one: on a machine
 shared with other work, only figures taken side by side compare.
@@ -316,6 +348,7 @@ async def token_client(url: str, concurrency: int, events: int, seconds: float) 
     headers = [("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")]  # for --keys
     wholes: list[float] = []
     gaps: list[float] = []
+    firsts: list[float] = []
     received = 0
     async with ConnectionPool(max_idle_per_host=concurrency) as pool:
 
@@ -323,20 +356,24 @@ async def token_client(url: str, concurrency: int, events: int, seconds: float) 
             nonlocal received
             while True:
                 started = last = time.perf_counter()
+                first = True
                 async with pool.stream("POST", url, headers=headers, body=body) as response:
                     async for chunk in response:
                         now = time.perf_counter()
-                        gaps.append(now - last)
-                        last = now
+                        (firsts if first else gaps).append(now - last)
+                        last, first = now, False
                         received += chunk.count(b"data:")
                 wholes.append(time.perf_counter() - started)
 
         elapsed = await _for_seconds(concurrency, seconds, worker)
     return {
+        "events": received,
         "events_per_second": received / elapsed,
         "streams": len(wholes),
         "whole_p50": _ms(wholes, 0.5),
         "whole_p99": _ms(wholes, 0.99),
+        "first_p50": _ms(firsts, 0.5),
+        "first_p99": _ms(firsts, 0.99),
         "gap_p50": _ms(gaps, 0.5),
         "gap_p99": _ms(gaps, 0.99),
         "gap_max": _ms(gaps, 1.0),
@@ -356,14 +393,30 @@ def token_report(measured: dict[str, list[dict]], events: int) -> None:
     print(f"\ntoken streams: {TOKEN_CONCURRENCY} clients, {events} events per answer, each its own write:")
     print(
         f"{'target':8} {'events/s':>9} {'whole p50 ms':>12} {'whole p99 ms':>12} "
-        f"{'gap p50 ms':>10} {'gap p99 ms':>10} {'gap max ms':>10}"
+        f"{'first p99':>9} {'gap p50 ms':>10} {'gap p99 ms':>10} {'gap max ms':>10} {'us/event':>9}"
     )
+    print("(us/event: CPU of the target's process (the backend's for direct) per event, over all rounds)")
+    medians = {}
     for target, rounds in measured.items():
         m = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+        events_relayed = sum(r["events"] for r in rounds)
+        m["us_per_event"] = sum(r["cpu"] for r in rounds) / max(1, events_relayed) * 1e6
+        medians[target] = m
         print(
             f"{target:8} {m['events_per_second']:>9.0f} {m['whole_p50']:>12.1f} {m['whole_p99']:>12.1f} "
-            f"{m['gap_p50']:>10.2f} {m['gap_p99']:>10.2f} {m['gap_max']:>10.1f}"
+            f"{m['first_p99']:>9.1f} {m['gap_p50']:>10.2f} {m['gap_p99']:>10.2f} {m['gap_max']:>10.1f} "
+            f"{m['us_per_event']:>9.2f}"
         )
+    direct = medians["direct"]
+    print("against direct (this run):")
+    print(f"{'target':8} {'events/s':>9} {'whole p99':>9} {'gap p99':>9} {'gap max':>9}")
+    for target, m in medians.items():
+        if target != "direct":
+            print(
+                f"{target:8} {m['events_per_second'] / direct['events_per_second']:>8.2f}x "
+                f"{m['whole_p99'] / direct['whole_p99']:>8.2f}x {m['gap_p99'] / direct['gap_p99']:>8.2f}x "
+                f"{m['gap_max'] / direct['gap_max']:>8.2f}x"
+            )
 
 
 async def run_case(
@@ -508,6 +561,7 @@ async def main(
     gateway_args: tuple[str, ...] = (),
     admission: bool = False,
     unlimited: bool = False,
+    tokens_only: bool = False,
 ) -> list[Result]:
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     started: list[ManagedProcess] = []
@@ -565,6 +619,7 @@ async def main(
                     for concurrency in ((64,) if admission else (1, 64))
                     for stream in (False, True)
                     for target, base in targets.items()
+                    if not tokens_only
                 ]
                 for _, base, _, stream in cases:  # warm up: connections, caches
                     await run_case(backend, "", f"{base}/v1/chat/completions", 64, stream, WARM_UP, processes)
@@ -598,11 +653,26 @@ async def main(
                     ))  # fmt: skip
                 if backend == "fast" and events:
                     tokens: dict[str, list[dict]] = {target: [] for target in targets}
-                    for _ in range(rounds):
-                        for target, base in targets.items():
+                    if tokens_only:  # no request cases warmed the connections up
+                        for base in targets.values():
                             url = f"{base}/v1/chat/completions"
-                            tokens[target].append(
-                                await trio.to_thread.run_sync(run_token_client, url, events, seconds)
+                            await trio.to_thread.run_sync(run_token_client, url, events, WARM_UP)
+                    for round_number in range(1, rounds + 1):
+                        order = list(targets.items())
+                        for target, base in order if round_number % 2 else order[::-1]:
+                            url = f"{base}/v1/chat/completions"
+                            pid = processes.get(target, processes["backend"])
+                            cpu_before = cpu_seconds(pid)
+                            measured_round = await trio.to_thread.run_sync(
+                                run_token_client, url, events, seconds
+                            )
+                            measured_round["cpu"] = cpu_seconds(pid) - cpu_before
+                            tokens[target].append(measured_round)
+                            print(
+                                f"  token round {round_number}: {target}: "
+                                f"{measured_round['events_per_second']:.0f} events/s, "
+                                f"gap max {measured_round['gap_max']:.1f} ms",
+                                file=sys.stderr,
                             )
                     token_report(tokens, events)
                 gateway.kill_group()
@@ -632,6 +702,9 @@ if __name__ == "__main__":
     )
     parser.add_argument("--events", type=int, default=256, help="token events per answer (0: no token case)")
     parser.add_argument("--token-client", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--tokens-only", action="store_true", help="only the token-stream case (fast backend)"
+    )
     parser.add_argument("--keys", action="store_true", help="API keys on, one key with every rate limit")
     parser.add_argument("--gateway-args", default="", help="more flags for the current gateway only")
     parser.add_argument(
@@ -650,7 +723,7 @@ if __name__ == "__main__":
         print(json.dumps(result))
         sys.exit(0)
     began = time.monotonic()
-    chosen = ["fast"] if args.admission else args.backend.split(",")
+    chosen = ["fast"] if args.admission or args.tokens_only else args.backend.split(",")
     extra = tuple(shlex.split(args.gateway_args))
     events = 0 if args.admission else args.events
     measured = trio.run(
@@ -665,8 +738,10 @@ if __name__ == "__main__":
         extra,
         args.admission,
         args.aa,
+        args.tokens_only,
     )
-    report(measured, args.workers)
+    if not args.tokens_only:
+        report(measured, args.workers)
     if args.keys or args.admission:
         admitted, seated = admission_cost()
         print(f"\nin this process alone: admission {admitted:.1f} us CPU per request, the model queue's "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -223,6 +224,10 @@ def gateway_command(settings: GatewaySettings) -> None:
 
 def _serve(config: GatewayConfig, shutdown_grace: float) -> None:
     gateway = Gateway(config)
+    # What the process holds from here on (modules, classes, settings) is never garbage: out of every
+    # collection. A full collection then reads only what requests made, a few ms instead of the 20-400 ms
+    # (loaded machine) that held every stream in flight.
+    gc.freeze()
     serve_until_signalled(
         gateway.serve,
         log=log,

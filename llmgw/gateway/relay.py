@@ -47,7 +47,16 @@ from llmgw.net.client import (
 if TYPE_CHECKING:
     from llmgw.net.server import Response
 
-__all__ = ["CONTINUABLE", "Exchange", "Relay", "Relaying", "request_headers", "sse_error"]
+__all__ = [
+    "CONTINUABLE",
+    "TURN_BYTES",
+    "Exchange",
+    "Relay",
+    "Relaying",
+    "request_headers",
+    "sse_error",
+    "turn_end",
+]
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -55,6 +64,9 @@ log = logging.getLogger("llmgw.gateway")
 CONTINUABLE = frozenset({"chat/completions", "completions"})
 #: bytes of a partial event held back before a stream gives up being continuable (no event boundary)
 _HELD_LIMIT = 1024 * 1024
+#: the most of an event stream relayed in one go: a larger read goes on a turn at a time, each after
+#: the other streams in the process had theirs (some 30 token events; a read is up to 64 KiB)
+TURN_BYTES = 4096
 
 
 class Relaying:
@@ -86,11 +98,22 @@ class Relaying:
         rewriter: Rewriter | None = None
         broke_at: float | None = None
         tried = [relay.replica]
+        # a large read of an event stream, relayed a turn at a time: the read, where the next turn starts
+        rest, at = b"", 0
         try:
             while True:
                 replica, upstream = relay.replica, relay.upstream
                 try:
-                    chunk = await upstream.receive_chunk()
+                    if rest:
+                        await trio.lowlevel.checkpoint()  # the other streams' turns come first
+                        chunk, start = rest, at
+                    else:
+                        chunk, start = await upstream.receive_chunk(), 0
+                    if sse and chunk is not None and len(chunk) - start > TURN_BYTES:
+                        rest, at = chunk, turn_end(chunk, start)
+                        chunk = chunk[start:at]
+                    elif start:
+                        rest, chunk = b"", chunk[start:]
                 except HttpClientError as exc:
                     cause = _cause(relay.attempt, replica, exc)
                     reason = self._failed(replica, "mid_stream", relay.attempt.why or str(exc), None)[0]
@@ -322,6 +345,17 @@ class Relay:
                 then()
 
         return after
+
+
+def turn_end(data: bytes, start: int) -> int:
+    """Where the turn of an event stream's ``data`` that begins at ``start`` ends: after the last whole
+    event within :data:`TURN_BYTES`, else (an event longer than that) :data:`TURN_BYTES` on.
+
+    Called by the relay for each turn of a read longer than :data:`TURN_BYTES`.
+    """
+    end = start + TURN_BYTES
+    boundary = data.rfind(b"\n\n", start, end)
+    return boundary + 2 if boundary >= 0 else end
 
 
 def request_headers(call: Call) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ last request the replica stops; the next request wakes it again.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 from pathlib import Path
 
 import httpx
@@ -85,7 +86,11 @@ def test_an_idle_model_sleeps_and_a_request_wakes_it(cluster):
     [replica] = cluster.replicas().replicas
     assert [s.node for s in replica.shards] == ["node-1"]
     events = autoscale_events(cluster)
-    assert [e.split(":")[0] for e in events] == ["0 → 1", "1 → 0", "0 → 1"], events
+    kinds = [e.split(":")[0] for e in events]
+    # woken, asleep, woken again; a machine so loaded that a step took over idle_after (3 s) may add a
+    # sleep and a wake, which must still alternate
+    assert kinds[:3] == ["0 → 1", "1 → 0", "0 → 1"], events
+    assert set(kinds) == {"0 → 1", "1 → 0"} and all(a != b for a, b in itertools.pairwise(kinds)), events
     copies = (
         list((cluster.nodes["node-2"].models_dir).iterdir())
         if cluster.nodes["node-2"].models_dir.exists()

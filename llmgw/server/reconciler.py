@@ -145,9 +145,20 @@ def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: flo
             nodes.add(record.placement.rank0.node_id)
 
     for intent in intents:
+        if not isinstance(intent, adapters.Satisfied) and intent.replica in state.replicas:
+            # what a replica should keep and has loaded is stored with its row (persist/adapters.py)
+            state.dirty_replicas.add(intent.replica)
         if isinstance(intent, adapters.Forget):
             routes = routes or bool(book.routed.get(intent.replica))
             book.forget(intent.replica)
+        elif isinstance(intent, adapters.Adopt):
+            book.adopt(intent.replica, intent.attempt, intent.adapters, intent.loaded)
+            if intent.adapters:
+                routes = routes or bool(intent.loaded)
+                rank0(intent.replica)
+            for name in sorted(intent.adapters):  # a new leader keeps what its agent holds
+                message = f"kept on replica {intent.replica}: its agent holds it (adopted)"
+                state.record_event(now, EventKind.ADAPTER_LOADED, f"{intent.model}/{name}", message)
         elif isinstance(intent, adapters.Ended):
             seen = intent.observed
             if not book.ended(intent.replica, seen, intent.model, now):

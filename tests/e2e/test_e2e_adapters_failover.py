@@ -1,0 +1,137 @@
+"""LoRA adapters across a failover: two servers on PostgreSQL, a gateway that reads its routes from the
+standby, an adapter loaded, the leader killed (SIGKILL). The standby routes the adapter before it leads,
+and after it takes over the adapter stays loaded on its replica: no second load, no unload, no failure.
+
+One node runs ``chat`` (one replica, ``max_adapters: 2``) on a sim that takes ``LOAD_TIME`` to load an
+adapter: a request served in less than that was served from a loaded adapter.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.lora import make_sim_adapter
+from llmgw.testing.processes import free_port
+from llmgw.wire import AdapterList, EventList, NodeList
+
+LOAD_TIME = 2.0
+#: seconds a gateway holds a request for an adapter no replica has loaded (before it fails it)
+HOLD = 20
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def ask(url: str, name: str) -> tuple[httpx.Response, float]:
+    """One chat completion for ``name`` through the gateway at ``url``, and the seconds it took."""
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    began = time.monotonic()
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=HOLD + 30)
+    return response, time.monotonic() - began
+
+
+def sim_counts(local: LocalCluster) -> dict[str, float]:
+    """The sim's adapter counters on chat's engine: loads that succeeded, unloads, adapters loaded now."""
+    [replica] = local.replicas().replicas
+    shard = replica.shards[0]
+    text = httpx.get(f"http://{local.nodes[shard.node].address}:{shard.port}/metrics", timeout=5).text
+
+    def value(pattern: str) -> float:
+        found = re.search(rf"^{pattern} ([0-9.e+]+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    return {
+        "loads": value(r'sim:lora_loads_total\{result="loaded"\}'),
+        "unloads": value(r"sim:lora_unloads_total"),
+        "loaded": value(r'sim:lora_loaded\{lora_name="a"\}'),
+    }
+
+
+def loaded_on(local: LocalCluster) -> tuple[str, ...]:
+    """The replicas the (current leader's) book says have adapter `a` loaded."""
+    listing = local.client.request("GET", "/v1/admin/adapters", AdapterList)
+    return next(a.loaded for a in listing.adapters if a.adapter == "a")
+
+
+def events(local: LocalCluster, kind: str, subject: str | None = None) -> list[str]:
+    """The messages of the stored events of ``kind`` (about ``subject``), oldest first."""
+    found = local.client.request("GET", "/v1/admin/events", EventList).events
+    return [e.message for e in found if e.kind == kind and subject in (None, e.subject)]
+
+
+def test_an_adapter_stays_loaded_and_routed_across_a_failover(tmp_path: Path, pg_url: str):
+    """Loaded through a gateway on the standby; kill -9 the leader; the standby leads: `a` is served from
+    the same engine with no second load and no unload, and no request failed."""
+    make_sim_adapter(tmp_path / "adapters" / "a")
+    (tmp_path / "models" / "chat").mkdir(parents=True)
+    profile = sim_profile(1, *FAST_SIM, "--lora-load-time", str(LOAD_TIME), max_adapters=2)
+    text = catalog_yaml(
+        {"chat": model(str(tmp_path / "models" / "chat"), adapters={"a": str(tmp_path / "adapters" / "a")})},
+        one=profile,
+    )
+    port_a, port_b = free_port(), free_port()
+    local = LocalCluster(tmp_path / "cluster", server_port=port_a, lost_after=4, poll_timeout=1, store=pg_url)
+    url_a, url_b = f"https://127.0.0.1:{port_a}", f"https://127.0.0.1:{port_b}"
+    local.server_url = f"{url_a},{url_b}"  # the admin client and the agent know both servers, A first
+    try:
+        local.start_server()
+        local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "server A to lead")
+        local.start_server(port=port_b, name="server-b")
+        local.start_agent(local.add_node(1))
+        local.server_url = f"{url_b},{url_a}"  # the gateway reads its routes from the standby first
+        local.start_gateway(free_port(), extra=["--hold-timeout", str(HOLD)])
+        local.server_url = f"{url_a},{url_b}"
+        local.apply(text)
+        local.wait(local.all_ready, "chat to be ready")
+        [replica] = local.replicas().replicas
+
+        def routed() -> bool:
+            try:
+                listed = httpx.get(f"{local.gateway_url}/v1/models", timeout=2).json()["data"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                return False
+            return {"chat", "a"} <= {m["id"] for m in listed}
+
+        local.wait(routed, "the gateway to list chat and a", 30)
+
+        # loaded on first use: the request waits for the load; the standby's feed then routes `a`
+        first, took = ask(local.gateway_url, "a")
+        assert first.status_code == 200, first.text
+        assert took >= LOAD_TIME, took
+        assert loaded_on(local) == (replica.id,)
+        again, took = ask(local.gateway_url, "a")
+        assert again.status_code == 200, again.text
+        assert took < LOAD_TIME, f"served from the loaded adapter through the standby's routes ({took:.2f} s)"
+        before = sim_counts(local)
+        assert before == {"loads": 1, "unloads": 0, "loaded": 1}, before
+
+        local.stop(local.server, signal.SIGKILL)
+        local.wait(lambda: events(local, "leader", url_b), "server B to lead", 30)
+        local.wait(local.all_adopted, "the agent to report its shard to server B", 60)
+        # the agent heard server B's answers: it synced again more than a second after its shard's adoption
+        adopted = time.monotonic()
+
+        def answered() -> bool:
+            [node] = local.client.request("GET", "/v1/admin/nodes", NodeList).nodes
+            return node.last_sync_ago < time.monotonic() - adopted - 1.0
+
+        local.wait(answered, "the agent to sync with server B again", 30)
+        assert loaded_on(local) == (replica.id,), "server B routes `a` where it was loaded"
+        after, took = ask(local.gateway_url, "a")
+        assert after.status_code == 200, after.text
+        assert took < LOAD_TIME, f"`a` was loaded again after the failover ({took:.2f} s)"
+        assert after.headers["x-llmgw-replica"] == replica.id
+        assert sim_counts(local) == before, "the engine neither unloaded nor loaded `a` again"
+        assert len(events(local, "adapter_loaded", "chat/a")) == 1, events(local, "adapter_loaded")
+        assert events(local, "adapter_unloaded") == []
+        [now] = local.replicas().replicas
+        assert (now.attempt, now.shards[0].pid) == (replica.attempt, replica.shards[0].pid), "no restart"
+    finally:
+        local.stop_all()

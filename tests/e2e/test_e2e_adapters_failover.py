@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmgw.ctl.client import AdminClient, ClientConfig
 from llmgw.dev.cluster import LocalCluster
+from llmgw.errors import LlmgwError
 from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
 from llmgw.testing.lora import make_sim_adapter
 from llmgw.testing.processes import free_port
@@ -54,6 +56,14 @@ def sim_counts(local: LocalCluster) -> dict[str, float]:
     }
 
 
+def standby_answers(standby: AdminClient) -> bool:
+    """Whether the server of ``standby`` (its only one) answers reads."""
+    try:
+        return standby.request("GET", "/v1/admin/nodes", NodeList) is not None
+    except LlmgwError:
+        return False
+
+
 def loaded_on(local: LocalCluster) -> tuple[str, ...]:
     """The replicas the (current leader's) book says have adapter `a` loaded."""
     listing = local.client.request("GET", "/v1/admin/adapters", AdapterList)
@@ -84,6 +94,9 @@ def test_an_adapter_stays_loaded_and_routed_across_a_failover(tmp_path: Path, pg
         local.start_server()
         local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "server A to lead")
         local.start_server(port=port_b, name="server-b")
+        config = ClientConfig(url_b, local.ca.cert_path, local.admin_tls.cert_path, local.admin_tls.key_path)
+        standby = AdminClient(config)
+        local.wait(lambda: standby_answers(standby), "server B to answer as a standby", 30)
         local.start_agent(local.add_node(1))
         local.server_url = f"{url_b},{url_a}"  # the gateway reads its routes from the standby first
         local.start_gateway(free_port(), extra=["--hold-timeout", str(HOLD)])

@@ -24,10 +24,13 @@ log = logging.getLogger("llmgw.server")
 
 def adapters_text(book: AdapterBook, record: ReplicaRecord) -> str | None:
     """The ``adapters`` column of ``record``'s row: its attempt, its desired adapters (name -> source) and
-    the names routed as loaded; None when the book holds none for it. Called for each replica row written.
+    the names routed as loaded; None when the book holds none for it (or it is not ready, or the book holds
+    an earlier attempt's). Called for each replica row written.
     """
     held = book.desired.get(record.id)
-    desired = held[1] if held is not None and held[0] == record.attempt else {}
+    if record.state != ReplicaState.READY or (held is not None and held[0] != record.attempt):
+        return None  # its engine holds nothing (yet): the book forgets it in this very pass
+    desired = held[1] if held is not None else {}
     loaded = book.routed.get(record.id, frozenset())
     if not desired and not loaded:
         return None

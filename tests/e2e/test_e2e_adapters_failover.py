@@ -20,6 +20,7 @@ from llmgw.ctl.client import AdminClient, ClientConfig
 from llmgw.dev.cluster import LocalCluster
 from llmgw.errors import LlmgwError
 from llmgw.testing.catalogs import FAST_SIM, catalog_yaml, model, sim_profile
+from llmgw.testing.load import routed_cluster
 from llmgw.testing.lora import make_sim_adapter
 from llmgw.testing.processes import free_port
 from llmgw.wire import AdapterList, EventList, NodeList
@@ -76,16 +77,33 @@ def events(local: LocalCluster, kind: str, subject: str | None = None) -> list[s
     return [e.message for e in found if e.kind == kind and subject in (None, e.subject)]
 
 
+def catalog(root: Path) -> str:
+    """chat (one replica, two slots) with adapter `a`, whose directory is written under ``root``."""
+    make_sim_adapter(root / "adapters" / "a")
+    (root / "models" / "chat").mkdir(parents=True, exist_ok=True)
+    profile = sim_profile(1, *FAST_SIM, "--lora-load-time", str(LOAD_TIME), max_adapters=2)
+    return catalog_yaml(
+        {"chat": model(str(root / "models" / "chat"), adapters={"a": str(root / "adapters" / "a")})},
+        one=profile,
+    )
+
+
+def heard_again(local: LocalCluster) -> None:
+    """Wait until the agent, its shard adopted by the server now leading, synced with it again more than
+    a second later: it has heard that server's answers (and acted on them)."""
+    adopted = time.monotonic()
+
+    def answered() -> bool:
+        [node] = local.client.request("GET", "/v1/admin/nodes", NodeList).nodes
+        return node.last_sync_ago < time.monotonic() - adopted - 1.0
+
+    local.wait(answered, "the agent to sync with the new leader again", 30)
+
+
 def test_an_adapter_stays_loaded_and_routed_across_a_failover(tmp_path: Path, pg_url: str):
     """Loaded through a gateway on the standby; kill -9 the leader; the standby leads: `a` is served from
     the same engine with no second load and no unload, and no request failed."""
-    make_sim_adapter(tmp_path / "adapters" / "a")
-    (tmp_path / "models" / "chat").mkdir(parents=True)
-    profile = sim_profile(1, *FAST_SIM, "--lora-load-time", str(LOAD_TIME), max_adapters=2)
-    text = catalog_yaml(
-        {"chat": model(str(tmp_path / "models" / "chat"), adapters={"a": str(tmp_path / "adapters" / "a")})},
-        one=profile,
-    )
+    text = catalog(tmp_path)
     port_a, port_b = free_port(), free_port()
     local = LocalCluster(tmp_path / "cluster", server_port=port_a, lost_after=4, poll_timeout=1, store=pg_url)
     url_a, url_b = f"https://127.0.0.1:{port_a}", f"https://127.0.0.1:{port_b}"
@@ -128,14 +146,7 @@ def test_an_adapter_stays_loaded_and_routed_across_a_failover(tmp_path: Path, pg
         local.stop(local.server, signal.SIGKILL)
         local.wait(lambda: events(local, "leader", url_b), "server B to lead", 30)
         local.wait(local.all_adopted, "the agent to report its shard to server B", 60)
-        # the agent heard server B's answers: it synced again more than a second after its shard's adoption
-        adopted = time.monotonic()
-
-        def answered() -> bool:
-            [node] = local.client.request("GET", "/v1/admin/nodes", NodeList).nodes
-            return node.last_sync_ago < time.monotonic() - adopted - 1.0
-
-        local.wait(answered, "the agent to sync with server B again", 30)
+        heard_again(local)
         assert loaded_on(local) == (replica.id,), "server B routes `a` where it was loaded"
         after, took = ask(local.gateway_url, "a")
         assert after.status_code == 200, after.text
@@ -148,3 +159,25 @@ def test_an_adapter_stays_loaded_and_routed_across_a_failover(tmp_path: Path, pg
         assert (now.attempt, now.shards[0].pid) == (replica.attempt, replica.shards[0].pid), "no restart"
     finally:
         local.stop_all()
+
+
+def test_an_adapter_stays_loaded_across_a_restart_of_a_sqlite_server(tmp_path: Path):
+    """kill -9 of the one server (sqlite) and a new one on its state: `a` is served at once from the same
+    engine, with no second load and no unload."""
+    with routed_cluster(tmp_path, catalog(tmp_path), gateway=["--hold-timeout", str(HOLD)], nodes=1) as local:
+        [replica] = local.replicas().replicas
+        first, took = ask(local.gateway_url, "a")
+        assert first.status_code == 200 and took >= LOAD_TIME, (first.text, took)
+        before = sim_counts(local)
+        assert before == {"loads": 1, "unloads": 0, "loaded": 1}, before
+
+        local.stop(local.server, signal.SIGKILL)
+        local.start_server()
+        local.wait(local.all_adopted, "the agent to report its shard to the new server", 60)
+        heard_again(local)
+        assert loaded_on(local) == (replica.id,)
+        after, took = ask(local.gateway_url, "a")
+        assert after.status_code == 200, after.text
+        assert took < LOAD_TIME, f"`a` was loaded again after the restart ({took:.2f} s)"
+        assert sim_counts(local) == before, "the engine neither unloaded nor loaded `a` again"
+        assert events(local, "adapter_unloaded") == []

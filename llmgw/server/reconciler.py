@@ -130,8 +130,10 @@ def finish(
 
 
 def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: float) -> frozenset[str]:
-    """Apply the adapter controller's ``intents``: the book changes, events are recorded, the routes
-    revision moves when what the feed says of adapters changed. Called by :func:`finish` every pass.
+    """Apply the adapter controller's ``intents``: the book changes, events are recorded, the replicas
+    whose adapters changed are marked for the store (their rows hold them: a standby routes them, a new
+    leader keeps them), the routes revision moves when what the feed says of adapters changed. Called by
+    :func:`finish` every pass.
 
     :returns: the nodes whose agents should hear at once (a replica's rank 0 has adapters to load or unload).
     """

@@ -150,3 +150,26 @@ async def test_stored_adapters_that_do_not_read_are_skipped_with_a_warning(open_
         store.close()
     assert cluster.adapters.desired == {} and cluster.adapters.routed == {}
     assert "stored adapters not read" in caplog.text
+
+
+async def test_adoption_keeps_adapters_of_the_replicas_model_within_its_slots(open_test_store):
+    """An agent reporting more than its replica's slots, and an adapter the catalog does not have: the
+    loaded ones of the model are adopted first, up to `max_adapters` (2); the rest is unloaded."""
+    fleet = loaded_fleet()
+    fleet.cluster = await stored(fleet, open_test_store, forget_adapters=True)
+    replica = "chat-0"
+    attempt = fleet.cluster.replicas[replica].attempt
+    fleet.reported = {
+        replica: {
+            name: ObservedAdapter(replica, attempt, name, state)
+            for name, state in (
+                ("zzz", AdapterState.LOADED),
+                ("b", AdapterState.LOADING),
+                ("d", AdapterState.LOADED),
+                ("e", AdapterState.LOADED),
+            )
+        }
+    }
+    agents_report(fleet)
+    assert fleet.desired() == {replica: {"d", "e"}}
+    assert fleet.loaded() == {"d": (replica,), "e": (replica,)}

@@ -130,8 +130,10 @@ def finish(
 
 
 def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: float) -> frozenset[str]:
-    """Apply the adapter controller's ``intents``: the book changes, events are recorded, the routes
-    revision moves when what the feed says of adapters changed. Called by :func:`finish` every pass.
+    """Apply the adapter controller's ``intents``: the book changes, events are recorded, the replicas
+    whose adapters changed are marked for the store (their rows hold them: a standby routes them, a new
+    leader keeps them), the routes revision moves when what the feed says of adapters changed. Called by
+    :func:`finish` every pass.
 
     :returns: the nodes whose agents should hear at once (a replica's rank 0 has adapters to load or unload).
     """
@@ -145,9 +147,20 @@ def apply_adapters(state: ClusterState, intents: list[adapters.Intent], now: flo
             nodes.add(record.placement.rank0.node_id)
 
     for intent in intents:
+        if not isinstance(intent, adapters.Satisfied) and intent.replica in state.replicas:
+            # what a replica should keep and has loaded is stored with its row (persist/adapters.py)
+            state.dirty_replicas.add(intent.replica)
         if isinstance(intent, adapters.Forget):
             routes = routes or bool(book.routed.get(intent.replica))
             book.forget(intent.replica)
+        elif isinstance(intent, adapters.Adopt):
+            book.adopt(intent.replica, intent.attempt, intent.adapters, intent.loaded)
+            if intent.adapters:
+                routes = routes or bool(intent.loaded)
+                rank0(intent.replica)
+            for name in sorted(intent.adapters):  # a new leader keeps what its agent holds
+                message = f"kept on replica {intent.replica}: its agent holds it (adopted)"
+                state.record_event(now, EventKind.ADAPTER_LOADED, f"{intent.model}/{name}", message)
         elif isinstance(intent, adapters.Ended):
             seen = intent.observed
             if not book.ended(intent.replica, seen, intent.model, now):

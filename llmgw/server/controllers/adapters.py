@@ -6,6 +6,10 @@ reconciler applies:
 
 - :class:`Forget` a replica that is no longer ready or runs a new attempt (a restarted engine holds no
   adapter: it loads them again on demand);
+- :class:`Adopt` what the agent of a ready replica reports loaded (or loading) at its current attempt
+  when this server did not ask for it: a new leader (failover, or a restart) adopts it, as it adopts running
+  shards, once the replica's rank-0 node has synced with it (only then: afterwards an adapter reported and
+  not desired is one being unloaded); never more than the replica's slots, and only adapters of its model;
 - :class:`Ended` a load its agent reports loaded or failed (counted once; a failure leaves the desired set,
   and the gateways answer the requests held for it with its cause);
 - :class:`Routed` a replica whose loaded adapters differ from what the routes feed says. A replica whose
@@ -41,7 +45,7 @@ from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import ReplicaRecord, ReplicaState
 from llmgw.wire import AdapterState, ObservedAdapter
 
-__all__ = ["Forget", "Ended", "Routed", "Load", "Satisfied", "Intent", "loaded_at_start", "step"]
+__all__ = ["Forget", "Adopt", "Ended", "Routed", "Load", "Satisfied", "Intent", "loaded_at_start", "step"]
 
 
 @attrs.frozen
@@ -49,6 +53,18 @@ class Forget:
     """``replica`` holds nothing any more (not ready, or a new attempt)."""
 
     replica: str
+
+
+@attrs.frozen
+class Adopt:
+    """Keep on ``replica`` (at ``attempt``) the ``adapters`` (name -> source) its agent holds unasked;
+    ``loaded`` of them are loaded (the others loading). Empty: nothing to adopt, its adoption is over."""
+
+    replica: str
+    attempt: int
+    model: str
+    adapters: dict[str, str]
+    loaded: frozenset[str]
 
 
 @attrs.frozen
@@ -93,7 +109,7 @@ class Satisfied:
     adapter: str
 
 
-Intent = Forget | Ended | Routed | Load | Satisfied
+Intent = Forget | Adopt | Ended | Routed | Load | Satisfied
 
 #: decayed requests of a model's adapters (:meth:`~llmgw.server.state.adapters.AdapterUse.score`) below
 #: which no adapter gets a second copy (too few to tell a hot one)
@@ -129,6 +145,14 @@ def step(state: ClusterState, now: float) -> list[Intent]:
             continue
         held = book.desired.get(replica)
         desired[replica] = dict(held[1]) if held is not None and replica not in forgotten else {}
+        if replica in book.adopting and replica not in forgotten:
+            # until its node synced, what the store holds stands (routed as it was); once adopted, its
+            # loads are counted and routed when applied: the next pass goes on from there
+            adopt = _adopt(state, record, desired[replica])
+            if adopt is not None:
+                intents.append(adopt)
+                desired[replica].update(adopt.adapters)
+            continue
         observed = {
             name: seen
             for name, seen in book.observed.get(replica, {}).items()
@@ -154,6 +178,31 @@ def step(state: ClusterState, now: float) -> list[Intent]:
             intents.append(Routed(replica, record.placement.model, loaded, loaded - before, before - loaded))
     intents.extend(_loads(state, ready, desired, now))
     return intents
+
+
+def _adopt(state: ClusterState, record: ReplicaRecord, desired: dict[str, str]) -> Adopt | None:
+    """The :class:`Adopt` of what ``record``'s agent reports holding beyond ``desired`` (loaded ones first,
+    within its slots), once its rank-0 node has synced with this server; None before."""
+    node = state.nodes.get(record.placement.rank0.node_id)
+    if node is None or not node.reported:
+        return None
+    launch = state.launch_of(record)
+    catalog_model = state.catalog.models.get(record.placement.model)
+    known = catalog_model.adapters if catalog_model is not None else {}
+    slots = launch.profile.max_adapters if launch is not None else 0
+    reported = [
+        seen
+        for seen in state.adapters.observed.get(record.id, {}).values()
+        if seen.attempt == record.attempt
+        and seen.state in (AdapterState.LOADED, AdapterState.LOADING)
+        and seen.name in known
+        and seen.name not in desired
+    ]
+    reported.sort(key=lambda seen: (seen.state != AdapterState.LOADED, seen.name))
+    kept = reported[: max(0, slots - len(desired))]
+    adapters = {seen.name: known[seen.name] for seen in kept}
+    loaded = frozenset(seen.name for seen in kept if seen.state == AdapterState.LOADED)
+    return Adopt(record.id, record.attempt, record.placement.model, adapters, loaded)
 
 
 def loaded_at_start(state: ClusterState, record: ReplicaRecord) -> dict[str, str] | None:

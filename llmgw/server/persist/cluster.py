@@ -19,6 +19,7 @@ from llmgw.engine import Engine
 from llmgw.errors import CatalogError
 from llmgw.models import NodeFacts
 from llmgw.scheduler import Replica
+from llmgw.server.persist.adapters import adapters_text, restore_adapters
 from llmgw.server.persist.manifests import load_manifests
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState, Event, NodeRecord, ReplicaRecord, Settings
@@ -69,7 +70,8 @@ def load_cluster(
     Nodes get ``now`` as their last sync, so a server that was down does not
     declare every node lost at once: they have ``lost_after`` to come back.
     Observed shards are not stored: agents report them again, and replicas
-    that still run are adopted as they are.
+    that still run are adopted as they are; so are the LoRA adapters stored
+    with them (:mod:`~llmgw.server.persist.adapters`).
 
     :param memo: ``memo(key, make)`` returns ``make()`` or what it returned before for ``key``
         (the stored text and what it is read as): a standby reading the store again parses only what changed.
@@ -123,14 +125,14 @@ def load_cluster(
     cluster.manifests = load_manifests(conn)
     cluster.rollouts.load(Store.get_setting(conn, "paused_rollouts", {}))
     cluster.rollouts.rolling = set(Store.get_setting(conn, "rolling_models", []))
-    for placement, attempt, failures, consecutive, sent, state, reason, launch in conn.execute(
-        "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason, launch "
-        "FROM replicas"
+    for placement, attempt, failures, consecutive, sent, state, reason, launch, adapters in conn.execute(
+        "SELECT placement, attempt, failures, consecutive_failures, sent_revision, state, reason, launch, "
+        "adapters FROM replicas"
     ):
         replica = _read(memo, Replica, placement)
         # rows stored before launches were recorded run what the catalog in force asks
         started = _read(memo, Launch, launch) if launch else Launch.of(cluster.catalog, replica.model)
-        cluster.replicas[replica.id] = ReplicaRecord(
+        record = cluster.replicas[replica.id] = ReplicaRecord(
             placement=replica,
             attempt=attempt,
             failures=failures,
@@ -143,6 +145,7 @@ def load_cluster(
             not_before=now,
             launch=started,
         )
+        restore_adapters(cluster.adapters, record, adapters)
     return cluster
 
 
@@ -186,7 +189,9 @@ def take_changes(cluster: ClusterState, now: float) -> Changes:
     if cluster.dirty_catalog:
         catalog = (cluster.catalog_revision, cluster.catalog_text, cluster.catalog_author)
     nodes, gone_nodes = _rows(cluster.dirty_nodes, cluster.nodes, _node_row)
-    replicas, gone_replicas = _rows(cluster.dirty_replicas, cluster.replicas, lambda r: _replica_row(r, now))
+    replicas, gone_replicas = _rows(
+        cluster.dirty_replicas, cluster.replicas, lambda r: _replica_row(r, now, cluster)
+    )
     settings: dict[str, object] = {
         "revision": cluster.revision,
         "next_attempt": cluster.next_attempt,
@@ -244,8 +249,8 @@ def _node_row(node: NodeRecord) -> tuple[object, ...]:
     )
 
 
-def _replica_row(record: ReplicaRecord, now: float) -> tuple[object, ...]:
-    """``record`` as a row of ``_REPLICA_COLUMNS``, changed at ``now``."""
+def _replica_row(record: ReplicaRecord, now: float, cluster: ClusterState) -> tuple[object, ...]:
+    """``record`` as a row of ``_REPLICA_COLUMNS``, changed at ``now`` (its adapters from ``cluster``)."""
     return (
         record.id,
         record.placement.model,
@@ -258,6 +263,7 @@ def _replica_row(record: ReplicaRecord, now: float) -> tuple[object, ...]:
         record.reason,
         now,
         json.dumps(to_json(record.launch)) if record.launch is not None else None,
+        adapters_text(cluster.adapters, record),
     )
 
 
@@ -303,7 +309,7 @@ _NODE_COLUMNS = (
 )  # fmt: skip
 _REPLICA_COLUMNS = (
     "replica_id", "model", "placement", "attempt", "failures", "consecutive_failures",
-    "sent_revision", "state", "reason", "changed_at", "launch",
+    "sent_revision", "state", "reason", "changed_at", "launch", "adapters",
 )  # fmt: skip
 
 

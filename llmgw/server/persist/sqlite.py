@@ -157,6 +157,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (key_name, day, model)
     );
     """,
+    # The LoRA adapters of each replica's current attempt (JSON, persist/adapters.py): the adapters the
+    # leader asked it to keep and those the routes feed says it has loaded. A standby routes them; a new
+    # leader keeps them (its agents unload nothing). NULL: none, as every row stored before.
+    """
+    ALTER TABLE replicas ADD COLUMN adapters TEXT;
+    """,
 )
 
 

@@ -1,8 +1,11 @@
 """The adapters' book: which LoRA adapters each replica should keep loaded, what agents report of them, and
 what gateways saw of their use.
 
-Kept in memory only, as the autoscaler's book is: after a server restart (or a new leader) every replica's
-set starts empty, agents report what their engines hold, and held requests ask again. The edges record
+The use counts and wants are kept in memory only, as the autoscaler's book is. What each replica should
+keep and has loaded is stored with its row (:mod:`llmgw.server.persist.adapters`): a standby routes it, and
+a new leader (failover, or a restart) starts from it (:meth:`AdapterBook.restore`) and adopts what agents
+report loaded for the replica attempts it knows (:meth:`AdapterBook.adopt`), so no agent unloads anything
+on a leader change. The edges record
 into it (:meth:`AdapterBook.observe` from syncs, :meth:`AdapterBook.note_activity` from gateway reports);
 the adapter controller (:mod:`llmgw.server.controllers.adapters`) decides on it and the reconciler applies
 its intents through the verbs here.
@@ -74,6 +77,9 @@ class AdapterBook:
         self.finished: list[tuple[str, ObservedAdapter]] = []
         #: (replica id, adapter) -> when its last load on that replica ended (see :data:`RESIDENCY`)
         self.loaded_at: dict[tuple[str, str], float] = {}
+        #: ready replicas as this server loaded them from the store, whose agent's report of the adapters
+        #: they hold is not yet adopted (the controller adopts it once their rank 0's node has synced)
+        self.adopting: set[str] = set()
 
     def use(self, model: str, adapter: str) -> AdapterUse:
         """The use record of ``(model, adapter)``, made on first need."""
@@ -157,6 +163,7 @@ class AdapterBook:
 
     def forget(self, replica: str) -> None:
         """``replica`` is no longer ready, or runs a new attempt: it holds nothing."""
+        self.adopting.discard(replica)
         self.desired.pop(replica, None)
         self.routed.pop(replica, None)
         self.observed.pop(replica, None)
@@ -192,6 +199,29 @@ class AdapterBook:
             self.routed[replica] = loaded
         else:
             self.routed.pop(replica, None)
+
+    def restore(self, replica: str, attempt: int, desired: dict[str, str], loaded: frozenset[str]) -> None:
+        """Put back what the store holds of ``replica`` at ``attempt`` (as the server loads it): its desired
+        adapters (name -> source) and those routed as loaded, whose loads are counted already."""
+        if desired:
+            self.desired[replica] = (attempt, dict(desired))
+        if loaded:
+            self.routed[replica] = loaded
+        self.counted |= {(replica, attempt, name) for name in loaded}
+
+    def adopt(self, replica: str, attempt: int, adapters: dict[str, str], loaded: frozenset[str]) -> None:
+        """Keep on ``replica`` at ``attempt`` the ``adapters`` (name -> source) its agent reports holding
+        though this server never asked (a new leader); ``loaded`` of them are routed, their loads counted
+        already. Its adoption is over."""
+        self.adopting.discard(replica)
+        if adapters:
+            held = self.desired.get(replica)
+            if held is None or held[0] != attempt:
+                held = self.desired[replica] = (attempt, {})
+            held[1].update(adapters)
+        if loaded:
+            self.routed[replica] = self.routed.get(replica, frozenset()) | loaded
+        self.counted |= {(replica, attempt, name) for name in loaded}
 
     def expire_wants(self, now: float) -> None:
         """Drop the wants older than :data:`WANT_EXPIRES` (no replica came to load them)."""

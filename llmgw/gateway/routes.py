@@ -108,12 +108,14 @@ class RoutesWatcher:
             wait = True
 
     def poll_limit(self) -> float:
-        """Seconds the next long-poll may take before its server counts as hung: twice the longest
-        long-poll answered unchanged so far (the server's poll timeout, 5 s by default) plus 2 s, so a
-        paused server is left in about 12 s; never more than :attr:`request_timeout`."""
-        if self._longest_wait is None:
+        """Seconds the next long-poll may take before its server counts as hung: twice the server's poll
+        timeout (5 s by default; the table says it, else the longest long-poll answered unchanged so far)
+        plus 2 s, so a paused server is left in about 12 s; never more than :attr:`request_timeout`.
+        The leader keeps a replica that left the routes running about that long for such a gateway."""
+        waits = [w for w in (self._longest_wait, self.table and self.table.poll_timeout) if w]
+        if not waits:
             return self.request_timeout
-        return min(self.request_timeout, 2 * self._longest_wait + 2.0)
+        return min(self.request_timeout, 2 * max(waits) + 2.0)
 
     async def _poll(self, wait: bool) -> RouteTable:
         revision = self.table.revision if self.table is not None else 0

@@ -104,8 +104,8 @@ def finish(
         state.routes_generation += 1
     order, events = state.stopping, state.event_log
     generation, bound = state.routes_generation, state.settings.linger_max
-    retired = stopping.linger(shards_before, ready_before, state.replicas, generation, now, bound)
-    for attempt, record in retired.items():
+    lingering = stopping.linger(shards_before, ready_before, order.take_retired(), generation, now, bound)
+    for attempt, record in lingering.items():
         order.linger(attempt, record)
     for attempt, why in stopping.let_go(order, state.gateways, state.nodes, now):
         order.let_go(attempt, why, now, events)

@@ -75,6 +75,9 @@ class RouteTable:
     #: with the replicas, so a standby's table has the generation of the state it was read from. A
     #: gateway says which it holds (:class:`~llmgw.wire.RoutesHeld`); 0 from a server that numbers none
     generation: int = 0
+    #: seconds the answering server holds a long-poll with no change: past twice that and 2 s the
+    #: gateway takes the server for silent and moves on (None: it learns the wait from unchanged answers)
+    poll_timeout: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if not set(self.routes) <= set(self.models):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 from test_cluster import Harness  # the reconciler's step-by-step harness
 
 from llmgw.models import Catalog
-from llmgw.server.reconciler import reconcile
+from llmgw.server.reconciler import finish, reconcile
 from llmgw.server.state.gateways import GATEWAY_TTL
+from llmgw.server.state.records import ReplicaState
 from llmgw.server.views import cluster as views
 
 
@@ -127,3 +129,18 @@ def test_a_lingering_two_node_replica_then_stops_rank_0_first():
         if s.replica_id == "big-0"
     ]
     assert shards == [(1, True)]
+
+
+def test_a_retired_replica_lingers_even_when_its_id_is_given_to_a_new_replica_at_once():
+    """A drain's second move may take the id of the first move's original in the same pass: the original
+    (its attempt) lingers all the same."""
+    h = running_small()
+    record = h.cluster.replicas["small-0"]
+    h.cluster.gateways.note("gw-a/1", views.route_table(h.cluster).generation, h.now)
+    before = (views.desired(h.cluster), h.cluster.ready_ids())
+    h.cluster.remove("small-0", h.now, "removed")
+    reused = attrs.evolve(record, attempt=h.cluster.new_attempt(), state=ReplicaState.STARTING)
+    h.cluster.replicas["small-0"] = reused  # the id, given to a new replica
+    finish(h.cluster, h.now, before)
+    assert f"small-0/{record.attempt}" in h.cluster.stopping.lingering
+    assert any(s.attempt == record.attempt for s in views.desired_for(h.cluster, "node-1"))

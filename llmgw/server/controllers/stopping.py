@@ -59,24 +59,26 @@ STOP_MARGIN = 10.0
 def linger(
     before: Mapping[str, tuple[DesiredShard, ...]],
     ready_before: frozenset[str],
-    replicas: Mapping[str, ReplicaRecord],
+    retired: set[str],
     generation: int,
     now: float,
     bound: float,
 ) -> dict[str, Lingering]:
-    """The attempts to keep running that ``before`` ran, were ready, and left the replicas in this pass.
+    """The attempts to keep running that ``before`` ran, were ready, and were retired or removed.
 
     Called by the reconciler after the controllers decided, with ``before`` the desired shards and
-    ``ready_before`` the ready replicas it started from, ``generation`` the routes generation
-    without them, and ``bound`` the longest they may linger (``Settings.linger_max``).
+    ``ready_before`` the ready replicas it started from, ``retired`` the ``replica/attempt`` the
+    state's verbs retired or removed since, ``generation`` the routes generation without them, and
+    ``bound`` the longest they may linger (``Settings.linger_max``).
 
     :returns: ``replica/attempt`` -> every shard of it, to linger until ``now + bound`` at the most.
     """
     by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
     for node_id, shards in before.items():
         for shard in shards:
-            if shard.replica_id in ready_before and shard.replica_id not in replicas:
-                by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
+            attempt = f"{shard.replica_id}/{shard.attempt}"
+            if attempt in retired and shard.replica_id in ready_before:
+                by_attempt.setdefault(attempt, []).append((node_id, shard))
     return {a: Lingering(tuple(s), generation, now, now + bound) for a, s in by_attempt.items()}
 
 

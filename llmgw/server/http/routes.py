@@ -71,7 +71,8 @@ class RoutesEndpoints:
         if request.query.get("wait") == "1":
             await self.reconciler.wait_routes(known, self.poll_timeout)
         keys, limits = active_keys(self.keys)
-        return answer(views.route_table(self.cluster, keys, limits, self.engines))
+        table = views.route_table(self.cluster, keys, limits, self.engines)
+        return answer(attrs.evolve(table, poll_timeout=self.poll_timeout))
 
     async def _gateway_allowances(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
         """A gateway process's demand per limited key and its keys' usage: what the fleet's buckets lend

@@ -391,7 +391,7 @@ class ClusterState:
 
     def retire(self, original: str, replacement: ReplicaRecord, now: float, message: str) -> None:
         """``replacement`` is ready: stop the replica it replaces (a drain's move, a rollout's surge)."""
-        del self.replicas[original]
+        self.stopping.left(original, self.replicas.pop(original).attempt)
         self.autoscale.loads.pop(original, None)
         self.dirty_replicas.add(original)
         replacement.placement = attrs.evolve(replacement.placement, replaces=None)
@@ -401,7 +401,7 @@ class ClusterState:
 
     def remove(self, replica_id: str, now: float, message: str | None) -> None:
         """Stop ``replica_id`` for good (a scale-down, a model removed, a paused rollout's replacement)."""
-        del self.replicas[replica_id]
+        self.stopping.left(replica_id, self.replicas.pop(replica_id).attempt)
         self.autoscale.loads.pop(replica_id, None)
         self.dirty_replicas.add(replica_id)
         if message is not None:

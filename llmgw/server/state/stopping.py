@@ -62,6 +62,9 @@ class StopOrder:
         self.held: dict[str, HeldWorkers] = {}
         #: ``replica/attempt`` -> the retired attempt kept running until the gateways let go
         self.lingering: dict[str, Lingering] = {}
+        #: ``replica/attempt`` of the replicas retired or removed since the reconciler last looked (their
+        #: ids may be given to new replicas at once: a drain's second move takes the first one's id)
+        self.retired: set[str] = set()
 
     def shards(self) -> Iterable[tuple[str, DesiredShard]]:
         """(node id, shard) of every lingering shard and held worker, for the desired state."""
@@ -69,6 +72,15 @@ class StopOrder:
             yield from lingering.shards
         for held in self.held.values():
             yield from held.workers
+
+    def left(self, replica_id: str, attempt: int) -> None:
+        """Note that ``replica_id`` running ``attempt`` was retired or removed (the state's verbs call it)."""
+        self.retired.add(f"{replica_id}/{attempt}")
+
+    def take_retired(self) -> set[str]:
+        """The attempts retired or removed since the last call (the reconciler, once a pass)."""
+        retired, self.retired = self.retired, set()
+        return retired
 
     def linger(self, attempt: str, lingering: Lingering) -> None:
         """Keep ``attempt`` (``replica/attempt``) running while gateways may still send it requests."""

@@ -26,7 +26,7 @@ verbs, which the reconciler calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -42,10 +42,10 @@ __all__ = ["NOTABLE_WAIT", "STOP_MARGIN", "hold", "let_go", "linger", "linger_bo
 
 def linger_bound(poll_timeout: float) -> float:
     """Seconds a retired replica lingers at most for gateways that still route to it, for a server whose
-    long-polls wait ``poll_timeout``: a gateway leaves a silent server after twice the longest wait it
-    saw plus 2 s (:meth:`llmgw.gateway.routes.RoutesWatcher.poll_limit`), then reports the new routes
-    within its report interval (2 s); one second more of margin. 15 s for the default 5 s.
-    Called when the server's settings are built (``Settings.linger_max``)."""
+    long-polls wait ``poll_timeout``: a gateway leaves a silent server after twice that wait (its
+    routes table says it) plus 2 s (:meth:`llmgw.gateway.routes.RoutesWatcher.poll_limit`), then
+    reports the new routes within its report interval (2 s); one second more of margin. 15 s for the
+    default 5 s. Called when the server's settings are built (``Settings.linger_max``)."""
     return 2 * poll_timeout + 2.0 + 2.0 + 1.0
 
 #: a linger at least this long is an event (gateways answer in milliseconds when all is well)
@@ -73,12 +73,9 @@ def linger(
 
     :returns: ``replica/attempt`` -> every shard of it, to linger until ``now + bound`` at the most.
     """
-    by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
-    for node_id, shards in before.items():
-        for shard in shards:
-            attempt = f"{shard.replica_id}/{shard.attempt}"
-            if attempt in retired and shard.replica_id in ready_before:
-                by_attempt.setdefault(attempt, []).append((node_id, shard))
+    by_attempt = _by_attempt(
+        before, lambda s: f"{s.replica_id}/{s.attempt}" in retired and s.replica_id in ready_before
+    )
     return {a: Lingering(tuple(s), generation, now, now + bound) for a, s in by_attempt.items()}
 
 
@@ -124,11 +121,9 @@ def hold(
 
     :returns: ``replica/attempt`` -> its workers to hold (those not held already in ``stopping``).
     """
-    by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
-    for node_id, shards in before.items():
-        for shard in shards:
-            if shard.spec.nnodes > 1 and not shard.stop_after_rank0 and _retired(shard, replicas):
-                by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
+    by_attempt = _by_attempt(
+        before, lambda s: s.spec.nnodes > 1 and not s.stop_after_rank0 and _retired(s, replicas)
+    )
     out = {}
     for attempt, shards in by_attempt.items():
         rank0 = next(((n, s) for n, s in shards if s.rank == 0), None)
@@ -153,6 +148,18 @@ def release(stopping: StopOrder, nodes: Mapping[str, NodeRecord], now: float) ->
         if why is not None:
             released.append((attempt, why))
     return released
+
+
+def _by_attempt(
+    before: Mapping[str, tuple[DesiredShard, ...]], keep: Callable[[DesiredShard], bool]
+) -> dict[str, list[tuple[str, DesiredShard]]]:
+    """``replica/attempt`` -> (node id, shard) of every shard in ``before`` that ``keep`` keeps."""
+    by_attempt: dict[str, list[tuple[str, DesiredShard]]] = {}
+    for node_id, shards in before.items():
+        for shard in shards:
+            if keep(shard):
+                by_attempt.setdefault(f"{shard.replica_id}/{shard.attempt}", []).append((node_id, shard))
+    return by_attempt
 
 
 def _retired(shard: DesiredShard, replicas: Mapping[str, ReplicaRecord]) -> bool:

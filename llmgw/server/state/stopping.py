@@ -91,8 +91,7 @@ class StopOrder:
         ``why`` (None: it waited for nothing worth an event)."""
         del self.lingering[attempt]
         if why is not None:
-            replica_id, _, number = attempt.rpartition("/")
-            events.record(Event(now, EventKind.REPLICA, replica_id, f"attempt {number}: {why}; stopping it"))
+            _record(events, now, attempt, f"{why}; stopping it")
 
     def hold(self, attempt: str, held: HeldWorkers) -> None:
         """Keep the workers of ``attempt`` running until its rank 0 is gone."""
@@ -101,6 +100,10 @@ class StopOrder:
     def release(self, attempt: str, why: str, now: float, events: EventLog) -> None:
         """Stop the held workers of ``attempt``: its rank 0 is gone (``why``)."""
         del self.held[attempt]
-        replica_id, _, number = attempt.rpartition("/")
-        message = f"attempt {number}: {why}; stopping its workers"
-        events.record(Event(now, EventKind.REPLICA, replica_id, message))
+        _record(events, now, attempt, f"{why}; stopping its workers")
+
+
+def _record(events: EventLog, now: float, attempt: str, what: str) -> None:
+    """An event on the replica of ``attempt`` (``replica/attempt``): ``attempt N: what``."""
+    replica_id, _, number = attempt.rpartition("/")
+    events.record(Event(now, EventKind.REPLICA, replica_id, f"attempt {number}: {what}"))

@@ -31,36 +31,26 @@ from cattrs.v import format_exception
 
 from llmgw.errors import LlmgwError
 from llmgw.models import LaunchSpec, NodeFacts, Sidecar, bounded
-from llmgw.wire._adapters import (
-    AdapterActivity,
-    AdapterCause,
-    AdapterFailure,
-    AdapterList,
-    AdapterRoutes,
-    AdapterState,
-    AdapterStatus,
-    DesiredAdapters,
-    ObservedAdapter,
+
+# the records of each group of documents, re-exported: each module's ``__all__`` is the one list of its names
+from llmgw.wire import (
+    _adapters,
+    _allowances,
+    _autoscale,
+    _catalog,
+    _gateway,
+    _keys,
+    _load,
+    _rollout,
+    _routes,
+    _weights,
 )
-from llmgw.wire._allowances import (
-    AllowanceReply,
-    AllowanceRequest,
-    KeyAllowance,
-    KeyDemand,
-    SpentKey,
-    UsageReport,
-)
-from llmgw.wire._autoscale import AutoscaleList, AutoscaleSignal, AutoscaleStatus
-from llmgw.wire._catalog import (
-    ApplyCatalog,
-    CatalogApplied,
-    CatalogChange,
-    CatalogDiff,
-    CatalogHistory,
-    CatalogRevision,
-    CatalogText,
-)
-from llmgw.wire._gateway import GatewayActivity, ModelActivity, RoutesHeld, SuspectRecorded, SuspectReport
+from llmgw.wire._adapters import *  # noqa: F403
+from llmgw.wire._adapters import AdapterCause, AdapterState, DesiredAdapters, ObservedAdapter
+from llmgw.wire._allowances import *  # noqa: F403
+from llmgw.wire._autoscale import *  # noqa: F403
+from llmgw.wire._catalog import *  # noqa: F403
+from llmgw.wire._gateway import *  # noqa: F403
 from llmgw.wire._hooks import (
     capped,
     register_catalog_records,
@@ -68,55 +58,26 @@ from llmgw.wire._hooks import (
     register_strict_scalars,
     shown,
 )
-from llmgw.wire._keys import (
-    LIMIT_FIELDS,
-    MAX_LIMIT,
-    ApiKey,
-    BudgetPeriod,
-    CreatedKey,
-    CreateKey,
-    KeyLimits,
-    KeyList,
-    KeyUsage,
-    ModelUsage,
-    Priority,
-    RevokedKey,
-    UpdateKey,
-    UsageList,
-    structure_choice,
-)
+from llmgw.wire._keys import *  # noqa: F403
+from llmgw.wire._keys import BudgetPeriod, Priority, structure_choice
+from llmgw.wire._load import *  # noqa: F403
 from llmgw.wire._load import ShardLoad
-from llmgw.wire._rollout import RolloutList, RolloutStatus, RolloutUndone
-from llmgw.wire._routes import Route, RouteTable
-from llmgw.wire._weights import (
-    CopyProgress,
-    HubClaim,
-    HubLease,
-    ModelList,
-    ModelStatus,
-    PeerHolder,
-    StagingProgress,
-    WeightsEvent,
-    WeightsInfo,
-)
+from llmgw.wire._rollout import *  # noqa: F403
+from llmgw.wire._rollout import RolloutStatus
+from llmgw.wire._routes import *  # noqa: F403
+from llmgw.wire._weights import *  # noqa: F403
+from llmgw.wire._weights import StagingProgress
 from llmgw.wire.causes import FailureCause, structure_cause
 
 __all__ = [  # noqa: RUF022 - grouped by document, not sorted
     "SHARD_STATES", "PREVIOUS_AGENT_EXIT", "ObservedShard", "DesiredShard", "SyncRequest", "SyncReply",
-    "Route", "RouteTable", "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus",
-    "UnplacedStatus", "ReplicaList", "CatalogText", "ApplyCatalog", "CatalogApplied", "CatalogChange",
-    "CatalogDiff", "CatalogRevision", "CatalogHistory", "RolloutStatus", "RolloutList", "RolloutUndone",
-    "EventEntry", "EventList", "EngineInfo", "EngineList", "ApiKey", "KeyList", "CreateKey", "CreatedKey",
-    "RevokedKey", "UpdateKey", "KeyLimits", "Priority", "LIMIT_FIELDS", "MAX_LIMIT", "SuspectReport",
-    "SuspectRecorded", "AllowanceRequest", "KeyDemand", "AllowanceReply", "KeyAllowance", "ErrorDetail",
-    "ErrorReply", "WireError", "converter",
+    "NodeStatus", "NodeList", "DrainStatus", "ShardStatus", "ReplicaStatus", "UnplacedStatus", "ReplicaList",
+    "EventEntry", "EventList", "EngineInfo", "EngineList", "ErrorDetail", "ErrorReply", "WireError",
+    "converter",
     "register_strict_scalars", "to_json", "from_json", "error_message", "shown", "capped", "shard_key",
-    "SHARD_PORTS", "valid_port_range", "PeerHolder", "WeightsInfo", "WeightsEvent", "HubClaim", "HubLease",
-    "StagingProgress", "CopyProgress", "ModelStatus", "ModelList", "ShardLoad", "AutoscaleSignal",
-    "AutoscaleStatus", "AutoscaleList", "GatewayActivity", "ModelActivity", "BudgetPeriod", "ModelUsage",
-    "KeyUsage", "UsageList", "UsageReport", "SpentKey", "AdapterCause", "AdapterState", "ObservedAdapter",
-    "DesiredAdapters", "AdapterFailure", "AdapterRoutes", "AdapterActivity", "AdapterStatus", "AdapterList",
-    "RoutesHeld",
+    "SHARD_PORTS", "valid_port_range",
+    *_routes.__all__, *_catalog.__all__, *_rollout.__all__, *_keys.__all__, *_gateway.__all__,
+    *_allowances.__all__, *_weights.__all__, *_load.__all__, *_autoscale.__all__, *_adapters.__all__,
 ]  # fmt: skip
 
 T = TypeVar("T")

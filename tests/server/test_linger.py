@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import attrs
-from test_cluster import Harness  # the reconciler's step-by-step harness
+from test_cluster import ENGINES, Harness  # the reconciler's step-by-step harness
 
 from llmgw.models import Catalog
+from llmgw.server.persist.cluster import flush, load_cluster
 from llmgw.server.reconciler import finish, reconcile
-from llmgw.server.state.gateways import GATEWAY_TTL
+from llmgw.server.state.gateways import GATEWAY_TTL, GatewayBook
 from llmgw.server.state.records import ReplicaState
 from llmgw.server.views import cluster as views
 
@@ -144,3 +145,43 @@ def test_a_retired_replica_lingers_even_when_its_id_is_given_to_a_new_replica_at
     finish(h.cluster, h.now, before)
     assert f"small-0/{record.attempt}" in h.cluster.stopping.lingering
     assert any(s.attempt == record.attempt for s in views.desired_for(h.cluster, "node-1"))
+
+
+def test_a_server_that_just_began_to_lead_waits_for_the_gateways_it_has_not_heard_from():
+    """A new leader has no report yet from the gateways that route by the last leader's tables: a replica
+    retired in its first GATEWAY_TTL seconds lingers until a report says the gateway took the new routes,
+    or until that window ends (then no gateway it does not know can still be alive)."""
+    h = running_small()
+    h.cluster.gateways = GatewayBook(started=h.now)
+    after = remove_small(h)
+    h.now += 1
+    reconcile(h.cluster, h.now)
+    assert runs_small(h), "stopped while a gateway this server never heard from may still route to it"
+    h.cluster.gateways.note("gw-a/1", after, h.now)
+    reconcile(h.cluster, h.now)
+    assert runs_small(h), "another gateway may not have reported yet"
+    h.now += GATEWAY_TTL
+    reconcile(h.cluster, h.now)
+    assert not runs_small(h)
+    assert any("the gateways took routes without it after" in m for m in small_events(h))
+
+
+def test_a_server_long_in_the_lead_with_no_gateway_stops_at_once():
+    """Past its first GATEWAY_TTL seconds, a leader that heard from no gateway stops a retired replica at
+    once: nothing routes to it."""
+    h = running_small()
+    h.cluster.gateways = GatewayBook(started=h.now - GATEWAY_TTL)
+    remove_small(h)
+    assert not runs_small(h)
+
+
+async def test_loaded_state_is_unsure_of_the_gateways(open_test_store):
+    """What a server loads to lead starts a gateway book of its own start: it has heard from no gateway."""
+    h = running_small()
+    store = open_test_store()
+    await store.write(lambda conn: flush(conn, h.cluster, h.now))
+    later = h.now + 60
+    loaded = await store.run(lambda conn: load_cluster(conn, h.cluster.settings, ENGINES, later))
+    store.close()
+    assert loaded.gateways.unsure(later + GATEWAY_TTL - 0.1)
+    assert not loaded.gateways.unsure(later + GATEWAY_TTL)

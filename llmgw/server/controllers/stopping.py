@@ -95,13 +95,16 @@ def let_go(
         waited = now - lingering.since
         if lost:
             out.append((attempt, None))  # the lost node's event says it; nothing runs there to stop
-        elif not behind:
+        elif not behind and not gateways.unsure(now):
             why = f"the gateways took routes without it after {waited:.1f} s"
             out.append((attempt, why if waited >= NOTABLE_WAIT else None))
         elif now >= lingering.deadline:
-            names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
             bound = lingering.deadline - lingering.since
-            out.append((attempt, f"gateway {names} did not take routes without it in {bound:g} s"))
+            if behind:
+                names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
+                out.append((attempt, f"gateway {names} did not take routes without it in {bound:g} s"))
+            else:
+                out.append((attempt, f"stopped after {bound:g} s: this server had just begun to lead"))
     return out
 
 

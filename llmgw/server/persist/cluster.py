@@ -23,6 +23,7 @@ from llmgw.server.persist.adapters import adapters_text, restore_adapters
 from llmgw.server.persist.manifests import load_manifests
 from llmgw.server.persist.sqlite import Store
 from llmgw.server.state.cluster import ClusterState, Event, NodeRecord, ReplicaRecord, Settings
+from llmgw.server.state.gateways import GatewayBook
 from llmgw.server.state.records import EventKind, KeyRecord, Launch
 from llmgw.wire import (
     CatalogHistory,
@@ -85,6 +86,8 @@ def load_cluster(
     cluster.routes_generation = Store.get_setting(conn, "routes_generation", 0)
     # Gateways keep the routes revision they last saw; start past any earlier run's.
     cluster.routes_revision = int(now * 1000)
+    # a server that loads the state has heard from no gateway yet
+    cluster.gateways = GatewayBook(started=now)
     row = conn.execute("SELECT revision, text FROM catalog ORDER BY revision DESC LIMIT 1").fetchone()
     if row is not None:
         source = f"stored catalog revision {row[0]}"

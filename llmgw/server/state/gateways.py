@@ -8,8 +8,10 @@ new requests to replicas the leader has already taken out of the routes. So a
 replica retired while ready keeps running (:mod:`llmgw.server.controllers.stopping`)
 until every process heard from within :data:`GATEWAY_TTL` holds a table without it.
 
-Kept in the leader's memory only: a new leader hears from every live gateway
-within one interval, and waits at most the linger bound for one it has not.
+Kept in the leader's memory only. A new leader has heard from no gateway yet: for
+its first :data:`GATEWAY_TTL` seconds (:meth:`GatewayBook.unsure`) it lets a retired
+replica go only once it expects a report from each gateway that might route to it,
+and at most after the linger bound.
 """
 
 from __future__ import annotations
@@ -33,9 +35,16 @@ class HeldRoutes:
 class GatewayBook:
     """Every gateway process heard from lately, by its ``name/token``."""
 
-    def __init__(self) -> None:
+    def __init__(self, started: float | None = None) -> None:
         #: process -> what it last said
         self.processes: dict[str, HeldRoutes] = {}
+        #: when this server began to hear reports (it began to lead); None: it knows every gateway
+        self.started = started
+
+    def unsure(self, now: float) -> bool:
+        """Whether a gateway alive now may not have reported to this server yet: within
+        :data:`GATEWAY_TTL` of :attr:`started`. Called by the stopping controller while a replica lingers."""
+        return self.started is not None and now - self.started < GATEWAY_TTL
 
     def note(self, process: str, generation: int, now: float) -> None:
         """Keep what ``process`` said (``POST /v1/gateway/routes-held``) and forget processes gone quiet."""

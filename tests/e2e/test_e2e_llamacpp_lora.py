@@ -15,8 +15,6 @@ The binaries come from ``scripts/build-llamacpp``, as for ``tests/e2e/test_e2e_l
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.llamacpp import SERVER, LlamaCppCluster, built_or_skip
 from llmgw.testing.processes import free_port, processes, wait_until
 from llmgw.wire import AdapterList, EventList
 
@@ -32,24 +31,9 @@ pytest.importorskip("gguf", reason="the gguf package is a test dependency (pip i
 from llmgw.testing.gguf import write_tiny_gguf  # noqa: E402 - after the importorskip
 from llmgw.testing.lora import write_tiny_gguf_lora  # noqa: E402
 
-#: the llama-cpp-python sdist version scripts/build-llamacpp pins (llama.cpp 0c1e570, b11312)
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-BIN = Path(
-    os.environ.get("LLMGW_LLAMACPP_BIN") or CACHE / "llmgw" / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "bin"
-)
-SERVER, WORKER = BIN / "llama-server", BIN / "ggml-rpc-server"
-BUILT = SERVER.exists() and WORKER.exists()
-NOT_BUILT = (
-    f"llama.cpp is not built: no {SERVER} and {WORKER}; run scripts/build-llamacpp "
-    "(or set LLMGW_LLAMACPP_BIN)"
-)
-if not BUILT and os.environ.get("LLMGW_REQUIRE_LLAMACPP"):
-    raise RuntimeError(f"LLMGW_REQUIRE_LLAMACPP is set but {NOT_BUILT}")
-
 __all__ = ["processes"]  # the fixture
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not BUILT, reason=NOT_BUILT)]
+pytestmark = [pytest.mark.timeout(300), built_or_skip()]
 
 PROFILE = """
 profiles:
@@ -68,16 +52,6 @@ ADAPTERS = """    adapters:
       sql: seed:///adapters/sql
       chat: {chat}
 """
-
-
-class LlamaCppCluster(LocalCluster):
-    """A LocalCluster whose agents also have llama.cpp installed (llama-server and its RPC worker)."""
-
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        if name.startswith("agent-"):
-            argv = [*argv, "--engine", f"llamacpp:llama-server={SERVER}"]
-            argv += ["--engine", f"llamacpp:rpc-server={WORKER}"]
-        return super()._start(name, argv)
 
 
 def models(cluster: LocalCluster) -> list[str]:

@@ -34,6 +34,7 @@ import httpx
 import yaml
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.chat import chat_body
 from llmgw.testing.processes import free_port
 
 __all__ = ["Answer", "GatewayLoad", "gateway_models", "ready_cluster", "routed_cluster"]
@@ -190,12 +191,7 @@ class GatewayLoad:
             return f"{len(self.failures)} failed, served {served or 'none'}: {self.failures[:5]}"
 
     def _run(self, model: str, stream: bool) -> None:
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": self.max_tokens,
-            "stream": stream,
-        }
+        body = chat_body(model, "hello", self.max_tokens, stream=stream)
         stopped = self._stopped_models[model]
         with httpx.Client(timeout=30) as client:
             while not (self.stop.is_set() or stopped.is_set()):

@@ -13,20 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from llmgw.testing.sse_backend import (
-    DONE,
-    HEALTHY,
-    LAST_CHUNK,
-    STREAM_HEAD,
-    backend_parser,
-    chunk,
-    event,
-    serve_forever,
-)
+from llmgw.testing import sse_backend as sse
 
-_ROLE = event(b'"delta":{"role":"assistant"}', b"c")
-_TOKEN = event(b'"delta":{"content":"t"}', b"c")
-_END = event(b'"delta":{},"finish_reason":"stop"', b"c") + DONE
+_ROLE = sse.event(b'"delta":{"role":"assistant"}', b"c")
+_TOKEN = sse.event(b'"delta":{"content":"t"}', b"c")
+_END = sse.event(b'"delta":{},"finish_reason":"stop"', b"c") + sse.DONE
 #: events per write of a burst
 _PER_WRITE = 512
 
@@ -42,22 +33,22 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     length = int(value)
             body = json.loads(await reader.readexactly(length)) if length else {}
             if not head.startswith(b"POST"):
-                writer.write(HEALTHY)
+                writer.write(sse.HEALTHY)
                 continue
-            writer.write(STREAM_HEAD + chunk(_ROLE))
+            writer.write(sse.STREAM_HEAD + sse.chunk(_ROLE))
             if "burst" in body:
                 left = int(body["burst"])
                 while left > 0:
                     count = min(left, _PER_WRITE)
-                    writer.write(chunk(_TOKEN * count))
+                    writer.write(sse.chunk(_TOKEN * count))
                     left -= count
                     await writer.drain()
             else:
                 for _ in range(int(body["events"])):
                     await writer.drain()
                     await asyncio.sleep(float(body["pace"]))
-                    writer.write(chunk(_TOKEN))
-            writer.write(chunk(_END) + LAST_CHUNK)
+                    writer.write(sse.chunk(_TOKEN))
+            writer.write(sse.chunk(_END) + sse.LAST_CHUNK)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
@@ -66,5 +57,5 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 
 
 if __name__ == "__main__":
-    args = backend_parser(__doc__).parse_args()
-    asyncio.run(serve_forever(asyncio.start_server(_serve, args.host, args.port, backlog=256)))
+    args = sse.backend_parser(__doc__).parse_args()
+    asyncio.run(sse.serve_forever(asyncio.start_server(_serve, args.host, args.port, backlog=256)))

@@ -299,8 +299,7 @@ def run_wrk(
 
 async def run_h11(url: str, concurrency: int, stream: bool, seconds: float, secret: str = SECRET) -> tuple:
     """The in-process fallback load client: (requests, errors, p50 ms, p99 ms, seconds)."""
-    body = json.dumps({**BODY, "stream": stream}).encode()
-    headers = [("content-type", "application/json"), ("authorization", f"Bearer {secret}")]
+    body, headers = _request(secret, stream=stream)
     latencies: list[float] = []
     errors = 0
     async with ConnectionPool(max_idle_per_host=concurrency) as pool:
@@ -319,6 +318,12 @@ async def run_h11(url: str, concurrency: int, stream: bool, seconds: float, secr
 
         elapsed = await _for_seconds(concurrency, seconds, worker)
     return len(latencies), errors, _ms(latencies, 0.5), _ms(latencies, 0.99), elapsed
+
+
+def _request(secret: str, **fields: object) -> tuple[bytes, list[tuple[str, str]]]:
+    """The body (:data:`BODY` with ``fields``) and the headers (with ``secret``) of a client's request."""
+    body = json.dumps({**BODY, **fields}).encode()
+    return body, [("content-type", "application/json"), ("authorization", f"Bearer {secret}")]
 
 
 async def _for_seconds(concurrency: int, seconds: float, worker: Callable[[], Awaitable[None]]) -> float:
@@ -344,8 +349,7 @@ TOKEN_CONCURRENCY = 64
 async def token_client(url: str, concurrency: int, events: int, seconds: float) -> dict:
     """``concurrency`` clients streaming ``events``-token answers from ``url`` for ``seconds``: events per
     second, whole-stream p50/p99 (ms) and the inter-token gap p50/p99/max (ms) each client saw."""
-    body = json.dumps({**BODY, "stream": True, "bench_events": events}).encode()
-    headers = [("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")]  # for --keys
+    body, headers = _request(SECRET, stream=True, bench_events=events)  # the key: for --keys
     wholes: list[float] = []
     gaps: list[float] = []
     firsts: list[float] = []

@@ -1,4 +1,4 @@
-"""The llama.cpp build end-to-end tests run: where ``scripts/build-llamacpp`` put it, and agents that have it.
+"""The llama.cpp of end-to-end tests: the build of ``scripts/build-llamacpp``, agents with it, a tiny catalog.
 
 The binaries come from ``$LLMGW_LLAMACPP_BIN``, else from the script's default cache folder. A test module
 without them is skipped, unless ``$LLMGW_REQUIRE_LLAMACPP`` is set (CI builds llama.cpp first and sets it),
@@ -6,19 +6,22 @@ where a missing build is an error::
 
     pytestmark = [pytest.mark.timeout(300), built_or_skip()]
     cluster = LlamaCppCluster(tmp_path / "cluster", server_port=free_port())
+    cluster.apply(tiny_catalog(write_tiny_gguf(tmp_path / "tiny.gguf"), nodes=2))  # llmgw.testing.gguf
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.catalogs import catalog_yaml, model
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "SERVER", "WORKER", "LlamaCppCluster", "built_or_skip"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "SERVER", "WORKER", "LlamaCppCluster", "built_or_skip", "tiny_catalog"]
 
 #: the llama-cpp-python sdist version scripts/build-llamacpp pins (llama.cpp 0c1e570, b11312)
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -55,3 +58,19 @@ class LlamaCppCluster(LocalCluster):
             argv = [*argv, "--engine", f"llamacpp:llama-server={SERVER}"]
             argv += ["--engine", f"llamacpp:rpc-server={WORKER}"]
         return super()._start(name, argv)
+
+
+def tiny_catalog(
+    source: Path | str, nodes: int = 1, adapters: Mapping[str, str] | None = None, **profile: object
+) -> str:
+    """The catalog of one replica of ``tiny`` (the GGUF file at ``source``) on llama.cpp, called by the tests
+    that apply it.
+
+    :param nodes: nodes of the replica, on CPUs (rank 0 runs llama-server, the others its RPC worker).
+    :param adapters: the model's LoRA adapters, name -> source, in the order llama-server gets them.
+    :param profile: any other field of the ``cpu`` profile (``max_adapters=2``).
+    :returns: its YAML; llama-server gets a context of 512 tokens and two slots.
+    """
+    fields = {"adapters": dict(adapters)} if adapters else {}
+    cpu = {"engine": "llamacpp", "nodes": nodes, "gpus_per_node": 0, "args": ["-c", "512", "-np", "2"]}
+    return catalog_yaml({"tiny": model(str(source), "cpu", **fields)}, cpu=cpu | profile)

@@ -18,7 +18,7 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
 from llmgw.engine import Engine
-from llmgw.testing.llamacpp import SERVER, WORKER, LlamaCppCluster, built_or_skip
+from llmgw.testing.llamacpp import SERVER, WORKER, LlamaCppCluster, built_or_skip, tiny_catalog
 from llmgw.testing.processes import free_port
 from llmgw.wire import to_json
 
@@ -28,20 +28,6 @@ openai = pytest.importorskip("openai", reason="the openai client is a test depen
 from llmgw.testing.gguf import write_tiny_gguf  # noqa: E402 - after the importorskip
 
 pytestmark = [pytest.mark.timeout(300), built_or_skip()]
-
-CATALOG = """
-profiles:
-  cpu:
-    engine: llamacpp
-    nodes: {nodes}
-    gpus_per_node: 0
-    args: ["-c", "512", "-np", "2"]
-models:
-  tiny:
-    source: {source}
-    profile: cpu
-"""
-
 
 def _routed(cluster: LocalCluster, model: str = "tiny") -> bool:
     try:
@@ -62,7 +48,7 @@ def _start(tmp_path: Path, nodes: int) -> LlamaCppCluster:
     try:
         cluster.start(nodes)  # nodes 1 and 2 share fabric ib-a: a two-node replica fits
         cluster.start_gateway(free_port())
-        cluster.apply(CATALOG.format(nodes=nodes, source=model))
+        cluster.apply(tiny_catalog(model, nodes))
         cluster.wait(cluster.all_ready, f"the {nodes}-node llama.cpp replica to be ready", 120)
         cluster.wait(lambda: _routed(cluster), "the gateway to route the model")
     except BaseException:

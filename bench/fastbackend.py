@@ -13,12 +13,22 @@ hides it.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
 
 import httptools
+
+from llmgw.testing.sse_backend import (
+    DONE,
+    HEALTHY,
+    LAST_CHUNK,
+    STREAM_HEAD,
+    backend_parser,
+    chunk,
+    event,
+    serve_forever,
+)
 
 _COMPLETION = json.dumps(
     {
@@ -36,28 +46,13 @@ _PLAIN = (
     + _COMPLETION
 )
 _EVENTS = [
-    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
-    + delta
-    + b',"finish_reason":'
-    + finish
-    + b"}]}\n\n"
-    for delta, finish in (
-        (b'{"role":"assistant"}', b"null"),
-        (b'{"content":"ok"}', b"null"),
-        (b"{}", b'"stop"'),
-    )
-] + [b"data: [DONE]\n\n"]
+    event(b'"delta":{"role":"assistant"},"finish_reason":null'),
+    event(b'"delta":{"content":"ok"},"finish_reason":null'),
+    event(b'"delta":{},"finish_reason":"stop"'),
+    DONE,
+]
 #: one token event of a ``bench_events`` stream
-_TOKEN = (
-    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
-    b'{"content":" tok"},"finish_reason":null}]}\n\n'
-)
-_STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-_HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
+_TOKEN = event(b'"delta":{"content":" tok"},"finish_reason":null')
 
 
 class _Protocol(asyncio.Protocol):
@@ -83,7 +78,7 @@ class _Protocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.parser.get_method() != b"POST":
-            self.transport.write(_HEALTH)
+            self.transport.write(HEALTHY)
             return
         body = b"".join(self.body)
         events = re.search(rb'"bench_events":\s*(\d{1,6})', body)
@@ -96,24 +91,24 @@ class _Protocol(asyncio.Protocol):
 
     async def _stream(self) -> None:
         transport = self.transport
-        transport.write(_STREAM_HEAD + _chunk(_EVENTS[0]))
-        for event in _EVENTS[1:]:
+        transport.write(STREAM_HEAD + chunk(_EVENTS[0]))
+        for sent in _EVENTS[1:]:
             await asyncio.sleep(0)  # each event in its own write, as an engine sends them
             if transport.is_closing():
                 return
-            transport.write(_chunk(event))
-        transport.write(b"0\r\n\r\n")
+            transport.write(chunk(sent))
+        transport.write(LAST_CHUNK)
 
     async def _tokens(self, count: int) -> None:
         """A stream of ``count`` token events, each its own write, between the role and the end."""
         transport = self.transport
-        transport.write(_STREAM_HEAD + _chunk(_EVENTS[0]))
+        transport.write(STREAM_HEAD + chunk(_EVENTS[0]))
         for _ in range(count):
             await asyncio.sleep(0)  # each token in its own write, as an engine sends them
             if transport.is_closing():
                 return
-            transport.write(_chunk(_TOKEN))
-        transport.write(_chunk(_EVENTS[2] + _EVENTS[3]) + b"0\r\n\r\n")
+            transport.write(chunk(_TOKEN))
+        transport.write(chunk(_EVENTS[2] + _EVENTS[3]) + LAST_CHUNK)
 
 
 async def asgi_app(scope: dict, receive, send) -> None:
@@ -148,15 +143,12 @@ async def asgi_app(scope: dict, receive, send) -> None:
 
 async def serve(host: str, port: int) -> None:
     """Serve until cancelled."""
-    server = await asyncio.get_running_loop().create_server(_Protocol, host, port, backlog=1024)
-    async with server:
-        await server.serve_forever()
+    loop = asyncio.get_running_loop()
+    await serve_forever(loop.create_server(_Protocol, host, port, backlog=1024))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser = backend_parser(__doc__)
     parser.add_argument("--uvicorn", action="store_true", help="serve with uvicorn (httptools) instead")
     args = parser.parse_args()
     if args.uvicorn:

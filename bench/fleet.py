@@ -49,10 +49,10 @@ def run_agents(args: argparse.Namespace) -> None:
     """Run agents ``first`` .. ``first + count - 1`` until SIGTERM; then write their figures to ``--out``."""
     import trio
 
-    from llmgw.models import GPU, NodeFacts
     from llmgw.net.client import ConnectionPool
     from llmgw.pki import client_ssl_context
-    from llmgw.wire import ObservedShard, SyncRequest, to_json
+    from llmgw.testing.nodes import sim_node_sync
+    from llmgw.wire import ObservedShard, to_json
 
     certs = Path(args.certs)
     url = f"{args.server}/v1/agent/sync"
@@ -65,16 +65,7 @@ def run_agents(args: argparse.Namespace) -> None:
         node_id = f"node-{number:04}"
         tls = certs / node_id
         context = client_ssl_context(tls / "node.pem", tls / "node.key", certs / "ca.pem")
-        facts = NodeFacts(
-            node_id=node_id,
-            agent_version="bench",
-            gpus=tuple(
-                GPU(i, f"GPU-{number}-{i}", "H100", 81559, 81000, f"0000:{i:02x}:00.0", "550")
-                for i in range(GPUS_PER_NODE)
-            ),
-            engines={"sim": "bench"},
-            model_sources=tuple(f"/models/m{m}" for m in range(MODELS)),
-        )
+        sources = tuple(f"/models/m{m}" for m in range(MODELS))
         revision = 0
         observed: tuple[ObservedShard, ...] = ()
         body = b""
@@ -85,15 +76,15 @@ def run_agents(args: argparse.Namespace) -> None:
             try:
                 while True:
                     if built_for != (revision, len(observed)):
-                        request = SyncRequest(
-                            node_id=node_id,
+                        request = sim_node_sync(
+                            node_id,
+                            gpus=GPUS_PER_NODE,
                             address=f"10.{number // 250}.{number % 250}.1",
-                            facts=facts,
                             port_range=(20000, 20999),
+                            sources=sources,
                             observed=observed,
                             revision=revision,
                             wait=True,
-                            checked_sources=facts.model_sources,
                         )
                         body = json.dumps(to_json(request)).encode()
                         built_for = (revision, len(observed))

@@ -299,37 +299,45 @@ def run_wrk(
 
 async def run_h11(url: str, concurrency: int, stream: bool, seconds: float, secret: str = SECRET) -> tuple:
     """The in-process fallback load client: (requests, errors, p50 ms, p99 ms, seconds)."""
-    body = json.dumps({**BODY, "stream": stream}).encode()
-    headers = [("content-type", "application/json"), ("authorization", f"Bearer {secret}")]
+    body, headers = _request(secret, stream=stream)
     latencies: list[float] = []
     errors = 0
-    async with ConnectionPool(max_idle_per_host=concurrency) as pool:
 
-        async def worker() -> None:
-            nonlocal errors
-            while True:
-                started = time.perf_counter()
-                async with pool.stream("POST", url, headers=headers, body=body) as response:
-                    async for _ in response:
-                        pass
-                if response.status == 200:
-                    latencies.append(time.perf_counter() - started)
-                else:
-                    errors += 1
+    async def worker(pool: ConnectionPool) -> None:
+        nonlocal errors
+        while True:
+            started = time.perf_counter()
+            async with pool.stream("POST", url, headers=headers, body=body) as response:
+                async for _ in response:
+                    pass
+            if response.status == 200:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
 
-        elapsed = await _for_seconds(concurrency, seconds, worker)
+    elapsed = await _for_seconds(concurrency, seconds, worker)
     return len(latencies), errors, _ms(latencies, 0.5), _ms(latencies, 0.99), elapsed
 
 
-async def _for_seconds(concurrency: int, seconds: float, worker: Callable[[], Awaitable[None]]) -> float:
-    """Run ``concurrency`` copies of ``worker`` for ``seconds``; returns the seconds they ran."""
-    began = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
-        await trio.sleep(seconds)
-        nursery.cancel_scope.cancel()
-    return time.perf_counter() - began
+def _request(secret: str, **fields: object) -> tuple[bytes, list[tuple[str, str]]]:
+    """The body (:data:`BODY` with ``fields``) and the headers (with ``secret``) of a client's request."""
+    body = json.dumps({**BODY, **fields}).encode()
+    return body, [("content-type", "application/json"), ("authorization", f"Bearer {secret}")]
+
+
+async def _for_seconds(
+    concurrency: int, seconds: float, worker: Callable[[ConnectionPool], Awaitable[None]]
+) -> float:
+    """Run ``concurrency`` copies of ``worker`` on one connection pool for ``seconds``; returns the seconds
+    they ran."""
+    async with ConnectionPool(max_idle_per_host=concurrency) as pool:
+        began = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(worker, pool)
+            await trio.sleep(seconds)
+            nursery.cancel_scope.cancel()
+        return time.perf_counter() - began
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -344,28 +352,26 @@ TOKEN_CONCURRENCY = 64
 async def token_client(url: str, concurrency: int, events: int, seconds: float) -> dict:
     """``concurrency`` clients streaming ``events``-token answers from ``url`` for ``seconds``: events per
     second, whole-stream p50/p99 (ms) and the inter-token gap p50/p99/max (ms) each client saw."""
-    body = json.dumps({**BODY, "stream": True, "bench_events": events}).encode()
-    headers = [("content-type", "application/json"), ("authorization", f"Bearer {SECRET}")]  # for --keys
+    body, headers = _request(SECRET, stream=True, bench_events=events)  # the key: for --keys
     wholes: list[float] = []
     gaps: list[float] = []
     firsts: list[float] = []
     received = 0
-    async with ConnectionPool(max_idle_per_host=concurrency) as pool:
 
-        async def worker() -> None:
-            nonlocal received
-            while True:
-                started = last = time.perf_counter()
-                first = True
-                async with pool.stream("POST", url, headers=headers, body=body) as response:
-                    async for chunk in response:
-                        now = time.perf_counter()
-                        (firsts if first else gaps).append(now - last)
-                        last, first = now, False
-                        received += chunk.count(b"data:")
-                wholes.append(time.perf_counter() - started)
+    async def worker(pool: ConnectionPool) -> None:
+        nonlocal received
+        while True:
+            started = last = time.perf_counter()
+            first = True
+            async with pool.stream("POST", url, headers=headers, body=body) as response:
+                async for chunk in response:
+                    now = time.perf_counter()
+                    (firsts if first else gaps).append(now - last)
+                    last, first = now, False
+                    received += chunk.count(b"data:")
+            wholes.append(time.perf_counter() - started)
 
-        elapsed = await _for_seconds(concurrency, seconds, worker)
+    elapsed = await _for_seconds(concurrency, seconds, worker)
     return {
         "events": received,
         "events_per_second": received / elapsed,

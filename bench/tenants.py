@@ -57,6 +57,7 @@ import httpx
 import trio
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.chat import chat_body
 from llmgw.testing.processes import free_port
 
 SEATS = 8
@@ -91,13 +92,7 @@ class Answer:
 
 async def send(client: httpx.AsyncClient, url: str, key: str, secret: str, out: list[Answer]) -> None:
     """One streamed chat completion now (asking for usage); append how it went to ``out``."""
-    body = {
-        "model": "chat",
-        "messages": [{"role": "user", "content": f"hello {random.random()}"}],
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = chat_body("chat", f"hello {random.random()}", MAX_TOKENS, stream=True, usage=True)
     headers = {"authorization": f"Bearer {secret}"}
     sent, first, status, tokens = time.time(), None, None, 0
     try:
@@ -158,7 +153,7 @@ async def rpm_load(
     out: list[Answer] = []
 
     async def one(url: str, kind: str, planned: float) -> None:
-        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        body = chat_body("chat", "hi", 1)
         status = None
         try:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -218,7 +213,7 @@ def gateway(cluster: LocalCluster, secret: str, *extra: str) -> str:
 
 def served(url: str, secret: str) -> bool:
     """Whether the gateway at ``url`` answers a small request of ``secret`` (200) now."""
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    body = chat_body("chat", "hi", 1)
     headers = {"authorization": f"Bearer {secret}"}
     try:
         return (

@@ -73,6 +73,13 @@ def newrow(title):
 
 M = 'model=~"$model"'
 R = "$__rate_interval"
+
+
+def model_quantile(q, histogram):
+    """The ``q`` quantile of ``histogram`` per model, over the models chosen, at the panel's rate interval."""
+    return f"histogram_quantile({q}, sum by (le, model) (rate({histogram}_bucket{{{M}}}[{R}])))"
+
+
 newrow("Fleet")
 panel(
     "Nodes by state",
@@ -163,32 +170,17 @@ panel(
 )
 panel(
     "Engine time to first token (p95)",
-    [
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(vllm:time_to_first_token_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}}",
-        )
-    ],
+    [(model_quantile(0.95, "vllm:time_to_first_token_seconds"), "{{model}}")],
     unit="s",
 )
 panel(
     "Engine inter-token latency (p95)",
-    [
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(vllm:inter_token_latency_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}}",
-        )
-    ],
+    [(model_quantile(0.95, "vllm:inter_token_latency_seconds"), "{{model}}")],
     unit="s",
 )
 panel(
     "Engine end-to-end latency (p95)",
-    [
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(vllm:e2e_request_latency_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}}",
-        )
-    ],
+    [(model_quantile(0.95, "vllm:e2e_request_latency_seconds"), "{{model}}")],
     unit="s",
 )
 panel(
@@ -216,10 +208,7 @@ panel(
 panel(
     "LoRA adapter load time (p95) and adapters loaded",
     [
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(llmgw_server_adapter_load_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}} load p95 (s)",
-        ),
+        (model_quantile(0.95, "llmgw_server_adapter_load_seconds"), "{{model}} load p95 (s)"),
         (f"sum by (model) (llmgw_server_adapters_loaded{{{M}}})", "{{model}} loaded"),
     ],
 )
@@ -243,36 +232,20 @@ panel(
 panel(
     "Time to first token (p50, p95)",
     [
-        (
-            f"histogram_quantile(0.5, sum by (le, model) (rate(llmgw_gateway_time_to_first_token_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}} p50",
-        ),
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(llmgw_gateway_time_to_first_token_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}} p95",
-        ),
+        (model_quantile(0.5, "llmgw_gateway_time_to_first_token_seconds"), "{{model}} p50"),
+        (model_quantile(0.95, "llmgw_gateway_time_to_first_token_seconds"), "{{model}} p95"),
     ],
     unit="s",
     desc="Streams, as clients see them. Alert LlmgwTimeToFirstTokenSlow: p95 over 2 s for 10 minutes.",
 )
 panel(
     "Inter-token latency (p95)",
-    [
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(llmgw_gateway_inter_token_latency_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}}",
-        )
-    ],
+    [(model_quantile(0.95, "llmgw_gateway_inter_token_latency_seconds"), "{{model}}")],
     unit="s",
 )
 panel(
     "Request duration (p95)",
-    [
-        (
-            f"histogram_quantile(0.95, sum by (le, model) (rate(llmgw_gateway_request_duration_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}}",
-        )
-    ],
+    [(model_quantile(0.95, "llmgw_gateway_request_duration_seconds"), "{{model}}")],
     unit="s",
 )
 panel(
@@ -328,14 +301,8 @@ panel(
 panel(
     "Gap in a migrated stream (p50, p99)",
     [
-        (
-            f"histogram_quantile(0.5, sum by (le, model) (rate(llmgw_gateway_migration_gap_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}} p50",
-        ),
-        (
-            f"histogram_quantile(0.99, sum by (le, model) (rate(llmgw_gateway_migration_gap_seconds_bucket{{{M}}}[{R}])))",
-            "{{model}} p99",
-        ),
+        (model_quantile(0.5, "llmgw_gateway_migration_gap_seconds"), "{{model}} p50"),
+        (model_quantile(0.99, "llmgw_gateway_migration_gap_seconds"), "{{model}} p99"),
     ],
     unit="s",
     desc="What a client waited between the broken replica's last event and the next replica's first.",

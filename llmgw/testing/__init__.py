@@ -13,6 +13,12 @@
   the test says, for code that takes a ``clock`` callable.
 - :mod:`llmgw.testing.lora`: :func:`~llmgw.testing.lora.make_sim_adapter`, a
   small PEFT LoRA adapter directory (``llmgw-sim --enable-lora`` loads it).
+- :mod:`llmgw.testing.stepped`: :class:`~llmgw.testing.stepped.SteppedFleet`, simulated nodes
+  syncing with a cluster state in the test's process, on the test's clock.
+- :mod:`llmgw.testing.chat`: :func:`~llmgw.testing.chat.chat_body`, the chat completion request
+  tests and benchmarks send.
+- :mod:`llmgw.testing.sse_backend`: the bytes of a chunked event stream, for fake engines on asyncio.
+- :mod:`llmgw.testing.llamacpp`: the llama.cpp build end-to-end tests run (or skip without).
 """
 
 from __future__ import annotations

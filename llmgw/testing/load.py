@@ -37,6 +37,7 @@ import httpx
 import yaml
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.chat import chat_body
 from llmgw.testing.processes import free_port
 
 __all__ = ["Answer", "GatewayLoad", "gateway_models", "ready_cluster", "routed_cluster"]
@@ -193,14 +194,7 @@ class GatewayLoad:
             return f"{len(self.failures)} failed, served {served or 'none'}: {self.failures[:5]}"
 
     def _run(self, model: str, stream: bool) -> None:
-        body = json.dumps(
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": "hello"}],
-                "max_tokens": self.max_tokens,
-                "stream": stream,
-            }
-        ).encode()
+        body = json.dumps(chat_body(model, "hello", self.max_tokens, stream=stream)).encode()
         stopped = self._stopped_models[model]
         target = urlsplit(self.url)
         connection = _Connection(target.hostname or "127.0.0.1", target.port or 80, timeout=30)

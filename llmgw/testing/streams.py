@@ -26,6 +26,8 @@ import attrs
 import httpx
 from llmgw_engine_sim.generate import count_tokens, generate
 
+from llmgw.testing.chat import chat_body
+
 __all__ = ["Streamed", "StreamingClients", "reference"]
 
 
@@ -68,14 +70,7 @@ class Streamed:
 
 def stream_once(http: httpx.Client, content: str, tokens: int, tick: Callable[[], None]) -> Streamed:
     """Stream one answer to ``content``; ``tick()`` at every event read."""
-    body = {
-        "model": "chat",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = chat_body("chat", content, tokens, stream=True, usage=True, ignore_eos=True)
     text: list[str] = []
     finish, usage, error, gap, events = None, None, None, 0.0, 0
     try:

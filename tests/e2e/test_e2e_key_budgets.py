@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from llmgw.testing.catalogs import catalog_yaml, chat_catalog, model, sim_profile
+from llmgw.testing.chat import chat_body
 from llmgw.testing.load import ready_cluster
 from llmgw.testing.processes import free_port
 from tests.e2e.test_e2e_key_limits import chat, created
@@ -19,13 +20,7 @@ pytestmark = pytest.mark.timeout(240)
 
 def stream(url: str, secret: str, max_tokens: int) -> tuple[int, str]:
     """A streamed chat completion read to its end: (status, the whole body)."""
-    body = {
-        "model": "chat",
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = chat_body("chat", "hi", max_tokens, stream=True, usage=True)
     headers = {"authorization": f"Bearer {secret}"}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60) as answer:
         return answer.status_code, answer.read().decode()

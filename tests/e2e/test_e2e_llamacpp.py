@@ -1,7 +1,7 @@
 """A real llama.cpp under llmgw: real server, agents, gateway and engines, on one machine without a GPU.
 
-The binaries come from ``scripts/build-llamacpp`` (CI runs it first): from
-``$LLMGW_LLAMACPP_BIN``, else from the script's default cache folder. The
+The binaries come from ``scripts/build-llamacpp`` (CI runs it first), found as
+:mod:`llmgw.testing.llamacpp` says. The
 model is the tiny random-weight GGUF of :mod:`llmgw.testing.gguf`, made
 here; its text is garbage, tokens coming back is the point.
 """
@@ -18,6 +18,7 @@ import pytest
 
 from llmgw.dev.cluster import LocalCluster, program
 from llmgw.engine import Engine
+from llmgw.testing.llamacpp import SERVER, WORKER, LlamaCppCluster, built_or_skip, tiny_catalog
 from llmgw.testing.processes import free_port
 from llmgw.wire import to_json
 
@@ -26,53 +27,7 @@ openai = pytest.importorskip("openai", reason="the openai client is a test depen
 
 from llmgw.testing.gguf import write_tiny_gguf  # noqa: E402 - after the importorskip
 
-#: the llama-cpp-python sdist version scripts/build-llamacpp pins (llama.cpp 0c1e570, b11312)
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-BIN = Path(
-    os.environ.get("LLMGW_LLAMACPP_BIN") or CACHE / "llmgw" / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "bin"
-)
-SERVER, WORKER = BIN / "llama-server", BIN / "ggml-rpc-server"
-
-NOT_BUILT = (
-    f"llama.cpp is not built: no {SERVER} and {WORKER}; run scripts/build-llamacpp "
-    "(or set LLMGW_LLAMACPP_BIN to the folder holding llama-server and ggml-rpc-server)"
-)
-BUILT = SERVER.exists() and WORKER.exists()
-if not BUILT and os.environ.get("LLMGW_REQUIRE_LLAMACPP"):
-    # CI builds llama.cpp first and sets this: a missing build there is a failure, not a skip
-    raise RuntimeError(f"LLMGW_REQUIRE_LLAMACPP is set but {NOT_BUILT}")
-
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not BUILT, reason=NOT_BUILT)]
-
-CATALOG = """
-profiles:
-  cpu:
-    engine: llamacpp
-    nodes: {nodes}
-    gpus_per_node: 0
-    args: ["-c", "512", "-np", "2"]
-models:
-  tiny:
-    source: {source}
-    profile: cpu
-"""
-
-
-class LlamaCppCluster(LocalCluster):
-    """A LocalCluster whose agents also have llama.cpp installed (llama-server and its RPC worker)."""
-
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        if name.startswith("agent-"):
-            argv = [
-                *argv,
-                "--engine",
-                f"llamacpp:llama-server={SERVER}",
-                "--engine",
-                f"llamacpp:rpc-server={WORKER}",
-            ]
-        return super()._start(name, argv)
-
+pytestmark = [pytest.mark.timeout(300), built_or_skip()]
 
 def _routed(cluster: LocalCluster, model: str = "tiny") -> bool:
     try:
@@ -93,7 +48,7 @@ def _start(tmp_path: Path, nodes: int) -> LlamaCppCluster:
     try:
         cluster.start(nodes)  # nodes 1 and 2 share fabric ib-a: a two-node replica fits
         cluster.start_gateway(free_port())
-        cluster.apply(CATALOG.format(nodes=nodes, source=model))
+        cluster.apply(tiny_catalog(model, nodes))
         cluster.wait(cluster.all_ready, f"the {nodes}-node llama.cpp replica to be ready", 120)
         cluster.wait(lambda: _routed(cluster), "the gateway to route the model")
     except BaseException:

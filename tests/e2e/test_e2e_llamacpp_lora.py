@@ -15,8 +15,6 @@ The binaries come from ``scripts/build-llamacpp``, as for ``tests/e2e/test_e2e_l
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import httpx
 import pytest
 
 from llmgw.dev.cluster import LocalCluster
+from llmgw.testing.llamacpp import SERVER, LlamaCppCluster, built_or_skip, tiny_catalog
 from llmgw.testing.processes import free_port, processes, wait_until
 from llmgw.wire import AdapterList, EventList
 
@@ -32,52 +31,14 @@ pytest.importorskip("gguf", reason="the gguf package is a test dependency (pip i
 from llmgw.testing.gguf import write_tiny_gguf  # noqa: E402 - after the importorskip
 from llmgw.testing.lora import write_tiny_gguf_lora  # noqa: E402
 
-#: the llama-cpp-python sdist version scripts/build-llamacpp pins (llama.cpp 0c1e570, b11312)
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-BIN = Path(
-    os.environ.get("LLMGW_LLAMACPP_BIN") or CACHE / "llmgw" / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION / "bin"
-)
-SERVER, WORKER = BIN / "llama-server", BIN / "ggml-rpc-server"
-BUILT = SERVER.exists() and WORKER.exists()
-NOT_BUILT = (
-    f"llama.cpp is not built: no {SERVER} and {WORKER}; run scripts/build-llamacpp "
-    "(or set LLMGW_LLAMACPP_BIN)"
-)
-if not BUILT and os.environ.get("LLMGW_REQUIRE_LLAMACPP"):
-    raise RuntimeError(f"LLMGW_REQUIRE_LLAMACPP is set but {NOT_BUILT}")
-
 __all__ = ["processes"]  # the fixture
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not BUILT, reason=NOT_BUILT)]
-
-PROFILE = """
-profiles:
-  cpu:
-    engine: llamacpp
-    nodes: {nodes}
-    gpus_per_node: 0
-    args: ["-c", "512", "-np", "2"]
-    max_adapters: 2
-models:
-  tiny:
-    source: {source}
-    profile: cpu
-"""
-ADAPTERS = """    adapters:
-      sql: seed:///adapters/sql
-      chat: {chat}
-"""
+pytestmark = [pytest.mark.timeout(300), built_or_skip()]
 
 
-class LlamaCppCluster(LocalCluster):
-    """A LocalCluster whose agents also have llama.cpp installed (llama-server and its RPC worker)."""
-
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        if name.startswith("agent-"):
-            argv = [*argv, "--engine", f"llamacpp:llama-server={SERVER}"]
-            argv += ["--engine", f"llamacpp:rpc-server={WORKER}"]
-        return super()._start(name, argv)
+def both(chat: Path) -> dict[str, str]:
+    """The adapters of ``tiny`` once they are added: ``sql`` from a seed, ``chat`` from the path ``chat``."""
+    return {"sql": "seed:///adapters/sql", "chat": str(chat)}
 
 
 def models(cluster: LocalCluster) -> list[str]:
@@ -140,13 +101,13 @@ def test_adapters_loaded_at_start_answer_each_with_its_text_and_the_base_as_alon
     events show both loaded at start, with no load asked of the agent."""
     model = write_tiny_gguf(tmp_path / "models" / "tiny.gguf")
     chat = write_tiny_gguf_lora(tmp_path / "adapters" / "chat.gguf", seed=2)
-    alone = PROFILE.format(source=model, nodes=1)
+    alone = tiny_catalog(model, max_adapters=2)
     cluster.apply(alone)
     cluster.wait(lambda: cluster.all_ready() and "tiny" in models(cluster), "tiny to be served alone", 120)
     (before,) = cluster.replicas().replicas
     plain = complete(cluster, "tiny")
 
-    cluster.apply(alone + ADAPTERS.format(chat=chat))
+    cluster.apply(tiny_catalog(model, adapters=both(chat), max_adapters=2))
 
     def replaced_with_adapters() -> bool:
         replicas = cluster.replicas().replicas
@@ -209,7 +170,7 @@ def test_a_two_node_replica_over_rpc_starts_rank0_with_the_adapters(rpc_cluster,
     body = {"prompt": "hello world", "max_tokens": 8, "temperature": 0}
     plain = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
-    rpc_cluster.apply(PROFILE.format(source=model, nodes=2) + ADAPTERS.format(chat=chat))
+    rpc_cluster.apply(tiny_catalog(model, 2, both(chat), max_adapters=2))
 
     def loaded() -> bool:
         replicas = rpc_cluster.replicas().replicas

@@ -12,17 +12,12 @@ import trio
 
 from llmgw.gateway import ProxySettings
 from llmgw.net.server import HttpServer, Request, Response
+from llmgw.testing.chat import chat_body
 from llmgw.testing.gateway import serve_feed, start_gateway
 from llmgw.testing.metrics import samples
 
 WORDS = 20
-BODY = {
-    "model": "m",
-    "messages": [{"role": "user", "content": "hi"}],
-    "max_tokens": WORDS,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-}
+BODY = chat_body("m", "hi", WORDS, stream=True, usage=True)
 #: what an unbroken replica answers
 REFERENCE = "".join(f" t{i}" if i else "t0" for i in range(WORDS))
 

@@ -5,82 +5,30 @@ from __future__ import annotations
 
 from llmgw_engine_sim import SimEngine
 
-from llmgw.catalog import parse_catalog
-from llmgw.models import GPU, NodeFacts
 from llmgw.server.reconciler import reconcile
-from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind
 from llmgw.server.views import cluster as views
 from llmgw.server.views.adapters import adapter_list, desired_adapters
-from llmgw.wire import (
-    AdapterActivity,
-    AdapterCause,
-    AdapterState,
-    ObservedAdapter,
-    ObservedShard,
-    SyncRequest,
-)
+from llmgw.testing.catalogs import catalog_yaml, model, sim_profile
+from llmgw.testing.stepped import SteppedFleet
+from llmgw.wire import AdapterActivity, AdapterCause, AdapterState, ObservedAdapter, ObservedShard
 
 ENGINES = {"sim": SimEngine()}
-CATALOG = """
-profiles:
-  one: {engine: sim, gpus_per_node: 1, max_adapters: 2}
-models:
-  chat:
-    source: /models/chat
-    profile: one
-    replicas: 2
-    adapters: {a: /adapters/a, b: /adapters/b, c: /adapters/c, d: /adapters/d, e: /adapters/e}
-"""
+CATALOG = catalog_yaml(
+    {"chat": model("/models/chat", replicas=2, adapters={name: f"/adapters/{name}" for name in "abcde"})},
+    one=sim_profile(1, max_adapters=2),
+)
 
 
-class Fleet:
+class Fleet(SteppedFleet):
     """Two nodes running chat-0 and chat-1, ready; agents that report the adapters the test says."""
 
     def __init__(self) -> None:
-        self.cluster = ClusterState()
-        self.now = 1000.0
-        self.nodes = ("n1", "n2")
-        for node in self.nodes:
-            self.sync(node, [])
-        self.cluster.apply_catalog(parse_catalog(CATALOG, ENGINES), CATALOG, self.now)
-        self.now += 20
-        reconcile(self.cluster, self.now)
-        for _ in range(2):
-            for node in self.nodes:
-                shards = [
-                    ObservedShard(s.replica_id, s.attempt, s.rank, "ready")
-                    for s in views.desired_for(self.cluster, node)
-                ]
-                self.sync(node, shards)
+        super().__init__(CATALOG, ENGINES, gpus=1, sources=("/models/chat",))
+        self.report("ready")
         assert sorted(self.cluster.ready_ids()) == ["chat-0", "chat-1"]
         #: replica id -> adapter -> what its agent reports
         self.reported: dict[str, dict[str, ObservedAdapter]] = {}
-
-    def sync(
-        self, node: str, shards: list[ObservedShard], adapters: tuple[ObservedAdapter, ...] = ()
-    ) -> None:
-        gpus = [GPU(0, f"GPU-{node}", "H100", 81559, 81000, "0000:00:00.0", "550")]
-        facts = NodeFacts(
-            node_id=node,
-            agent_version="0",
-            gpus=gpus,
-            engines={"sim": "0.1.0"},
-            model_sources=["/models/chat"],
-        )
-        request = SyncRequest(
-            node_id=node,
-            address=f"127.0.0.{self.nodes.index(node) + 2}",
-            facts=facts,
-            port_range=(20000, 20999),
-            observed=shards,
-            adapters=adapters,
-            checked_sources=self.cluster.sources_to_check(),
-        )
-        self.cluster.sync(request, self.now)
-        rank0 = [r.id for r in self.cluster.replicas.values() if r.placement.rank0.node_id == node]
-        self.cluster.adapters.observe(rank0, adapters)
-        reconcile(self.cluster, self.now)
 
     def node_of(self, replica: str) -> str:
         return self.cluster.replicas[replica].placement.rank0.node_id

@@ -8,13 +8,12 @@ import attrs
 from llmgw_engine_llamacpp import LlamaCppEngine
 
 from llmgw.catalog import parse_catalog
-from llmgw.models import NodeFacts
 from llmgw.server.reconciler import reconcile
-from llmgw.server.state.cluster import ClusterState
 from llmgw.server.state.records import EventKind, Launch
 from llmgw.server.views import cluster as views
 from llmgw.server.views.adapters import adapter_list, desired_adapters
-from llmgw.wire import AdapterActivity, ObservedShard, SyncRequest, from_json, to_json
+from llmgw.testing.stepped import SteppedFleet
+from llmgw.wire import AdapterActivity, ObservedShard, from_json, to_json
 
 ENGINES = {"llamacpp": LlamaCppEngine()}
 CATALOG = """
@@ -29,48 +28,13 @@ models:
 """
 
 
-class Fleet:
+class Fleet(SteppedFleet):
     """Two CPU nodes running tiny-0 and tiny-1 of llama.cpp."""
 
     def __init__(self, catalog: str = CATALOG) -> None:
-        self.cluster = ClusterState()
-        self.now = 1000.0
-        self.nodes = ("n1", "n2")
-        for node in self.nodes:
-            self.sync(node, [])
-        self.cluster.apply_catalog(parse_catalog(catalog, ENGINES), catalog, self.now)
-        self.now += 20
-        reconcile(self.cluster, self.now)
-
-    def sync(self, node: str, shards: list[ObservedShard]) -> None:
-        facts = NodeFacts(
-            node_id=node,
-            agent_version="0",
-            engines={"llamacpp": "0c1e570"},
-            model_sources=["/models/tiny.gguf", "/adapters/chat.gguf"],  # chat: a path, needed at start
-        )
-        request = SyncRequest(
-            node_id=node,
-            address=f"127.0.0.{self.nodes.index(node) + 2}",
-            facts=facts,
-            port_range=(20000, 20999),
-            observed=shards,
-            checked_sources=self.cluster.sources_to_check(),
-        )
-        self.cluster.sync(request, self.now)
-        rank0 = [r.id for r in self.cluster.replicas.values() if r.placement.rank0.node_id == node]
-        self.cluster.adapters.observe(rank0, ())
-        reconcile(self.cluster, self.now)
-
-    def report(self, state: str) -> None:
-        """Every node reports each of its shards in ``state``."""
-        for _ in range(2):
-            for node in self.nodes:
-                shards = [
-                    ObservedShard(s.replica_id, s.attempt, s.rank, state)
-                    for s in views.desired_for(self.cluster, node)
-                ]
-                self.sync(node, shards)
+        # chat: a path, needed at start
+        sources = ("/models/tiny.gguf", "/adapters/chat.gguf")
+        super().__init__(catalog, ENGINES, gpus=0, installed={"llamacpp": "0c1e570"}, sources=sources)
 
     def loaded(self) -> dict[str, tuple[str, ...]]:
         """Adapter -> the replicas the routes feed says have it loaded."""

@@ -5,18 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
-import pytest
 from llmgw_engine_myengine import MyEngine
 
 from llmgw.testing.contract import EngineContract
+from llmgw.testing.engine_checks import version_fixture
 
 #: real help output, one file per program and checked version
 HELP = Path(__file__).parent / "help"
 
-
-@pytest.fixture(params=MyEngine.checked_versions)
-def version(request) -> str:
-    return request.param
+#: the contract reads the help of each checked version
+version = version_fixture(MyEngine)
 
 
 class TestMyEngineContract(EngineContract):

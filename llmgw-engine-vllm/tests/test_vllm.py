@@ -9,8 +9,9 @@ import pytest
 from llmgw_engine_vllm import LORA_RANKS, VllmEngine, lora_rank, split_host_port
 
 from llmgw.enginecheck import check_engine
-from llmgw.models import LaunchSpec, LoraSpec
-from llmgw.testing.contract import EngineContract, flag_value, read_help_files
+from llmgw.models import LoraSpec
+from llmgw.testing.contract import EngineContract, flag_value
+from llmgw.testing.engine_checks import real_help_fixture, shard_spec, version_fixture
 
 VERSIONS = VllmEngine.checked_versions
 
@@ -28,30 +29,11 @@ class TestVllmContract(EngineContract):
     help_files = {"vllm": "vllm-{version}-serve.txt"}
 
 
-@pytest.fixture(params=VERSIONS)
-def version(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def real_help(engine_help_dir, version) -> str:
-    """``vllm serve --help=all`` of one checked version."""
-    return read_help_files(engine_help_dir, TestVllmContract.help_files, version)["vllm"]
-
-
-SPEC = LaunchSpec(
-    model_source="/models/llama-3.1-70b",
-    served_name="llama-70b",
-    host="10.0.0.5",
-    port=20001,
-    gpus=(4, 5, 6, 7),
-    rank=0,
-    nnodes=2,
-    dist_init_addr="10.0.0.5:20002",
-    adapters=("mlx5_1", "mlx5_10"),
-    extra_args=("--max-model-len", "32768"),
-    executables={"vllm": "/opt/vllm/bin/vllm"},
-)
+version = version_fixture(VllmEngine)
+#: ``vllm serve --help=all`` of one checked version
+real_help = real_help_fixture(TestVllmContract, "vllm")
+#: rank 0 of a two-node replica on 4 GPUs a node, with a profile arg
+SPEC = shard_spec({"vllm": "/opt/vllm/bin/vllm"}, extra_args=("--max-model-len", "32768"))
 
 
 #: how single-node and rank 0 commands of SPEC begin: serve the model by name, tensor parallel over 4 GPUs

@@ -36,8 +36,3 @@ class TestCommands:
         rank0, worker = (engine.build_command(attrs.evolve(spec, rank=r)).argv for r in (0, 1))
         assert rank0[rank0.index("--dist-init-addr") + 1] == worker[worker.index("--dist-init-addr") + 1]
         assert [a for a in rank0 if a != "0"] == [a for a in worker if a != "1"]
-
-    def test_gpus_and_exact_adapter_names(self):
-        """GPUs reach CUDA_VISIBLE_DEVICES; adapters reach NCCL_IB_HCA as exact names."""
-        env = MyEngine().build_command(MyEngine().widest_spec()).env
-        assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}

@@ -12,7 +12,7 @@ from llmgw.engine import help_and_version_of
 from llmgw.enginecheck import check_engine, option_flags
 from llmgw.models import LoraSpec
 from llmgw.testing.contract import EngineContract, flag_value
-from llmgw.testing.engine_checks import real_help_fixture, shard_spec, version_fixture
+from llmgw.testing.engine_checks import SHARD_SERVING, real_help_fixture, shard_spec, version_fixture
 
 
 class TestSglangContract(EngineContract):
@@ -44,13 +44,7 @@ class TestCommands:
             "-m",
             "sglang.launch_server",
             "--model-path",
-            "/models/llama-3.1-70b",
-            "--served-model-name",
-            "llama-70b",
-            "--host",
-            "10.0.0.5",
-            "--port",
-            "20001",
+            *SHARD_SERVING,
             "--enable-metrics",
             "--tp-size",
             "2",
@@ -99,11 +93,6 @@ class TestCommands:
         assert sizes == {("3", "24")}
         assert [flag_value(argv, "--node-rank") for argv in ranks] == ["0", "1", "2"]
 
-    def test_gpus_and_exact_adapter_names(self):
-        """GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters reach NCCL_IB_HCA as exact names."""
-        env = SglangEngine().build_command(attrs.evolve(SPEC, rank=1)).env
-        assert env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NCCL_IB_HCA": "=mlx5_1,mlx5_10"}
-
     def test_option_args_skip_the_interpreter(self):
         """engine-check reads SGLang's flags, not the interpreter's -m."""
         command = SglangEngine().build_command(SPEC)
@@ -140,11 +129,6 @@ class TestHelpParsing:
 
 class TestEngineCheck:
     """engine-check on real SGLang help."""
-
-    def test_passes_on_each_checked_version(self, real_help):
-        """Every flag of every rank is documented, and the help looks complete."""
-        report = check_engine(SglangEngine(), {"python": real_help})
-        assert report.ok and not report.warnings
 
     def test_dist_init_addr_renamed_longer(self, real_help):
         """--dist-init-addr renamed --dist-init-address on its option line is missing (not as truncation)."""

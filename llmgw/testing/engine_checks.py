@@ -8,6 +8,9 @@ the shard whose commands they spell out::
     version = version_fixture(MyEngine)
     real_help = real_help_fixture(TestMyEngineContract, "my-server")
     SPEC = shard_spec({"my-server": "/opt/my/bin/my-server"}, extra_args=("--context-length", "32768"))
+
+and what the shard's commands must hold (:data:`SHARD_SERVING`). Every rank's GPUs and fabric adapters are
+the contract's to check (``test_gpus_and_exact_adapter_names``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from llmgw.engine import Engine
 from llmgw.models import LaunchSpec
 from llmgw.testing.contract import EngineContract, read_help_files
 
-__all__ = ["SHARD", "real_help_fixture", "shard_spec", "version_fixture"]
+__all__ = ["SHARD", "SHARD_SERVING", "real_help_fixture", "shard_spec", "version_fixture"]
 
 #: rank 0 of a two-node replica on four GPUs of each node and a fabric's two adapters, whose names tell
 #: an exact-name ``NCCL_IB_HCA`` (``=mlx5_1,mlx5_10``) from a prefix (``mlx5_1`` would also select
@@ -36,6 +39,12 @@ SHARD = LaunchSpec(
     nnodes=2,
     dist_init_addr="10.0.0.5:20002",
     adapters=("mlx5_1", "mlx5_10"),
+)
+
+#: what :data:`SHARD`'s rank 0 is told after the engine's ``--model`` flag (or none: vLLM's model is
+#: positional), as :func:`llmgw.engine.serving_args` spells it: what a test expects its command to hold
+SHARD_SERVING = (
+    "/models/llama-3.1-70b", "--served-model-name", "llama-70b", "--host", "10.0.0.5", "--port", "20001",
 )
 
 

@@ -11,7 +11,7 @@ from llmgw_engine_llamacpp import LlamaCppEngine, lora_args, parse_llamacpp_help
 from llmgw.enginecheck import check_engine
 from llmgw.models import LaunchSpec, LoraSpec
 from llmgw.testing.contract import EngineContract, flag_value, read_help_files
-from llmgw.testing.engine_checks import real_help_fixture, shard_spec, version_fixture
+from llmgw.testing.engine_checks import real_help_fixture, shard_serving, shard_spec, version_fixture
 
 
 class TestLlamaCppContract(EngineContract):
@@ -30,11 +30,9 @@ def help_files(engine_help_dir, version: str) -> dict[str, str]:
 version = version_fixture(LlamaCppEngine)
 #: program -> its real help at one checked commit
 real_helps = real_help_fixture(TestLlamaCppContract)
-#: rank 0 of a three-node replica of a GGUF model, with every rank's address and profile args
+#: rank 0 of a three-node replica, with every rank's address and profile args
 SPEC = shard_spec(
     {"llama-server": "/opt/llama/bin/llama-server", "rpc-server": "/opt/llama/bin/ggml-rpc-server"},
-    model_source="/models/llama-3.1-8b.Q4_K_M.gguf",
-    served_name="llama-8b",
     nnodes=3,
     peer_addrs=("10.0.0.5:20001", "10.0.0.6:20011", "10.0.0.7:20021"),
     extra_args=("-np", "4", "--metrics"),
@@ -56,14 +54,7 @@ class TestCommands:
         command = LlamaCppEngine().build_command(spec)
         assert command.argv == (
             "/opt/llama/bin/llama-server",
-            "-m",
-            "/models/llama-3.1-8b.Q4_K_M.gguf",
-            "--alias",
-            "llama-8b",
-            "--host",
-            "10.0.0.5",
-            "--port",
-            "20001",
+            *shard_serving("-m", "--alias"),
             "-ngl",
             "999",
             "-np",

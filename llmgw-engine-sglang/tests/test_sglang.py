@@ -12,7 +12,13 @@ from llmgw.engine import help_and_version_of
 from llmgw.enginecheck import check_engine, option_flags
 from llmgw.models import LoraSpec
 from llmgw.testing.contract import EngineContract, flag_value
-from llmgw.testing.engine_checks import SHARD_SERVING, real_help_fixture, shard_spec, version_fixture
+from llmgw.testing.engine_checks import (
+    real_help_fixture,
+    shard_rendezvous,
+    shard_serving,
+    shard_spec,
+    version_fixture,
+)
 
 
 class TestSglangContract(EngineContract):
@@ -43,8 +49,7 @@ class TestCommands:
             "/opt/sglang/bin/python",
             "-m",
             "sglang.launch_server",
-            "--model-path",
-            *SHARD_SERVING,
+            *shard_serving("--model-path"),
             "--enable-metrics",
             "--tp-size",
             "2",
@@ -59,12 +64,7 @@ class TestCommands:
         assert argv[argv.index("--tp-size") :] == (
             "--tp-size",
             "16",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "0",
-            "--dist-init-addr",
-            "10.0.0.5:20002",
+            *shard_rendezvous(rank=0),
             "--context-length",
             "32768",
         )

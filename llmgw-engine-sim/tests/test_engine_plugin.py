@@ -9,7 +9,7 @@ from llmgw_engine_sim import SimEngine
 
 from llmgw.dev.cluster import program
 from llmgw.testing.contract import EngineContract
-from llmgw.testing.engine_checks import SHARD_SERVING, shard_spec
+from llmgw.testing.engine_checks import shard_rendezvous, shard_serving, shard_spec
 
 
 def sim_exe() -> str:
@@ -36,8 +36,8 @@ class TestSimContract(EngineContract):
         return {"llmgw-sim": sim_help}
 
 
-#: rank 0 of a three-node replica, with a profile arg
-SPEC = shard_spec({"llmgw-sim": "/opt/sim/bin/llmgw-sim"}, nnodes=3, extra_args=("--tokens-per-second", "50"))
+#: rank 0 of a two-node replica, with a profile arg
+SPEC = shard_spec({"llmgw-sim": "/opt/sim/bin/llmgw-sim"}, extra_args=("--tokens-per-second", "50"))
 
 
 class TestSimCommands:
@@ -48,14 +48,8 @@ class TestSimCommands:
         command = SimEngine().build_command(SPEC)
         assert command.argv == (
             "/opt/sim/bin/llmgw-sim",
-            "--model",
-            *SHARD_SERVING,
-            "--nnodes",
-            "3",
-            "--node-rank",
-            "0",
-            "--dist-init-addr",
-            "10.0.0.5:20002",
+            *shard_serving("--model"),
+            *shard_rendezvous(rank=0),
             "--tokens-per-second",
             "50",
         )
@@ -64,10 +58,10 @@ class TestSimCommands:
         """A worker joins rank 0 from its own address and is given no HTTP port."""
         import attrs
 
-        command = SimEngine().build_command(attrs.evolve(SPEC, rank=2))
+        command = SimEngine().build_command(attrs.evolve(SPEC, rank=1, host="10.0.0.6"))
         assert "--port" not in command.argv
-        assert command.argv[command.argv.index("--host") + 1] == "10.0.0.5"
-        assert command.argv[command.argv.index("--node-rank") + 1] == "2"
+        assert command.argv[command.argv.index("--host") + 1] == "10.0.0.6"
+        assert command.argv[command.argv.index("--node-rank") + 1] == "1"
 
     def test_single_node_has_no_rendezvous_flags(self):
         """One node: no --nnodes, --node-rank or --dist-init-addr."""

@@ -11,7 +11,7 @@ from llmgw_engine_vllm import LORA_RANKS, VllmEngine, lora_rank, split_host_port
 from llmgw.enginecheck import check_engine
 from llmgw.models import LoraSpec
 from llmgw.testing.contract import EngineContract, flag_value
-from llmgw.testing.engine_checks import SHARD_SERVING, real_help_fixture, shard_spec, version_fixture
+from llmgw.testing.engine_checks import real_help_fixture, shard_serving, shard_spec, version_fixture
 
 VERSIONS = VllmEngine.checked_versions
 
@@ -37,7 +37,7 @@ SPEC = shard_spec({"vllm": "/opt/vllm/bin/vllm"}, extra_args=("--max-model-len",
 
 
 #: how single-node and rank 0 commands of SPEC begin: serve the model by name, tensor parallel over 4 GPUs
-SERVE = ("/opt/vllm/bin/vllm", "serve", *SHARD_SERVING, "--tensor-parallel-size", "4")
+SERVE = ("/opt/vllm/bin/vllm", "serve", *shard_serving(model=None), "--tensor-parallel-size", "4")
 
 
 class TestCommands:

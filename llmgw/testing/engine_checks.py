@@ -9,8 +9,8 @@ the shard whose commands they spell out::
     real_help = real_help_fixture(TestMyEngineContract, "my-server")
     SPEC = shard_spec({"my-server": "/opt/my/bin/my-server"}, extra_args=("--context-length", "32768"))
 
-and what the shard's commands must hold (:data:`SHARD_SERVING`). Every rank's GPUs and fabric adapters are
-the contract's to check (``test_gpus_and_exact_adapter_names``).
+and what the shard's commands must hold (:func:`shard_serving`, :func:`shard_rendezvous`). Every rank's GPUs
+and fabric adapters are the contract's to check (``test_gpus_and_exact_adapter_names``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from llmgw.engine import Engine
 from llmgw.models import LaunchSpec
 from llmgw.testing.contract import EngineContract, read_help_files
 
-__all__ = ["SHARD", "SHARD_SERVING", "real_help_fixture", "shard_spec", "version_fixture"]
+__all__ = ["SHARD", "real_help_fixture", "shard_rendezvous", "shard_serving", "shard_spec", "version_fixture"]
 
 #: rank 0 of a two-node replica on four GPUs of each node and a fabric's two adapters, whose names tell
 #: an exact-name ``NCCL_IB_HCA`` (``=mlx5_1,mlx5_10``) from a prefix (``mlx5_1`` would also select
@@ -41,11 +41,26 @@ SHARD = LaunchSpec(
     adapters=("mlx5_1", "mlx5_10"),
 )
 
-#: what :data:`SHARD`'s rank 0 is told after the engine's ``--model`` flag (or none: vLLM's model is
-#: positional), as :func:`llmgw.engine.serving_args` spells it: what a test expects its command to hold
-SHARD_SERVING = (
-    "/models/llama-3.1-70b", "--served-model-name", "llama-70b", "--host", "10.0.0.5", "--port", "20001",
-)
+def shard_serving(model: str | None = "--model", served_name: str = "--served-model-name") -> tuple[str, ...]:
+    """What :data:`SHARD`'s rank 0 is told of its model, served name and address, in an engine's spellings:
+    ``--model /models/llama-3.1-70b --served-model-name llama-70b --host 10.0.0.5 --port 20001``.
+
+    Called by an engine's tests for the part of a command they expect; ``model`` None: the model is
+    positional (vLLM's). Spelt out here, not built with :func:`llmgw.engine.serving_args`, so that a test
+    compares the engine's command with what it should be. :returns: the arguments.
+    """
+    served = ("/models/llama-3.1-70b", served_name, "llama-70b", "--host", "10.0.0.5", "--port", "20001")
+    return served if model is None else (model, *served)
+
+
+def shard_rendezvous(rank: int = 0) -> tuple[str, ...]:
+    """What rank ``rank`` of :data:`SHARD`'s replica is told of it, in the spellings of
+    :func:`llmgw.engine.rendezvous_args`: ``--nnodes 2 --node-rank RANK --dist-init-addr 10.0.0.5:20002``.
+
+    Called by the tests of an engine taking those flags, for the part of a command they expect (spelt out,
+    as :func:`shard_serving`). :returns: the arguments.
+    """
+    return ("--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", "10.0.0.5:20002")
 
 
 def shard_spec(executables: Mapping[str, str], **changes: Any) -> LaunchSpec:

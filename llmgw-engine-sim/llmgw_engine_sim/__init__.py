@@ -21,6 +21,8 @@ import llmgw
 from llmgw.engine import Engine, HttpCall, LoadMetrics, openai_canary, rendezvous_args
 from llmgw.models import Command, LaunchSpec, LoraSpec
 from llmgw.version import distribution_version
+from llmgw_engine_sim.flags import option_args
+from llmgw_engine_sim.lora_options import LoraOptions
 
 __all__ = ["LOAD", "LORA_LOAD_TIMEOUT", "PROGRESS", "SimEngine", "__version__"]
 
@@ -89,13 +91,8 @@ class SimEngine(Engine):
             argv += ["--port", str(spec.port)]
         argv += rendezvous_args(spec)
         if spec.lora is not None:
-            argv += [
-                "--enable-lora",
-                "--max-loras",
-                str(spec.lora.max_loaded),
-                "--max-lora-rank",
-                str(spec.lora.max_rank),
-            ]
+            lora = LoraOptions(enabled=True, max_loras=spec.lora.max_loaded, max_lora_rank=spec.lora.max_rank)
+            argv += option_args(lora, "enabled", "max_loras", "max_lora_rank")
         argv += list(spec.extra_args)
         return Command(argv=argv, env=self.device_env(spec))
 

@@ -2,7 +2,8 @@
 
 A field made with :func:`option` names its flag, the check of its value and its help; :func:`add_options`
 adds every such field of a class to the parser, with the field's default (``{default}`` in the help shows
-it), and :func:`options_from_args` makes the class again from the parsed flags. The checks are here too,
+it), and :func:`options_from_args` makes the class again from the parsed flags; :func:`option_args` spells
+options as flags again, for a command line. The checks are here too,
 for the flags :mod:`llmgw_engine_sim.process` adds itself.
 """
 
@@ -14,7 +15,15 @@ from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["add_options", "non_negative", "option", "options_from_args", "positive_float", "positive_int"]
+__all__ = [
+    "add_options",
+    "non_negative",
+    "option",
+    "option_args",
+    "options_from_args",
+    "positive_float",
+    "positive_int",
+]
 
 T = TypeVar("T")
 
@@ -83,3 +92,19 @@ def options_from_args(cls: type[T], args: argparse.Namespace) -> T:
         flag = field.metadata["flag"][0]
         values[field.name] = getattr(args, flag.removeprefix("--").replace("-", "_"))
     return cls(**values)
+
+
+def option_args(options: Any, *names: str) -> list[str]:
+    """The flags that give the fields ``names`` of ``options`` their values, in the fields' order: a switch's
+    flag when it is on, any other flag with its value.
+
+    Called by the sim's plugin as it builds an ``llmgw-sim`` command. :returns: the arguments.
+    """
+    args: list[str] = []
+    for field in attrs.fields(type(options)):
+        if field.name not in names:
+            continue
+        flag, check = field.metadata["flag"][:2]
+        value = getattr(options, field.name)
+        args += ([flag] if value else []) if check is None else [flag, str(value)]
+    return args

@@ -14,7 +14,9 @@ message says how to fix it::
         engine_class = MyEngine
         help_files = {"my-server": "my-server-{version}.txt"}
 
-with a ``version`` fixture whose params are ``MyEngine.checked_versions``.
+with a ``version`` fixture whose params are ``MyEngine.checked_versions``
+(``version = version_fixture(MyEngine)``, from :mod:`llmgw.testing.engine_checks`, which also has what
+engines' own tests share beside this suite).
 
 The ``engine_help_dir`` fixture (from :mod:`llmgw.testing.pytest_plugin`,
 loaded by pytest wherever llmgw is installed) is the folder of real help texts

@@ -41,6 +41,7 @@ SHARD = LaunchSpec(
     adapters=("mlx5_1", "mlx5_10"),
 )
 
+
 def shard_serving(model: str | None = "--model", served_name: str = "--served-model-name") -> tuple[str, ...]:
     """What :data:`SHARD`'s rank 0 is told of its model, served name and address, in an engine's spellings:
     ``--model /models/llama-3.1-70b --served-model-name llama-70b --host 10.0.0.5 --port 20001``.

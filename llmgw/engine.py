@@ -28,6 +28,8 @@ __all__ = [
     "old_api_uses",
     "openai_canary",
     "parse_argparse_flags",
+    "rendezvous_args",
+    "serving_args",
     "version_at_least",
 ]
 
@@ -66,6 +68,11 @@ class LoadMetrics:
     kv_cache_usage: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: the HTTP path on rank 0 that serves them in Prometheus' text format
     path: str = "/metrics"
+
+    def progress(self, tokens: Sequence[str]) -> ProgressMetrics:
+        """The :class:`ProgressMetrics` of an engine whose token counters are ``tokens``: these ``running``
+        gauges and ``path``; an engine module calls it to name each gauge once for both."""
+        return ProgressMetrics(tokens=tokens, running=self.running, path=self.path)
 
 
 @attrs.frozen
@@ -396,6 +403,30 @@ class Engine(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<Engine {self.name}>"
+
+
+def serving_args(
+    spec: LaunchSpec, model: str = "--model", served_name: str = "--served-model-name"
+) -> list[str]:
+    """``--model SOURCE --served-model-name NAME --host HOST --port PORT``: what rank 0 serves, and where.
+
+    Called by an engine's :meth:`Engine.build_command`; ``model`` and ``served_name`` are the engine's
+    spellings of the first two flags (llama.cpp: ``-m``, ``--alias``). :returns: the eight arguments.
+    """
+    served = [model, spec.model_source, served_name, spec.served_name]
+    return [*served, "--host", spec.host, "--port", str(spec.port)]
+
+
+def rendezvous_args(spec: LaunchSpec) -> list[str]:
+    """``--nnodes N --node-rank R --dist-init-addr HOST:PORT`` for a shard of a multi-node replica, else [].
+
+    Called by the :meth:`Engine.build_command` of an engine taking these spellings (SGLang, the sim): every
+    rank gets rank 0's dist-init address. :returns: the six arguments, or none for a one-node replica.
+    """
+    if spec.nnodes <= 1:
+        return []
+    ranks = ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.rank)]
+    return [*ranks, "--dist-init-addr", str(spec.dist_init_addr)]
 
 
 def version_at_least(version: str | None, minimum: str) -> bool:

@@ -15,7 +15,8 @@ PUBLIC = {
     ],
     "llmgw.engine": [
         "Engine", "HelpAndVersion", "HttpCall", "LivenessProbe", "LoadMetrics", "ProgressMetrics",
-        "help_and_version_of", "old_api_uses", "openai_canary", "parse_argparse_flags", "version_at_least",
+        "help_and_version_of", "old_api_uses", "openai_canary", "parse_argparse_flags", "rendezvous_args",
+        "serving_args", "version_at_least",
     ],
     "llmgw.errors": [
         "CatalogError", "DuplicateEngineError", "FabricError", "LlmgwError", "PluginError",

@@ -7,7 +7,7 @@ launch specs. Replace what follows with what your engine's documentation says.
 from __future__ import annotations
 
 import llmgw
-from llmgw.engine import Engine
+from llmgw.engine import Engine, rendezvous_args, serving_args
 from llmgw.models import Command, LaunchSpec
 from llmgw.version import distribution_version
 
@@ -51,26 +51,11 @@ class MyEngine(Engine):
 
     def build_command(self, spec: LaunchSpec) -> Command:
         """Build the command of one shard: rank 0 serves HTTP and binds the dist-init address."""
-        argv = [
-            self.program_path(spec, SERVER),
-            "--model",
-            spec.model_source,
-            "--served-model-name",
-            spec.served_name,
-            "--host",
-            spec.host,
-            "--port",
-            str(spec.port),
-        ]
-        if spec.nnodes > 1:
-            argv += [
-                "--nnodes",
-                str(spec.nnodes),
-                "--node-rank",
-                str(spec.rank),
-                "--dist-init-addr",
-                str(spec.dist_init_addr),
-            ]
+        # --model SOURCE --served-model-name NAME --host HOST --port PORT (pass your engine's spellings of the
+        # first two); llmgw.engine has the helpers most engines share, write your own where yours differs
+        argv = [self.program_path(spec, SERVER), *serving_args(spec, model="--model")]
+        # --nnodes N --node-rank R --dist-init-addr HOST:PORT, on every rank of a multi-node replica
+        argv += rendezvous_args(spec)
         argv += spec.extra_args
         # CUDA_VISIBLE_DEVICES from spec.gpus; NCCL_IB_HCA=<exact names> from spec.adapters
         return Command(argv=argv, env=self.device_env(spec))

@@ -5,18 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
-import pytest
 from llmgw_engine_myengine import MyEngine
 
 from llmgw.testing.contract import EngineContract
+from llmgw.testing.engine_checks import version_fixture
 
 #: real help output, one file per program and checked version
 HELP = Path(__file__).parent / "help"
 
-
-@pytest.fixture(params=MyEngine.checked_versions)
-def version(request) -> str:
-    return request.param
+#: the contract reads the help of each checked version
+version = version_fixture(MyEngine)
 
 
 class TestMyEngineContract(EngineContract):
@@ -38,8 +36,3 @@ class TestCommands:
         rank0, worker = (engine.build_command(attrs.evolve(spec, rank=r)).argv for r in (0, 1))
         assert rank0[rank0.index("--dist-init-addr") + 1] == worker[worker.index("--dist-init-addr") + 1]
         assert [a for a in rank0 if a != "0"] == [a for a in worker if a != "1"]
-
-    def test_gpus_and_exact_adapter_names(self):
-        """GPUs reach CUDA_VISIBLE_DEVICES; adapters reach NCCL_IB_HCA as exact names."""
-        env = MyEngine().build_command(MyEngine().widest_spec()).env
-        assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_HCA": "=mlx5_0,mlx5_1"}

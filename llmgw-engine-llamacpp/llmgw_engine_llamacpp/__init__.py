@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 import llmgw
-from llmgw.engine import Engine, LivenessProbe
+from llmgw.engine import Engine, LivenessProbe, serving_args
 from llmgw.models import Command, LaunchSpec, LoraSpec
 from llmgw.version import distribution_version
 from llmgw_engine_llamacpp.helptext import parse_llamacpp_help
@@ -185,19 +185,8 @@ class LlamaCppEngine(Engine):
             argv = [self.program_path(spec, WORKER), "--host", spec.host, "--port", str(spec.port)]
             return Command(argv=argv, env=env)
         workers = worker_addresses(spec) if spec.nnodes > 1 else []
-        argv = [
-            self.program_path(spec, SERVER),
-            "-m",
-            spec.model_source,
-            "--alias",
-            spec.served_name,
-            "--host",
-            spec.host,
-            "--port",
-            str(spec.port),
-            "-ngl",
-            ALL_LAYERS if spec.gpus or workers else "0",
-        ]
+        argv = [self.program_path(spec, SERVER), *serving_args(spec, model="-m", served_name="--alias")]
+        argv += ["-ngl", ALL_LAYERS if spec.gpus or workers else "0"]
         if workers:
             argv += ["--rpc", ",".join(workers)]
         if spec.lora is not None:

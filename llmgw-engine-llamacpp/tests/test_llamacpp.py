@@ -11,8 +11,7 @@ from llmgw_engine_llamacpp import LlamaCppEngine, lora_args, parse_llamacpp_help
 from llmgw.enginecheck import check_engine
 from llmgw.models import LaunchSpec, LoraSpec
 from llmgw.testing.contract import EngineContract, flag_value, read_help_files
-
-VERSIONS = LlamaCppEngine.checked_versions
+from llmgw.testing.engine_checks import real_help_fixture, shard_serving, shard_spec, version_fixture
 
 
 class TestLlamaCppContract(EngineContract):
@@ -28,32 +27,15 @@ def help_files(engine_help_dir, version: str) -> dict[str, str]:
     return read_help_files(engine_help_dir, TestLlamaCppContract.help_files, version)
 
 
-@pytest.fixture(params=VERSIONS)
-def version(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def real_helps(engine_help_dir, version) -> dict[str, str]:
-    return help_files(engine_help_dir, version)
-
-
-SPEC = LaunchSpec(
-    model_source="/models/llama-3.1-8b.Q4_K_M.gguf",
-    served_name="llama-8b",
-    host="10.0.0.5",
-    port=20001,
-    gpus=(2, 3),
-    rank=0,
+version = version_fixture(LlamaCppEngine)
+#: program -> its real help at one checked commit
+real_helps = real_help_fixture(TestLlamaCppContract)
+#: rank 0 of a three-node replica, with every rank's address and profile args
+SPEC = shard_spec(
+    {"llama-server": "/opt/llama/bin/llama-server", "rpc-server": "/opt/llama/bin/ggml-rpc-server"},
     nnodes=3,
-    dist_init_addr="10.0.0.5:20002",
     peer_addrs=("10.0.0.5:20001", "10.0.0.6:20011", "10.0.0.7:20021"),
-    adapters=("mlx5_1", "mlx5_10"),
     extra_args=("-np", "4", "--metrics"),
-    executables={
-        "llama-server": "/opt/llama/bin/llama-server",
-        "rpc-server": "/opt/llama/bin/ggml-rpc-server",
-    },
 )
 
 
@@ -72,21 +54,14 @@ class TestCommands:
         command = LlamaCppEngine().build_command(spec)
         assert command.argv == (
             "/opt/llama/bin/llama-server",
-            "-m",
-            "/models/llama-3.1-8b.Q4_K_M.gguf",
-            "--alias",
-            "llama-8b",
-            "--host",
-            "10.0.0.5",
-            "--port",
-            "20001",
+            *shard_serving("-m", "--alias"),
             "-ngl",
             "999",
             "-np",
             "4",
             "--metrics",
         )
-        assert command.env == {"CUDA_VISIBLE_DEVICES": "2,3", "GGML_NO_BACKTRACE": "1"}
+        assert command.env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "GGML_NO_BACKTRACE": "1"}
 
     def test_single_node_on_cpu(self):
         """No GPUs: no layer offloaded, and no GPU visible."""
@@ -128,16 +103,6 @@ class TestCommands:
         """Rank 0 of a multi-node replica without its workers' addresses is refused."""
         with pytest.raises(ValueError, match="peer_addrs must give"):
             LlamaCppEngine().build_command(attrs.evolve(SPEC, peer_addrs=()))
-
-    def test_gpus_and_exact_adapter_names(self):
-        """Every rank's GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters NCCL_IB_HCA, exactly."""
-        for r in range(3):
-            env = LlamaCppEngine().build_command(rank(r)).env
-            assert env == {
-                "CUDA_VISIBLE_DEVICES": "2,3",
-                "NCCL_IB_HCA": "=mlx5_1,mlx5_10",
-                "GGML_NO_BACKTRACE": "1",
-            }
 
     def test_worker_path_defaults_to_the_role_name(self):
         """Without a configured path the worker is looked up on PATH as rpc-server."""

@@ -33,8 +33,9 @@ from llmgw.engine import (
     HelpAndVersion,
     HttpCall,
     LoadMetrics,
-    ProgressMetrics,
     openai_canary,
+    rendezvous_args,
+    serving_args,
     version_at_least,
 )
 from llmgw.models import Command, LaunchSpec, LoraSpec
@@ -72,20 +73,15 @@ _FEATURES = {
 #: seconds a load may take: SGLang reads the adapter's weights from disk
 LORA_LOAD_TIMEOUT = 120.0
 
-#: SGLang's own counters (served at /metrics with --enable-metrics): a canary that waits while
-#: they grow found the replica busy, not hung
-PROGRESS = ProgressMetrics(
-    tokens=("sglang:generation_tokens_total", "sglang:prompt_tokens_total"),
-    running=("sglang:num_running_reqs",),
-)
-
-
-#: SGLang's gauges of its queue and KV-cache token pool (with --enable-metrics)
+#: SGLang's gauges of its queue and KV-cache token pool (served at /metrics with --enable-metrics)
 LOAD = LoadMetrics(
     waiting=("sglang:num_queue_reqs",),
     running=("sglang:num_running_reqs",),
     kv_cache_usage=("sglang:token_usage",),
 )
+#: SGLang's own token counters beside them: a canary that waits while they grow found the replica busy,
+#: not hung
+PROGRESS = LOAD.progress(tokens=("sglang:generation_tokens_total", "sglang:prompt_tokens_total"))
 
 
 class SglangEngine(Engine):
@@ -129,30 +125,8 @@ class SglangEngine(Engine):
         (see the module's docstring). The profile's args come last, on every rank.
         """
         tp_size = max(len(spec.gpus), 1) * spec.nnodes
-        argv = [
-            self.program_path(spec, "python"),
-            *MODULE,
-            "--model-path",
-            spec.model_source,
-            "--served-model-name",
-            spec.served_name,
-            "--host",
-            spec.host,
-            "--port",
-            str(spec.port),
-            "--enable-metrics",
-            "--tp-size",
-            str(tp_size),
-        ]
-        if spec.nnodes > 1:
-            argv += [
-                "--nnodes",
-                str(spec.nnodes),
-                "--node-rank",
-                str(spec.rank),
-                "--dist-init-addr",
-                str(spec.dist_init_addr),
-            ]
+        argv = [self.program_path(spec, "python"), *MODULE, *serving_args(spec, model="--model-path")]
+        argv += ["--enable-metrics", "--tp-size", str(tp_size), *rendezvous_args(spec)]
         if spec.lora is not None:
             slots = str(spec.lora.max_loaded + 1)
             argv += [

@@ -10,10 +10,15 @@ from llmgw_engine_sglang import SglangEngine
 
 from llmgw.engine import help_and_version_of
 from llmgw.enginecheck import check_engine, option_flags
-from llmgw.models import LaunchSpec, LoraSpec
-from llmgw.testing.contract import EngineContract, flag_value, read_help_files
-
-VERSIONS = SglangEngine.checked_versions
+from llmgw.models import LoraSpec
+from llmgw.testing.contract import EngineContract, flag_value
+from llmgw.testing.engine_checks import (
+    real_help_fixture,
+    shard_rendezvous,
+    shard_serving,
+    shard_spec,
+    version_fixture,
+)
 
 
 class TestSglangContract(EngineContract):
@@ -24,29 +29,12 @@ class TestSglangContract(EngineContract):
     help_files = {"python": "sglang-{version}-launch_server.txt"}
 
 
-@pytest.fixture(params=VERSIONS)
-def version(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def real_help(engine_help_dir, version) -> str:
-    """``python -m sglang.launch_server --help`` of one checked version."""
-    return read_help_files(engine_help_dir, TestSglangContract.help_files, version)["python"]
-
-
-SPEC = LaunchSpec(
-    model_source="/models/llama-3.1-405b",
-    served_name="llama-405b",
-    host="10.0.0.5",
-    port=30000,
-    gpus=(0, 1, 2, 3, 4, 5, 6, 7),
-    rank=0,
-    nnodes=2,
-    dist_init_addr="10.0.0.5:20000",
-    adapters=("mlx5_1", "mlx5_10"),
-    extra_args=("--context-length", "32768"),
-    executables={"python": "/opt/sglang/bin/python"},
+version = version_fixture(SglangEngine)
+#: ``python -m sglang.launch_server --help`` of one checked version
+real_help = real_help_fixture(TestSglangContract, "python")
+#: rank 0 of a two-node replica on 8 GPUs a node, with a profile arg
+SPEC = shard_spec(
+    {"python": "/opt/sglang/bin/python"}, gpus=tuple(range(8)), extra_args=("--context-length", "32768")
 )
 
 
@@ -61,14 +49,7 @@ class TestCommands:
             "/opt/sglang/bin/python",
             "-m",
             "sglang.launch_server",
-            "--model-path",
-            "/models/llama-3.1-405b",
-            "--served-model-name",
-            "llama-405b",
-            "--host",
-            "10.0.0.5",
-            "--port",
-            "30000",
+            *shard_serving("--model-path"),
             "--enable-metrics",
             "--tp-size",
             "2",
@@ -83,12 +64,7 @@ class TestCommands:
         assert argv[argv.index("--tp-size") :] == (
             "--tp-size",
             "16",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "0",
-            "--dist-init-addr",
-            "10.0.0.5:20000",
+            *shard_rendezvous(rank=0),
             "--context-length",
             "32768",
         )
@@ -104,7 +80,7 @@ class TestCommands:
             if flag_value(rank0, flag) != flag_value(worker, flag)
         }
         assert differing == {"--node-rank", "--host", "--port"}
-        assert [a for a in rank0 if a not in ("0", "10.0.0.5", "30000")] == [
+        assert [a for a in rank0 if a not in ("0", "10.0.0.5", "20001")] == [
             a for a in worker if a not in ("1", "10.0.0.6", "30007")
         ]
 
@@ -112,15 +88,10 @@ class TestCommands:
         """All ranks join rank 0's dist-init address, with the same --nnodes and --tp-size."""
         engine = SglangEngine()
         ranks = [engine.build_command(attrs.evolve(SPEC, nnodes=3, rank=r)).argv for r in range(3)]
-        assert {flag_value(argv, "--dist-init-addr") for argv in ranks} == {"10.0.0.5:20000"}
+        assert {flag_value(argv, "--dist-init-addr") for argv in ranks} == {"10.0.0.5:20002"}
         sizes = {(flag_value(argv, "--nnodes"), flag_value(argv, "--tp-size")) for argv in ranks}
         assert sizes == {("3", "24")}
         assert [flag_value(argv, "--node-rank") for argv in ranks] == ["0", "1", "2"]
-
-    def test_gpus_and_exact_adapter_names(self):
-        """GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters reach NCCL_IB_HCA as exact names."""
-        env = SglangEngine().build_command(attrs.evolve(SPEC, rank=1)).env
-        assert env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "NCCL_IB_HCA": "=mlx5_1,mlx5_10"}
 
     def test_option_args_skip_the_interpreter(self):
         """engine-check reads SGLang's flags, not the interpreter's -m."""
@@ -158,11 +129,6 @@ class TestHelpParsing:
 
 class TestEngineCheck:
     """engine-check on real SGLang help."""
-
-    def test_passes_on_each_checked_version(self, real_help):
-        """Every flag of every rank is documented, and the help looks complete."""
-        report = check_engine(SglangEngine(), {"python": real_help})
-        assert report.ok and not report.warnings
 
     def test_dist_init_addr_renamed_longer(self, real_help):
         """--dist-init-addr renamed --dist-init-address on its option line is missing (not as truncation)."""
@@ -233,7 +199,7 @@ class TestLoraCommand:
 
     def test_every_rank_gets_the_flags(self):
         """Every node of a multi-node replica runs the same LoRA configuration."""
-        spec = attrs.evolve(LORA_SPEC, nnodes=2, dist_init_addr="10.0.0.5:20000")
+        spec = attrs.evolve(LORA_SPEC, nnodes=2, dist_init_addr="10.0.0.5:20002")
         commands = [SglangEngine().build_command(attrs.evolve(spec, rank=rank)).argv for rank in (0, 1)]
         for argv in commands:
             assert [f for f in LORA_FLAGS if f in argv] == list(LORA_FLAGS)

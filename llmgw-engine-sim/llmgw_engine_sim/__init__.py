@@ -18,27 +18,24 @@ from collections.abc import Sequence
 import attrs
 
 import llmgw
-from llmgw.engine import Engine, HttpCall, LoadMetrics, ProgressMetrics, openai_canary
+from llmgw.engine import Engine, HttpCall, LoadMetrics, openai_canary, rendezvous_args
 from llmgw.models import Command, LaunchSpec, LoraSpec
 from llmgw.version import distribution_version
+from llmgw_engine_sim.flags import option_args
+from llmgw_engine_sim.lora_options import LoraOptions
 
 __all__ = ["LOAD", "LORA_LOAD_TIMEOUT", "PROGRESS", "SimEngine", "__version__"]
 
 __version__ = distribution_version("llmgw-engine-sim")
 
-#: the sim's counters at /metrics, named as vLLM's
-PROGRESS = ProgressMetrics(
-    tokens=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
-    running=("vllm:num_requests_running",),
-)
-
-
-#: the sim's gauges of its queue and of its seats taken, named as vLLM's
+#: the sim's gauges at /metrics of its queue and of its seats taken, named as vLLM's
 LOAD = LoadMetrics(
     waiting=("vllm:num_requests_waiting",),
     running=("vllm:num_requests_running",),
     kv_cache_usage=("vllm:kv_cache_usage_perc",),
 )
+#: the sim's token counters beside them, named as vLLM's
+PROGRESS = LOAD.progress(tokens=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"))
 
 
 #: seconds an adapter load may take before the agent counts it failed (the sim's ``--lora-load-time`` is
@@ -92,23 +89,10 @@ class SimEngine(Engine):
         argv += ["--host", spec.host]
         if spec.rank == 0:
             argv += ["--port", str(spec.port)]
-        if spec.nnodes > 1:
-            argv += [
-                "--nnodes",
-                str(spec.nnodes),
-                "--node-rank",
-                str(spec.rank),
-                "--dist-init-addr",
-                str(spec.dist_init_addr),
-            ]
+        argv += rendezvous_args(spec)
         if spec.lora is not None:
-            argv += [
-                "--enable-lora",
-                "--max-loras",
-                str(spec.lora.max_loaded),
-                "--max-lora-rank",
-                str(spec.lora.max_rank),
-            ]
+            lora = LoraOptions(enabled=True, max_loras=spec.lora.max_loaded, max_lora_rank=spec.lora.max_rank)
+            argv += option_args(lora, "enabled", "max_loras", "max_lora_rank")
         argv += list(spec.extra_args)
         return Command(argv=argv, env=self.device_env(spec))
 

@@ -44,7 +44,6 @@ and waiting; and the sim's own ``sim:lora_loaded{lora_name}`` (1 per loaded adap
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -58,66 +57,15 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llmgw_engine_sim.errors import ApiError
+from llmgw_engine_sim.lora_options import LoraOptions
 
-__all__ = ["Adapter", "LoraOptions", "Loras", "add_lora_flags", "read_adapter"]
+__all__ = ["Adapter", "LoraOptions", "Loras", "read_adapter"]
 
 log = logging.getLogger("llmgw_engine_sim")
 
 #: the files of a PEFT LoRA adapter directory
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-
-
-@attrs.frozen
-class LoraOptions:
-    """The LoRA flags."""
-
-    enabled: bool = False
-    #: adapters loaded at once (vLLM's "max number of LoRAs in a single batch"; a slot limit in the sim)
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    #: seconds a load takes (reading the weights)
-    load_time: float = 0.5
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> LoraOptions:
-        """The options from parsed command-line flags (see :func:`add_lora_flags`)."""
-        return cls(args.enable_lora, args.max_loras, args.max_lora_rank, args.lora_load_time)
-
-
-def add_lora_flags(parser: argparse.ArgumentParser, non_negative: Any, positive_int: Any) -> None:
-    """Add ``--enable-lora``, ``--max-loras``, ``--max-lora-rank`` and ``--lora-load-time`` to ``parser``."""
-    defaults = LoraOptions()
-    add = parser.add_argument
-    add(
-        "--enable-lora",
-        action="store_true",
-        help="serve LoRA adapters, loaded at run time with POST /v1/load_lora_adapter and unloaded with "
-        "POST /v1/unload_lora_adapter (vLLM's endpoints); a request names one as its model",
-    )
-    add(
-        "--max-loras",
-        type=positive_int,
-        default=defaults.max_loras,
-        metavar="N",
-        help=f"adapters loaded at once; a load when all N slots are taken answers 409 (vLLM's flag, "
-        f"a hard slot limit in the sim; default {defaults.max_loras})",
-    )
-    add(
-        "--max-lora-rank",
-        type=positive_int,
-        default=defaults.max_lora_rank,
-        metavar="R",
-        help=f"largest LoRA rank (adapter_config.json's r) a load accepts (default {defaults.max_lora_rank})",
-    )
-    add(
-        "--lora-load-time",
-        type=non_negative(float),
-        default=defaults.load_time,
-        metavar="SECONDS",
-        help=f"time one adapter load takes, reading its weights; other requests are served meanwhile "
-        f"(default {defaults.load_time})",
-    )
 
 
 @attrs.frozen

@@ -15,16 +15,16 @@ misses; ``--prefill-seconds-per-token 0`` makes prefill free.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import trio
 
-__all__ = ["PrefillOptions", "PrefixCache", "Prefill", "add_prefix_cache_flags"]
+from llmgw_engine_sim.flags import non_negative, option, positive_int
+
+__all__ = ["PrefillOptions", "PrefixCache", "Prefill"]
 
 
 @attrs.frozen
@@ -32,44 +32,30 @@ class PrefillOptions:
     """The prefix cache's flags."""
 
     #: tokens the cache holds (0: no cache, every prompt is prefilled whole)
-    cache_tokens: int = 65536
+    cache_tokens: int = option(
+        65536,
+        "--prefix-cache-tokens",
+        "prompt tokens the prefix cache keeps, least recently used out; 0 disables it (default {default})",
+        non_negative(int),
+        "N",
+    )
     #: tokens per cached block
-    block_tokens: int = 16
+    block_tokens: int = option(
+        16,
+        "--prefix-block-tokens",
+        "tokens per prefix-cache block; only whole blocks are cached (default {default})",
+        positive_int,
+        "N",
+    )
     #: prefill time per uncached prompt token (100 µs: ~10k tokens/s, a mid-range GPU's prefill on a 7B
     #: model, so a long shared system prompt shows what prefix routing saves)
-    seconds_per_token: float = 0.0001
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> PrefillOptions:
-        """The options from parsed command-line flags (see :func:`add_prefix_cache_flags`)."""
-        return cls(args.prefix_cache_tokens, args.prefix_block_tokens, args.prefill_seconds_per_token)
-
-
-def add_prefix_cache_flags(parser: argparse.ArgumentParser, non_negative: Any, positive_int: Any) -> None:
-    """Add ``--prefix-cache-tokens``, ``--prefix-block-tokens`` and ``--prefill-seconds-per-token``."""
-    defaults = PrefillOptions()
-    parser.add_argument(
-        "--prefix-cache-tokens",
-        type=non_negative(int),
-        default=defaults.cache_tokens,
-        metavar="N",
-        help=f"prompt tokens the prefix cache keeps, least recently used out; 0 disables it "
-        f"(default {defaults.cache_tokens})",
-    )
-    parser.add_argument(
-        "--prefix-block-tokens",
-        type=positive_int,
-        default=defaults.block_tokens,
-        metavar="N",
-        help=f"tokens per prefix-cache block; only whole blocks are cached (default {defaults.block_tokens})",
-    )
-    parser.add_argument(
+    seconds_per_token: float = option(
+        0.0001,
         "--prefill-seconds-per-token",
-        type=non_negative(float),
-        default=defaults.seconds_per_token,
-        metavar="SECONDS",
-        help=f"prefill time per prompt token not in the prefix cache, one prefill at a time; "
-        f"0 makes prefill free (default {defaults.seconds_per_token})",
+        "prefill time per prompt token not in the prefix cache, one prefill at a time; "
+        "0 makes prefill free (default {default})",
+        non_negative(float),
+        "SECONDS",
     )
 
 

@@ -21,39 +21,15 @@ import trio
 from llmgw.logs import JsonFormatter
 from llmgw.net.server import HttpServer
 from llmgw_engine_sim import __version__
-from llmgw_engine_sim.lora import LoraOptions, add_lora_flags
-from llmgw_engine_sim.prefix_cache import PrefillOptions, add_prefix_cache_flags
+from llmgw_engine_sim.flags import add_options, non_negative, options_from_args, positive_float, positive_int
+from llmgw_engine_sim.lora import LoraOptions
+from llmgw_engine_sim.prefix_cache import PrefillOptions
 from llmgw_engine_sim.rendezvous import Coordinator, join_replica
 from llmgw_engine_sim.server import ServeOptions, SimApp, reported_env
 
 __all__ = ["build_parser", "main"]
 
 log = logging.getLogger("llmgw_engine_sim")
-
-
-def _non_negative(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -85,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         "a worker given one joins rank 0 from it",
     )
     add("--port", type=int, default=8000, help="port the HTTP API binds (rank 0 only; default 8000)")
-    add("--nnodes", type=_positive_int, default=1, metavar="N", help="number of nodes (ranks) in the replica")
+    add("--nnodes", type=positive_int, default=1, metavar="N", help="number of nodes (ranks) in the replica")
     add(
-        "--node-rank", type=_non_negative(int), default=0, metavar="R", help="this node's rank; 0 serves HTTP"
+        "--node-rank", type=non_negative(int), default=0, metavar="R", help="this node's rank; 0 serves HTTP"
     )
     add(
         "--dist-init-addr",
@@ -95,39 +71,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="address rank 0 binds and workers join; required when --nnodes > 1",
     )
-    add("--max-model-len", type=_positive_int, metavar="N", help="reject prompt + max_tokens above N tokens")
+    add("--max-model-len", type=positive_int, metavar="N", help="reject prompt + max_tokens above N tokens")
     add(
         "--time-to-first-token",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=0.0,
         metavar="SECONDS",
         help="delay before the first generated token (default 0)",
     )
     add(
         "--tokens-per-second",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=0.0,
         metavar="N",
         help="generation speed after the first token; 0 means no delay (default 0)",
     )
-    add_prefix_cache_flags(parser, _non_negative, _positive_int)
-    add_lora_flags(parser, _non_negative, _positive_int)
+    add_options(parser, PrefillOptions)
+    add_options(parser, LoraOptions)
     add(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="at most N generations run at once; the others wait for a seat (default: no limit)",
     )
     add(
         "--startup-delay",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=0.0,
         metavar="SECONDS",
         help="time spent 'loading weights' before ready; /health answers 503 meanwhile",
     )
     add(
         "--peer-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         metavar="SECONDS",
         help="a peer silent this long (no heartbeat) is lost and the process exits 1 (default 1.0)",
@@ -143,34 +119,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--join-timeout",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=600.0,
         metavar="SECONDS",
         help="how long rank 0 waits for every worker, and a worker retries reaching rank 0 (default 600)",
     )
     add(
         "--shutdown-grace",
-        type=_non_negative(float),
+        type=non_negative(float),
         default=5.0,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long in-flight requests may take to finish (default 5)",
     )
     add(
         "--hang-after-requests",
-        type=_non_negative(int),
+        type=non_negative(int),
         metavar="N",
         help="fault injection: answer N inference requests, then never answer another "
         "(/health still answers 200)",
     )
     add(
         "--exit-after-requests",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="fault injection: exit with code 1 once the N-th inference request is answered",
     )
     add(
         "--oom-after-requests",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="fault injection: once the N-th inference request is answered, log that CUDA ran out of "
         "memory as vLLM does (torch.OutOfMemoryError) and exit with code 1",
@@ -288,8 +264,8 @@ async def _rank_zero(args: argparse.Namespace, life: _Lifecycle, nursery: trio.N
         exit_after_requests=args.exit_after_requests,
         oom_after_requests=args.oom_after_requests,
         log_requests=not args.disable_log_requests,
-        prefill=PrefillOptions.from_args(args),
-        lora=LoraOptions.from_args(args),
+        prefill=options_from_args(PrefillOptions, args),
+        lora=options_from_args(LoraOptions, args),
     )
     app = SimApp(options, exit=life.exit, info=info)
     server = HttpServer(app.handle)

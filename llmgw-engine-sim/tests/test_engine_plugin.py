@@ -8,8 +8,8 @@ import pytest
 from llmgw_engine_sim import SimEngine
 
 from llmgw.dev.cluster import program
-from llmgw.models import LaunchSpec
 from llmgw.testing.contract import EngineContract
+from llmgw.testing.engine_checks import shard_rendezvous, shard_serving, shard_spec
 
 
 def sim_exe() -> str:
@@ -36,19 +36,8 @@ class TestSimContract(EngineContract):
         return {"llmgw-sim": sim_help}
 
 
-SPEC = LaunchSpec(
-    model_source="/models/tiny",
-    served_name="tiny",
-    host="127.0.0.2",
-    port=8100,
-    gpus=(2, 3),
-    nnodes=3,
-    rank=0,
-    dist_init_addr="127.0.0.2:29500",
-    adapters=("mlx5_1", "mlx5_10"),
-    extra_args=("--tokens-per-second", "50"),
-    executables={"llmgw-sim": "/opt/sim/bin/llmgw-sim"},
-)
+#: rank 0 of a two-node replica, with a profile arg
+SPEC = shard_spec({"llmgw-sim": "/opt/sim/bin/llmgw-sim"}, extra_args=("--tokens-per-second", "50"))
 
 
 class TestSimCommands:
@@ -59,20 +48,8 @@ class TestSimCommands:
         command = SimEngine().build_command(SPEC)
         assert command.argv == (
             "/opt/sim/bin/llmgw-sim",
-            "--model",
-            "/models/tiny",
-            "--served-model-name",
-            "tiny",
-            "--host",
-            "127.0.0.2",
-            "--port",
-            "8100",
-            "--nnodes",
-            "3",
-            "--node-rank",
-            "0",
-            "--dist-init-addr",
-            "127.0.0.2:29500",
+            *shard_serving("--model"),
+            *shard_rendezvous(rank=0),
             "--tokens-per-second",
             "50",
         )
@@ -81,16 +58,10 @@ class TestSimCommands:
         """A worker joins rank 0 from its own address and is given no HTTP port."""
         import attrs
 
-        command = SimEngine().build_command(attrs.evolve(SPEC, rank=2))
+        command = SimEngine().build_command(attrs.evolve(SPEC, rank=1, host="10.0.0.6"))
         assert "--port" not in command.argv
-        assert command.argv[command.argv.index("--host") + 1] == "127.0.0.2"
-        assert command.argv[command.argv.index("--node-rank") + 1] == "2"
-
-    def test_gpus_and_exact_adapter_names(self):
-        """GPUs reach CUDA_VISIBLE_DEVICES; adapters reach NCCL_IB_HCA as exact names."""
-        env = SimEngine().build_command(SPEC).env
-        assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
-        assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_10"
+        assert command.argv[command.argv.index("--host") + 1] == "10.0.0.6"
+        assert command.argv[command.argv.index("--node-rank") + 1] == "1"
 
     def test_single_node_has_no_rendezvous_flags(self):
         """One node: no --nnodes, --node-rank or --dist-init-addr."""

@@ -32,7 +32,6 @@ from llmgw.engine import (
     HelpAndVersion,
     HttpCall,
     LoadMetrics,
-    ProgressMetrics,
     openai_canary,
     parse_argparse_flags,
     version_at_least,
@@ -93,14 +92,6 @@ def lora_rank(rank: int) -> int:
     raise ValueError(f"max_adapter_rank {rank}: vLLM's --max-lora-rank is at most {LORA_RANKS[-1]}")
 
 
-#: vLLM's own counters at /metrics (on by default; ``--disable-log-stats`` freezes them, and then a
-#: canary with no answer in time counts as a hang even on a busy replica)
-PROGRESS = ProgressMetrics(
-    tokens=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
-    running=("vllm:num_requests_running",),
-)
-
-
 def split_host_port(address: str) -> tuple[str, str]:
     """``"HOST:PORT"`` (or ``"[v6]:PORT"``) as ``(host, port)``, brackets removed."""
     host, sep, port = address.rpartition(":")
@@ -125,6 +116,9 @@ LOAD = LoadMetrics(
     running=("vllm:num_requests_running",),
     kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 )
+#: vLLM's own token counters at /metrics (on by default; ``--disable-log-stats`` freezes them, and then a
+#: canary with no answer in time counts as a hang even on a busy replica)
+PROGRESS = LOAD.progress(tokens=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"))
 
 #: the first vLLM release whose chat completions take ``continue_final_message`` (with
 #: ``add_generation_prompt: false``): vllm-project/vllm#8942, merged 2024-09-30, released in v0.6.3

@@ -9,8 +9,9 @@ import pytest
 from llmgw_engine_vllm import LORA_RANKS, VllmEngine, lora_rank, split_host_port
 
 from llmgw.enginecheck import check_engine
-from llmgw.models import LaunchSpec, LoraSpec
-from llmgw.testing.contract import EngineContract, flag_value, read_help_files
+from llmgw.models import LoraSpec
+from llmgw.testing.contract import EngineContract, flag_value
+from llmgw.testing.engine_checks import real_help_fixture, shard_serving, shard_spec, version_fixture
 
 VERSIONS = VllmEngine.checked_versions
 
@@ -28,46 +29,15 @@ class TestVllmContract(EngineContract):
     help_files = {"vllm": "vllm-{version}-serve.txt"}
 
 
-@pytest.fixture(params=VERSIONS)
-def version(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def real_help(engine_help_dir, version) -> str:
-    """``vllm serve --help=all`` of one checked version."""
-    return read_help_files(engine_help_dir, TestVllmContract.help_files, version)["vllm"]
-
-
-SPEC = LaunchSpec(
-    model_source="/models/llama-3.1-70b",
-    served_name="llama-70b",
-    host="10.0.0.5",
-    port=20001,
-    gpus=(4, 5, 6, 7),
-    rank=0,
-    nnodes=2,
-    dist_init_addr="10.0.0.5:20002",
-    adapters=("mlx5_1", "mlx5_10"),
-    extra_args=("--max-model-len", "32768"),
-    executables={"vllm": "/opt/vllm/bin/vllm"},
-)
+version = version_fixture(VllmEngine)
+#: ``vllm serve --help=all`` of one checked version
+real_help = real_help_fixture(TestVllmContract, "vllm")
+#: rank 0 of a two-node replica on 4 GPUs a node, with a profile arg
+SPEC = shard_spec({"vllm": "/opt/vllm/bin/vllm"}, extra_args=("--max-model-len", "32768"))
 
 
 #: how single-node and rank 0 commands of SPEC begin: serve the model by name, tensor parallel over 4 GPUs
-SERVE = (
-    "/opt/vllm/bin/vllm",
-    "serve",
-    "/models/llama-3.1-70b",
-    "--served-model-name",
-    "llama-70b",
-    "--host",
-    "10.0.0.5",
-    "--port",
-    "20001",
-    "--tensor-parallel-size",
-    "4",
-)
+SERVE = ("/opt/vllm/bin/vllm", "serve", *shard_serving(model=None), "--tensor-parallel-size", "4")
 
 
 class TestCommands:
@@ -126,12 +96,6 @@ class TestCommands:
             assert flag_value(argv, "--tensor-parallel-size") == "4"
         assert [flag_value(argv, "--node-rank") for argv in ranks] == ["0", "1", "2"]
         assert ["--headless" in argv for argv in ranks] == [False, True, True]
-
-    def test_gpus_and_exact_adapter_names(self):
-        """GPUs reach CUDA_VISIBLE_DEVICES; the fabric's adapters reach NCCL_IB_HCA as exact names."""
-        for rank in (0, 1):
-            env = VllmEngine().build_command(attrs.evolve(SPEC, rank=rank)).env
-            assert env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7", "NCCL_IB_HCA": "=mlx5_1,mlx5_10"}
 
     def test_ipv6_master_address(self):
         """An IPv6 dist-init address loses its brackets in --master-addr."""

@@ -14,7 +14,9 @@ message says how to fix it::
         engine_class = MyEngine
         help_files = {"my-server": "my-server-{version}.txt"}
 
-with a ``version`` fixture whose params are ``MyEngine.checked_versions``.
+with a ``version`` fixture whose params are ``MyEngine.checked_versions``
+(``version = version_fixture(MyEngine)``, from :mod:`llmgw.testing.engine_checks`, which also has what
+engines' own tests share beside this suite).
 
 The ``engine_help_dir`` fixture (from :mod:`llmgw.testing.pytest_plugin`,
 loaded by pytest wherever llmgw is installed) is the folder of real help texts
@@ -203,6 +205,17 @@ class EngineContract:
             assert command == engine.build_command(spec), "build_command must be deterministic"
             assert all(isinstance(v, str) for v in command.env.values()), "env values must be strings"
             command_program(engine, spec, command)
+
+    def test_gpus_and_exact_adapter_names(self, engine: Engine, widest: LaunchSpec) -> None:
+        """Every rank gets its GPUs in CUDA_VISIBLE_DEVICES and the fabric's adapters in NCCL_IB_HCA by exact
+        name (``=mlx5_1,mlx5_10``: a bare ``mlx5_1`` would also select ``mlx5_10``)."""
+        for spec in self.ranks(attrs.evolve(widest, gpus=(4, 5, 6, 7), adapters=("mlx5_1", "mlx5_10"))):
+            env = engine.build_command(spec).env
+            got = (env.get("CUDA_VISIBLE_DEVICES"), env.get("NCCL_IB_HCA"))
+            assert got == ("4,5,6,7", "=mlx5_1,mlx5_10"), (
+                f"rank {spec.rank}: CUDA_VISIBLE_DEVICES and NCCL_IB_HCA are {got}; start the command's env "
+                "from self.device_env(spec), which sets both"
+            )
 
     def test_rank_zero_differs_from_workers(self, engine: Engine, widest: LaunchSpec) -> None:
         """In a multi-node spec, rank 0 and the workers get different commands."""

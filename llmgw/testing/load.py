@@ -1,4 +1,4 @@
-"""Clients sending chat completions through a gateway without pause, counting every outcome.
+"""Clients sending chat completions through a gateway without pause (50 ms after a failure), counting each.
 
 Used by the end-to-end tests and the benchmarks that change a cluster under
 load (drains, rollouts, removals) and then check that no request failed::
@@ -41,6 +41,9 @@ from llmgw.testing.chat import chat_body
 from llmgw.testing.processes import free_port
 
 __all__ = ["Answer", "GatewayLoad", "gateway_models", "ready_cluster", "routed_cluster"]
+
+#: seconds a client waits after a failed request before its next one
+FAILURE_PAUSE = 0.05
 
 
 @attrs.frozen
@@ -217,6 +220,8 @@ class GatewayLoad:
                         self.served[model] += 1
                     else:
                         self.failures.append(f"{model}: {outcome}")
+                if outcome is not None:
+                    self.stop.wait(FAILURE_PAUSE)  # a refused connection fails in microseconds: no hot loop
         finally:
             connection.close()
 

@@ -1,4 +1,4 @@
-"""Clients sending chat completions through a gateway without pause (50 ms after a failure), counting each.
+"""Clients sending chat completions through a gateway, pausing only after a failure, counting every outcome.
 
 Used by the end-to-end tests and the benchmarks that change a cluster under
 load (drains, rollouts, removals) and then check that no request failed::

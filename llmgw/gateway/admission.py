@@ -13,7 +13,8 @@ per inference request, before it is routed, and answers a :class:`Ticket` or a
   a request's prompt + completion tokens are known only once its answer ends
   (the engine's ``usage``), so they are charged then, and the bucket may go
   negative: requests are refused while it is not positive (429);
-- ``concurrency``: requests of the key in flight at once (429);
+- ``concurrency``: requests of the key in flight at once (429), for the whole
+  fleet: each on a seat the process holds (:mod:`llmgw.gateway.seats`);
 - ``budget``: tokens per UTC day or month for the whole fleet, counted by the
   server from every gateway's reports (:mod:`llmgw.gateway.leases`): a key the
   server says is spent is refused (429, ``Retry-After`` until the period ends).
@@ -23,9 +24,10 @@ a running stream's tokens are charged when it ends. Buckets start full, so a
 key may use its whole minute at once.
 
 Each process counts its own requests, and with :mod:`llmgw.gateway.leases`
-also admits a rate-limited key's request only with the fleet's leave: N
-processes (``--workers``, several gateways) then admit the limit in all, not
-N times it. ``concurrency`` is counted per process.
+also admits a limited key's request only with the fleet's leave (a request
+lent for rpm, the tpm bucket positive, a seat for concurrency): N processes
+(``--workers``, several gateways) then admit the limit in all, not N times it.
+A server without leases (or from before seats) leaves each process to count alone.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from llmgw.wire import KeyLimits, Priority
 
 if TYPE_CHECKING:
     from llmgw.gateway.leases import Leases
+    from llmgw.gateway.seats import HeldSeats
 
 __all__ = ["Admission", "Cause", "Refused", "Ticket"]
 
@@ -118,13 +121,22 @@ class _KeyState(KeyBuckets):
 class Ticket:
     """An admitted request of a limited key: :meth:`done` once its answer is over."""
 
-    __slots__ = ("_state", "_clock", "_key", "_leases", "_open")
+    __slots__ = ("_state", "_clock", "_key", "_leases", "_seats", "_open")
 
-    def __init__(self, state: _KeyState, clock: Callable[[], float], key: str, leases: Leases | None) -> None:
+    def __init__(
+        self,
+        state: _KeyState,
+        clock: Callable[[], float],
+        key: str,
+        leases: Leases | None,
+        seats: HeldSeats | None = None,
+    ) -> None:
         self._state = state
         self._clock = clock
         self._key = key
         self._leases = leases
+        #: the key's seats in this process, one of which the request holds (None: counted per process)
+        self._seats = seats
         self._open = True
 
     def done(self, usage: tuple[int, int] | None) -> None:
@@ -137,6 +149,8 @@ class Ticket:
         self._open = False
         state = self._state
         state.in_flight -= 1
+        if self._seats is not None:
+            self._seats.release()
         if usage is not None and state.tokens is not None:
             state.tokens.take(usage[0] + usage[1], self._clock())
             if self._leases is not None:
@@ -164,6 +178,8 @@ class Admission:
         self._keys = follow_keys(self._keys, limits, self.clock(), _KeyState.new)
         if self.leases is not None:
             self.leases.forget({name for name, wanted in limits.items() if wanted.rpm or wanted.tpm})
+            seated = {name: wanted.concurrency for name, wanted in limits.items() if wanted.concurrency}
+            self.leases.follow_seats(seated)
             self.leases.budgeted = any(wanted.budget is not None for wanted in limits.values())
 
     def forbidden(self, key: str, model: str) -> Refused | None:
@@ -198,11 +214,18 @@ class Admission:
             return Refused(
                 Cause.BUDGET, key, spent.budget, wait, period=spent.period, resets_at=spent.resets_at
             )
-        if limits.concurrency is not None and state.in_flight >= limits.concurrency:
-            # a place frees when a request ends: no way to know when; one second is a fair guess
-            return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
         now = self.clock()
         leases = self.leases if self.leases is not None and self.leases.active else None
+        seats = None
+        if limits.concurrency is not None:
+            if state.in_flight >= limits.concurrency:
+                # a place frees when a request ends: no way to know when; one second is a fair guess
+                return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
+            seats = leases.seats(key) if leases is not None else None
+            if seats is not None and not seats.may_take(now, again=again):
+                fleet = leases.seats_wait(key)
+                retry = fleet if fleet is not None else leases.period
+                return Refused(Cause.CONCURRENCY, key, limits.concurrency, retry, renewable=fleet is None)
         if leases is not None and not again and (state.tokens is not None or state.requests is not None):
             leases.seen(key)
         if state.tokens is not None:
@@ -218,8 +241,10 @@ class Admission:
                 retry = fleet if fleet is not None else leases.period
                 return Refused(Cause.RPM, key, limits.rpm or 0, retry, renewable=fleet is None)
             state.requests.take(1.0, now)
+        if seats is not None:
+            seats.take(now, again=again)
         state.in_flight += 1
-        return Ticket(state, self.clock, key, leases)
+        return Ticket(state, self.clock, key, leases, seats)
 
     def priority(self, key: str) -> Priority:
         """Key ``key``'s priority class in the model queues (``standard`` for a key without limits)."""

@@ -41,7 +41,7 @@ class TestLender:
         first = lender.lend(limits, ask("a", KeyDemand("k", wanted=15)), now)
         second = lender.lend(limits, ask("b", KeyDemand("k", wanted=15)), now)
         third = lender.lend(limits, ask("c", KeyDemand("k", wanted=1)), now)
-        assert first == AllowanceReply((KeyAllowance("k", 15, 0.0, 0.0),), 1.0)
+        assert first == AllowanceReply((KeyAllowance("k", 15, 0.0, 0.0),), 1.0, seat_ttl=5.0)
         assert second.keys[0].granted == 5 and second.keys[0].requests_wait == pytest.approx(3.0)
         assert third.keys[0].granted == 0 and third.keys[0].requests_wait == pytest.approx(3.0)
         assert lender.lend(limits, ask("c", KeyDemand("k", wanted=1)), now + 3.0).keys[0].granted == 1
@@ -64,9 +64,9 @@ class TestLender:
         assert reply.keys[0] == KeyAllowance("k", 0, 0.0, pytest.approx(20.0))
 
     def test_keys_without_a_rate_are_left_out_and_changes_followed(self):
-        """Keys with no rpm or tpm (or unknown) get no answer; a changed limit applies to the next ask."""
+        """Keys with no rpm, tpm or concurrency (or unknown) get no answer; a changed limit applies to the next ask."""
         lender = Lender()
-        limits = {"k": KeyLimits(rpm=2), "free": KeyLimits(concurrency=3)}
+        limits = {"k": KeyLimits(rpm=2), "free": KeyLimits(budget=3)}
         demands = (KeyDemand("k", wanted=5), KeyDemand("free", wanted=5), KeyDemand("gone", wanted=5))
         reply = lender.lend(limits, AllowanceRequest("a", demands), 0.0)
         assert [(a.key, a.granted) for a in reply.keys] == [("k", 2)]

@@ -335,10 +335,9 @@ class Leases:
             if lease is not None:
                 lease.tokens -= min(tokens, lease.tokens)
         for allowance in reply.keys:
-            seats = self._seats.get(allowance.key)
-            if seats is not None and allowance.seats is not None and allowance.key in seats_asked:
-                ttl = reply.seat_ttl or 0.0
-                seats.lent(allowance.seats, sent_at, ttl, now, self.period, seats_asked[allowance.key])
+            seats, asked = self._seats.get(allowance.key), seats_asked.get(allowance.key)
+            if seats is not None and asked is not None and allowance.seats is not None and reply.seat_ttl:
+                seats.lent(allowance.seats, sent_at, reply.seat_ttl, now, self.period, asked)
             lease = self._leases.get(allowance.key)
             if lease is None:
                 continue

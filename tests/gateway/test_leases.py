@@ -64,7 +64,7 @@ class TestLender:
         assert reply.keys[0] == KeyAllowance("k", 0, 0.0, pytest.approx(20.0))
 
     def test_keys_without_a_rate_are_left_out_and_changes_followed(self):
-        """Keys with no rpm, tpm or concurrency (or unknown) get no answer; a changed limit applies to the next ask."""
+        """Keys without rpm, tpm or concurrency (or unknown) get no answer; a changed limit applies next."""
         lender = Lender()
         limits = {"k": KeyLimits(rpm=2), "free": KeyLimits(budget=3)}
         demands = (KeyDemand("k", wanted=5), KeyDemand("free", wanted=5), KeyDemand("gone", wanted=5))

@@ -26,7 +26,7 @@ from llmgw.testing.catalogs import chat_catalog
 from llmgw.testing.load import ready_cluster
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
-from tests.e2e.test_e2e_key_limits import chat, created
+from tests.e2e.test_e2e_key_limits import chat, created, status_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,13 +54,6 @@ def usage_tokens(cluster: LocalCluster, name: str) -> int:
     return key["tokens"]
 
 
-def _status(url: str, secret: str) -> int | None:
-    try:
-        return chat(url, secret).status_code
-    except httpx.HTTPError:
-        return None
-
-
 def test_a_restarted_gateway_lends_no_fresh_minute_and_loses_no_usage(tmp_path: Path):
     """A key with --rpm 30 spends 20 through a gateway stopped right after its last answer: `ctl keys
     usage` shows every token at once; a new gateway admits what the fleet's bucket has left (30 in all,
@@ -70,7 +63,7 @@ def test_a_restarted_gateway_lends_no_fresh_minute_and_loses_no_usage(tmp_path: 
         other = created(cluster, "team-web")
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the gateway to serve team-web", 60)
 
         began = time.monotonic()
         first = [chat(url, secret) for _ in range(20)]
@@ -80,7 +73,7 @@ def test_a_restarted_gateway_lends_no_fresh_minute_and_loses_no_usage(tmp_path: 
 
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the restarted gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the restarted gateway to serve team-web", 60)
         second = [chat(url, secret) for _ in range(30)]
         elapsed = time.monotonic() - began
         total = 20 + admitted(second)
@@ -117,7 +110,7 @@ def test_limits_and_usage_survive_a_server_failover(tmp_path: Path, pg_url: str)
         local.start_gateway(free_port(), keys=True)
         url_2 = local.gateway_url
         for each in (url, url_2):
-            local.wait(lambda u=each: _status(u, other) == 200, f"gateway {each} to serve team-web", 60)
+            local.wait(lambda u=each: status_of(u, other) == 200, f"gateway {each} to serve team-web", 60)
 
         began = time.monotonic()
         stored = [chat(url, secret) for _ in range(30)]
@@ -133,7 +126,7 @@ def test_limits_and_usage_survive_a_server_failover(tmp_path: Path, pg_url: str)
             "server B to lead",
             60,
         )  # fmt: skip
-        local.wait(lambda: _status(url_2, other) == 200, "the second gateway to serve through server B", 60)
+        local.wait(lambda: status_of(url_2, other) == 200, "the second gateway to serve through server B", 60)
         after = [chat(url_2, secret) for _ in range(60)]
         elapsed = time.monotonic() - began
         total = 50 + admitted(after)

@@ -216,18 +216,18 @@ class Admission:
             )
         now = self.clock()
         leases = self.leases if self.leases is not None and self.leases.active else None
+        if limits.concurrency is not None and state.in_flight >= limits.concurrency:
+            # a place frees when a request ends: no way to know when; one second is a fair guess
+            return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
+        if leases is not None and not again and (state.tokens is not None or state.requests is not None):
+            leases.seen(key)  # before its seat: one exchange asks for both when the request waits
         seats = None
-        if limits.concurrency is not None:
-            if state.in_flight >= limits.concurrency:
-                # a place frees when a request ends: no way to know when; one second is a fair guess
-                return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
-            seats = leases.seats(key) if leases is not None else None
+        if limits.concurrency is not None and leases is not None:
+            seats = leases.seats(key)
             if seats is not None and not seats.may_take(now, again=again):
                 fleet = leases.seats_wait(key)
                 retry = fleet if fleet is not None else leases.period
                 return Refused(Cause.CONCURRENCY, key, limits.concurrency, retry, renewable=fleet is None)
-        if leases is not None and not again and (state.tokens is not None or state.requests is not None):
-            leases.seen(key)
         if state.tokens is not None:
             wait = max(state.tokens_wait(now), leases.tokens_wait(key) if leases is not None else 0.0)
             if wait > 0:  # refused until positive, however little

@@ -117,6 +117,17 @@ async def test_three_gateways_admit_the_concurrency_in_all(nursery, clock):
     assert server.lender.seats.lent("k", clock()) == 4
 
 
+async def test_a_key_with_a_rate_and_a_concurrency_asks_for_both_on_one_exchange(nursery, clock):
+    """rpm 10 and concurrency 2: the first request waits for one exchange, lent it a seat and a request at
+    once, and is admitted; 2 of 3 requests are admitted, the third refused for concurrency."""
+    limits = {"k": KeyLimits(rpm=10, concurrency=2)}
+    server, (a,) = await fleet(nursery, clock, 1, limits)
+    answers = [await admit(a) for _ in range(3)]
+    assert [isinstance(x, Ticket) for x in answers] == [True, True, False]
+    assert answers[2].cause is Cause.CONCURRENCY
+    assert (server.asked[0].keys[0].wanted, server.asked[0].keys[0].seats_wanted) == (1, 1)
+
+
 async def test_gateways_asking_for_the_last_seat_at_once_admit_one(nursery, clock):
     """concurrency 1: two gateway processes each with a request waiting for an exchange at the same time:
     exactly one is admitted."""

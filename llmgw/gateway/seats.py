@@ -27,6 +27,12 @@ __all__ = ["HeldSeats"]
 class HeldSeats:
     """One key's seats in one gateway process, the requests on them, and what to ask for.
 
+    ``held`` seats were lent by the server, valid until ``until`` (the clock's time); ``used`` of them carry
+    requests now; of the free ones, ``reserved`` were lent by the last answer for the requests that waited
+    for it; ``waiting`` requests wait now for an exchange; until ``full_until`` the fleet had no more seats
+    for this process (its last answer); ``reached[n - 1]`` is when ``n`` seats were last wanted at once (in
+    use, or one more asked for).
+
     :param limit: the key's ``concurrency`` (never ask for more).
     """
 
@@ -34,18 +40,8 @@ class HeldSeats:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        #: seats lent by the server, valid until :attr:`until` (the clock's time)
-        self.held = 0
-        self.until = 0.0
-        #: requests on seats now
-        self.used = 0
-        #: of the free seats, those the last answer lent for the requests that waited for it
-        self.reserved = 0
-        #: requests waiting now for an exchange
-        self.waiting = 0
-        #: the clock's time until which the fleet had no more seats for this process (its last answer)
-        self.full_until = 0.0
-        #: reached[n - 1]: when ``n`` seats were last wanted at once (in use, or one more asked for)
+        self.held = self.used = self.reserved = self.waiting = 0
+        self.until = self.full_until = 0.0
         self.reached: list[float] = []
 
     def free(self, now: float) -> int:

@@ -135,6 +135,33 @@ async def admit(admission: Admission, key: str = "k") -> Ticket | Refused | None
     return admitted
 
 
+async def unstarted(nursery, clock: FakeClock, limits: dict) -> tuple:
+    """A server and one gateway process without its exchange task: the test makes each exchange."""
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
+    admission = Admission(clock, leases)
+    admission.update(limits)
+    return server, leases, admission
+
+
+async def waiting_for_an_exchange(inner: trio.Nursery, admission: Admission, count: int) -> list:
+    """``count`` requests of key k refused as renewable (nothing held), each waiting in ``inner`` for the next
+    exchange, then asking again: the list their answers go to."""
+    answers: list = []
+
+    async def waiting() -> None:
+        await admission.leases.refresh("k")
+        answers.append(admission.admit("k", "m", again=True))
+
+    for _ in range(count):
+        refused = admission.admit("k", "m")
+        assert isinstance(refused, Refused) and refused.renewable
+        inner.start_soon(waiting)
+    await trio.testing.wait_all_tasks_blocked()
+    return answers
+
+
 async def test_three_gateways_admit_the_limit_in_all(nursery, clock):
     """rpm 12 through three gateway processes taking turns: 12 admitted in all, not 36, then one per 5 s."""
     limits = {"k": KeyLimits(rpm=12)}
@@ -295,24 +322,11 @@ async def test_requests_waiting_for_an_exchange_get_what_it_lent_before_newcomer
     """Ten requests of an idle key wait for an exchange, which lends ten; a request arriving after the answer
     but before they ask again is refused and waits for the next exchange, and all ten are admitted."""
     limits = {"k": KeyLimits(rpm=10**6)}
-    server = FleetServer(limits, clock)
-    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
-    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
-    admission = Admission(clock, leases)
-    admission.update(limits)  # no exchange task: the test makes the one exchange and wakes the waiters
+    _, leases, admission = await unstarted(nursery, clock, limits)
     answered = leases._answered
-    answers: list = []
-
-    async def waiting() -> None:
-        await leases.refresh("k")
-        answers.append(admission.admit("k", "m", again=True))
-
     with trio.fail_after(5):
         async with trio.open_nursery() as inner:
-            for _ in range(10):
-                assert isinstance(admission.admit("k", "m"), Refused)  # nothing held yet
-                inner.start_soon(waiting)
-            await trio.testing.wait_all_tasks_blocked()
+            answers = await waiting_for_an_exchange(inner, admission, 10)
             await leases.exchange()
             assert leases._leases["k"].held == 10
             newcomer = admission.admit("k", "m")

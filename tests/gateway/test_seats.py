@@ -8,14 +8,12 @@ import trio
 import trio.testing
 
 from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
-from llmgw.gateway.leases import Leases
-from llmgw.net.client import ConnectionPool
 from llmgw.net.server import HttpServer
 from llmgw.server.state.allowances import Lender
 from llmgw.server.state.seats import SEAT_TTL
 from llmgw.testing.clock import FakeClock
 from llmgw.wire import AllowanceRequest, KeyDemand, KeyLimits
-from tests.gateway.test_leases import FleetServer, admit, gateway
+from tests.gateway.test_leases import FleetServer, admit, gateway, unstarted, waiting_for_an_exchange
 
 LIMITS = {"k": KeyLimits(concurrency=4)}
 
@@ -209,29 +207,14 @@ async def test_a_server_without_seats_leaves_concurrency_to_each_process(nursery
 async def test_requests_waiting_for_seats_get_them_before_newcomers(nursery, clock):
     """Three requests wait for an exchange, which lends three seats; a request arriving after the answer,
     before they ask again, is refused and waits for the next; all three are admitted."""
-    server = FleetServer(LIMITS, clock)
-    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
-    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
-    admission = Admission(clock, leases)
-    admission.update(LIMITS)
-    answered = leases._answered
-    answers: list = []
-
-    async def waiting() -> None:
-        await leases.refresh("k")
-        answers.append(admission.admit("k", "m", again=True))
-
+    server, leases, admission = await unstarted(nursery, clock, LIMITS)
     with trio.fail_after(5):
         async with trio.open_nursery() as inner:
-            for _ in range(3):
-                refused = admission.admit("k", "m")
-                assert isinstance(refused, Refused) and refused.renewable
-                inner.start_soon(waiting)
-            await trio.testing.wait_all_tasks_blocked()
+            answers = await waiting_for_an_exchange(inner, admission, 3)
             await leases.exchange()
             assert server.asked[-1].keys[0].seats_wanted == 3
             newcomer = admission.admit("k", "m")
-            answered.set()
+            leases._answered.set()  # what the exchange task does once the exchange ended: the three ask again
             await trio.testing.wait_all_tasks_blocked()
             inner.cancel_scope.cancel()
     assert isinstance(newcomer, Refused) and newcomer.cause is Cause.CONCURRENCY

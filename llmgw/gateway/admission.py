@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Admission", "Cause", "Refused", "Ticket"]
 
+#: seconds on a monotonic clock
+Clock = Callable[[], float]
+
 
 class Cause(enum.StrEnum):
     """Why a request was refused: the limit it hit (the error's ``code`` says ``<cause>_limit``)."""
@@ -104,36 +107,29 @@ class Refused:
 
 
 class _KeyState(KeyBuckets):
-    """One limited key's buckets, and its requests in flight."""
+    """One limited key's name, buckets, and requests in flight."""
 
-    __slots__ = ("in_flight",)
+    __slots__ = ("name", "in_flight")
 
-    def __init__(self, limits: KeyLimits, now: float) -> None:
+    def __init__(self, name: str, limits: KeyLimits, now: float) -> None:
         super().__init__(limits, now)
+        self.name = name
         self.in_flight = 0
 
     @classmethod
-    def new(cls, _name: str, limits: KeyLimits, now: float) -> _KeyState:
+    def new(cls, name: str, limits: KeyLimits, now: float) -> _KeyState:
         """A key new to the gateway: its buckets full."""
-        return cls(limits, now)
+        return cls(name, limits, now)
 
 
 class Ticket:
     """An admitted request of a limited key: :meth:`done` once its answer is over."""
 
-    __slots__ = ("_state", "_clock", "_key", "_leases", "_seats", "_open")
+    __slots__ = ("_state", "_clock", "_leases", "_seats", "_open")
 
-    def __init__(
-        self,
-        state: _KeyState,
-        clock: Callable[[], float],
-        key: str,
-        leases: Leases | None,
-        seats: HeldSeats | None = None,
-    ) -> None:
-        self._state = state
+    def __init__(self, key: _KeyState, clock: Clock, leases: Leases | None, seats: HeldSeats | None) -> None:
+        self._state = key
         self._clock = clock
-        self._key = key
         self._leases = leases
         #: the key's seats in this process, one of which the request holds (None: counted per process)
         self._seats = seats
@@ -154,7 +150,7 @@ class Ticket:
         if usage is not None and state.tokens is not None:
             state.tokens.take(usage[0] + usage[1], self._clock())
             if self._leases is not None:
-                self._leases.charge(self._key, usage[0] + usage[1])
+                self._leases.charge(state.name, usage[0] + usage[1])
 
 
 class Admission:
@@ -244,7 +240,7 @@ class Admission:
         if seats is not None:
             seats.take(now, again=again)
         state.in_flight += 1
-        return Ticket(state, self.clock, key, leases, seats)
+        return Ticket(state, self.clock, leases, seats)
 
     def priority(self, key: str) -> Priority:
         """Key ``key``'s priority class in the model queues (``standard`` for a key without limits)."""

@@ -22,6 +22,11 @@ def _not_negative(_: object, attribute: attrs.Attribute, value: float) -> None:
         raise ValueError(f"{attribute.name}: expected a number >= 0, got {value}")
 
 
+def _name() -> str:
+    """A field naming a key, a model or a gateway process: at most 253 characters."""
+    return attrs.field(validator=bounded(text=253))
+
+
 def _count() -> int:
     """A field counting requests, tokens or seats: 0 unless given, never negative."""
     return attrs.field(default=0, validator=_not_negative)
@@ -31,7 +36,7 @@ def _count() -> int:
 class KeyDemand:
     """One limited key as a gateway process sees it since its last request."""
 
-    key: str = attrs.field(validator=bounded(text=253))
+    key: str = _name()
     #: requests it asks to be granted now (beyond what it holds)
     wanted: int = _count()
     #: prompt + completion tokens of the key's answers that ended since its last request
@@ -50,8 +55,8 @@ class KeyDemand:
 class UsageReport:
     """What one key's answers of one model used since the gateway process last reported (any key)."""
 
-    key: str = attrs.field(validator=bounded(text=253))
-    model: str = attrs.field(validator=bounded(text=253))
+    key: str = _name()
+    model: str = _name()
     requests: int = _count()
     prompt_tokens: int = _count()
     completion_tokens: int = _count()
@@ -61,8 +66,9 @@ class UsageReport:
 class AllowanceRequest:
     """``POST /v1/gateway/allowances``: a gateway process's demand, per limited key, and its keys' usage."""
 
-    #: the gateway process (host, pid and a random part): for the server's log only
-    gateway: str = attrs.field(validator=bounded(text=253))
+    #: the gateway process (host, pid and a random part): the server's log names it, and holds its seats
+    #: under it (and its certificate's name)
+    gateway: str = _name()
     keys: tuple[KeyDemand, ...] = attrs.field(default=(), validator=bounded(items=100_000))
     #: the tokens answers used, per key and model, since the last report (counted against budgets)
     usage: tuple[UsageReport, ...] = attrs.field(default=(), validator=bounded(items=100_000))

@@ -349,19 +349,19 @@ class Leases:
 
     def _seat_demands(self, demands: dict[str, KeyDemand], now: float, last: bool) -> dict[str, tuple]:
         """Add the seats of each key with something to say (held, in use or wanted) to ``demands``; seats
-        held beyond those wanted are given back at once. Returns key -> (seats wanted, requests waiting)."""
+        held beyond those wanted are given back at once. Returns key -> (seats needed, requests waiting)."""
         asked: dict[str, tuple] = {}
         if self.seats_supported is False:
             return asked
         for key, seats in self._seats.items():
             held = seats.valid(now)
-            wanted = seats.wanted(now, self.period, last=last)
+            wanted, needed = seats.wanted(now, self.period, last=last)
             if not (held or seats.used or wanted):
                 continue
             counts = {"seats_held": min(held, wanted), "seats_used": seats.used, "seats_wanted": wanted}
             demand = demands.get(key)
             demands[key] = attrs.evolve(demand, **counts) if demand is not None else KeyDemand(key, **counts)
-            asked[key] = (wanted, seats.waiting)
+            asked[key] = (needed, seats.waiting)
         return asked
 
     async def _post(self, request: AllowanceRequest) -> AllowanceReply | None:

@@ -10,7 +10,9 @@ it asked for: the fleet's are taken, and the request is refused (429) at once.
 
 On each exchange it says the seats it holds, those in use, and those it wants
 from now on: its requests in flight and waiting, or the most it had in use at
-once in the last period: a seat not used for a period goes back. Seats it gives
+once in the last period: a seat not used for a period goes back. When requests
+wait it asks for twice what it needs (up to the limit), so a burst ramps up in
+a few exchanges; what it does not use goes back a period later. Seats it gives
 back are gone at once, before the answer; the answer's count is what it holds.
 
 Its seats last the server's TTL from when it sent the request that was
@@ -76,17 +78,24 @@ class HeldSeats:
             reached.append(now)
         reached[count - 1] = now
 
-    def wanted(self, now: float, period: float, *, last: bool = False) -> int:
-        """The seats to hold from now on: those for the requests in flight and waiting, or the most wanted
-        at once in the last ``period`` (``last``: only those in flight; the process stops). Seats held beyond
-        it are given back at once: no request takes them while the exchange is out."""
-        wanted = self.used
+    def wanted(self, now: float, period: float, *, last: bool = False) -> tuple[int, int]:
+        """The seats to hold from now on, and of them those needed now. Needed: the requests in flight and
+        waiting, or the most wanted at once in the last ``period``; when some wait, it asks for twice what
+        they and those in flight need (a key's burst ramps up in a few exchanges, not one per request).
+        ``last``: only those in flight (the process stops). Seats held beyond it are given back at once: no
+        request takes them while the exchange is out. Called as the exchange is sent."""
+        needed = wanted = self.used
         if not last:
             reached = self.reached
             recent = next((n for n in range(len(reached), 0, -1) if now - reached[n - 1] < period), 0)
-            wanted = max(wanted, min(self.limit, max(wanted + self.waiting, recent)))
+            needed = max(needed, min(self.limit, max(needed + self.waiting, recent)))
+            ramp = 2 * (self.used + self.waiting) if self.waiting else 0
+            wanted = max(needed, min(self.limit, ramp))
         self.held = min(self.held, wanted)
-        return wanted
+        # the seats free now go to the requests that wait for this exchange: a request that comes while it is
+        # out takes only what they leave, or it would take seats the exchange asks for them
+        self.reserved = min(max(0, self.free(now)), self.waiting)
+        return wanted, needed
 
     def valid(self, now: float) -> int:
         """Seats held whose lease has not expired."""
@@ -96,9 +105,9 @@ class HeldSeats:
         self, seats: int, sent_at: float, ttl: float, now: float, period: float, asked: tuple[int, ...]
     ) -> None:
         """The server's answer: ``seats`` held for ``ttl`` seconds from ``sent_at`` (when the request went),
-        ``asked`` (seats wanted, requests waiting) then; free seats go first to the requests that waited."""
-        wanted, waiting = asked
+        ``asked`` (seats needed, requests waiting) then; free seats go first to the requests that waited."""
+        needed, waiting = asked
         self.held = seats
         self.until = sent_at + ttl
-        self.full_until = now + period if seats < wanted else 0.0
+        self.full_until = now + period if seats < needed else 0.0
         self.reserved = min(max(0, seats - self.used), waiting)

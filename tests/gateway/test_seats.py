@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 from llmgw.gateway.admission import Admission, Cause, Refused, Ticket
+from llmgw.gateway.seats import HeldSeats
 from llmgw.net.server import HttpServer
 from llmgw.server.state.allowances import Lender
 from llmgw.server.state.seats import SEAT_TTL
@@ -84,6 +85,35 @@ class TestSeatBook:
         assert reply.keys[0].seats is None and reply.seat_ttl == SEAT_TTL
 
 
+class TestHeldSeats:
+    """A process's seats of one key: what it asks for, and who may take a free one."""
+
+    def test_a_request_coming_while_an_exchange_is_out_leaves_the_free_seats_to_those_waiting(self):
+        """Two seats held, one in use, one request waiting for the exchange being sent: a request coming while
+        it is out is refused (the free seat is the waiting one's, or the answer would find it taken)."""
+        seats = HeldSeats(10)
+        seats.lent(2, 0.0, SEAT_TTL, 0.0, 1.0, (2, 0))
+        seats.take(0.0)
+        seats.waiting = 1
+        assert seats.wanted(0.1, 1.0) == (4, 2)  # twice what the one in flight and the one waiting need
+        assert not seats.may_take(0.1)
+        assert seats.may_take(0.1, again=True)
+
+    def test_seats_unused_for_a_period_are_given_back_and_a_grant_short_of_the_need_is_full(self):
+        """Four seats used at once, then one: a period later it asks for one; lent fewer than it needs,
+        new requests are refused without an exchange for a period."""
+        seats = HeldSeats(10)
+        seats.lent(4, 0.0, SEAT_TTL, 0.0, 1.0, (4, 0))
+        for _ in range(4):
+            seats.take(0.0)
+        for _ in range(3):
+            seats.release()
+        assert seats.wanted(0.5, 1.0) == (4, 4)
+        assert seats.wanted(1.5, 1.0) == (1, 1) and seats.held == 1
+        seats.lent(0, 1.5, SEAT_TTL, 1.6, 1.0, (1, 0))
+        assert seats.full_until == pytest.approx(2.6) and seats.free(1.6) == -1
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(5000.0)
@@ -123,7 +153,7 @@ async def test_a_key_with_a_rate_and_a_concurrency_asks_for_both_on_one_exchange
     answers = [await admit(a) for _ in range(3)]
     assert [isinstance(x, Ticket) for x in answers] == [True, True, False]
     assert answers[2].cause is Cause.CONCURRENCY
-    assert (server.asked[0].keys[0].wanted, server.asked[0].keys[0].seats_wanted) == (1, 1)
+    assert (server.asked[0].keys[0].wanted, server.asked[0].keys[0].seats_wanted) == (1, 2)  # a ramp: twice
 
 
 async def test_gateways_asking_for_the_last_seat_at_once_admit_one(nursery, clock):
@@ -205,9 +235,10 @@ async def test_a_server_without_seats_leaves_concurrency_to_each_process(nursery
 
 
 async def test_requests_waiting_for_seats_get_them_before_newcomers(nursery, clock):
-    """Three requests wait for an exchange, which lends three seats; a request arriving after the answer,
-    before they ask again, is refused and waits for the next; all three are admitted."""
-    server, leases, admission = await unstarted(nursery, clock, LIMITS)
+    """Three requests of a key with concurrency 3 wait for an exchange, which lends three seats; a request
+    arriving after the answer, before they ask again, is refused and waits for the next; all three are
+    admitted."""
+    server, leases, admission = await unstarted(nursery, clock, {"k": KeyLimits(concurrency=3)})
     with trio.fail_after(5):
         async with trio.open_nursery() as inner:
             answers = await waiting_for_an_exchange(inner, admission, 3)

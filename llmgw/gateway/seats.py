@@ -6,7 +6,7 @@ gateway already makes (:mod:`llmgw.gateway.leases`). A process admits a
 request of the key only on a free seat it holds (:mod:`llmgw.gateway.admission`);
 with none free it asks at once, the request waiting for that exchange (as for
 rpm), unless the last answer, less than a period ago, lent it fewer seats than
-it asked for: the fleet's are taken, and the request is refused (429) at once.
+it needed: the fleet's are taken, and the request is refused (429) at once.
 
 On each exchange it says the seats it holds, those in use, and those it wants
 from now on: its requests in flight and waiting, or the most it had in use at
@@ -30,10 +30,10 @@ class HeldSeats:
     """One key's seats in one gateway process, the requests on them, and what to ask for.
 
     ``held`` seats were lent by the server, valid until ``until`` (the clock's time); ``used`` of them carry
-    requests now; of the free ones, ``reserved`` were lent by the last answer for the requests that waited
-    for it; ``waiting`` requests wait now for an exchange; until ``full_until`` the fleet had no more seats
-    for this process (its last answer); ``reached[n - 1]`` is when ``n`` seats were last wanted at once (in
-    use, or one more asked for).
+    requests now; of the free ones, ``reserved`` are kept for the requests that wait for the exchange out
+    (or that waited for the last answer and have not asked again); ``waiting`` requests wait now for an
+    exchange; until ``full_until`` the fleet had no more seats for this process (its last answer);
+    ``reached[n - 1]`` is when ``n`` seats were last wanted at once (in use, or one more asked for).
 
     :param limit: the key's ``concurrency`` (never ask for more).
     """

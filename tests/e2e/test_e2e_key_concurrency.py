@@ -16,13 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmgw.dev.cluster import LocalCluster
 from llmgw.server.state.seats import SEAT_TTL
 from llmgw.testing.catalogs import chat_catalog
 from llmgw.testing.load import ready_cluster
 from llmgw.testing.processes import free_port
-from llmgw.wire import EventList
 from tests.e2e.test_e2e_key_limits import created, status_of
+from tests.e2e.test_e2e_limits_survive import failover_pair, kill_leader, two_gateways
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -117,14 +116,7 @@ def test_a_killed_gateways_seats_come_back_after_the_ttl(tmp_path: Path):
     back to B once the leader's TTL has passed without A reporting."""
     with ready_cluster(tmp_path, chat_catalog(replicas=1), nodes=1) as cluster:
         limited = created(cluster, "team-streams", "--concurrency", "4")
-        other = created(cluster, "team-web")
-        gateway_a = cluster.start_gateway(free_port(), keys=True)
-        url_a = cluster.gateway_url
-        cluster.start_gateway(free_port(), keys=True)
-        url_b = cluster.gateway_url
-        for url in (url_a, url_b):
-            cluster.wait(lambda u=url: status_of(u, other) == 200, f"gateway {url} to serve", 60)
-
+        gateway_a, url_a, url_b = two_gateways(cluster, created(cluster, "team-web"))
         streams = Streams(url_a, limited, 8000)  # 20 s: still open when A is killed
         streams.expected = 4
         with ThreadPoolExecutor(4) as pool:
@@ -147,50 +139,24 @@ def test_a_new_leader_counts_the_seats_gateways_hold(tmp_path: Path, pg_url: str
     the leader is killed (SIGKILL) and the standby leads: it learns from A's reports that A holds them, so
     gateway B is refused (429 concurrency_limit) while they run; A killed, they come back to B after the
     TTL."""
-    port_a, port_b = free_port(), free_port()
-    local = LocalCluster(tmp_path / "cluster", server_port=port_a, lost_after=4, poll_timeout=1, store=pg_url)
-    url_b = f"https://127.0.0.1:{port_b}"
-    local.server_url = f"https://127.0.0.1:{port_a},{url_b}"  # every client knows both servers
-    try:
-        (tmp_path / "models" / "chat").mkdir(parents=True)
-        local.start_server()
-        local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "server A to lead")
-        local.start_server(port=port_b, name="server-b")
-        local.start_agent(local.add_node(1))
-        local.apply(chat_catalog(replicas=1).format(models=tmp_path / "models"))
-        local.wait(local.all_ready, "the chat replica to be ready")
+    with failover_pair(tmp_path, pg_url) as local:
         limited = created(local, "team-streams", "--concurrency", "2")
-        other = created(local, "team-web")
-        gateway_a = local.start_gateway(free_port(), keys=True)
-        gateway_url_a = local.gateway_url
-        local.start_gateway(free_port(), keys=True)
-        gateway_url_b = local.gateway_url
-        for url in (gateway_url_a, gateway_url_b):
-            local.wait(lambda u=url: status_of(u, other) == 200, f"gateway {url} to serve", 60)
-
-        streams = Streams(gateway_url_a, limited, 40000)  # 100 s: open until A is killed
+        gateway_a, url_a, url_b = two_gateways(local, created(local, "team-web"))
+        streams = Streams(url_a, limited, 40000)  # 100 s: open until A is killed
         streams.expected = 2
         with ThreadPoolExecutor(2) as pool:
             for _ in range(2):
                 pool.submit(streams.one)
             assert streams.all_opened.wait(60), streams.answers
-            local.stop(local.server, signal.SIGKILL)
-            local.wait(
-                lambda: [e for e in local.client.request("GET", "/v1/admin/events", EventList).events
-                         if e.kind == "leader" and e.subject == url_b],
-                "server B to lead",
-                60,
-            )  # fmt: skip
-            local.wait(lambda: status_of(gateway_url_b, other) == 200, "gateway B to serve through B", 60)
+            kill_leader(local)
+            local.wait(lambda: status_of(url_b, limited) == 429, "gateway B to answer through server B", 60)
             # refused all along, also past the new leader's first TTL + period, when it lends what is free
             until = time.monotonic() + SEAT_TTL + 2
             while time.monotonic() < until:
-                assert status_of(gateway_url_b, limited) == 429
+                assert status_of(url_b, limited) == 429
                 time.sleep(0.2)  # sampling, not waiting for a condition
             local.stop(gateway_a, signal.SIGKILL)
             killed = time.monotonic()
-            local.wait(lambda: status_of(gateway_url_b, limited) == 200, "A's seats to come back to B", 60)
+            local.wait(lambda: status_of(url_b, limited) == 200, "A's seats to come back to B", 60)
             back = time.monotonic() - killed
         print(f"after a failover, a killed gateway's seats came back after {back:.1f} s")
-    finally:
-        local.stop_all()

@@ -13,7 +13,8 @@ per inference request, before it is routed, and answers a :class:`Ticket` or a
   a request's prompt + completion tokens are known only once its answer ends
   (the engine's ``usage``), so they are charged then, and the bucket may go
   negative: requests are refused while it is not positive (429);
-- ``concurrency``: requests of the key in flight at once (429);
+- ``concurrency``: requests of the key in flight at once (429), for the whole
+  fleet: each on a seat the process holds (:mod:`llmgw.gateway.seats`);
 - ``budget``: tokens per UTC day or month for the whole fleet, counted by the
   server from every gateway's reports (:mod:`llmgw.gateway.leases`): a key the
   server says is spent is refused (429, ``Retry-After`` until the period ends).
@@ -23,9 +24,10 @@ a running stream's tokens are charged when it ends. Buckets start full, so a
 key may use its whole minute at once.
 
 Each process counts its own requests, and with :mod:`llmgw.gateway.leases`
-also admits a rate-limited key's request only with the fleet's leave: N
-processes (``--workers``, several gateways) then admit the limit in all, not
-N times it. ``concurrency`` is counted per process.
+also admits a limited key's request only with the fleet's leave (a request
+lent for rpm, the tpm bucket positive, a seat for concurrency): N processes
+(``--workers``, several gateways) then admit the limit in all, not N times it.
+A server without leases (or from before seats) leaves each process to count alone.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ from llmgw.wire import KeyLimits, Priority
 
 if TYPE_CHECKING:
     from llmgw.gateway.leases import Leases
+    from llmgw.gateway.seats import HeldSeats
 
 __all__ = ["Admission", "Cause", "Refused", "Ticket"]
+
+#: seconds on a monotonic clock
+Clock = Callable[[], float]
 
 
 class Cause(enum.StrEnum):
@@ -101,30 +107,32 @@ class Refused:
 
 
 class _KeyState(KeyBuckets):
-    """One limited key's buckets, and its requests in flight."""
+    """One limited key's name, buckets, and requests in flight."""
 
-    __slots__ = ("in_flight",)
+    __slots__ = ("name", "in_flight")
 
-    def __init__(self, limits: KeyLimits, now: float) -> None:
+    def __init__(self, name: str, limits: KeyLimits, now: float) -> None:
         super().__init__(limits, now)
+        self.name = name
         self.in_flight = 0
 
     @classmethod
-    def new(cls, _name: str, limits: KeyLimits, now: float) -> _KeyState:
+    def new(cls, name: str, limits: KeyLimits, now: float) -> _KeyState:
         """A key new to the gateway: its buckets full."""
-        return cls(limits, now)
+        return cls(name, limits, now)
 
 
 class Ticket:
     """An admitted request of a limited key: :meth:`done` once its answer is over."""
 
-    __slots__ = ("_state", "_clock", "_key", "_leases", "_open")
+    __slots__ = ("_state", "_clock", "_leases", "_seats", "_open")
 
-    def __init__(self, state: _KeyState, clock: Callable[[], float], key: str, leases: Leases | None) -> None:
-        self._state = state
+    def __init__(self, key: _KeyState, clock: Clock, leases: Leases | None, seats: HeldSeats | None) -> None:
+        self._state = key
         self._clock = clock
-        self._key = key
         self._leases = leases
+        #: the key's seats in this process, one of which the request holds (None: counted per process)
+        self._seats = seats
         self._open = True
 
     def done(self, usage: tuple[int, int] | None) -> None:
@@ -137,10 +145,12 @@ class Ticket:
         self._open = False
         state = self._state
         state.in_flight -= 1
+        if self._seats is not None:
+            self._seats.release()
         if usage is not None and state.tokens is not None:
             state.tokens.take(usage[0] + usage[1], self._clock())
             if self._leases is not None:
-                self._leases.charge(self._key, usage[0] + usage[1])
+                self._leases.charge(state.name, usage[0] + usage[1])
 
 
 class Admission:
@@ -164,6 +174,8 @@ class Admission:
         self._keys = follow_keys(self._keys, limits, self.clock(), _KeyState.new)
         if self.leases is not None:
             self.leases.forget({name for name, wanted in limits.items() if wanted.rpm or wanted.tpm})
+            seated = {name: wanted.concurrency for name, wanted in limits.items() if wanted.concurrency}
+            self.leases.follow_seats(seated)
             self.leases.budgeted = any(wanted.budget is not None for wanted in limits.values())
 
     def forbidden(self, key: str, model: str) -> Refused | None:
@@ -198,13 +210,20 @@ class Admission:
             return Refused(
                 Cause.BUDGET, key, spent.budget, wait, period=spent.period, resets_at=spent.resets_at
             )
+        now = self.clock()
+        leases = self.leases if self.leases is not None and self.leases.active else None
         if limits.concurrency is not None and state.in_flight >= limits.concurrency:
             # a place frees when a request ends: no way to know when; one second is a fair guess
             return Refused(Cause.CONCURRENCY, key, limits.concurrency, 1.0)
-        now = self.clock()
-        leases = self.leases if self.leases is not None and self.leases.active else None
         if leases is not None and not again and (state.tokens is not None or state.requests is not None):
-            leases.seen(key)
+            leases.seen(key)  # before its seat: one exchange asks for both when the request waits
+        seats = None
+        if limits.concurrency is not None and leases is not None:
+            seats = leases.seats(key)
+            if seats is not None and not seats.may_take(now, again=again):
+                fleet = leases.seats_wait(key)
+                retry = fleet if fleet is not None else leases.period
+                return Refused(Cause.CONCURRENCY, key, limits.concurrency, retry, renewable=fleet is None)
         if state.tokens is not None:
             wait = max(state.tokens_wait(now), leases.tokens_wait(key) if leases is not None else 0.0)
             if wait > 0:  # refused until positive, however little
@@ -218,8 +237,10 @@ class Admission:
                 retry = fleet if fleet is not None else leases.period
                 return Refused(Cause.RPM, key, limits.rpm or 0, retry, renewable=fleet is None)
             state.requests.take(1.0, now)
+        if seats is not None:
+            seats.take(now, again=again)
         state.in_flight += 1
-        return Ticket(state, self.clock, key, leases)
+        return Ticket(state, self.clock, leases, seats)
 
     def priority(self, key: str) -> Priority:
         """Key ``key``'s priority class in the model queues (``standard`` for a key without limits)."""

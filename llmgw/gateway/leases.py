@@ -1,4 +1,4 @@
-"""Leases: a gateway process's share of its limited keys' rates, lent by the server for the whole fleet.
+"""Leases: a gateway process's share of its limited keys' rates and seats, lent by the server for the fleet.
 
 Each gateway process counts its own requests (:mod:`llmgw.gateway.admission`);
 alone, N processes would admit N times a key's rate. So the server keeps one
@@ -30,9 +30,15 @@ next exchange (:meth:`Leases.used`): the server counts them against budgets
 the gateway then refuses until their period ends. A report the server did not
 take goes with the next exchange.
 
+A key's ``concurrency`` is lent on the same exchange as seats
+(:mod:`llmgw.gateway.seats`): the process reports the seats it holds and uses
+with each exchange, asks for more at once when a request finds none free, and
+its seats last the server's TTL from the last exchange answered.
+
 A gateway that loses the server keeps admitting from what it holds, and
 refuses the rest (429) until the server answers again. A server without the
-endpoint (an older llmgw) answers 404: the gateway then counts per process.
+endpoint (an older llmgw) answers 404: the gateway then counts per process;
+one from before seats answers no ``seat_ttl``: ``concurrency`` counts per process.
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ import secrets
 import socket
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from llmgw.gateway.reports import post_to_leader
+from llmgw.gateway.seats import HeldSeats
 from llmgw.net.client import ConnectionPool
 from llmgw.serverlist import ServerList
 from llmgw.wire import (
@@ -137,6 +145,11 @@ class Leases:
         self.budgeted = False
         #: key name -> its budget spent this period, as the server said last
         self.spent: dict[str, SpentKey] = {}
+        #: None until the server first answered; False: it lends no seats (``concurrency`` per process)
+        self.seats_supported: bool | None = None
+        #: key name -> its ``concurrency`` (the keys that have one), and the seats held of those asked for
+        self._seat_limits: dict[str, int] = {}
+        self._seats: dict[str, HeldSeats] = {}
         self._wake = trio.Event()
         self._answered = trio.Event()
 
@@ -205,6 +218,33 @@ class Leases:
         for key in [k for k in self._leases if k not in keep]:
             del self._leases[key]
 
+    def follow_seats(self, limits: dict[str, int]) -> None:
+        """Take the keys' ``concurrency`` of a new routes table (key name -> limit; others have none)."""
+        self._seat_limits = limits
+        for key in [k for k in self._seats if k not in limits]:
+            del self._seats[key]
+        for key, seats in self._seats.items():
+            seats.limit = limits[key]
+
+    def seats(self, key: str) -> HeldSeats | None:
+        """The seats held of ``key`` (which has a ``concurrency``); None while the server lends no seats (it
+        answered without them, or has no allowances endpoint): the process counts alone then."""
+        if self.seats_supported is False or not self.active:
+            return None
+        seats = self._seats.get(key)
+        if seats is None:
+            seats = self._seats[key] = HeldSeats(self._seat_limits.get(key, 0))
+        return seats
+
+    def seats_wait(self, key: str) -> float | None:
+        """Seconds until a seat of ``key`` is worth asking for; None when it is now (:meth:`refresh`): the
+        last answer did not find the fleet's seats taken, and the server answers."""
+        seats = self._seats.get(key)
+        left = seats.full_until - self.clock() if seats is not None else 0.0
+        if left > 0:
+            return left
+        return None if self.up or self.supported is None else self.period
+
     def _lease(self, key: str) -> _Lease:
         lease = self._leases.get(key)
         if lease is None:
@@ -216,14 +256,19 @@ class Leases:
 
     async def refresh(self, key: str) -> None:
         """Ask the server now for ``key``; returns once it answered (or failed). Callers own the deadline."""
-        lease = self._lease(key)
-        lease.waiting += 1
+        lease = self._leases.get(key)
+        seats = self._seats.get(key)
+        for waiter in (lease, seats):
+            if waiter is not None:
+                waiter.waiting += 1
         answered = self._answered
         self._wake.set()
         try:
             await answered.wait()
         finally:
-            lease.waiting -= 1
+            for waiter in (lease, seats):
+                if waiter is not None:
+                    waiter.waiting -= 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Exchange with the server every period, and when a request waits; until cancelled."""
@@ -234,7 +279,7 @@ class Leases:
             self._wake = trio.Event()
             answered, self._answered = self._answered, trio.Event()
             try:
-                if self._leases or self._usage or self.budgeted:
+                if self._leases or self._seats or self._usage or self.budgeted:
                     await self.exchange()
             finally:
                 answered.set()
@@ -251,7 +296,7 @@ class Leases:
     async def exchange(self, *, last: bool = False) -> None:
         """One request and its answer: report the keys' demand and tokens, take what is lent (``last``:
         give back everything held and ask for nothing: the gateway stops)."""
-        demands = []
+        demands: dict[str, KeyDemand] = {}
         sent: dict[str, tuple[int, int]] = {}
         returned: dict[str, int] = {}
         now = self.clock()
@@ -266,13 +311,14 @@ class Leases:
                 continue
             if last:
                 wanted = 0
-            demands.append(KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0)))
+            demands[key] = KeyDemand(key, max(0, wanted), lease.tokens, returned.get(key, 0))
             sent[key] = (lease.tokens, lease.waiting)
+        seats_asked = self._seat_demands(demands, now, last)
         usage, self._usage = self._usage, {}
         if not demands and not usage and not self.budgeted:
             return
         reports = tuple(UsageReport(key, model, *counts) for (key, model), counts in usage.items())
-        reply = await self._post(AllowanceRequest(self.gateway, tuple(demands), reports))
+        reply = await self._post(AllowanceRequest(self.gateway, tuple(demands.values()), reports))
         if reply is None:
             for key, count in returned.items():  # not given back: still this gateway's
                 if key in self._leases:
@@ -282,12 +328,16 @@ class Leases:
                     self._usage.setdefault((key, model), [0, 0, 0])[index] += count
             return
         self.spent = {spent.key: spent for spent in reply.spent}
-        now = self.clock()
+        sent_at, now = now, self.clock()
+        self.seats_supported = reply.seat_ttl is not None
         for key, (tokens, _) in sent.items():  # what came in meanwhile stays for the next exchange
             lease = self._leases.get(key)
             if lease is not None:
                 lease.tokens -= min(tokens, lease.tokens)
         for allowance in reply.keys:
+            seats, asked = self._seats.get(allowance.key), seats_asked.get(allowance.key)
+            if seats is not None and asked is not None and allowance.seats is not None and reply.seat_ttl:
+                seats.lent(allowance.seats, sent_at, reply.seat_ttl, now, self.period, asked)
             lease = self._leases.get(allowance.key)
             if lease is None:
                 continue
@@ -296,6 +346,23 @@ class Leases:
             lease.requests_until = now + allowance.requests_wait
             lease.tokens_until = now + allowance.tokens_wait
         self.period = min(max(reply.period, 0.05), 60.0)
+
+    def _seat_demands(self, demands: dict[str, KeyDemand], now: float, last: bool) -> dict[str, tuple]:
+        """Add the seats of each key with something to say (held, in use or wanted) to ``demands``; seats
+        held beyond those wanted are given back at once. Returns key -> (seats needed, requests waiting)."""
+        asked: dict[str, tuple] = {}
+        if self.seats_supported is False:
+            return asked
+        for key, seats in self._seats.items():
+            held = seats.valid(now)
+            wanted, needed = seats.wanted(now, self.period, last=last)
+            if not (held or seats.used or wanted):
+                continue
+            counts = {"seats_held": min(held, wanted), "seats_used": seats.used, "seats_wanted": wanted}
+            demand = demands.get(key)
+            demands[key] = attrs.evolve(demand, **counts) if demand is not None else KeyDemand(key, **counts)
+            asked[key] = (needed, seats.waiting)
+        return asked
 
     async def _post(self, request: AllowanceRequest) -> AllowanceReply | None:
         response, answer, why = await post_to_leader(

@@ -41,7 +41,7 @@ def test_rpm_limit_refuses_the_fourth_request_of_a_minute_and_spares_other_keys(
         assert {k["name"]: k["limits"]["rpm"] for k in listed} == {"team-batch": 3, "team-web": None}
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the gateway to serve team-web", 60)
 
         answers = [chat(url, limited) for _ in range(4)]
         assert [a.status_code for a in answers] == [200, 200, 200, 429], answers[-1].text
@@ -55,18 +55,19 @@ def test_rpm_limit_refuses_the_fourth_request_of_a_minute_and_spares_other_keys(
         cluster.stop(cluster.gateway)  # the rate is the fleet's, kept by the server: a new gateway gets none
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the restarted gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the restarted gateway to serve team-web", 60)
         again = chat(url, limited)
         assert again.status_code == 429 and again.json()["error"]["code"] == "rpm_limit", again.text
 
         lifted = cluster.ctl("keys", "update", "team-batch", "--rpm", "unlimited")
         assert lifted.returncode == 0, lifted.stderr
         assert "rpm -," in lifted.stdout and "priority batch" in lifted.stdout
-        cluster.wait(lambda: _status(url, limited) == 200, "the gateway to lift team-batch's limit", 30)
+        cluster.wait(lambda: status_of(url, limited) == 200, "the gateway to lift team-batch's limit", 30)
         cluster.check()
 
 
-def _status(url: str, secret: str) -> int | None:
+def status_of(url: str, secret: str) -> int | None:
+    """The status of one small chat completion with key ``secret`` (None: the gateway did not answer)."""
     try:
         return chat(url, secret).status_code
     except httpx.HTTPError:
@@ -80,7 +81,7 @@ def test_rpm_holds_for_the_fleet_across_gateway_workers(tmp_path: Path):
         limited = created(cluster, "team-burst", "--rpm", "20")
         cluster.start_gateway(free_port(), keys=True, extra=["--workers", "2"])
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, limited) == 200, "the gateway to serve team-burst", 60)
+        cluster.wait(lambda: status_of(url, limited) == 200, "the gateway to serve team-burst", 60)
         began = time.monotonic()
         statuses = [chat(url, limited).status_code for _ in range(39)]
         refilled = int((time.monotonic() - began) / 3)  # a loaded machine makes the burst last seconds

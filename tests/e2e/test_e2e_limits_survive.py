@@ -13,9 +13,12 @@ stated and checked here:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,7 +29,7 @@ from llmgw.testing.catalogs import chat_catalog
 from llmgw.testing.load import ready_cluster
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
-from tests.e2e.test_e2e_key_limits import chat, created
+from tests.e2e.test_e2e_key_limits import chat, created, status_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,13 +57,6 @@ def usage_tokens(cluster: LocalCluster, name: str) -> int:
     return key["tokens"]
 
 
-def _status(url: str, secret: str) -> int | None:
-    try:
-        return chat(url, secret).status_code
-    except httpx.HTTPError:
-        return None
-
-
 def test_a_restarted_gateway_lends_no_fresh_minute_and_loses_no_usage(tmp_path: Path):
     """A key with --rpm 30 spends 20 through a gateway stopped right after its last answer: `ctl keys
     usage` shows every token at once; a new gateway admits what the fleet's bucket has left (30 in all,
@@ -70,7 +66,7 @@ def test_a_restarted_gateway_lends_no_fresh_minute_and_loses_no_usage(tmp_path: 
         other = created(cluster, "team-web")
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the gateway to serve team-web", 60)
 
         began = time.monotonic()
         first = [chat(url, secret) for _ in range(20)]
@@ -80,7 +76,7 @@ def test_a_restarted_gateway_lends_no_fresh_minute_and_loses_no_usage(tmp_path: 
 
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the restarted gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the restarted gateway to serve team-web", 60)
         second = [chat(url, secret) for _ in range(30)]
         elapsed = time.monotonic() - began
         total = 20 + admitted(second)
@@ -97,27 +93,11 @@ def test_limits_and_usage_survive_a_server_failover(tmp_path: Path, pg_url: str)
     began, not a fresh 60 (in all at most 60 plus one a second, plus a period's leases); the usage `ctl keys
     usage` showed before the kill is still counted, at most the requests sent since are lost, and the new
     leader counts what follows."""
-    port_a, port_b = free_port(), free_port()
-    local = LocalCluster(tmp_path / "cluster", server_port=port_a, lost_after=4, poll_timeout=1, store=pg_url)
-    url_b = f"https://127.0.0.1:{port_b}"
-    local.server_url = f"https://127.0.0.1:{port_a},{url_b}"  # every client knows both servers
-    try:
-        (tmp_path / "models" / "chat").mkdir(parents=True)
-        local.start_server()
-        local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "server A to lead")
-        local.start_server(port=port_b, name="server-b")
-        local.start_agent(local.add_node(1))
-        local.apply(chat_catalog(replicas=1).format(models=tmp_path / "models"))
-        local.wait(local.all_ready, "the chat replica to be ready")
+    with failover_pair(tmp_path, pg_url) as local:
         secret = created(local, "team-a", "--rpm", "60", "--budget", "1000000")
         other = created(local, "team-web")
         # two gateways: each process also counts its own requests, so only another one shows the fleet's word
-        local.start_gateway(free_port(), keys=True)
-        url = local.gateway_url
-        local.start_gateway(free_port(), keys=True)
-        url_2 = local.gateway_url
-        for each in (url, url_2):
-            local.wait(lambda u=each: _status(u, other) == 200, f"gateway {each} to serve team-web", 60)
+        _, url, url_2 = two_gateways(local, other)
 
         began = time.monotonic()
         stored = [chat(url, secret) for _ in range(30)]
@@ -126,14 +106,8 @@ def test_limits_and_usage_survive_a_server_failover(tmp_path: Path, pg_url: str)
         late = [chat(url, secret) for _ in range(20)]  # reported to A, perhaps never written
         assert admitted(late) == 20
 
-        local.stop(local.server, signal.SIGKILL)
-        local.wait(
-            lambda: [e for e in local.client.request("GET", "/v1/admin/events", EventList).events
-                     if e.kind == "leader" and e.subject == url_b],
-            "server B to lead",
-            60,
-        )  # fmt: skip
-        local.wait(lambda: _status(url_2, other) == 200, "the second gateway to serve through server B", 60)
+        kill_leader(local)
+        local.wait(lambda: status_of(url_2, other) == 200, "the second gateway to serve through server B", 60)
         after = [chat(url_2, secret) for _ in range(60)]
         elapsed = time.monotonic() - began
         total = 50 + admitted(after)
@@ -148,5 +122,47 @@ def test_limits_and_usage_survive_a_server_failover(tmp_path: Path, pg_url: str)
         assert counted <= before_kill + tokens_of(after)
         lost = before_kill + tokens_of(after) - counted
         assert lost <= tokens_of(late), f"{lost} tokens lost, more than the {tokens_of(late)} since the write"
+
+
+@contextlib.contextmanager
+def failover_pair(tmp_path: Path, pg_url: str) -> Iterator[LocalCluster]:
+    """Two servers on PostgreSQL (A leads, B stands by; every client knows both), an agent and a ready
+    ``chat`` replica; every process is stopped at the end, even on failure."""
+    port_a, port_b = free_port(), free_port()
+    local = LocalCluster(tmp_path / "cluster", server_port=port_a, lost_after=4, poll_timeout=1, store=pg_url)
+    url_b = f"https://127.0.0.1:{port_b}"
+    local.server_url = f"https://127.0.0.1:{port_a},{url_b}"  # every client knows both servers
+    try:
+        (tmp_path / "models" / "chat").mkdir(parents=True)
+        local.start_server()
+        local.wait(lambda: local.client.request("GET", "/v1/admin/nodes") is not None, "server A to lead")
+        local.start_server(port=port_b, name="server-b")
+        local.start_agent(local.add_node(1))
+        local.apply(chat_catalog(replicas=1).format(models=tmp_path / "models"))
+        local.wait(local.all_ready, "the chat replica to be ready")
+        yield local
     finally:
         local.stop_all()
+
+
+def kill_leader(local: LocalCluster) -> None:
+    """SIGKILL the leading server A of :func:`failover_pair`; returns once server B says it leads."""
+    url_b = local.server_url.split(",")[1]
+    local.stop(local.server, signal.SIGKILL)
+    local.wait(
+        lambda: [e for e in local.client.request("GET", "/v1/admin/events", EventList).events
+                 if e.kind == "leader" and e.subject == url_b],
+        "server B to lead",
+        60,
+    )  # fmt: skip
+
+
+def two_gateways(cluster: LocalCluster, secret: str) -> tuple[subprocess.Popen, str, str]:
+    """Start two gateways with API keys and wait until both serve key ``secret``: (the first's process, its
+    URL, the second's URL)."""
+    first = cluster.start_gateway(free_port(), keys=True)
+    url = cluster.gateway_url
+    cluster.start_gateway(free_port(), keys=True)
+    for each in (url, cluster.gateway_url):
+        cluster.wait(lambda u=each: status_of(u, secret) == 200, f"gateway {each} to serve", 60)
+    return first, url, cluster.gateway_url

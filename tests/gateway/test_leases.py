@@ -41,7 +41,7 @@ class TestLender:
         first = lender.lend(limits, ask("a", KeyDemand("k", wanted=15)), now)
         second = lender.lend(limits, ask("b", KeyDemand("k", wanted=15)), now)
         third = lender.lend(limits, ask("c", KeyDemand("k", wanted=1)), now)
-        assert first == AllowanceReply((KeyAllowance("k", 15, 0.0, 0.0),), 1.0)
+        assert first == AllowanceReply((KeyAllowance("k", 15, 0.0, 0.0),), 1.0, seat_ttl=5.0)
         assert second.keys[0].granted == 5 and second.keys[0].requests_wait == pytest.approx(3.0)
         assert third.keys[0].granted == 0 and third.keys[0].requests_wait == pytest.approx(3.0)
         assert lender.lend(limits, ask("c", KeyDemand("k", wanted=1)), now + 3.0).keys[0].granted == 1
@@ -64,9 +64,9 @@ class TestLender:
         assert reply.keys[0] == KeyAllowance("k", 0, 0.0, pytest.approx(20.0))
 
     def test_keys_without_a_rate_are_left_out_and_changes_followed(self):
-        """Keys with no rpm or tpm (or unknown) get no answer; a changed limit applies to the next ask."""
+        """Keys without rpm, tpm or concurrency (or unknown) get no answer; a changed limit applies next."""
         lender = Lender()
-        limits = {"k": KeyLimits(rpm=2), "free": KeyLimits(concurrency=3)}
+        limits = {"k": KeyLimits(rpm=2), "free": KeyLimits(budget=3)}
         demands = (KeyDemand("k", wanted=5), KeyDemand("free", wanted=5), KeyDemand("gone", wanted=5))
         reply = lender.lend(limits, AllowanceRequest("a", demands), 0.0)
         assert [(a.key, a.granted) for a in reply.keys] == [("k", 2)]
@@ -133,6 +133,33 @@ async def admit(admission: Admission, key: str = "k") -> Ticket | Refused | None
             await admission.leases.refresh(key)
         admitted = admission.admit(key, "m", again=True)
     return admitted
+
+
+async def unstarted(nursery, clock: FakeClock, limits: dict) -> tuple:
+    """A server and one gateway process without its exchange task: the test makes each exchange."""
+    server = FleetServer(limits, clock)
+    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
+    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
+    admission = Admission(clock, leases)
+    admission.update(limits)
+    return server, leases, admission
+
+
+async def waiting_for_an_exchange(inner: trio.Nursery, admission: Admission, count: int) -> list:
+    """``count`` requests of key k refused as renewable (nothing held), each waiting in ``inner`` for the next
+    exchange, then asking again: the list their answers go to."""
+    answers: list = []
+
+    async def waiting() -> None:
+        await admission.leases.refresh("k")
+        answers.append(admission.admit("k", "m", again=True))
+
+    for _ in range(count):
+        refused = admission.admit("k", "m")
+        assert isinstance(refused, Refused) and refused.renewable
+        inner.start_soon(waiting)
+    await trio.testing.wait_all_tasks_blocked()
+    return answers
 
 
 async def test_three_gateways_admit_the_limit_in_all(nursery, clock):
@@ -295,24 +322,11 @@ async def test_requests_waiting_for_an_exchange_get_what_it_lent_before_newcomer
     """Ten requests of an idle key wait for an exchange, which lends ten; a request arriving after the answer
     but before they ask again is refused and waits for the next exchange, and all ten are admitted."""
     limits = {"k": KeyLimits(rpm=10**6)}
-    server = FleetServer(limits, clock)
-    host, port = await nursery.start(HttpServer(server.handle).serve, "127.0.0.1", 0)
-    leases = Leases(ConnectionPool(connect_timeout=1.0), f"http://{host}:{port}", clock, timeout=2.0)
-    admission = Admission(clock, leases)
-    admission.update(limits)  # no exchange task: the test makes the one exchange and wakes the waiters
+    _, leases, admission = await unstarted(nursery, clock, limits)
     answered = leases._answered
-    answers: list = []
-
-    async def waiting() -> None:
-        await leases.refresh("k")
-        answers.append(admission.admit("k", "m", again=True))
-
     with trio.fail_after(5):
         async with trio.open_nursery() as inner:
-            for _ in range(10):
-                assert isinstance(admission.admit("k", "m"), Refused)  # nothing held yet
-                inner.start_soon(waiting)
-            await trio.testing.wait_all_tasks_blocked()
+            answers = await waiting_for_an_exchange(inner, admission, 10)
             await leases.exchange()
             assert leases._leases["k"].held == 10
             newcomer = admission.admit("k", "m")

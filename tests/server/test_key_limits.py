@@ -218,6 +218,21 @@ async def test_gateways_lease_a_keys_rate_from_the_server(server, test_pki):
         assert refused.status_code == 403
 
 
+async def test_gateways_hold_a_keys_seats_under_their_certificate(server, test_pki):
+    """`POST /v1/gateway/allowances` lends a key's concurrency as seats, with their TTL: two held by one
+    gateway are not lent to another, even one naming the same process (seats are held per certificate)."""
+    async with client(test_pki, "admin", "ops") as admin:
+        await admin.post(f"{server}/v1/admin/keys", json={"name": "k", "limits": {"concurrency": 2}})
+    asked = {"gateway": "gw:1", "keys": [{"key": "k", "seats_used": 1, "seats_wanted": 2}]}
+    async with client(test_pki, "gateway", "gw-1") as first:
+        lent = (await first.post(f"{server}/v1/gateway/allowances", json=asked)).json()
+        assert lent["keys"][0]["seats"] == 2 and lent["seat_ttl"] > 0, lent
+    async with client(test_pki, "gateway", "gw-2") as second:
+        mimic = {"gateway": "gw:1", "keys": [{"key": "k", "seats_wanted": 1}]}
+        lent = (await second.post(f"{server}/v1/gateway/allowances", json=mimic)).json()
+        assert lent["keys"][0]["seats"] == 0, lent
+
+
 async def test_ctl_warns_when_the_server_did_not_store_the_limits(server, test_pki, monkeypatch):
     """Against a server that ignores limits (an llmgw from before them), `keys create --rpm` says so."""
     import llmgw.server.http.keys as endpoints

@@ -75,9 +75,10 @@ class RoutesEndpoints:
         return answer(attrs.evolve(table, poll_timeout=self.poll_timeout))
 
     async def _gateway_allowances(self, request: Request, identity: Identity, _: dict[str, str]) -> Response:
-        """A gateway process's demand per limited key and its keys' usage: what the fleet's buckets lend
-        it, and the keys spent (leader only). The usage is counted at once and stored every
-        :data:`~llmgw.server.state.budgets.FLUSH_INTERVAL` seconds."""
+        """A gateway process's demand per limited key and its keys' usage: what the fleet's buckets and seats
+        lend it, and the keys spent (leader only). The usage is counted at once and stored every
+        :data:`~llmgw.server.state.budgets.FLUSH_INTERVAL` seconds. Seats are held under the certificate's
+        name and the process's own, so a gateway cannot speak for another's."""
         asked = from_json(request.json(), AllowanceRequest)
         limits = active_keys(self.keys)[1]
         now = self.clock()
@@ -86,7 +87,8 @@ class RoutesEndpoints:
             self.budgets.add(asked.usage, now)
             if now - self.budgets.flushed >= FLUSH_INTERVAL:
                 await self.flush_usage(now)
-        reply = self.lender.lend(limits, asked, now)
+        holder = f"{identity.name}/{asked.gateway}"
+        reply = self.lender.lend(limits, asked, self.clock(), holder)
         return answer(attrs.evolve(reply, spent=self.budgets.spent(limits, now)))
 
     async def _load_budgets(self, now: float) -> None:

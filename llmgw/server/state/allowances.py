@@ -1,4 +1,4 @@
-"""The fleet's buckets: one per rate-limited API key, lending requests to the gateway processes.
+"""The fleet's buckets: one per rate-limited API key, lending requests (and seats) to the gateway processes.
 
 Held by the leading server, in memory; asked
 by ``POST /v1/gateway/allowances`` (:mod:`llmgw.server.http.routes`). Each
@@ -21,12 +21,16 @@ gateways use what they hold up to a period after it was lent). What it costs
 a key: the burst it had saved, which comes back within a minute (its steady
 rate is lent from the first second). Keys made after the leader began start
 full, as they do on any leader.
+
+A key's ``concurrency`` is lent on the same exchange as seats
+(:class:`~llmgw.server.state.seats.SeatBook`), with the same care for a new leader.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from llmgw.server.state.seats import SEAT_TTL, SeatBook
 from llmgw.tenancy.bucket import KeyBuckets, follow_keys
 from llmgw.wire import AllowanceReply, AllowanceRequest, KeyAllowance, KeyLimits
 
@@ -37,14 +41,18 @@ LEASE_PERIOD = 1.0
 
 
 class Lender:
-    """Every rate-limited key's fleet-wide buckets; :meth:`lend` answers one gateway's request.
+    """Every rate-limited key's fleet-wide buckets and every key's seats; :meth:`lend` answers one gateway's
+    request.
 
     :param period: seconds the gateways are told to wait between two requests.
+    :param seat_ttl: seconds a gateway process's seats last without another request.
     """
 
-    def __init__(self, period: float = LEASE_PERIOD) -> None:
+    def __init__(self, period: float = LEASE_PERIOD, seat_ttl: float = SEAT_TTL) -> None:
         self.period = period
         self._keys: dict[str, KeyBuckets] = {}
+        #: the keys' seats (``concurrency``), by gateway process
+        self.seats = SeatBook(seat_ttl, period)
         #: the keys that existed when this server began to lead, and when it did (the server's clock)
         self._carried: frozenset[str] = frozenset()
         self._began = 0.0
@@ -54,19 +62,26 @@ class Lender:
         empty then (an earlier leader may have lent all they held). Called once, when the keys are loaded."""
         self._carried = frozenset(names)
         self._began = now
+        self.seats.carry(self._carried, now)
 
-    def lend(self, limits: Mapping[str, KeyLimits], request: AllowanceRequest, now: float) -> AllowanceReply:
-        """Charge what ``request`` reports and lend what it asks, as far as each key's buckets allow.
+    def lend(
+        self, limits: Mapping[str, KeyLimits], request: AllowanceRequest, now: float, holder: str = ""
+    ) -> AllowanceReply:
+        """Charge what ``request`` reports and lend what it asks, as far as the key's buckets and seats allow.
 
-        Called for every ``POST /v1/gateway/allowances``, with the live keys' limits (key name -> limits)
-        and the server's clock. Keys without rpm or tpm are left out of the answer.
+        Called for every ``POST /v1/gateway/allowances``, with the live keys' limits (key name -> limits),
+        the server's clock and the process that asks (``holder``, its seats' name: the request's
+        ``gateway`` unless given). Keys without rpm, tpm or concurrency are left out of the answer.
         """
         self._follow(limits, now)
+        holder = holder or request.gateway
         answers = []
         for demand in request.keys:
             buckets = self._keys.get(demand.key)
             if buckets is None:
                 continue
+            concurrency = buckets.limits.concurrency
+            seats = None if concurrency is None else self.seats.lend(demand, concurrency, holder, now)
             granted, requests_wait = 0, 0.0
             if buckets.tokens is not None and demand.tokens:
                 buckets.tokens.take(demand.tokens, now)
@@ -78,13 +93,14 @@ class Lender:
                 if granted:
                     requests.take(granted, now)
                 requests_wait = requests.wait(1.0, now)
-            answers.append(KeyAllowance(demand.key, granted, requests_wait, buckets.tokens_wait(now)))
-        return AllowanceReply(tuple(answers), self.period)
+            answers.append(KeyAllowance(demand.key, granted, requests_wait, buckets.tokens_wait(now), seats))
+        return AllowanceReply(tuple(answers), self.period, seat_ttl=self.seats.ttl)
 
     def _follow(self, limits: Mapping[str, KeyLimits], now: float) -> None:
-        """Keep the buckets of the keys limited by a rate, following changed limits."""
-        rated = {n: w for n, w in limits.items() if w.rpm is not None or w.tpm is not None}
-        self._keys = follow_keys(self._keys, rated, now, self._new)
+        """Keep the buckets of the keys limited by a rate or a concurrency, following changed limits."""
+        leased = {n: w for n, w in limits.items() if (w.rpm, w.tpm, w.concurrency) != (None, None, None)}
+        self._keys = follow_keys(self._keys, leased, now, self._new)
+        self.seats.keep(n for n, w in leased.items() if w.concurrency is not None)
 
     def _new(self, name: str, limits: KeyLimits, now: float) -> KeyBuckets:
         """A key's buckets, first lent from now: full, or for a key older than this lead, as if empty when

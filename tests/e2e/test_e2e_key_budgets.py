@@ -13,7 +13,7 @@ from llmgw.testing.catalogs import catalog_yaml, chat_catalog, model, sim_profil
 from llmgw.testing.chat import chat_body
 from llmgw.testing.load import ready_cluster
 from llmgw.testing.processes import free_port
-from tests.e2e.test_e2e_key_limits import chat, created
+from tests.e2e.test_e2e_key_limits import chat, created, status_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,14 +35,14 @@ def test_a_budget_spent_mid_stream_never_cuts_it_and_refuses_the_next_request(tm
         other = created(cluster, "team-web")
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, other) == 200, "the gateway to serve team-web", 60)
 
         status, body = stream(url, limited, 200)
         assert status == 200 and body.rstrip().endswith("data: [DONE]"), body[-300:]
         assert '"error"' not in body
         used = json.loads(body.split("data: ")[-2])["usage"]["total_tokens"]
         assert used > 5  # the stream ran past the budget, whole
-        cluster.wait(lambda: _status(url, limited) == 429, "team-batch's budget to be spent", 30)
+        cluster.wait(lambda: status_of(url, limited) == 429, "team-batch's budget to be spent", 30)
         refused = chat(url, limited)
         error = refused.json()["error"]
         assert error["type"] == "rate_limit_exceeded" and error["code"] == "budget_limit"
@@ -60,11 +60,11 @@ def test_a_budget_spent_mid_stream_never_cuts_it_and_refuses_the_next_request(tm
         cluster.stop(cluster.gateway)  # the count is the server's: a new gateway refuses the key too
         cluster.start_gateway(free_port(), keys=True)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, other) == 200, "the restarted gateway to serve team-web", 60)
-        cluster.wait(lambda: _status(url, limited) == 429, "the restarted gateway to refuse team-batch", 30)
+        cluster.wait(lambda: status_of(url, other) == 200, "the restarted gateway to serve team-web", 60)
+        cluster.wait(lambda: status_of(url, limited) == 429, "the restarted gateway to refuse team-batch", 30)
         raised = cluster.ctl("keys", "update", "team-batch", "--budget", "100000")
         assert raised.returncode == 0 and "budget 100000/day" in raised.stdout, raised.stderr
-        cluster.wait(lambda: _status(url, limited) == 200, "a raised budget to serve team-batch", 30)
+        cluster.wait(lambda: status_of(url, limited) == 200, "a raised budget to serve team-batch", 30)
         cluster.check()
 
 
@@ -78,7 +78,7 @@ def test_a_full_queue_is_503_naming_the_flag(tmp_path: Path):
         secret = created(cluster, "team-web")
         cluster.start_gateway(free_port(), keys=True, extra=extra)
         url = cluster.gateway_url
-        cluster.wait(lambda: _status(url, secret) == 200, "the gateway to serve", 60)
+        cluster.wait(lambda: status_of(url, secret) == 200, "the gateway to serve", 60)
         answers: dict[str, object] = {}
         # 12 tokens at 2 a second hold the seat 6 s; the queueing and the refusal below take well under one
         long = threading.Thread(target=lambda: answers.update(long=stream(url, secret, 12)))
@@ -102,10 +102,3 @@ def _waiting(url: str, family: str) -> float:
     """The sum of a gauge family's samples on the gateway's /metrics."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(family))
-
-
-def _status(url: str, secret: str) -> int | None:
-    try:
-        return chat(url, secret).status_code
-    except httpx.HTTPError:
-        return None

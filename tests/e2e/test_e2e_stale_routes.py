@@ -22,7 +22,7 @@ from llmgw.dev.cluster import LocalCluster
 from llmgw.pki import client_ssl_context
 from llmgw.serverlist import STANDBY_HEADER
 from llmgw.testing.catalogs import LOAD_SIM, catalog_yaml, model, sim_profile
-from llmgw.testing.load import GatewayLoad
+from llmgw.testing.load import GatewayLoad, gateway_models
 from llmgw.testing.processes import free_port
 from llmgw.wire import EventList
 
@@ -65,6 +65,8 @@ def test_a_gateway_on_a_paused_standby_fails_no_request_while_a_drain_retires_re
         local.server_url = f"{url_a},{url_b}"
         local.apply(CATALOG.format(models=tmp_path / "models"))
         local.wait(local.all_ready, "both replicas to be ready")
+        # the standby's routes follow the leader's ready replicas after its next load of the state
+        local.wait(lambda: gateway_models(local.gateway_url) == ["chat"], "the gateway to route chat", 30)
         # replica/attempt -> its node (a drain may give an original's id to a replacement at once)
         originals = {f"{r.id}/{r.attempt}": r.shards[0].node for r in local.replicas().replicas}
         drained = sorted(set(originals.values()))

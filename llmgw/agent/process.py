@@ -27,7 +27,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from llmgw.agent.launcher import LAUNCHER_PREFIX
+from llmgw.agent.launcher import LAUNCHER_PREFIX, group_members
 from llmgw.models import Command
 
 __all__ = [
@@ -113,6 +113,17 @@ def _killpg(pgid: int, signum: int) -> bool:
     return True
 
 
+async def _group_gone(child: Child, pgid: int) -> None:
+    """Wait until no process of group ``pgid`` runs, at most :data:`KILL_MARGIN` seconds, after the agent
+    SIGKILLed it: the launcher dies at once, the engine (and its workers) while they exit, and until
+    then they hold their GPU memory and ports. Called before the child counts as exited."""
+    with trio.move_on_after(KILL_MARGIN):
+        while group_members(pgid):  # noqa: ASYNC110 - nothing signals a process's end but /proc
+            await trio.sleep(0.02)
+        return
+    log.warning("%s (pgid %d): processes still run %g s after SIGKILL", child.name, pgid, KILL_MARGIN)
+
+
 async def _stop_group(
     child: Child, grace: float, stop_after: Callable[[], Awaitable[None]] | None, process: Launcher
 ) -> None:
@@ -142,6 +153,7 @@ async def _stop_group(
             child.kill_after,
         )
         _killpg(process.pid, signal.SIGKILL)
+        await _group_gone(child, process.pid)
         return
     with trio.move_on_after(grace + KILL_MARGIN):
         code = await process.wait()

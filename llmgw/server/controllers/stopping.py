@@ -39,7 +39,6 @@ from llmgw.wire import DesiredShard
 __all__ = ["NOTABLE_WAIT", "STOP_MARGIN", "hold", "let_go", "linger", "linger_bound", "release"]
 
 
-
 def linger_bound(poll_timeout: float) -> float:
     """Seconds a retired replica lingers at most for gateways that still route to it, for a server whose
     long-polls wait ``poll_timeout``: a gateway leaves a silent server after twice that wait (its
@@ -47,6 +46,7 @@ def linger_bound(poll_timeout: float) -> float:
     reports the new routes within its report interval (2 s); one second more of margin. 15 s for the
     default 5 s. Called when the server's settings are built (``Settings.linger_max``)."""
     return 2 * poll_timeout + 2.0 + 2.0 + 1.0
+
 
 #: a linger at least this long is an event (gateways answer in milliseconds when all is well)
 NOTABLE_WAIT = 1.0
@@ -104,7 +104,7 @@ def let_go(
                 names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
                 out.append((attempt, f"gateway {names} did not take routes without it in {bound:g} s"))
             else:
-                out.append((attempt, f"stopped after {bound:g} s: this server had just begun to lead"))
+                out.append((attempt, f"waited {bound:g} s for gateways this new leader may not know yet"))
     return out
 
 

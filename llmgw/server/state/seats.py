@@ -51,8 +51,8 @@ class SeatBook:
     def __init__(self, ttl: float = SEAT_TTL, period: float = 1.0) -> None:
         self.ttl = ttl
         self.period = period
-        #: key name -> process -> [seats it holds, when they end (the server's clock)]
-        self._held: dict[str, dict[str, list[float]]] = {}
+        #: key name -> process -> (seats it holds, when they end on the server's clock)
+        self._held: dict[str, dict[str, tuple[int, float]]] = {}
         self._carried: frozenset[str] = frozenset()
         self._blind_until = 0.0
 
@@ -76,16 +76,16 @@ class SeatBook:
             free = held  # what the last leader lent is not known yet: no more than it says it holds
         else:
             free = limit - sum(seats for name, (seats, _) in holders.items() if name != holder)
-        granted = max(used, min(wanted, int(free)))
+        granted = max(used, min(wanted, free))
         if granted:
-            holders[holder] = [granted, now + self.ttl]
+            holders[holder] = (granted, now + self.ttl)
         else:
             holders.pop(holder, None)
         return granted
 
     def lent(self, key: str, now: float) -> int:
         """The seats of ``key`` held now by every process, in all (for tests and logs)."""
-        return int(sum(seats for seats, until in self._held.get(key, {}).values() if until > now))
+        return sum(seats for seats, until in self._held.get(key, {}).values() if until > now)
 
     def keep(self, names: Iterable[str]) -> None:
         """Forget the seats of keys no longer limited by ``concurrency`` (not in ``names``)."""
